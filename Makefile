@@ -1,0 +1,130 @@
+# streambp — build, test, demo.
+#
+#   make            build/streambp and build/libstreambp.a (float32 and float64 engines)
+#   make demo       the three schedules on the bundled tiny Qwen3 model and batch
+#   make test       the Check suite (make test SAN=1: the same under ASan + UBSan)
+#   make format     clang-format every C file
+#   make deps       install missing build dependencies with apt-get (done by the targets above)
+#
+# The numeric code (src/kernels, src/engine) is compiled twice, with real = float and with
+# real = double (-DSBP_REAL_F64). Each copy is linked into one relocatable object whose only
+# global symbol is its entry point (sbp_engine_grad_f32 / _f64), so both live in one binary.
+# No -ffast-math anywhere: the reference build keeps IEEE semantics.
+
+CC       ?= gcc
+ifeq ($(origin CC),default)
+CC       := gcc
+endif
+SAN      ?= 0
+WERROR   ?= 0
+BUILD    := $(if $(filter 1,$(SAN)),build-san,build)
+
+PKGS     := openblas check libcjson
+DEB_PKGS := libopenblas-openmp-dev check libcjson-dev pkg-config
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
+
+SANFLAGS := -fsanitize=address -fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+OPT      := $(if $(filter 1,$(SAN)),-O1 $(SANFLAGS),-O2)
+WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter $(if $(filter 1,$(WERROR)),-Werror)
+CFLAGS   := -std=gnu11 -g -march=native -fopenmp $(OPT) $(WARN) \
+            $(if $(HAVE_PKGS),$(shell pkg-config --cflags $(PKGS)))
+BLAS_DIR := $(if $(HAVE_PKGS),$(shell pkg-config --variable=libdir openblas))
+LDLIBS   := $(if $(HAVE_PKGS),$(shell pkg-config --libs openblas libcjson)) -Wl,-rpath,$(BLAS_DIR) -lm
+CHECK_LIBS := $(if $(HAVE_PKGS),$(shell pkg-config --libs check))
+LDFLAGS  := -fopenmp $(if $(filter 1,$(SAN)),$(SANFLAGS))
+
+COMMON_SRC := $(wildcard src/core/*.c src/io/*.c)
+NUM_SRC    := $(wildcard src/kernels/*.c src/engine/*.c)
+CLI_SRC    := $(wildcard src/cli/*.c)
+REF_SRC    := $(wildcard ref/*.c)
+TEST_SRC   := $(wildcard tests/test_*.c)
+
+COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/common/%.o)
+F32_OBJ    := $(NUM_SRC:%.c=$(BUILD)/f32/%.o)
+F64_OBJ    := $(NUM_SRC:%.c=$(BUILD)/f64/%.o)
+CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/common/%.o)
+REF_OBJ    := $(REF_SRC:%.c=$(BUILD)/common/%.o)
+TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+
+LIB        := $(BUILD)/libstreambp.a
+BIN        := $(BUILD)/streambp
+
+.PHONY: all deps demo test format clean check-deps
+all: deps
+	@$(MAKE) --no-print-directory $(BIN) $(LIB)
+
+# ---- dependencies -------------------------------------------------------------------------------
+
+deps:
+	@if pkg-config --exists $(PKGS) 2>/dev/null; then :; else \
+	  echo "streambp: installing build dependencies: $(DEB_PKGS)"; \
+	  $(SUDO) apt-get update -q && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    gcc make libc6-dev $(DEB_PKGS); fi
+
+check-deps:
+	@pkg-config --exists $(PKGS) || { echo "missing: $(PKGS) (run make deps)"; exit 2; }
+
+# ---- objects ------------------------------------------------------------------------------------
+
+$(BUILD)/common/%.o: %.c | check-deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/f32/%.o: %.c | check-deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/f64/%.o: %.c | check-deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DSBP_REAL_F64 -MMD -MP -c $< -o $@
+
+# One relocatable object per precision; everything but the entry point becomes local.
+$(BUILD)/engine_f32.o: $(F32_OBJ)
+	$(LD) -r -o $@.tmp $^
+	objcopy --keep-global-symbol=sbp_engine_grad_f32 $@.tmp $@
+	@rm -f $@.tmp
+
+$(BUILD)/engine_f64.o: $(F64_OBJ)
+	$(LD) -r -o $@.tmp $^
+	objcopy --keep-global-symbol=sbp_engine_grad_f64 $@.tmp $@
+	@rm -f $@.tmp
+
+$(LIB): $(COMMON_OBJ) $(BUILD)/engine_f32.o $(BUILD)/engine_f64.o
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+$(BIN): $(CLI_OBJ) $(LIB)
+	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS)
+
+# ---- tests --------------------------------------------------------------------------------------
+# Kernel tests link the float64 kernel objects directly (they are internal); the others use the
+# library and the binary like any user would.
+
+$(BUILD)/tests/%.o: tests/%.c | check-deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DSBP_REAL_F64 -MMD -MP -c $< -o $@
+
+$(BUILD)/tests/test_%: $(BUILD)/tests/test_%.o $(BUILD)/tests/testutil.o $(REF_OBJ) $(F64_OBJ) $(LIB)
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
+test: deps
+	@$(MAKE) --no-print-directory $(BIN) $(TESTS)
+	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(TESTS)
+
+# ---- demo ---------------------------------------------------------------------------------------
+
+demo: all
+	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/demo.sh
+
+# ---- housekeeping -------------------------------------------------------------------------------
+
+FORMAT_SRC := $(shell find src ref tests verify cuda -name '*.[ch]' 2>/dev/null)
+format:
+	clang-format -i $(FORMAT_SRC)
+
+clean:
+	rm -rf build build-san
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

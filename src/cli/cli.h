@@ -1,0 +1,28 @@
+/* cli.h — helpers shared by the `streambp` subcommands: option parsing, exit codes, reports.
+ * Exit codes: 0 success, 1 a check found a mismatch or a non-finite value, 2 usage or input
+ * error (bad options, unreadable or malformed files, inconsistent input, out of memory). */
+#ifndef SBP_CLI_H
+#define SBP_CLI_H
+
+#include "../streambp.h"
+
+#include <cJSON.h>
+#include <stdio.h>
+
+enum { EXIT_MISMATCH = 1, EXIT_USAGE = 2 };
+
+int cmd_grad(int argc, char **argv);
+int cmd_init(int argc, char **argv);
+
+/* Parses a positive int option value; prints an error naming the option and returns 0 if bad. */
+int parse_pos_int(const char *cmd, const char *opt, const char *text, int *out);
+int parse_precision(const char *cmd, const char *text, sbp_precision *out);
+/* Prints "streambp CMD: <message>" to stderr and returns the exit code for st. */
+int report_error(const char *cmd, const sbp_err *err);
+
+double now_seconds(void);
+long long peak_rss_bytes(void);
+void print_ledger(FILE *f, const sbp_ledger *lg, const char *indent);
+cJSON *ledger_json(const sbp_ledger *lg);
+
+#endif

@@ -1,0 +1,39 @@
+/* main.c — the `streambp` command: git-style subcommands. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char usage[] =
+    "usage: streambp <command> [options]\n"
+    "\n"
+    "Exact gradients of Hugging Face decoders (Qwen3, Qwen2.5, Llama-3) with full BP, gradient\n"
+    "checkpointing and StreamBP, bit-identical across schedules.\n"
+    "\n"
+    "commands:\n"
+    "  grad      compute the gradient of one step and write it (safetensors, HF names)\n"
+    "  init      write a seeded random model directory from a config.json\n"
+    "  version   print the version\n"
+    "\n"
+    "Run `streambp <command> --help` for the options of a command.\n"
+    "Exit status: 0 success, 1 a check failed (mismatch, NaN/Inf), 2 usage or input error.\n";
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fputs(usage, stderr);
+        return EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "grad") == 0) return cmd_grad(argc - 1, argv + 1);
+    if (strcmp(cmd, "init") == 0) return cmd_init(argc - 1, argv + 1);
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("streambp %s\n", SBP_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    fprintf(stderr, "streambp: unknown command \"%s\"\n\n%s", cmd, usage);
+    return EXIT_USAGE;
+}

@@ -1,0 +1,70 @@
+/* grad.c — sbp_grad: resolves the options (defaults, clamping, checks) and dispatches to the
+ * float or double engine. */
+#include "../engine/entry.h"
+#include "../streambp.h"
+#include "err.h"
+
+#include <omp.h>
+#include <string.h>
+
+void openblas_set_num_threads(int n); /* from OpenBLAS; not in every cblas.h */
+
+void sbp_set_threads(int n) {
+    if (n < 1) n = 1;
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+}
+
+const char *sbp_schedule_name(sbp_schedule s) {
+    return s == SBP_FULL ? "full" : s == SBP_CKPT ? "ckpt" : s == SBP_STREAM ? "stream" : "?";
+}
+
+int sbp_schedule_parse(const char *s, sbp_schedule *out) {
+    if (strcmp(s, "full") == 0) *out = SBP_FULL;
+    else if (strcmp(s, "ckpt") == 0) *out = SBP_CKPT;
+    else if (strcmp(s, "stream") == 0) *out = SBP_STREAM;
+    else return 0;
+    return 1;
+}
+
+static int clamp(int v, int hi) { return v < hi ? v : hi; }
+
+sbp_status sbp_grad(sbp_grad_result *res, const sbp_model *m, const sbp_batch *b,
+                    const sbp_grad_opts *opts, sbp_ledger *lg, sbp_err *err) {
+    memset(res, 0, sizeof *res);
+    if (opts->block < 0 || opts->chunk < 0 || opts->logit_chunk < 0)
+        return sbp_fail(err, SBP_EUSAGE, "block, chunk and logit chunk must be positive (got %d, "
+                                         "%d, %d)",
+                        opts->block, opts->chunk, opts->logit_chunk);
+    if (b->T < 1) return sbp_fail(err, SBP_EINPUT, "the batch has T = 0 tokens");
+    if (b->n_targets == 0)
+        return sbp_fail(err, SBP_EINPUT,
+                        "the batch has no valid target: every shifted label is -100, so the mean "
+                        "loss is undefined (HF would return NaN)");
+    sbp_engine_opts eo = {.schedule = opts->schedule};
+    eo.block = opts->block ? opts->block : SBP_DEFAULT_BLOCK;
+    eo.chunk = clamp(opts->chunk ? opts->chunk : 4 * eo.block, b->T);
+    eo.materialise = opts->schedule != SBP_STREAM && !opts->chunked_logits;
+    eo.logit_chunk = clamp(opts->logit_chunk ? opts->logit_chunk : eo.block, b->T);
+    if (eo.materialise) eo.logit_chunk = b->T;
+    size_t esz = m->prec == SBP_FP64 ? sizeof(double) : sizeof(float);
+    res->grads = sbp_ledger_alloc(lg, SBP_MEM_GRADS, esz * (size_t)m->params.total);
+    if (!res->grads)
+        return sbp_fail(err, SBP_ENOMEM, "out of memory for the gradients (%lld parameters)",
+                        (long long)m->params.total);
+    sbp_status st = m->prec == SBP_FP64
+                        ? sbp_engine_grad_f64(&res->loss, res->grads, m, b, &eo, lg, err)
+                        : sbp_engine_grad_f32(&res->loss, res->grads, m, b, &eo, lg, err);
+    if (st) {
+        sbp_grad_result_free(res, lg);
+        return st;
+    }
+    res->n_targets = b->n_targets;
+    res->block = eo.block, res->chunk = eo.chunk, res->logit_chunk = eo.logit_chunk;
+    return SBP_OK;
+}
+
+void sbp_grad_result_free(sbp_grad_result *res, sbp_ledger *lg) {
+    sbp_ledger_free(lg, res->grads);
+    memset(res, 0, sizeof *res);
+}

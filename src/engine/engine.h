@@ -1,0 +1,155 @@
+/* engine.h — the decoder layer, the LM head and the three schedules, in the working precision.
+ *
+ * Every schedule is built from the same four layer steps (layer.c):
+ *   kv_forward      input RMSNorm, K and V of all T tokens of one sequence (the part every chunk
+ *                   attends to);
+ *   chunk_forward   queries, attention, o_proj, residual, post-norm and MLP of rows [s, e);
+ *   chunk_backward  the backward of chunk_forward for rows [s, e), adding into dK/dV of keys
+ *                   [0, e) and into the input-norm gradient dxn of rows [s, e);
+ *   kv_backward     the backward of kv_forward for all T, finishing dX.
+ * full BP runs them once per layer over [0, T) and keeps everything; ckpt keeps layer inputs and
+ * recomputes one layer over [0, T) during the backward; stream recomputes K/V once and loops over
+ * chunks. Internal to the library. */
+#ifndef SBP_ENGINE_H
+#define SBP_ENGINE_H
+
+#include "../kernels/kernels.h"
+#include "../streambp.h"
+
+/* The tensors of one layer: weights, or their gradients (same layout). NULL where the family has
+ * no such tensor. */
+typedef struct {
+    real *wq, *bq;        /* (Q, C), (Q) */
+    real *wk, *bk;        /* (KV, C), (KV) */
+    real *wv, *bv;        /* (KV, C), (KV) */
+    real *wo;             /* (C, Q) */
+    real *q_norm, *k_norm;/* (HD) each, Qwen3 */
+    real *wg, *wu;        /* (F, C) each */
+    real *wd;             /* (C, F) */
+    real *in_norm;        /* (C) */
+    real *post_norm;      /* (C) */
+} layer_p;
+
+/* Everything a run needs that does not change while it runs. */
+typedef struct {
+    const sbp_config *cfg;
+    int C, Q, KV, F, V, NH, NKV, HD, L;
+    int blk;              /* token block */
+    int T;                /* tokens per sequence in this batch */
+    sbp_ledger *lg;
+    const real *cos, *sin;/* (T, HD/2) RoPE tables */
+    layer_p *w, *g;       /* (L) weight and gradient views */
+    real *emb, *gemb;     /* (V, C) */
+    real *head, *ghead;   /* (V, C): lm_head, or the embedding when tied */
+    real *fnorm, *gfnorm; /* (C) final norm */
+    int oom;              /* set by ealloc when an allocation fails */
+    char oom_what[64];
+} eng;
+
+/* Allocates n reals (ealloc) or n bytes (ealloc_bytes) charged to cat, zero-filled; on failure
+ * records `what` in e->oom_what and returns NULL. */
+real *ealloc(eng *e, sbp_mem_cat cat, size_t n, const char *what);
+void *ealloc_bytes(eng *e, sbp_mem_cat cat, size_t bytes, const char *what);
+void efree(eng *e, void *p);
+
+/* K/V side of one layer for one sequence: all T rows. */
+typedef struct {
+    real *xn;    /* (T, C) input RMSNorm output */
+    real *rstd;  /* (T) */
+    real *kpre;  /* (T, KV) k before k_norm (Qwen3 only, else NULL) */
+    real *krstd; /* (T, NKV) (Qwen3 only) */
+    real *k;     /* (T, KV) after k_norm and RoPE */
+    real *v;     /* (T, KV) */
+} kv_acts;
+
+/* Activations of rows [s, e) of one layer for one sequence; c = capacity in rows. */
+typedef struct {
+    real *qpre;  /* (c, Q) q before q_norm (Qwen3 only, else NULL) */
+    real *qrstd; /* (c, NH) (Qwen3 only) */
+    real *q;     /* (c, Q) after q_norm and RoPE */
+    real *o;     /* (c, Q) attention output */
+    real *lse;   /* (c, NH) */
+    real *x2;    /* (c, C) residual after attention */
+    real *xn2;   /* (c, C) post-attention RMSNorm output */
+    real *rstd2; /* (c) */
+    real *g, *u; /* (c, F) gate and up projections */
+    real *h;     /* (c, F) silu(g)·u */
+} chunk_acts;
+
+/* Scratch gradients of one chunk; c = capacity in rows. */
+typedef struct {
+    real *dh, *dg, *du;  /* (c, F) */
+    real *dxn2, *dx2;    /* (c, C) */
+    real *dout, *dq;     /* (c, Q) */
+    real *dqpre;         /* (c, Q) (Qwen3 only) */
+    real *dsum;          /* (c, NH) */
+} chunk_grads;
+
+/* Transposed K and V for attention, and the gradient accumulators of the K/V side of one
+ * sequence. */
+typedef struct {
+    real *kt, *vt;       /* (NKV, HD, T) */
+    real *dk, *dv;       /* (T, KV) */
+    real *dkpre;         /* (T, KV) (Qwen3 only) */
+    real *dxn;           /* (T, C) gradient of the input-norm output */
+} kv_work;
+
+int kv_acts_alloc(eng *e, kv_acts *a, sbp_mem_cat cat);
+void kv_acts_free(eng *e, kv_acts *a);
+int chunk_acts_alloc(eng *e, chunk_acts *a, int c, sbp_mem_cat cat);
+void chunk_acts_free(eng *e, chunk_acts *a);
+int chunk_grads_alloc(eng *e, chunk_grads *d, int c);
+void chunk_grads_free(eng *e, chunk_grads *d);
+int kv_work_alloc(eng *e, kv_work *d);
+void kv_work_free(eng *e, kv_work *d);
+
+void kv_forward(const eng *e, kv_acts *a, const real *x /* (T, C) */, const layer_p *w);
+/* y may be NULL (a recompute needs the activations, not the output). kt: (NKV, HD, T). */
+void chunk_forward(const eng *e, chunk_acts *a, real *y /* (e-s, C) */,
+                   const real *x /* (e-s, C) rows s.. */, const kv_acts *kv, const real *kt,
+                   const layer_p *w, const uint8_t *kmask, int s, int end);
+/* dx: (e-s, C) +=, the residual path of rows [s, e); kvg->dxn rows [s,e), kvg->dk/dv +=. */
+void chunk_backward(const eng *e, real *dx, kv_work *kvg, layer_p *gw, chunk_grads *d,
+                    const real *dy /* (e-s, C) */, const chunk_acts *a, const kv_acts *kv,
+                    const layer_p *w, const uint8_t *kmask, int s, int end);
+/* dx: (T, C) +=, the input-norm path; consumes kvg->dk, kvg->dv, kvg->dxn. */
+void kv_backward(const eng *e, real *dx, layer_p *gw, kv_work *kvg, const kv_acts *kv,
+                 const real *x /* (T, C) */, const layer_p *w);
+
+/* ---- the LM head and the objective (head.c) ------------------------------------------------- */
+
+/* Final norm, logits in passes of `rows` rows, loss, and the backward down to dH. For each
+ * sequence b: dh[b] (T, C) is written (+=), the head, final-norm (and tied embedding) gradients
+ * accumulate. logits: a buffer of rows·V reals (or B·T·V when materialised; `stride_b` says how
+ * far apart the sequences' logits are, 0 to reuse one buffer). Returns the loss sum in *loss. */
+int head_step(eng *e, double *loss, real *dh /* (B, T, C) */, const real *hL /* (B, T, C) */,
+              const sbp_batch *b, real *logits, size_t stride_b, int rows, double inv_n);
+
+/* ---- schedules (full.c, ckpt.c, stream.c) ---------------------------------------------------- */
+
+typedef struct {
+    int chunk;          /* stream layer chunk */
+    int logit_rows;     /* rows per logits pass */
+    int materialise;    /* one B·T·V logits buffer */
+} sched_opts;
+
+int schedule_full(eng *e, double *loss, const sbp_batch *b, const sched_opts *o);
+int schedule_ckpt(eng *e, double *loss, const sbp_batch *b, const sched_opts *o);
+int schedule_stream(eng *e, double *loss, const sbp_batch *b, const sched_opts *o);
+
+/* Shared by the schedules (steps.c): embedding forward of all sequences, the head step with its
+ * logits buffer, and the embedding backward. */
+void embed_forward(const eng *e, real *x0 /* (B, T, C) */, const sbp_batch *b);
+int run_head(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
+             const sched_opts *o);
+void embed_backward(eng *e, const real *dx0 /* (B, T, C) */, const sbp_batch *b);
+/* A whole layer of one sequence as a single chunk [0, T): used by full and ckpt. */
+void layer_forward_whole(const eng *e, chunk_acts *a, kv_acts *kv, real *kt /* (NKV, HD, T) */,
+                         real *y /* (T, C) or NULL */, const real *x /* (T, C) */, const layer_p *w,
+                         const uint8_t *kmask);
+void layer_backward_whole(const eng *e, real *dx /* (T, C) += */, kv_work *kvw, chunk_grads *cg,
+                          layer_p *gw, const real *dy /* (T, C) */, const chunk_acts *a,
+                          const kv_acts *kv, const real *x /* (T, C) */, const layer_p *w,
+                          const uint8_t *kmask);
+
+#endif

@@ -1,0 +1,20 @@
+/* entry.h — the two copies of the engine entry point (float and double), as the rest of the
+ * library sees them. Internal. */
+#ifndef SBP_ENTRY_H
+#define SBP_ENTRY_H
+
+#include "../streambp.h"
+
+typedef struct {
+    sbp_schedule schedule;
+    int block, chunk, logit_chunk; /* resolved: >= 1, chunk and logit_chunk <= T */
+    int materialise;               /* full/ckpt: one B·T·V logits buffer */
+} sbp_engine_opts;
+
+/* loss: the mean loss; grads: (params.total) zeroed reals of the model's precision. */
+sbp_status sbp_engine_grad_f32(double *loss, void *grads, const sbp_model *m, const sbp_batch *b,
+                               const sbp_engine_opts *o, sbp_ledger *lg, sbp_err *err);
+sbp_status sbp_engine_grad_f64(double *loss, void *grads, const sbp_model *m, const sbp_batch *b,
+                               const sbp_engine_opts *o, sbp_ledger *lg, sbp_err *err);
+
+#endif

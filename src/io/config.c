@@ -1,0 +1,287 @@
+/* config.c — config.json (Hugging Face) for Qwen3, Qwen2/2.5 and Llama-3, read with cJSON.
+ *
+ * Accepts both ways HF writes RoPE settings: `rope_theta` + `rope_scaling` (transformers 4.x) and
+ * `rope_parameters` (transformers 5). Anything the engine does not implement (sliding windows,
+ * attention or MLP bias outside Qwen2, other activations, other RoPE types) is rejected by name
+ * rather than silently computed wrong. */
+#include "../core/err.h"
+#include "../streambp.h"
+#include "file.h"
+
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Reads an integer field; `required` fields must be present. Returns 0 on failure (err filled). */
+static int get_int(const cJSON *o, const char *key, int required, int dflt, int *out,
+                   const char *what, sbp_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) {
+            sbp_fail(err, SBP_EINPUT, "%s: missing required field \"%s\"", what, key);
+            return 0;
+        }
+        *out = dflt;
+        return 1;
+    }
+    double d = cJSON_GetNumberValue(v);
+    if (!cJSON_IsNumber(v) || d != floor(d) || d < 0 || d > 1e9) {
+        sbp_fail(err, SBP_EINPUT, "%s: field \"%s\" must be a non-negative integer", what, key);
+        return 0;
+    }
+    *out = (int)d;
+    return 1;
+}
+
+static int get_num(const cJSON *o, const char *key, int required, double dflt, double *out,
+                   const char *what, sbp_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) {
+            sbp_fail(err, SBP_EINPUT, "%s: missing required field \"%s\"", what, key);
+            return 0;
+        }
+        *out = dflt;
+        return 1;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(cJSON_GetNumberValue(v))) {
+        sbp_fail(err, SBP_EINPUT, "%s: field \"%s\" must be a finite number", what, key);
+        return 0;
+    }
+    *out = cJSON_GetNumberValue(v);
+    return 1;
+}
+
+/* A boolean field; absent or null gives dflt. */
+static int get_bool(const cJSON *o, const char *key, int dflt, int *out, const char *what,
+                    sbp_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        *out = dflt;
+        return 1;
+    }
+    if (!cJSON_IsBool(v)) {
+        sbp_fail(err, SBP_EINPUT, "%s: field \"%s\" must be true or false", what, key);
+        return 0;
+    }
+    *out = cJSON_IsTrue(v);
+    return 1;
+}
+
+/* rope_scaling / rope_parameters: the type is "default" (or absent) or "llama3". */
+static int parse_rope(sbp_config *c, const cJSON *rs, const char *field, const char *what,
+                      sbp_err *err) {
+    if (!rs || cJSON_IsNull(rs)) return 1;
+    if (!cJSON_IsObject(rs)) {
+        sbp_fail(err, SBP_EINPUT, "%s: \"%s\" must be an object or null", what, field);
+        return 0;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(rs, "rope_theta") &&
+        !get_num(rs, "rope_theta", 1, 0, &c->rope_theta, what, err))
+        return 0;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (!type) type = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    const char *t = cJSON_GetStringValue(type);
+    if (!type || (t && strcmp(t, "default") == 0)) return 1;
+    if (!t || strcmp(t, "llama3") != 0) {
+        sbp_fail(err, SBP_EINPUT,
+                 "%s: %s.rope_type \"%s\" is not supported (only \"default\" and \"llama3\")",
+                 what, field, t ? t : "(not a string)");
+        return 0;
+    }
+    c->rope_llama3 = 1;
+    if (!get_num(rs, "factor", 1, 0, &c->rope_factor, what, err) ||
+        !get_num(rs, "low_freq_factor", 1, 0, &c->rope_low_freq, what, err) ||
+        !get_num(rs, "high_freq_factor", 1, 0, &c->rope_high_freq, what, err) ||
+        !get_num(rs, "original_max_position_embeddings", 1, 0, &c->rope_orig_max, what, err))
+        return 0;
+    if (c->rope_factor <= 0 || c->rope_low_freq <= 0 || c->rope_orig_max <= 0 ||
+        c->rope_high_freq <= c->rope_low_freq) {
+        sbp_fail(err, SBP_EINPUT,
+                 "%s: llama3 rope scaling needs factor > 0, original_max_position_embeddings > 0 "
+                 "and high_freq_factor > low_freq_factor > 0",
+                 what);
+        return 0;
+    }
+    return 1;
+}
+
+static int check_unsupported(const cJSON *o, const sbp_config *c, const char *what,
+                             sbp_err *err) {
+    int flag;
+    const char *act = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "hidden_act"));
+    if (act && strcmp(act, "silu") != 0) {
+        sbp_fail(err, SBP_EINPUT, "%s: hidden_act \"%s\" is not supported (only \"silu\")", what,
+                 act);
+        return 0;
+    }
+    if (!get_bool(o, "use_sliding_window", 0, &flag, what, err)) return 0;
+    if (flag) {
+        sbp_fail(err, SBP_EINPUT, "%s: use_sliding_window is true; sliding-window attention is "
+                                  "not supported",
+                 what);
+        return 0;
+    }
+    if (c->family != SBP_QWEN2) {
+        if (!get_bool(o, "attention_bias", 0, &flag, what, err)) return 0;
+        if (flag) {
+            sbp_fail(err, SBP_EINPUT, "%s: attention_bias is true; only Qwen2 attention biases "
+                                      "are supported",
+                     what);
+            return 0;
+        }
+    }
+    if (!get_bool(o, "mlp_bias", 0, &flag, what, err)) return 0;
+    if (flag) {
+        sbp_fail(err, SBP_EINPUT, "%s: mlp_bias is true; MLP biases are not supported", what);
+        return 0;
+    }
+    return 1;
+}
+
+sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what, sbp_err *err) {
+    sbp_config c;
+    memset(&c, 0, sizeof c);
+    cJSON *o = cJSON_ParseWithOpts(json, NULL, 1);
+    if (!o || !cJSON_IsObject(o)) {
+        const char *at = cJSON_GetErrorPtr();
+        sbp_fail(err, SBP_EFORMAT, "%s: not a JSON object (parse error near \"%.20s\")", what,
+                 at && o == NULL ? at : "");
+        cJSON_Delete(o);
+        return SBP_EFORMAT;
+    }
+    sbp_status st = SBP_EINPUT;
+    const char *mt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "model_type"));
+    if (!mt) {
+        sbp_fail(err, SBP_EINPUT, "%s: missing required field \"model_type\"", what);
+        goto out;
+    }
+    if (strcmp(mt, "qwen3") == 0) c.family = SBP_QWEN3;
+    else if (strcmp(mt, "qwen2") == 0) c.family = SBP_QWEN2;
+    else if (strcmp(mt, "llama") == 0) c.family = SBP_LLAMA;
+    else {
+        sbp_fail(err, SBP_EINPUT,
+                 "%s: model_type \"%s\" is not supported (qwen3, qwen2, llama)", what, mt);
+        goto out;
+    }
+    snprintf(c.model_type, sizeof c.model_type, "%s", mt);
+    if (!get_int(o, "vocab_size", 1, 0, &c.vocab, what, err) ||
+        !get_int(o, "hidden_size", 1, 0, &c.hidden, what, err) ||
+        !get_int(o, "intermediate_size", 1, 0, &c.ffn, what, err) ||
+        !get_int(o, "num_hidden_layers", 1, 0, &c.layers, what, err) ||
+        !get_int(o, "num_attention_heads", 1, 0, &c.heads, what, err) ||
+        !get_int(o, "num_key_value_heads", 0, c.heads, &c.kv_heads, what, err) ||
+        !get_num(o, "rms_norm_eps", 1, 0, &c.eps, what, err) ||
+        !get_num(o, "initializer_range", 0, 0.02, &c.init_range, what, err) ||
+        !get_bool(o, "tie_word_embeddings", 0, &c.tied, what, err))
+        goto out;
+    if (c.vocab < 1 || c.hidden < 1 || c.ffn < 1 || c.layers < 1 || c.heads < 1 ||
+        c.kv_heads < 1) {
+        sbp_fail(err, SBP_EINPUT, "%s: vocab_size, hidden_size, intermediate_size, "
+                                  "num_hidden_layers and the head counts must all be >= 1",
+                 what);
+        goto out;
+    }
+    if (c.heads % c.kv_heads != 0) {
+        sbp_fail(err, SBP_EINPUT,
+                 "%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)",
+                 what, c.heads, c.kv_heads);
+        goto out;
+    }
+    /* head_dim: explicit in Qwen3 and recent Llama configs, where it need not be C/NH. When it
+     * is absent HF's Qwen3Config falls back to 128; Llama and Qwen2 use C/NH. */
+    int dflt_hd = c.family == SBP_QWEN3 ? 128 : c.hidden % c.heads == 0 ? c.hidden / c.heads : 0;
+    if (!get_int(o, "head_dim", 0, dflt_hd, &c.head_dim, what, err)) goto out;
+    if (c.head_dim == 0) {
+        sbp_fail(err, SBP_EINPUT,
+                 "%s: hidden_size (%d) is not a multiple of num_attention_heads (%d) and no "
+                 "head_dim is given",
+                 what, c.hidden, c.heads);
+        goto out;
+    }
+    if (c.head_dim > 512) {
+        sbp_fail(err, SBP_EINPUT, "%s: head_dim %d is larger than the supported 512", what,
+                 c.head_dim);
+        goto out;
+    }
+    if (c.head_dim % 2 != 0) {
+        sbp_fail(err, SBP_EINPUT, "%s: head_dim %d is odd; RoPE needs an even head_dim", what,
+                 c.head_dim);
+        goto out;
+    }
+    if (!(c.eps > 0)) {
+        sbp_fail(err, SBP_EINPUT, "%s: rms_norm_eps must be > 0", what);
+        goto out;
+    }
+    c.qkv_bias = c.family == SBP_QWEN2;
+    c.qk_norm = c.family == SBP_QWEN3;
+    if (!check_unsupported(o, &c, what, err)) goto out;
+    if (!get_num(o, "rope_theta", 0, 10000.0, &c.rope_theta, what, err)) goto out;
+    if (!parse_rope(&c, cJSON_GetObjectItemCaseSensitive(o, "rope_scaling"), "rope_scaling",
+                    what, err) ||
+        !parse_rope(&c, cJSON_GetObjectItemCaseSensitive(o, "rope_parameters"),
+                    "rope_parameters", what, err))
+        goto out;
+    if (!(c.rope_theta > 0)) {
+        sbp_fail(err, SBP_EINPUT, "%s: rope_theta must be > 0", what);
+        goto out;
+    }
+    *cfg = c;
+    st = SBP_OK;
+out:
+    cJSON_Delete(o);
+    return st;
+}
+
+sbp_status sbp_config_load(sbp_config *cfg, const char *path, sbp_err *err) {
+    char *text = NULL;
+    sbp_status st = sbp_read_text(&text, path, 16u << 20, err);
+    if (st) return st;
+    st = sbp_config_parse(cfg, text, path, err);
+    free(text);
+    return st;
+}
+
+sbp_status sbp_config_save(const sbp_config *c, const char *path, sbp_err *err) {
+    static const char *arch[] = {"Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"};
+    cJSON *o = cJSON_CreateObject();
+    cJSON *a = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(a, cJSON_CreateString(arch[c->family]));
+    cJSON_AddStringToObject(o, "model_type", c->model_type);
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
+    cJSON_AddNumberToObject(o, "hidden_size", c->hidden);
+    cJSON_AddNumberToObject(o, "intermediate_size", c->ffn);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", c->layers);
+    cJSON_AddNumberToObject(o, "num_attention_heads", c->heads);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", c->kv_heads);
+    cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
+    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    cJSON_AddNumberToObject(o, "rms_norm_eps", c->eps);
+    cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+    if (c->rope_llama3) {
+        cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+        cJSON_AddStringToObject(rs, "rope_type", "llama3");
+        cJSON_AddNumberToObject(rs, "factor", c->rope_factor);
+        cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope_low_freq);
+        cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_high_freq);
+        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_orig_max);
+    } else {
+        cJSON_AddNullToObject(o, "rope_scaling");
+    }
+    if (c->family != SBP_QWEN2) cJSON_AddFalseToObject(o, "attention_bias");
+    if (c->family == SBP_LLAMA) cJSON_AddFalseToObject(o, "mlp_bias");
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied);
+    cJSON_AddFalseToObject(o, "use_sliding_window");
+    cJSON_AddNumberToObject(o, "initializer_range", c->init_range);
+    cJSON_AddStringToObject(o, "torch_dtype", "float32");
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text) return sbp_fail(err, SBP_ENOMEM, "%s: cannot format config JSON", path);
+    size_t n = strlen(text);
+    text[n] = '\n'; /* cJSON_Print leaves no newline; its buffer has room for the NUL we replace */
+    sbp_status st = sbp_write_atomic(path, text, n + 1, err);
+    free(text);
+    return st;
+}

@@ -1,0 +1,233 @@
+/* model.c — loading a HF model directory into one parameter slab, and writing a seeded random
+ * model directory (`streambp init`).
+ *
+ * A directory holds config.json and either model.safetensors or the shards listed by
+ * model.safetensors.index.json ({"weight_map": {tensor name: shard file}}). Every tensor of the
+ * parameter table must be present with exactly the shape the config implies; tensors the model
+ * does not use (a duplicated lm_head.weight under tied embeddings, rotary buffers) are ignored. */
+#include "../core/err.h"
+#include "../core/rng.h"
+#include "../streambp.h"
+#include "file.h"
+#include "safetensors.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define PATH_MAX_LEN 4096
+
+static int file_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* The shard files of a model directory: one file, or the distinct files of the index. */
+typedef struct {
+    sbp_st_file *files;
+    int n;
+} shard_set;
+
+static void shards_close(shard_set *s) {
+    for (int i = 0; i < s->n; i++) sbp_st_close(&s->files[i]);
+    free(s->files);
+    memset(s, 0, sizeof *s);
+}
+
+static sbp_status shards_open(shard_set *s, const char *dir, sbp_err *err) {
+    memset(s, 0, sizeof *s);
+    char path[PATH_MAX_LEN];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (file_exists(path)) {
+        s->files = calloc(1, sizeof *s->files);
+        if (!s->files) return sbp_fail(err, SBP_ENOMEM, "out of memory");
+        sbp_status st = sbp_st_open(&s->files[0], path, err);
+        if (!st) s->n = 1;
+        return st;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (!file_exists(path))
+        return sbp_fail(err, SBP_EIO,
+                        "%s: no model.safetensors and no model.safetensors.index.json", dir);
+    char *text = NULL;
+    sbp_status st = sbp_read_text(&text, path, 64u << 20, err);
+    if (st) return st;
+    cJSON *root = cJSON_ParseWithOpts(text, NULL, 1);
+    free(text);
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    if (!cJSON_IsObject(map)) {
+        cJSON_Delete(root);
+        return sbp_fail(err, SBP_EFORMAT, "%s: not a JSON object with a \"weight_map\" object",
+                        path);
+    }
+    s->files = calloc((size_t)cJSON_GetArraySize(map) + 1, sizeof *s->files);
+    if (!s->files) st = sbp_fail(err, SBP_ENOMEM, "out of memory");
+    const cJSON *kv;
+    cJSON_ArrayForEach(kv, map) {
+        if (st) break;
+        const char *shard = cJSON_GetStringValue(kv);
+        if (!shard || strchr(shard, '/')) {
+            st = sbp_fail(err, SBP_EFORMAT, "%s: weight_map[\"%s\"] is not a file name in the "
+                                            "model directory",
+                          path, kv->string);
+            break;
+        }
+        char spath[PATH_MAX_LEN];
+        snprintf(spath, sizeof spath, "%s/%s", dir, shard);
+        int seen = 0;
+        for (int i = 0; i < s->n && !seen; i++) seen = strcmp(s->files[i].path, spath) == 0;
+        if (!seen && (st = sbp_st_open(&s->files[s->n], spath, err)) == SBP_OK) s->n++;
+    }
+    cJSON_Delete(root);
+    if (st) shards_close(s);
+    return st;
+}
+
+static const sbp_st_tensor *shards_find(const shard_set *s, const char *name, int *which) {
+    for (int i = 0; i < s->n; i++) {
+        const sbp_st_tensor *t = sbp_st_find(&s->files[i], name);
+        if (t) {
+            *which = i;
+            return t;
+        }
+    }
+    return NULL;
+}
+
+sbp_status sbp_model_load(sbp_model *m, const char *dir, sbp_precision prec, sbp_ledger *lg,
+                          sbp_err *err) {
+    memset(m, 0, sizeof *m);
+    char path[PATH_MAX_LEN];
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return sbp_fail(err, SBP_EIO, "%s: model directory does not exist or is not a directory",
+                        dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    sbp_status st = sbp_config_load(&m->cfg, path, err);
+    if (st) return st;
+    if ((st = sbp_params_build(&m->params, &m->cfg, err))) return st;
+    shard_set shards;
+    if ((st = shards_open(&shards, dir, err))) {
+        sbp_params_free(&m->params);
+        return st;
+    }
+    size_t esz = prec == SBP_FP64 ? sizeof(double) : sizeof(float);
+    m->prec = prec;
+    m->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, esz * (size_t)m->params.total);
+    if (!m->w)
+        st = sbp_fail(err, SBP_ENOMEM, "%s: out of memory for %lld parameters", dir,
+                      (long long)m->params.total);
+    for (int i = 0; i < m->params.n && !st; i++) {
+        const sbp_param *p = &m->params.p[i];
+        int which = 0;
+        const sbp_st_tensor *t = shards_find(&shards, p->name, &which);
+        if (!t) {
+            st = sbp_fail(err, SBP_EINPUT, "%s: the model has no tensor \"%s\"", dir, p->name);
+            break;
+        }
+        int same = t->ndim == p->ndim;
+        for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+        if (!same) {
+            char want[64], got[128] = "";
+            if (p->ndim == 2)
+                snprintf(want, sizeof want, "[%lld, %lld]", (long long)p->shape[0],
+                         (long long)p->shape[1]);
+            else
+                snprintf(want, sizeof want, "[%lld]", (long long)p->shape[0]);
+            for (int d = 0; d < t->ndim; d++)
+                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
+                         (long long)t->shape[d]);
+            st = sbp_fail(err, SBP_EINPUT,
+                          "%s: tensor \"%s\" has shape [%s] but config.json implies %s",
+                          shards.files[which].path, p->name, got, want);
+            break;
+        }
+        st = sbp_st_read(&shards.files[which], t, (char *)m->w + esz * (size_t)p->offset,
+                         prec == SBP_FP64 ? SBP_DT_F64 : SBP_DT_F32, err);
+    }
+    shards_close(&shards);
+    if (st) sbp_model_free(m, lg);
+    return st;
+}
+
+void sbp_model_free(sbp_model *m, sbp_ledger *lg) {
+    sbp_ledger_free(lg, m->w);
+    sbp_params_free(&m->params);
+    memset(m, 0, sizeof *m);
+}
+
+/* mkdir -p */
+static sbp_status make_dirs(const char *dir, sbp_err *err) {
+    char path[PATH_MAX_LEN];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return sbp_fail(err, SBP_EUSAGE, "directory name too long");
+    for (char *p = path + 1;; p++) {
+        int last = *p == '\0';
+        if (*p != '/' && !last) continue;
+        *p = '\0';
+        struct stat sb;
+        if (stat(path, &sb) != 0) {
+            if (mkdir(path, 0755) != 0 && errno != EEXIST)
+                return sbp_fail(err, SBP_EIO, "%s: cannot create directory: %s", path,
+                                strerror(errno));
+        } else if (!S_ISDIR(sb.st_mode)) {
+            return sbp_fail(err, SBP_EIO, "%s: exists and is not a directory", path);
+        }
+        if (last) return SBP_OK;
+        *p = '/';
+    }
+}
+
+sbp_status sbp_model_init(const sbp_config *cfg, uint64_t seed, const char *dir, sbp_err *err) {
+    sbp_status st0 = make_dirs(dir, err);
+    if (st0) return st0;
+    sbp_params ps;
+    sbp_status st = sbp_params_build(&ps, cfg, err);
+    if (st) return st;
+    float *w = malloc(sizeof *w * (size_t)ps.total);
+    sbp_st_entry *e = calloc((size_t)ps.n, sizeof *e);
+    if (!w || !e) {
+        free(w);
+        free(e);
+        sbp_params_free(&ps);
+        return sbp_fail(err, SBP_ENOMEM, "out of memory for %lld parameters",
+                        (long long)ps.total);
+    }
+    /* Matrices ~ N(0, initializer_range) as HF initialises them; norm weights 1 + 0.1 N(0,1) and
+     * biases 0.1 N(0,1) rather than HF's constants 1 and 0, so that their gradients are
+     * exercised by every check. Each tensor has its own stream, so a tensor's values do not
+     * depend on which other tensors the family has. */
+    for (int i = 0; i < ps.n; i++) {
+        const sbp_param *p = &ps.p[i];
+        sbp_rng r;
+        uint64_t h = seed;
+        for (const char *c = p->name; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
+        sbp_rng_seed(&r, h);
+        int norm = p->kind == SBP_P_QNORM || p->kind == SBP_P_KNORM ||
+                   p->kind == SBP_P_IN_NORM || p->kind == SBP_P_POST_NORM ||
+                   p->kind == SBP_P_FINAL_NORM;
+        int bias = p->kind == SBP_P_QB || p->kind == SBP_P_KB || p->kind == SBP_P_VB;
+        for (int64_t j = 0; j < p->numel; j++) {
+            double z = sbp_rng_normal(&r);
+            w[p->offset + j] = (float)(norm ? 1.0 + 0.1 * z : bias ? 0.1 * z : cfg->init_range * z);
+        }
+        e[i] = (sbp_st_entry){.name = p->name, .dtype = SBP_DT_F32, .ndim = p->ndim,
+                              .shape = {p->shape[0], p->shape[1]}, .data = w + p->offset};
+    }
+    char path[PATH_MAX_LEN], seedtxt[32];
+    snprintf(seedtxt, sizeof seedtxt, "%llu", (unsigned long long)seed);
+    const char *meta[] = {"format", "pt", "generator", "streambp init", "seed", seedtxt, NULL};
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    st = sbp_config_save(cfg, path, err);
+    if (!st) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        st = sbp_st_write(path, e, ps.n, meta, err);
+    }
+    free(w);
+    free(e);
+    sbp_params_free(&ps);
+    return st;
+}

@@ -1,0 +1,39 @@
+/* logprob.c — log p(target) under softmax(logits) and its gradient, row by row. The sums over
+ * the vocabulary accumulate in double: V is up to ~150k terms, and the float build should lose
+ * no more than the logits themselves carry. */
+#include "kernels.h"
+
+void logprob_forward(double *logp, double *lse, const real *logits, const int32_t *target, int M,
+                     int V) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < M; r++) {
+        if (target[r] < 0) {
+            logp[r] = lse[r] = 0;
+            continue;
+        }
+        const real *z = logits + (size_t)r * V;
+        real mx = z[0];
+        for (int v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        double sum = 0;
+        for (int v = 0; v < V; v++) sum += rexp(z[v] - mx);
+        lse[r] = mx + log(sum);
+        logp[r] = z[target[r]] - lse[r];
+    }
+}
+
+void logprob_backward(real *logits, const double *coef, const double *lse, const int32_t *target,
+                      int M, int V) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < M; r++) {
+        real *z = logits + (size_t)r * V;
+        if (target[r] < 0 || coef[r] == 0) {
+            for (int v = 0; v < V; v++) z[v] = 0;
+            continue;
+        }
+        /* dL/dz_v = coef · (δ_vy − softmax_v) */
+        real c = (real)coef[r], l = (real)lse[r];
+        real zy = z[target[r]];
+        for (int v = 0; v < V; v++) z[v] = -c * rexp(z[v] - l);
+        z[target[r]] = c * (1 - rexp(zy - l));
+    }
+}
