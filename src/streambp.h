@@ -60,12 +60,12 @@ typedef struct {
     int head_dim;        /* HD; even; need not equal C/NH (Qwen3) */
     double eps;          /* rms_norm_eps */
     double rope_theta;
-    int rope_llama3;     /* 1 when rope_type is "llama3"; the four fields below apply */
+    int rope_llama3; /* 1 when rope_type is "llama3"; the four fields below apply */
     double rope_factor, rope_low_freq, rope_high_freq, rope_orig_max;
-    int tied;            /* tie_word_embeddings: lm_head is the embedding */
-    int qkv_bias;        /* Qwen2: bias on q/k/v projections */
-    int qk_norm;         /* Qwen3: per-head RMSNorm of q and k before RoPE */
-    double init_range;   /* initializer_range, used by sbp_model_init */
+    int tied;          /* tie_word_embeddings: lm_head is the embedding */
+    int qkv_bias;      /* Qwen2: bias on q/k/v projections */
+    int qk_norm;       /* Qwen3: per-head RMSNorm of q and k before RoPE */
+    double init_range; /* initializer_range, used by sbp_model_init */
 } sbp_config;
 
 /* Reads and validates a config.json. */
@@ -81,33 +81,44 @@ sbp_status sbp_config_save(const sbp_config *cfg, const char *path, sbp_err *err
 
 typedef enum {
     SBP_P_EMBED,
-    SBP_P_Q, SBP_P_QB, SBP_P_K, SBP_P_KB, SBP_P_V, SBP_P_VB, SBP_P_O,
-    SBP_P_QNORM, SBP_P_KNORM,
-    SBP_P_GATE, SBP_P_UP, SBP_P_DOWN,
-    SBP_P_IN_NORM, SBP_P_POST_NORM,
-    SBP_P_FINAL_NORM, SBP_P_LM_HEAD,
+    SBP_P_Q,
+    SBP_P_QB,
+    SBP_P_K,
+    SBP_P_KB,
+    SBP_P_V,
+    SBP_P_VB,
+    SBP_P_O,
+    SBP_P_QNORM,
+    SBP_P_KNORM,
+    SBP_P_GATE,
+    SBP_P_UP,
+    SBP_P_DOWN,
+    SBP_P_IN_NORM,
+    SBP_P_POST_NORM,
+    SBP_P_FINAL_NORM,
+    SBP_P_LM_HEAD,
     SBP_P_NKINDS
 } sbp_param_kind;
 
 typedef struct {
     char name[80];
     sbp_param_kind kind;
-    int layer;           /* -1 for embedding, final norm and head */
-    int ndim;            /* 1 or 2 */
+    int layer; /* -1 for embedding, final norm and head */
+    int ndim;  /* 1 or 2 */
     int64_t shape[2];
     int64_t numel;
-    int64_t offset;      /* in elements, into the parameter (and gradient) slab */
+    int64_t offset; /* in elements, into the parameter (and gradient) slab */
 } sbp_param;
 
 typedef struct {
-    sbp_param *p;        /* (n) */
+    sbp_param *p; /* (n) */
     int n;
-    int64_t total;       /* elements in the slab */
+    int64_t total; /* elements in the slab */
 } sbp_params;
 
 sbp_status sbp_params_build(sbp_params *ps, const sbp_config *cfg, sbp_err *err);
 void sbp_params_free(sbp_params *ps);
-int sbp_params_find(const sbp_params *ps, const char *name);        /* index or -1 */
+int sbp_params_find(const sbp_params *ps, const char *name); /* index or -1 */
 /* offset of one tensor, or -1 when the family has no such tensor (e.g. q bias in Qwen3) */
 int64_t sbp_params_offset(const sbp_params *ps, sbp_param_kind kind, int layer);
 
@@ -119,17 +130,17 @@ typedef enum {
     SBP_MEM_WEIGHTS,
     SBP_MEM_GRADS,
     SBP_MEM_OPTIMIZER,
-    SBP_MEM_CHECKPOINTS,  /* kept layer inputs (ckpt, stream) */
-    SBP_MEM_ACTIVATIONS,  /* activations kept by full BP */
-    SBP_MEM_LAYER,        /* the working set of the layer being processed */
-    SBP_MEM_LOGITS,       /* logits and their gradient */
+    SBP_MEM_CHECKPOINTS, /* kept layer inputs (ckpt, stream) */
+    SBP_MEM_ACTIVATIONS, /* activations kept by full BP */
+    SBP_MEM_LAYER,       /* the working set of the layer being processed */
+    SBP_MEM_LOGITS,      /* logits and their gradient */
     SBP_MEM_NCATS
 } sbp_mem_cat;
 
 typedef struct {
     int64_t cur[SBP_MEM_NCATS];
-    int64_t peak[SBP_MEM_NCATS];       /* peak of each category on its own */
-    int64_t at_peak[SBP_MEM_NCATS];    /* each category at the moment of the total peak */
+    int64_t peak[SBP_MEM_NCATS];    /* peak of each category on its own */
+    int64_t at_peak[SBP_MEM_NCATS]; /* each category at the moment of the total peak */
     int64_t cur_total, peak_total;
     int64_t n_allocs;
 } sbp_ledger;
@@ -148,7 +159,7 @@ typedef struct {
     sbp_config cfg;
     sbp_params params;
     sbp_precision prec;
-    void *w;             /* (params.total) float or double, per prec */
+    void *w; /* (params.total) float or double, per prec */
 } sbp_model;
 
 /* Loads a HF model directory (config.json + model.safetensors or an index of shards), converting
@@ -196,7 +207,7 @@ typedef struct {
 typedef struct {
     double loss;
     int64_t n_targets;
-    void *grads;        /* (params.total), same precision as the model; charged to the ledger */
+    void *grads; /* (params.total), same precision as the model; charged to the ledger */
     int block, chunk, logit_chunk; /* the values used after defaults and clamping */
 } sbp_grad_result;
 

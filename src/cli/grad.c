@@ -34,14 +34,19 @@ typedef struct {
 } grad_args;
 
 static int parse(grad_args *a, int argc, char **argv) {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},   {"batch", required_argument, 0, 'b'},
-        {"out", required_argument, 0, 'o'},     {"schedule", required_argument, 0, 's'},
-        {"chunk", required_argument, 0, 'c'},   {"logit-chunk", required_argument, 0, 'l'},
-        {"chunked-logits", no_argument, 0, 'L'}, {"block", required_argument, 0, 'B'},
-        {"precision", required_argument, 0, 'p'}, {"threads", required_argument, 0, 't'},
-        {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"batch", required_argument, 0, 'b'},
+                                         {"out", required_argument, 0, 'o'},
+                                         {"schedule", required_argument, 0, 's'},
+                                         {"chunk", required_argument, 0, 'c'},
+                                         {"logit-chunk", required_argument, 0, 'l'},
+                                         {"chunked-logits", no_argument, 0, 'L'},
+                                         {"block", required_argument, 0, 'B'},
+                                         {"precision", required_argument, 0, 'p'},
+                                         {"threads", required_argument, 0, 't'},
+                                         {"json", no_argument, 0, 'j'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     memset(a, 0, sizeof *a);
     a->g.schedule = SBP_STREAM;
     a->threads = omp_get_num_procs();
@@ -54,20 +59,29 @@ static int parse(grad_args *a, int argc, char **argv) {
         case 'o': a->out = optarg; break;
         case 's':
             if (!sbp_schedule_parse(optarg, &a->g.schedule)) {
-                fprintf(stderr, "streambp grad: --schedule must be full, ckpt or stream, got "
-                                "\"%s\"\n",
+                fprintf(stderr,
+                        "streambp grad: --schedule must be full, ckpt or stream, got "
+                        "\"%s\"\n",
                         optarg);
                 return EXIT_USAGE;
             }
             break;
-        case 'c': if (!parse_pos_int("grad", "chunk", optarg, &a->g.chunk)) return EXIT_USAGE; break;
+        case 'c':
+            if (!parse_pos_int("grad", "chunk", optarg, &a->g.chunk)) return EXIT_USAGE;
+            break;
         case 'l':
             if (!parse_pos_int("grad", "logit-chunk", optarg, &a->g.logit_chunk)) return EXIT_USAGE;
             break;
         case 'L': a->g.chunked_logits = 1; break;
-        case 'B': if (!parse_pos_int("grad", "block", optarg, &a->g.block)) return EXIT_USAGE; break;
-        case 'p': if (!parse_precision("grad", optarg, &a->prec)) return EXIT_USAGE; break;
-        case 't': if (!parse_pos_int("grad", "threads", optarg, &a->threads)) return EXIT_USAGE; break;
+        case 'B':
+            if (!parse_pos_int("grad", "block", optarg, &a->g.block)) return EXIT_USAGE;
+            break;
+        case 'p':
+            if (!parse_precision("grad", optarg, &a->prec)) return EXIT_USAGE;
+            break;
+        case 't':
+            if (!parse_pos_int("grad", "threads", optarg, &a->threads)) return EXIT_USAGE;
+            break;
         case 'j': a->json = 1; break;
         case 'h': fputs(usage, stdout); return -1;
         default: fputs(usage, stderr); return EXIT_USAGE;
@@ -90,8 +104,7 @@ static void print_text(const grad_args *a, const sbp_model *m, const sbp_batch *
     printf("model     %s: %s, L=%d C=%d heads %d/%d head_dim %d F=%d V=%d%s\n", a->model,
            c->model_type, c->layers, c->hidden, c->heads, c->kv_heads, c->head_dim, c->ffn,
            c->vocab, c->tied ? ", tied embeddings" : "");
-    printf("batch     %s: B=%d T=%d, %lld targets", a->batch, b->B, b->T,
-           (long long)b->n_targets);
+    printf("batch     %s: B=%d T=%d, %lld targets", a->batch, b->B, b->T, (long long)b->n_targets);
     if (b->n_pad_targets)
         printf(" (%lld predicted from padded positions; see ref/SEMANTICS.md)",
                (long long)b->n_pad_targets);
@@ -181,17 +194,38 @@ int cmd_grad(int argc, char **argv) {
         snprintf(chunk, sizeof chunk, "%d", a.g.schedule == SBP_STREAM ? r.chunk : b.T);
         snprintf(lchunk, sizeof lchunk, "%d", r.logit_chunk);
         snprintf(threads, sizeof threads, "%d", a.threads);
-        const char *meta[] = {"loss", loss, "n_targets", n, "objective", "sft",
-                              "schedule", sbp_schedule_name(a.g.schedule),
-                              "precision", a.prec == SBP_FP64 ? "fp64" : "fp32",
-                              "block", block, "chunk", chunk, "logit_chunk", lchunk,
-                              "threads", threads, "model", a.model, "batch", a.batch,
-                              "implementation", "streambp " SBP_VERSION, NULL};
+        const char *meta[] = {"loss",
+                              loss,
+                              "n_targets",
+                              n,
+                              "objective",
+                              "sft",
+                              "schedule",
+                              sbp_schedule_name(a.g.schedule),
+                              "precision",
+                              a.prec == SBP_FP64 ? "fp64" : "fp32",
+                              "block",
+                              block,
+                              "chunk",
+                              chunk,
+                              "logit_chunk",
+                              lchunk,
+                              "threads",
+                              threads,
+                              "model",
+                              a.model,
+                              "batch",
+                              a.batch,
+                              "implementation",
+                              "streambp " SBP_VERSION,
+                              NULL};
         st = sbp_grads_save(a.out, &m.params, a.prec, r.grads, meta, &err);
     }
     if (!st) {
-        if (a.json) print_json(&a, &m, &b, &r, &lg, secs);
-        else print_text(&a, &m, &b, &r, &lg, secs);
+        if (a.json)
+            print_json(&a, &m, &b, &r, &lg, secs);
+        else
+            print_text(&a, &m, &b, &r, &lg, secs);
         sbp_grad_result_free(&r, &lg);
     }
     sbp_batch_free(&b);

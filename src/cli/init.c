@@ -36,7 +36,8 @@ int cmd_init(int argc, char **argv) {
             errno = 0;
             seed = strtoull(optarg, &end, 10);
             if (errno || end == optarg || *end || optarg[0] == '-') {
-                fprintf(stderr, "streambp init: --seed must be a non-negative integer, got \"%s\"\n",
+                fprintf(stderr,
+                        "streambp init: --seed must be a non-negative integer, got \"%s\"\n",
                         optarg);
                 return EXIT_USAGE;
             }

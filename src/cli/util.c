@@ -21,8 +21,10 @@ int parse_pos_int(const char *cmd, const char *opt, const char *text, int *out) 
 }
 
 int parse_precision(const char *cmd, const char *text, sbp_precision *out) {
-    if (strcmp(text, "fp32") == 0) *out = SBP_FP32;
-    else if (strcmp(text, "fp64") == 0) *out = SBP_FP64;
+    if (strcmp(text, "fp32") == 0)
+        *out = SBP_FP32;
+    else if (strcmp(text, "fp64") == 0)
+        *out = SBP_FP64;
     else {
         fprintf(stderr, "streambp %s: --precision must be fp32 or fp64, got \"%s\"\n", cmd, text);
         return 0;
@@ -48,10 +50,14 @@ long long peak_rss_bytes(void) {
 }
 
 static void human(char *buf, size_t n, long long bytes) {
-    if (bytes < 10 * 1024) snprintf(buf, n, "%lld B", bytes);
-    else if (bytes < 10LL << 20) snprintf(buf, n, "%.1f KiB", bytes / 1024.0);
-    else if (bytes < 10LL << 30) snprintf(buf, n, "%.1f MiB", bytes / 1048576.0);
-    else snprintf(buf, n, "%.2f GiB", bytes / 1073741824.0);
+    if (bytes < 10 * 1024)
+        snprintf(buf, n, "%lld B", bytes);
+    else if (bytes < 10LL << 20)
+        snprintf(buf, n, "%.1f KiB", bytes / 1024.0);
+    else if (bytes < 10LL << 30)
+        snprintf(buf, n, "%.1f MiB", bytes / 1048576.0);
+    else
+        snprintf(buf, n, "%.2f GiB", bytes / 1073741824.0);
 }
 
 void print_ledger(FILE *f, const sbp_ledger *lg, const char *indent) {

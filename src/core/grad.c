@@ -20,21 +20,28 @@ const char *sbp_schedule_name(sbp_schedule s) {
 }
 
 int sbp_schedule_parse(const char *s, sbp_schedule *out) {
-    if (strcmp(s, "full") == 0) *out = SBP_FULL;
-    else if (strcmp(s, "ckpt") == 0) *out = SBP_CKPT;
-    else if (strcmp(s, "stream") == 0) *out = SBP_STREAM;
-    else return 0;
+    if (strcmp(s, "full") == 0)
+        *out = SBP_FULL;
+    else if (strcmp(s, "ckpt") == 0)
+        *out = SBP_CKPT;
+    else if (strcmp(s, "stream") == 0)
+        *out = SBP_STREAM;
+    else
+        return 0;
     return 1;
 }
 
-static int clamp(int v, int hi) { return v < hi ? v : hi; }
+static int clamp(int v, int hi) {
+    return v < hi ? v : hi;
+}
 
 sbp_status sbp_grad(sbp_grad_result *res, const sbp_model *m, const sbp_batch *b,
                     const sbp_grad_opts *opts, sbp_ledger *lg, sbp_err *err) {
     memset(res, 0, sizeof *res);
     if (opts->block < 0 || opts->chunk < 0 || opts->logit_chunk < 0)
-        return sbp_fail(err, SBP_EUSAGE, "block, chunk and logit chunk must be positive (got %d, "
-                                         "%d, %d)",
+        return sbp_fail(err, SBP_EUSAGE,
+                        "block, chunk and logit chunk must be positive (got %d, "
+                        "%d, %d)",
                         opts->block, opts->chunk, opts->logit_chunk);
     if (b->T < 1) return sbp_fail(err, SBP_EINPUT, "the batch has T = 0 tokens");
     if (b->n_targets == 0)

@@ -10,7 +10,9 @@ static uint64_t splitmix64(uint64_t *x) {
     return z ^ (z >> 31);
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
 
 void sbp_rng_seed(sbp_rng *r, uint64_t seed) {
     for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
@@ -27,7 +29,9 @@ uint64_t sbp_rng_next(sbp_rng *r) {
     return out;
 }
 
-double sbp_rng_uniform(sbp_rng *r) { return (double)(sbp_rng_next(r) >> 11) * 0x1p-53; }
+double sbp_rng_uniform(sbp_rng *r) {
+    return (double)(sbp_rng_next(r) >> 11) * 0x1p-53;
+}
 
 double sbp_rng_normal(sbp_rng *r) {
     double u1 = 1.0 - sbp_rng_uniform(r), u2 = sbp_rng_uniform(r); /* u1 in (0, 1] */

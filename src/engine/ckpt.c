@@ -14,7 +14,8 @@ int schedule_ckpt(eng *e, double *loss, const sbp_batch *b, const sched_opts *o)
     chunk_acts a = {0};
     kv_work kvw = {0};
     chunk_grads cg = {0};
-    if (e->oom || !kv_acts_alloc(e, &kv, SBP_MEM_LAYER) || !chunk_acts_alloc(e, &a, e->T, SBP_MEM_LAYER))
+    if (e->oom || !kv_acts_alloc(e, &kv, SBP_MEM_LAYER) ||
+        !chunk_acts_alloc(e, &a, e->T, SBP_MEM_LAYER))
         goto out;
 
     embed_forward(e, xs, b);

@@ -19,30 +19,30 @@
 /* The tensors of one layer: weights, or their gradients (same layout). NULL where the family has
  * no such tensor. */
 typedef struct {
-    real *wq, *bq;        /* (Q, C), (Q) */
-    real *wk, *bk;        /* (KV, C), (KV) */
-    real *wv, *bv;        /* (KV, C), (KV) */
-    real *wo;             /* (C, Q) */
-    real *q_norm, *k_norm;/* (HD) each, Qwen3 */
-    real *wg, *wu;        /* (F, C) each */
-    real *wd;             /* (C, F) */
-    real *in_norm;        /* (C) */
-    real *post_norm;      /* (C) */
+    real *wq, *bq;         /* (Q, C), (Q) */
+    real *wk, *bk;         /* (KV, C), (KV) */
+    real *wv, *bv;         /* (KV, C), (KV) */
+    real *wo;              /* (C, Q) */
+    real *q_norm, *k_norm; /* (HD) each, Qwen3 */
+    real *wg, *wu;         /* (F, C) each */
+    real *wd;              /* (C, F) */
+    real *in_norm;         /* (C) */
+    real *post_norm;       /* (C) */
 } layer_p;
 
 /* Everything a run needs that does not change while it runs. */
 typedef struct {
     const sbp_config *cfg;
     int C, Q, KV, F, V, NH, NKV, HD, L;
-    int blk;              /* token block */
-    int T;                /* tokens per sequence in this batch */
+    int blk; /* token block */
+    int T;   /* tokens per sequence in this batch */
     sbp_ledger *lg;
-    const real *cos, *sin;/* (T, HD/2) RoPE tables */
-    layer_p *w, *g;       /* (L) weight and gradient views */
-    real *emb, *gemb;     /* (V, C) */
-    real *head, *ghead;   /* (V, C): lm_head, or the embedding when tied */
-    real *fnorm, *gfnorm; /* (C) final norm */
-    int oom;              /* set by ealloc when an allocation fails */
+    const real *cos, *sin; /* (T, HD/2) RoPE tables */
+    layer_p *w, *g;        /* (L) weight and gradient views */
+    real *emb, *gemb;      /* (V, C) */
+    real *head, *ghead;    /* (V, C): lm_head, or the embedding when tied */
+    real *fnorm, *gfnorm;  /* (C) final norm */
+    int oom;               /* set by ealloc when an allocation fails */
     char oom_what[64];
 } eng;
 
@@ -78,20 +78,20 @@ typedef struct {
 
 /* Scratch gradients of one chunk; c = capacity in rows. */
 typedef struct {
-    real *dh, *dg, *du;  /* (c, F) */
-    real *dxn2, *dx2;    /* (c, C) */
-    real *dout, *dq;     /* (c, Q) */
-    real *dqpre;         /* (c, Q) (Qwen3 only) */
-    real *dsum;          /* (c, NH) */
+    real *dh, *dg, *du; /* (c, F) */
+    real *dxn2, *dx2;   /* (c, C) */
+    real *dout, *dq;    /* (c, Q) */
+    real *dqpre;        /* (c, Q) (Qwen3 only) */
+    real *dsum;         /* (c, NH) */
 } chunk_grads;
 
 /* Transposed K and V for attention, and the gradient accumulators of the K/V side of one
  * sequence. */
 typedef struct {
-    real *kt, *vt;       /* (NKV, HD, T) */
-    real *dk, *dv;       /* (T, KV) */
-    real *dkpre;         /* (T, KV) (Qwen3 only) */
-    real *dxn;           /* (T, C) gradient of the input-norm output */
+    real *kt, *vt; /* (NKV, HD, T) */
+    real *dk, *dv; /* (T, KV) */
+    real *dkpre;   /* (T, KV) (Qwen3 only) */
+    real *dxn;     /* (T, C) gradient of the input-norm output */
 } kv_work;
 
 int kv_acts_alloc(eng *e, kv_acts *a, sbp_mem_cat cat);
@@ -128,9 +128,9 @@ int head_step(eng *e, double *loss, real *dh /* (B, T, C) */, const real *hL /* 
 /* ---- schedules (full.c, ckpt.c, stream.c) ---------------------------------------------------- */
 
 typedef struct {
-    int chunk;          /* stream layer chunk */
-    int logit_rows;     /* rows per logits pass */
-    int materialise;    /* one B·T·V logits buffer */
+    int chunk;       /* stream layer chunk */
+    int logit_rows;  /* rows per logits pass */
+    int materialise; /* one B·T·V logits buffer */
 } sched_opts;
 
 int schedule_full(eng *e, double *loss, const sbp_batch *b, const sched_opts *o);

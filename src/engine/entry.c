@@ -27,12 +27,21 @@ static void layer_views(layer_p *lp, real *slab, const sbp_params *ps, int l) {
 }
 
 sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model *m,
-                                      const sbp_batch *b, const sbp_engine_opts *o,
-                                      sbp_ledger *lg, sbp_err *err) {
+                                      const sbp_batch *b, const sbp_engine_opts *o, sbp_ledger *lg,
+                                      sbp_err *err) {
     const sbp_config *c = &m->cfg;
-    eng e = {.cfg = c, .C = c->hidden, .Q = c->heads * c->head_dim,
-             .KV = c->kv_heads * c->head_dim, .F = c->ffn, .V = c->vocab, .NH = c->heads,
-             .NKV = c->kv_heads, .HD = c->head_dim, .L = c->layers, .blk = o->block, .T = b->T,
+    eng e = {.cfg = c,
+             .C = c->hidden,
+             .Q = c->heads * c->head_dim,
+             .KV = c->kv_heads * c->head_dim,
+             .F = c->ffn,
+             .V = c->vocab,
+             .NH = c->heads,
+             .NKV = c->kv_heads,
+             .HD = c->head_dim,
+             .L = c->layers,
+             .blk = o->block,
+             .T = b->T,
              .lg = lg};
     real *w = m->w, *g = grads;
     layer_p lw[c->layers], lgv[c->layers];
@@ -55,20 +64,22 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
         rope_table(cos_t, sin_t, b->T, c->head_dim, c->rope_theta, c->rope_llama3, c->rope_factor,
                    c->rope_low_freq, c->rope_high_freq, c->rope_orig_max);
         e.cos = cos_t, e.sin = sin_t;
-        sched_opts so = {.chunk = o->chunk, .logit_rows = o->logit_chunk,
-                         .materialise = o->materialise};
+        sched_opts so = {
+            .chunk = o->chunk, .logit_rows = o->logit_chunk, .materialise = o->materialise};
         double sum = 0;
-        if (o->schedule == SBP_FULL) ok = schedule_full(&e, &sum, b, &so);
-        else if (o->schedule == SBP_CKPT) ok = schedule_ckpt(&e, &sum, b, &so);
-        else ok = schedule_stream(&e, &sum, b, &so);
+        if (o->schedule == SBP_FULL)
+            ok = schedule_full(&e, &sum, b, &so);
+        else if (o->schedule == SBP_CKPT)
+            ok = schedule_ckpt(&e, &sum, b, &so);
+        else
+            ok = schedule_stream(&e, &sum, b, &so);
         *loss = sum / (double)b->n_targets;
     }
     efree(&e, cos_t), efree(&e, sin_t);
     if (!ok)
         return sbp_fail(err, SBP_ENOMEM, "out of memory allocating the %s (%s schedule, T = %d)",
                         e.oom_what, sbp_schedule_name(o->schedule), b->T);
-    if (!isfinite(*loss))
-        return sbp_fail(err, SBP_ENUMERIC, "the loss is not finite (%g)", *loss);
+    if (!isfinite(*loss)) return sbp_fail(err, SBP_ENUMERIC, "the loss is not finite (%g)", *loss);
     for (int i = 0; i < m->params.n; i++) {
         const sbp_param *p = &m->params.p[i];
         for (int64_t j = 0; j < p->numel; j++)

@@ -54,7 +54,8 @@ int schedule_full(eng *e, double *loss, const sbp_batch *b, const sched_opts *o)
     embed_backward(e, dy, b);
     ok = 1;
 out:
-    for (size_t i = 0; kv && ca && i < (size_t)L * B; i++) kv_acts_free(e, &kv[i]), chunk_acts_free(e, &ca[i]);
+    for (size_t i = 0; kv && ca && i < (size_t)L * B; i++)
+        kv_acts_free(e, &kv[i]), chunk_acts_free(e, &ca[i]);
     free(kv);
     free(ca);
     kv_work_free(e, &kvw);

@@ -7,7 +7,8 @@
  *   xn2 = rmsnorm(x2, w_post)
  *   h   = silu(xn2·Wgᵀ) ⊙ (xn2·Wuᵀ)
  *   y   = x2 + h·Wdᵀ
- * The backward below walks the same lines in reverse; each step names the line it differentiates. */
+ * The backward below walks the same lines in reverse; each step names the line it differentiates.
+ */
 #include "engine.h"
 
 #include <stdio.h>
@@ -26,7 +27,9 @@ real *ealloc(eng *e, sbp_mem_cat cat, size_t n, const char *what) {
     return ealloc_bytes(e, cat, sizeof(real) * n, what);
 }
 
-void efree(eng *e, void *p) { sbp_ledger_free(e->lg, p); }
+void efree(eng *e, void *p) {
+    sbp_ledger_free(e->lg, p);
+}
 
 int kv_acts_alloc(eng *e, kv_acts *a, sbp_mem_cat cat) {
     size_t T = (size_t)e->T;
@@ -129,7 +132,8 @@ void kv_forward(const eng *e, kv_acts *a, const real *x, const layer_p *w) {
     real *k = a->kpre ? a->kpre : a->k;
     linear_forward(k, a->xn, w->wk, w->bk, 0, T, KV, C, e->blk);
     linear_forward(a->v, a->xn, w->wv, w->bv, 0, T, KV, C, e->blk);
-    if (a->kpre) rmsnorm_forward(a->k, a->krstd, a->kpre, w->k_norm, T * e->NKV, e->HD, e->cfg->eps);
+    if (a->kpre)
+        rmsnorm_forward(a->k, a->krstd, a->kpre, w->k_norm, T * e->NKV, e->HD, e->cfg->eps);
     rope_forward(a->k, e->cos, e->sin, 0, T, e->NKV, e->HD);
 }
 
@@ -188,8 +192,8 @@ void chunk_backward(const eng *e, real *dx, kv_work *kvw, layer_p *gw, chunk_gra
         dqpre = d->dqpre;
     }
     /* qpre = xn·Wqᵀ + bq: the query path of the input-norm gradient */
-    linear_backward(kvw->dxn + (size_t)s * C, gw->wq, gw->bq, dqpre, kv->xn + (size_t)s * C,
-                    w->wq, s, end, Q, C, blk);
+    linear_backward(kvw->dxn + (size_t)s * C, gw->wq, gw->bq, dqpre, kv->xn + (size_t)s * C, w->wq,
+                    s, end, Q, C, blk);
 }
 
 void kv_backward(const eng *e, real *dx, layer_p *gw, kv_work *kvw, const kv_acts *kv,

@@ -30,8 +30,8 @@ int run_head(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
     return ok;
 }
 
-void layer_forward_whole(const eng *e, chunk_acts *a, kv_acts *kv, real *kt, real *y,
-                         const real *x, const layer_p *w, const uint8_t *kmask) {
+void layer_forward_whole(const eng *e, chunk_acts *a, kv_acts *kv, real *kt, real *y, const real *x,
+                         const layer_p *w, const uint8_t *kmask) {
     kv_forward(e, kv, x, w);
     attention_transpose(kt, kv->k, e->T, e->NKV, e->HD);
     chunk_forward(e, a, y, x, kv, kt, w, kmask, 0, e->T);

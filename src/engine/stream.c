@@ -40,7 +40,8 @@ int schedule_stream(eng *e, double *loss, const sbp_batch *b, const sched_opts *
 
     dy = ealloc(e, SBP_MEM_LAYER, BTC, "layer output gradient");
     dx = ealloc(e, SBP_MEM_LAYER, BTC, "layer input gradient");
-    if (e->oom || !chunk_grads_alloc(e, &cg, c) || !run_head(e, loss, dy, xs + (size_t)L * BTC, b, o))
+    if (e->oom || !chunk_grads_alloc(e, &cg, c) ||
+        !run_head(e, loss, dy, xs + (size_t)L * BTC, b, o))
         goto out;
     for (int l = L - 1; l >= 0; l--) {
         memset(dx, 0, sizeof(real) * BTC);

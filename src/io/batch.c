@@ -17,12 +17,13 @@ static sbp_status read_bt(int64_t **out, const sbp_st_file *sf, const char *name
     const sbp_st_tensor *t = sbp_st_find(sf, name);
     if (!t) return sbp_fail(err, SBP_EINPUT, "%s: batch has no tensor \"%s\"", sf->path, name);
     if (t->ndim != 2)
-        return sbp_fail(err, SBP_EINPUT, "%s: tensor \"%s\" must be 2-D [B, T], not %d-D",
-                        sf->path, name, t->ndim);
+        return sbp_fail(err, SBP_EINPUT, "%s: tensor \"%s\" must be 2-D [B, T], not %d-D", sf->path,
+                        name, t->ndim);
     if (*B == 0) {
         if (t->shape[0] < 1 || t->shape[1] < 1)
-            return sbp_fail(err, SBP_EINPUT, "%s: tensor \"%s\" has shape [%lld, %lld]; B and T "
-                                             "must be >= 1",
+            return sbp_fail(err, SBP_EINPUT,
+                            "%s: tensor \"%s\" has shape [%lld, %lld]; B and T "
+                            "must be >= 1",
                             sf->path, name, (long long)t->shape[0], (long long)t->shape[1]);
         if (t->shape[0] > (1 << 20) || t->shape[1] > (1 << 30))
             return sbp_fail(err, SBP_EINPUT, "%s: tensor \"%s\" is too large", sf->path, name);
@@ -65,15 +66,15 @@ sbp_status sbp_batch_load(sbp_batch *b, const char *path, const sbp_config *cfg,
         int r = (int)(i / (size_t)T), t = (int)(i % (size_t)T);
         if (ids[i] < 0 || ids[i] >= cfg->vocab)
             st = sbp_fail(err, SBP_EINPUT,
-                          "%s: input_ids[%d][%d] = %lld is outside the vocabulary [0, %d)", path,
-                          r, t, (long long)ids[i], cfg->vocab);
+                          "%s: input_ids[%d][%d] = %lld is outside the vocabulary [0, %d)", path, r,
+                          t, (long long)ids[i], cfg->vocab);
         else if (labels[i] != SBP_IGNORE && (labels[i] < 0 || labels[i] >= cfg->vocab))
             st = sbp_fail(err, SBP_EINPUT,
                           "%s: labels[%d][%d] = %lld is neither -100 nor in [0, %d)", path, r, t,
                           (long long)labels[i], cfg->vocab);
         else if (mask && mask[i] != 0 && mask[i] != 1)
-            st = sbp_fail(err, SBP_EINPUT, "%s: attention_mask[%d][%d] = %lld is not 0 or 1",
-                          path, r, t, (long long)mask[i]);
+            st = sbp_fail(err, SBP_EINPUT, "%s: attention_mask[%d][%d] = %lld is not 0 or 1", path,
+                          r, t, (long long)mask[i]);
         if (st) break;
         b->ids[i] = (int32_t)ids[i];
         b->labels[i] = (int32_t)labels[i];

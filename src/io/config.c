@@ -87,8 +87,8 @@ static int parse_rope(sbp_config *c, const cJSON *rs, const char *field, const c
     if (!type || (t && strcmp(t, "default") == 0)) return 1;
     if (!t || strcmp(t, "llama3") != 0) {
         sbp_fail(err, SBP_EINPUT,
-                 "%s: %s.rope_type \"%s\" is not supported (only \"default\" and \"llama3\")",
-                 what, field, t ? t : "(not a string)");
+                 "%s: %s.rope_type \"%s\" is not supported (only \"default\" and \"llama3\")", what,
+                 field, t ? t : "(not a string)");
         return 0;
     }
     c->rope_llama3 = 1;
@@ -108,8 +108,7 @@ static int parse_rope(sbp_config *c, const cJSON *rs, const char *field, const c
     return 1;
 }
 
-static int check_unsupported(const cJSON *o, const sbp_config *c, const char *what,
-                             sbp_err *err) {
+static int check_unsupported(const cJSON *o, const sbp_config *c, const char *what, sbp_err *err) {
     int flag;
     const char *act = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "hidden_act"));
     if (act && strcmp(act, "silu") != 0) {
@@ -119,16 +118,18 @@ static int check_unsupported(const cJSON *o, const sbp_config *c, const char *wh
     }
     if (!get_bool(o, "use_sliding_window", 0, &flag, what, err)) return 0;
     if (flag) {
-        sbp_fail(err, SBP_EINPUT, "%s: use_sliding_window is true; sliding-window attention is "
-                                  "not supported",
+        sbp_fail(err, SBP_EINPUT,
+                 "%s: use_sliding_window is true; sliding-window attention is "
+                 "not supported",
                  what);
         return 0;
     }
     if (c->family != SBP_QWEN2) {
         if (!get_bool(o, "attention_bias", 0, &flag, what, err)) return 0;
         if (flag) {
-            sbp_fail(err, SBP_EINPUT, "%s: attention_bias is true; only Qwen2 attention biases "
-                                      "are supported",
+            sbp_fail(err, SBP_EINPUT,
+                     "%s: attention_bias is true; only Qwen2 attention biases "
+                     "are supported",
                      what);
             return 0;
         }
@@ -158,12 +159,15 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
         sbp_fail(err, SBP_EINPUT, "%s: missing required field \"model_type\"", what);
         goto out;
     }
-    if (strcmp(mt, "qwen3") == 0) c.family = SBP_QWEN3;
-    else if (strcmp(mt, "qwen2") == 0) c.family = SBP_QWEN2;
-    else if (strcmp(mt, "llama") == 0) c.family = SBP_LLAMA;
+    if (strcmp(mt, "qwen3") == 0)
+        c.family = SBP_QWEN3;
+    else if (strcmp(mt, "qwen2") == 0)
+        c.family = SBP_QWEN2;
+    else if (strcmp(mt, "llama") == 0)
+        c.family = SBP_LLAMA;
     else {
-        sbp_fail(err, SBP_EINPUT,
-                 "%s: model_type \"%s\" is not supported (qwen3, qwen2, llama)", what, mt);
+        sbp_fail(err, SBP_EINPUT, "%s: model_type \"%s\" is not supported (qwen3, qwen2, llama)",
+                 what, mt);
         goto out;
     }
     snprintf(c.model_type, sizeof c.model_type, "%s", mt);
@@ -177,17 +181,17 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
         !get_num(o, "initializer_range", 0, 0.02, &c.init_range, what, err) ||
         !get_bool(o, "tie_word_embeddings", 0, &c.tied, what, err))
         goto out;
-    if (c.vocab < 1 || c.hidden < 1 || c.ffn < 1 || c.layers < 1 || c.heads < 1 ||
-        c.kv_heads < 1) {
-        sbp_fail(err, SBP_EINPUT, "%s: vocab_size, hidden_size, intermediate_size, "
-                                  "num_hidden_layers and the head counts must all be >= 1",
+    if (c.vocab < 1 || c.hidden < 1 || c.ffn < 1 || c.layers < 1 || c.heads < 1 || c.kv_heads < 1) {
+        sbp_fail(err, SBP_EINPUT,
+                 "%s: vocab_size, hidden_size, intermediate_size, "
+                 "num_hidden_layers and the head counts must all be >= 1",
                  what);
         goto out;
     }
     if (c.heads % c.kv_heads != 0) {
         sbp_fail(err, SBP_EINPUT,
-                 "%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)",
-                 what, c.heads, c.kv_heads);
+                 "%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", what,
+                 c.heads, c.kv_heads);
         goto out;
     }
     /* head_dim: explicit in Qwen3 and recent Llama configs, where it need not be C/NH. When it
@@ -219,10 +223,10 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
     c.qk_norm = c.family == SBP_QWEN3;
     if (!check_unsupported(o, &c, what, err)) goto out;
     if (!get_num(o, "rope_theta", 0, 10000.0, &c.rope_theta, what, err)) goto out;
-    if (!parse_rope(&c, cJSON_GetObjectItemCaseSensitive(o, "rope_scaling"), "rope_scaling",
-                    what, err) ||
-        !parse_rope(&c, cJSON_GetObjectItemCaseSensitive(o, "rope_parameters"),
-                    "rope_parameters", what, err))
+    if (!parse_rope(&c, cJSON_GetObjectItemCaseSensitive(o, "rope_scaling"), "rope_scaling", what,
+                    err) ||
+        !parse_rope(&c, cJSON_GetObjectItemCaseSensitive(o, "rope_parameters"), "rope_parameters",
+                    what, err))
         goto out;
     if (!(c.rope_theta > 0)) {
         sbp_fail(err, SBP_EINPUT, "%s: rope_theta must be > 0", what);

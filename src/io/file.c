@@ -51,8 +51,7 @@ sbp_status sbp_outfile_open(sbp_outfile *o, const char *path, sbp_err *err) {
     snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%ld", path, (long)getpid());
     o->f = fopen(o->tmp, "wb");
     if (!o->f)
-        return sbp_fail(err, SBP_EIO, "%s: cannot create output file: %s", path,
-                        strerror(errno));
+        return sbp_fail(err, SBP_EIO, "%s: cannot create output file: %s", path, strerror(errno));
     return SBP_OK;
 }
 
@@ -77,8 +76,8 @@ sbp_status sbp_outfile_commit(sbp_outfile *o, sbp_err *err) {
     if (rename(o->tmp, o->path) != 0) {
         e = errno;
         remove(o->tmp);
-        return sbp_fail(err, SBP_EIO, "%s: cannot rename the finished file into place: %s",
-                        o->path, strerror(e));
+        return sbp_fail(err, SBP_EIO, "%s: cannot rename the finished file into place: %s", o->path,
+                        strerror(e));
     }
     return SBP_OK;
 }

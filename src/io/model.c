@@ -70,8 +70,9 @@ static sbp_status shards_open(shard_set *s, const char *dir, sbp_err *err) {
         if (st) break;
         const char *shard = cJSON_GetStringValue(kv);
         if (!shard || strchr(shard, '/')) {
-            st = sbp_fail(err, SBP_EFORMAT, "%s: weight_map[\"%s\"] is not a file name in the "
-                                            "model directory",
+            st = sbp_fail(err, SBP_EFORMAT,
+                          "%s: weight_map[\"%s\"] is not a file name in the "
+                          "model directory",
                           path, kv->string);
             break;
         }
@@ -193,8 +194,7 @@ sbp_status sbp_model_init(const sbp_config *cfg, uint64_t seed, const char *dir,
         free(w);
         free(e);
         sbp_params_free(&ps);
-        return sbp_fail(err, SBP_ENOMEM, "out of memory for %lld parameters",
-                        (long long)ps.total);
+        return sbp_fail(err, SBP_ENOMEM, "out of memory for %lld parameters", (long long)ps.total);
     }
     /* Matrices ~ N(0, initializer_range) as HF initialises them; norm weights 1 + 0.1 N(0,1) and
      * biases 0.1 N(0,1) rather than HF's constants 1 and 0, so that their gradients are
@@ -206,16 +206,18 @@ sbp_status sbp_model_init(const sbp_config *cfg, uint64_t seed, const char *dir,
         uint64_t h = seed;
         for (const char *c = p->name; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
         sbp_rng_seed(&r, h);
-        int norm = p->kind == SBP_P_QNORM || p->kind == SBP_P_KNORM ||
-                   p->kind == SBP_P_IN_NORM || p->kind == SBP_P_POST_NORM ||
-                   p->kind == SBP_P_FINAL_NORM;
+        int norm = p->kind == SBP_P_QNORM || p->kind == SBP_P_KNORM || p->kind == SBP_P_IN_NORM ||
+                   p->kind == SBP_P_POST_NORM || p->kind == SBP_P_FINAL_NORM;
         int bias = p->kind == SBP_P_QB || p->kind == SBP_P_KB || p->kind == SBP_P_VB;
         for (int64_t j = 0; j < p->numel; j++) {
             double z = sbp_rng_normal(&r);
             w[p->offset + j] = (float)(norm ? 1.0 + 0.1 * z : bias ? 0.1 * z : cfg->init_range * z);
         }
-        e[i] = (sbp_st_entry){.name = p->name, .dtype = SBP_DT_F32, .ndim = p->ndim,
-                              .shape = {p->shape[0], p->shape[1]}, .data = w + p->offset};
+        e[i] = (sbp_st_entry){.name = p->name,
+                              .dtype = SBP_DT_F32,
+                              .ndim = p->ndim,
+                              .shape = {p->shape[0], p->shape[1]},
+                              .data = w + p->offset};
     }
     char path[PATH_MAX_LEN], seedtxt[32];
     snprintf(seedtxt, sizeof seedtxt, "%llu", (unsigned long long)seed);

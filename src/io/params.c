@@ -13,8 +13,10 @@
 static void add(sbp_params *ps, sbp_param_kind kind, int layer, const char *suffix, int64_t d0,
                 int64_t d1) {
     sbp_param *p = &ps->p[ps->n++];
-    if (layer >= 0) snprintf(p->name, sizeof p->name, "model.layers.%d.%s", layer, suffix);
-    else snprintf(p->name, sizeof p->name, "%s", suffix);
+    if (layer >= 0)
+        snprintf(p->name, sizeof p->name, "model.layers.%d.%s", layer, suffix);
+    else
+        snprintf(p->name, sizeof p->name, "%s", suffix);
     p->kind = kind;
     p->layer = layer;
     p->ndim = d1 ? 2 : 1;

@@ -20,10 +20,12 @@ static const struct {
     const char *name;
     size_t size;
 } dtypes[SBP_DT_COUNT] = {
-    [SBP_DT_BOOL] = {"BOOL", 1},       [SBP_DT_U8] = {"U8", 1},     [SBP_DT_I8] = {"I8", 1},
-    [SBP_DT_I16] = {"I16", 2},         [SBP_DT_U16] = {"U16", 2},   [SBP_DT_F16] = {"F16", 2},
-    [SBP_DT_BF16] = {"BF16", 2},       [SBP_DT_I32] = {"I32", 4},   [SBP_DT_U32] = {"U32", 4},
-    [SBP_DT_F32] = {"F32", 4},         [SBP_DT_F64] = {"F64", 8},   [SBP_DT_I64] = {"I64", 8},
+    [SBP_DT_BOOL] = {"BOOL", 1},       [SBP_DT_U8] = {"U8", 1},
+    [SBP_DT_I8] = {"I8", 1},           [SBP_DT_I16] = {"I16", 2},
+    [SBP_DT_U16] = {"U16", 2},         [SBP_DT_F16] = {"F16", 2},
+    [SBP_DT_BF16] = {"BF16", 2},       [SBP_DT_I32] = {"I32", 4},
+    [SBP_DT_U32] = {"U32", 4},         [SBP_DT_F32] = {"F32", 4},
+    [SBP_DT_F64] = {"F64", 8},         [SBP_DT_I64] = {"I64", 8},
     [SBP_DT_U64] = {"U64", 8},         [SBP_DT_F8_E5M2] = {"F8_E5M2", 1},
     [SBP_DT_F8_E4M3] = {"F8_E4M3", 1},
 };
@@ -31,7 +33,9 @@ static const struct {
 const char *sbp_dtype_name(sbp_dtype d) {
     return (unsigned)d < SBP_DT_COUNT ? dtypes[d].name : "?";
 }
-size_t sbp_dtype_size(sbp_dtype d) { return (unsigned)d < SBP_DT_COUNT ? dtypes[d].size : 0; }
+size_t sbp_dtype_size(sbp_dtype d) {
+    return (unsigned)d < SBP_DT_COUNT ? dtypes[d].size : 0;
+}
 int sbp_dtype_is_float(sbp_dtype d) {
     return d == SBP_DT_F64 || d == SBP_DT_F32 || d == SBP_DT_F16 || d == SBP_DT_BF16;
 }
@@ -87,7 +91,7 @@ uint16_t sbp_f32_to_f16(float f) {
     uint32_t a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return sign | 0x7e00u;
     if (a >= 0x477ff000u) return sign | 0x7c00u; /* rounds to >= 65520: infinity */
-    if (a < 0x38800000u) {                        /* below the smallest normal 2^-14 */
+    if (a < 0x38800000u) {                       /* below the smallest normal 2^-14 */
         float v;
         memcpy(&v, &a, 4);
         return sign | (uint16_t)lrintf(v * 0x1p24f); /* subnormal steps of 2^-24, RNE */
@@ -108,13 +112,15 @@ static int json_int64(const cJSON *v, int64_t *out) {
 }
 
 static int cmp_begin(const void *a, const void *b) {
-    const sbp_st_tensor *x = *(const sbp_st_tensor *const *)a, *y = *(const sbp_st_tensor *const *)b;
+    const sbp_st_tensor *x = *(const sbp_st_tensor *const *)a,
+                        *y = *(const sbp_st_tensor *const *)b;
     if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
     return x->end < y->end ? -1 : x->end > y->end;
 }
 
 static int cmp_name(const void *a, const void *b) {
-    return strcmp((*(const sbp_st_tensor *const *)a)->name, (*(const sbp_st_tensor *const *)b)->name);
+    return strcmp((*(const sbp_st_tensor *const *)a)->name,
+                  (*(const sbp_st_tensor *const *)b)->name);
 }
 
 /* Checks names are unique and the tensors tile [0, data_size) exactly. */
@@ -175,15 +181,17 @@ static sbp_status parse_entry(sbp_st_tensor *t, const cJSON *item, const sbp_st_
                         name, dt);
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
     if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > SBP_ST_MAX_DIMS)
-        return sbp_fail(err, SBP_EFORMAT, "%s: tensor \"%s\" has no valid shape (an array of at "
-                                          "most %d integers)",
+        return sbp_fail(err, SBP_EFORMAT,
+                        "%s: tensor \"%s\" has no valid shape (an array of at "
+                        "most %d integers)",
                         sf->path, name, SBP_ST_MAX_DIMS);
     t->ndim = cJSON_GetArraySize(shape);
     uint64_t numel = 1;
     for (int i = 0; i < t->ndim; i++) {
         if (!json_int64(cJSON_GetArrayItem(shape, i), &t->shape[i]))
-            return sbp_fail(err, SBP_EFORMAT, "%s: tensor \"%s\": shape[%d] is not a "
-                                              "non-negative integer",
+            return sbp_fail(err, SBP_EFORMAT,
+                            "%s: tensor \"%s\": shape[%d] is not a "
+                            "non-negative integer",
                             sf->path, name, i);
         if (t->shape[i] && numel > UINT64_MAX / 16 / (uint64_t)t->shape[i])
             return sbp_fail(err, SBP_EFORMAT, "%s: tensor \"%s\": shape is too large", sf->path,
@@ -195,8 +203,9 @@ static sbp_status parse_entry(sbp_st_tensor *t, const cJSON *item, const sbp_st_
     int64_t b, e;
     if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2 ||
         !json_int64(cJSON_GetArrayItem(off, 0), &b) || !json_int64(cJSON_GetArrayItem(off, 1), &e))
-        return sbp_fail(err, SBP_EFORMAT, "%s: tensor \"%s\": data_offsets must be two "
-                                          "non-negative integers",
+        return sbp_fail(err, SBP_EFORMAT,
+                        "%s: tensor \"%s\": data_offsets must be two "
+                        "non-negative integers",
                         sf->path, name);
     if (e < b || (uint64_t)e > sf->data_size)
         return sbp_fail(err, SBP_EFORMAT,
@@ -221,7 +230,8 @@ static sbp_status parse_metadata(sbp_st_file *sf, const cJSON *meta, sbp_err *er
     int n = cJSON_GetArraySize(meta);
     sf->meta_key = calloc((size_t)n + 1, sizeof(char *));
     sf->meta_val = calloc((size_t)n + 1, sizeof(char *));
-    if (!sf->meta_key || !sf->meta_val) return sbp_fail(err, SBP_ENOMEM, "%s: out of memory", sf->path);
+    if (!sf->meta_key || !sf->meta_val)
+        return sbp_fail(err, SBP_ENOMEM, "%s: out of memory", sf->path);
     const cJSON *kv;
     cJSON_ArrayForEach(kv, meta) {
         if (!cJSON_IsString(kv))
@@ -249,8 +259,10 @@ static sbp_status parse_header(sbp_st_file *sf, const char *text, sbp_err *err) 
     const cJSON *item;
     cJSON_ArrayForEach(item, root) {
         if (st) break;
-        if (strcmp(item->string, "__metadata__") == 0) st = parse_metadata(sf, item, err);
-        else if ((st = parse_entry(&sf->t[sf->n], item, sf, err)) == SBP_OK) sf->n++;
+        if (strcmp(item->string, "__metadata__") == 0)
+            st = parse_metadata(sf, item, err);
+        else if ((st = parse_entry(&sf->t[sf->n], item, sf, err)) == SBP_OK)
+            sf->n++;
     }
     cJSON_Delete(root);
     return st ? st : check_layout(sf, err);
@@ -270,8 +282,9 @@ sbp_status sbp_st_open(sbp_st_file *sf, const char *path, sbp_err *err) {
     unsigned char len8[8];
     if (size < 8 || fread(len8, 1, 8, sf->f) != 8) {
         sbp_st_close(sf);
-        return sbp_fail(err, SBP_EFORMAT, "%s: truncated: %llu bytes, shorter than the 8-byte "
-                                          "header length",
+        return sbp_fail(err, SBP_EFORMAT,
+                        "%s: truncated: %llu bytes, shorter than the 8-byte "
+                        "header length",
                         path, (unsigned long long)size);
     }
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len8[i];
@@ -293,8 +306,9 @@ sbp_status sbp_st_open(sbp_st_file *sf, const char *path, sbp_err *err) {
         st = sbp_fail(err, SBP_EIO, "%s: cannot read the header", path);
     text[hlen] = '\0';
     if (!st && (text[0] != '{' || strlen(text) != hlen))
-        st = sbp_fail(err, SBP_EFORMAT, "%s: the header does not start with '{' or contains a "
-                                        "NUL byte",
+        st = sbp_fail(err, SBP_EFORMAT,
+                      "%s: the header does not start with '{' or contains a "
+                      "NUL byte",
                       path);
     sf->data_start = 8 + hlen;
     sf->data_size = size - 8 - hlen;
@@ -329,8 +343,7 @@ const char *sbp_st_meta(const sbp_st_file *sf, const char *key) {
     return NULL;
 }
 
-sbp_status sbp_st_read_raw(const sbp_st_file *sf, const sbp_st_tensor *t, void *dst,
-                           sbp_err *err) {
+sbp_status sbp_st_read_raw(const sbp_st_file *sf, const sbp_st_tensor *t, void *dst, sbp_err *err) {
     size_t n = (size_t)(t->end - t->begin);
     if (fseeko(sf->f, (off_t)(sf->data_start + t->begin), SEEK_SET) != 0 ||
         fread(dst, 1, n, sf->f) != n)
@@ -342,38 +355,81 @@ sbp_status sbp_st_read_raw(const sbp_st_file *sf, const sbp_st_tensor *t, void *
 /* Element i of a raw buffer of dtype d, as a double (floats) or an int64 (integers). */
 static double float_at(const unsigned char *p, sbp_dtype d, size_t i) {
     switch (d) {
-    case SBP_DT_F64: { double v; memcpy(&v, p + 8 * i, 8); return v; }
-    case SBP_DT_F32: { float v; memcpy(&v, p + 4 * i, 4); return v; }
-    case SBP_DT_F16: { uint16_t v; memcpy(&v, p + 2 * i, 2); return sbp_f16_to_f32(v); }
-    case SBP_DT_BF16: { uint16_t v; memcpy(&v, p + 2 * i, 2); return sbp_bf16_to_f32(v); }
+    case SBP_DT_F64: {
+        double v;
+        memcpy(&v, p + 8 * i, 8);
+        return v;
+    }
+    case SBP_DT_F32: {
+        float v;
+        memcpy(&v, p + 4 * i, 4);
+        return v;
+    }
+    case SBP_DT_F16: {
+        uint16_t v;
+        memcpy(&v, p + 2 * i, 2);
+        return sbp_f16_to_f32(v);
+    }
+    case SBP_DT_BF16: {
+        uint16_t v;
+        memcpy(&v, p + 2 * i, 2);
+        return sbp_bf16_to_f32(v);
+    }
     default: return NAN;
     }
 }
 
 static int64_t int_at(const unsigned char *p, sbp_dtype d, size_t i) {
     switch (d) {
-    case SBP_DT_BOOL: case SBP_DT_U8: return p[i];
+    case SBP_DT_BOOL:
+    case SBP_DT_U8: return p[i];
     case SBP_DT_I8: return (int8_t)p[i];
-    case SBP_DT_I16: { int16_t v; memcpy(&v, p + 2 * i, 2); return v; }
-    case SBP_DT_U16: { uint16_t v; memcpy(&v, p + 2 * i, 2); return v; }
-    case SBP_DT_I32: { int32_t v; memcpy(&v, p + 4 * i, 4); return v; }
-    case SBP_DT_U32: { uint32_t v; memcpy(&v, p + 4 * i, 4); return v; }
-    case SBP_DT_I64: { int64_t v; memcpy(&v, p + 8 * i, 8); return v; }
-    case SBP_DT_U64: { uint64_t v; memcpy(&v, p + 8 * i, 8); return v > INT64_MAX ? INT64_MAX : (int64_t)v; }
+    case SBP_DT_I16: {
+        int16_t v;
+        memcpy(&v, p + 2 * i, 2);
+        return v;
+    }
+    case SBP_DT_U16: {
+        uint16_t v;
+        memcpy(&v, p + 2 * i, 2);
+        return v;
+    }
+    case SBP_DT_I32: {
+        int32_t v;
+        memcpy(&v, p + 4 * i, 4);
+        return v;
+    }
+    case SBP_DT_U32: {
+        uint32_t v;
+        memcpy(&v, p + 4 * i, 4);
+        return v;
+    }
+    case SBP_DT_I64: {
+        int64_t v;
+        memcpy(&v, p + 8 * i, 8);
+        return v;
+    }
+    case SBP_DT_U64: {
+        uint64_t v;
+        memcpy(&v, p + 8 * i, 8);
+        return v > INT64_MAX ? INT64_MAX : (int64_t)v;
+    }
     default: return 0;
     }
 }
 
-sbp_status sbp_st_read(const sbp_st_file *sf, const sbp_st_tensor *t, void *dst,
-                       sbp_dtype dst_type, sbp_err *err) {
+sbp_status sbp_st_read(const sbp_st_file *sf, const sbp_st_tensor *t, void *dst, sbp_dtype dst_type,
+                       sbp_err *err) {
     int want_float = dst_type == SBP_DT_F32 || dst_type == SBP_DT_F64;
     if (want_float && !sbp_dtype_is_float(t->dtype))
-        return sbp_fail(err, SBP_EINPUT, "%s: tensor \"%s\" has dtype %s; a float dtype (F32, "
-                                         "F64, BF16, F16) is needed",
+        return sbp_fail(err, SBP_EINPUT,
+                        "%s: tensor \"%s\" has dtype %s; a float dtype (F32, "
+                        "F64, BF16, F16) is needed",
                         sf->path, t->name, sbp_dtype_name(t->dtype));
     if (dst_type == SBP_DT_I64 && !is_int(t->dtype))
-        return sbp_fail(err, SBP_EINPUT, "%s: tensor \"%s\" has dtype %s; an integer dtype (I64, "
-                                         "I32, ...) is needed",
+        return sbp_fail(err, SBP_EINPUT,
+                        "%s: tensor \"%s\" has dtype %s; an integer dtype (I64, "
+                        "I32, ...) is needed",
                         sf->path, t->name, sbp_dtype_name(t->dtype));
     if (!want_float && dst_type != SBP_DT_I64)
         return sbp_fail(err, SBP_EUSAGE, "sbp_st_read: unsupported destination dtype");
@@ -424,7 +480,8 @@ sbp_status sbp_st_write(const char *path, const sbp_st_entry *e, int n, const ch
     cJSON *root = cJSON_CreateObject();
     if (meta && meta[0]) {
         cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
-        for (int i = 0; meta[i] && meta[i + 1]; i += 2) cJSON_AddStringToObject(m, meta[i], meta[i + 1]);
+        for (int i = 0; meta[i] && meta[i + 1]; i += 2)
+            cJSON_AddStringToObject(m, meta[i], meta[i + 1]);
     }
     uint64_t at = 0;
     for (int i = 0; i < n; i++) {

@@ -14,9 +14,21 @@
 #include <stdio.h>
 
 typedef enum {
-    SBP_DT_BOOL, SBP_DT_U8, SBP_DT_I8, SBP_DT_I16, SBP_DT_U16, SBP_DT_F16, SBP_DT_BF16,
-    SBP_DT_I32, SBP_DT_U32, SBP_DT_F32, SBP_DT_F64, SBP_DT_I64, SBP_DT_U64,
-    SBP_DT_F8_E5M2, SBP_DT_F8_E4M3,
+    SBP_DT_BOOL,
+    SBP_DT_U8,
+    SBP_DT_I8,
+    SBP_DT_I16,
+    SBP_DT_U16,
+    SBP_DT_F16,
+    SBP_DT_BF16,
+    SBP_DT_I32,
+    SBP_DT_U32,
+    SBP_DT_F32,
+    SBP_DT_F64,
+    SBP_DT_I64,
+    SBP_DT_U64,
+    SBP_DT_F8_E5M2,
+    SBP_DT_F8_E4M3,
     SBP_DT_COUNT
 } sbp_dtype;
 
@@ -40,7 +52,7 @@ typedef struct {
     FILE *f;
     uint64_t data_start; /* file offset of the data buffer */
     uint64_t data_size;
-    sbp_st_tensor *t;    /* (n), in header order */
+    sbp_st_tensor *t; /* (n), in header order */
     int n;
     char **meta_key, **meta_val; /* (n_meta) */
     int n_meta;
@@ -53,19 +65,18 @@ const char *sbp_st_meta(const sbp_st_file *sf, const char *key); /* NULL if abse
 
 /* Reads one tensor converted to dst_type: F32 or F64 from any float dtype, I64 from any integer
  * dtype. Float data is checked to be finite; the first bad element is named. */
-sbp_status sbp_st_read(const sbp_st_file *sf, const sbp_st_tensor *t, void *dst,
-                       sbp_dtype dst_type, sbp_err *err);
+sbp_status sbp_st_read(const sbp_st_file *sf, const sbp_st_tensor *t, void *dst, sbp_dtype dst_type,
+                       sbp_err *err);
 
 /* Raw bytes of one tensor (t->end - t->begin of them) into dst, no conversion or checks. */
-sbp_status sbp_st_read_raw(const sbp_st_file *sf, const sbp_st_tensor *t, void *dst,
-                           sbp_err *err);
+sbp_status sbp_st_read_raw(const sbp_st_file *sf, const sbp_st_tensor *t, void *dst, sbp_err *err);
 
 typedef struct {
     const char *name;
     sbp_dtype dtype;
     int ndim;
     int64_t shape[SBP_ST_MAX_DIMS];
-    const void *data;    /* numel * sbp_dtype_size(dtype) bytes, little-endian */
+    const void *data; /* numel * sbp_dtype_size(dtype) bytes, little-endian */
 } sbp_st_entry;
 
 /* Writes the entries in the order given, with metadata from the NULL-terminated key/value array

@@ -20,7 +20,7 @@
 
 #include <string.h>
 
-#define KT 64      /* keys per tile */
+#define KT     64  /* keys per tile */
 #define MAX_HD 512 /* the config loader rejects larger head_dim */
 
 void attention_transpose(real *xt, const real *x, int T, int NKV, int HD) {
@@ -67,7 +67,8 @@ void attention_forward(real *o, real *lse, const real *q, const real *kt, const 
                 l *= corr;
                 for (int d = 0; d < HD; d++) acc[d] *= corr;
                 for (int jj = 0; jj < n; jj++) {
-                    const real p = rexp(sc[jj] - mnew), *v_j = v + (size_t)(j0 + jj) * KV + (size_t)g * HD;
+                    const real p = rexp(sc[jj] - mnew),
+                               *v_j = v + (size_t)(j0 + jj) * KV + (size_t)g * HD;
                     l += p;
                     for (int d = 0; d < HD; d++) acc[d] += p * v_j[d];
                 }
@@ -88,8 +89,8 @@ void attention_forward(real *o, real *lse, const real *q, const real *kt, const 
 /* For one (query, head) against the keys [j0, j0+n) of a tile: p and ds of each key.
  * Keys beyond the query or masked out get p = ds = 0. */
 static void tile_probs(real *p, real *ds, const real *q_i, const real *do_i, real lse_i, real D_i,
-                       const real *ktg, const real *vtg, const uint8_t *kmask, int i, int j0,
-                       int n, int T, int HD, real scale) {
+                       const real *ktg, const real *vtg, const uint8_t *kmask, int i, int j0, int n,
+                       int T, int HD, real scale) {
     scores(p, q_i, ktg, j0, n, T, HD, scale);
     scores(ds, do_i, vtg, j0, n, T, HD, 1); /* ds temporarily holds dp_j = dO_i · v_j */
     for (int jj = 0; jj < n; jj++) {
@@ -110,13 +111,14 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, const real *do
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < M; r++)
         for (int h = 0; h < NH; h++) {
-            const real *a = dout + (size_t)r * Q + (size_t)h * HD, *b = o + (size_t)r * Q + (size_t)h * HD;
+            const real *a = dout + (size_t)r * Q + (size_t)h * HD,
+                       *b = o + (size_t)r * Q + (size_t)h * HD;
             real D = 0;
             for (int d = 0; d < HD; d++) D += a[d] * b[d];
             dsum[(size_t)r * NH + h] = D;
         }
 
-    /* Pass 1: dK, dV. Task (tile, g); early tiles see the most queries, so they go first. */
+        /* Pass 1: dK, dV. Task (tile, g); early tiles see the most queries, so they go first. */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < ntiles * NKV; task++) {
         const int tile = task / NKV, g = task % NKV, j0 = tile * KT;
@@ -158,10 +160,11 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, const real *do
             for (int d = 0; d < HD; d++) acc[d] = 0;
             for (int j0 = 0; j0 <= i; j0 += KT) {
                 const int n = j0 + KT <= i + 1 ? KT : i + 1 - j0;
-                tile_probs(p, ds, q_i, do_i, L, dsum[(size_t)r * NH + h], ktg, vtg, kmask, i, j0,
-                           n, T, HD, scale);
+                tile_probs(p, ds, q_i, do_i, L, dsum[(size_t)r * NH + h], ktg, vtg, kmask, i, j0, n,
+                           T, HD, scale);
                 for (int jj = 0; jj < n; jj++) {
-                    const real dsj = ds[jj] * scale, *k_j = k + (size_t)(j0 + jj) * KV + (size_t)g * HD;
+                    const real dsj = ds[jj] * scale,
+                               *k_j = k + (size_t)(j0 + jj) * KV + (size_t)g * HD;
                     for (int d = 0; d < HD; d++) acc[d] += dsj * k_j[d];
                 }
             }

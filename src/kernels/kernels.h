@@ -25,10 +25,10 @@
 /* ---- linear layers (OpenBLAS) --------------------------------------------------------------- */
 
 /* y = x·Wᵀ (+ b), rows [s, e). */
-void linear_forward(real *y,        /* (e-s, N) */
-                    const real *x,  /* (e-s, K) */
-                    const real *w,  /* (N, K) */
-                    const real *b,  /* (N) or NULL */
+void linear_forward(real *y,       /* (e-s, N) */
+                    const real *x, /* (e-s, K) */
+                    const real *w, /* (N, K) */
+                    const real *b, /* (N) or NULL */
                     int s, int e, int N, int K, int blk);
 /* dx += dy·W, dw += dyᵀ·x, db += Σ_rows dy. */
 void linear_backward(real *dx,       /* (e-s, K) or NULL */
@@ -41,10 +41,10 @@ void linear_backward(real *dx,       /* (e-s, K) or NULL */
 
 /* ---- RMSNorm: out = (x · rsqrt(mean(x²) + eps)) · w, per row of C ---------------------------- */
 
-void rmsnorm_forward(real *out,      /* (M, C) */
-                     real *rstd,     /* (M) saved 1/sqrt(mean(x²)+eps) */
-                     const real *x,  /* (M, C) */
-                     const real *w,  /* (C) */
+void rmsnorm_forward(real *out,     /* (M, C) */
+                     real *rstd,    /* (M) saved 1/sqrt(mean(x²)+eps) */
+                     const real *x, /* (M, C) */
+                     const real *w, /* (C) */
                      int M, int C, double eps);
 void rmsnorm_backward(real *dx,         /* (M, C) += */
                       real *dw,         /* (C) += */
@@ -60,10 +60,10 @@ void rmsnorm_backward(real *dx,         /* (M, C) += */
 void rope_table(real *cos, real *sin, /* (T, HD/2) each */
                 int T, int HD, double theta, int llama3, double factor, double low_freq,
                 double high_freq, double orig_max);
-void rope_forward(real *x,                      /* (M, H, HD), rotated in place */
+void rope_forward(real *x,                          /* (M, H, HD), rotated in place */
                   const real *cos, const real *sin, /* (T, HD/2) */
                   int s, int M, int H, int HD);     /* rows are positions s .. s+M-1 */
-void rope_backward(real *dx,                    /* (M, H, HD), in place */
+void rope_backward(real *dx,                        /* (M, H, HD), in place */
                    const real *cos, const real *sin, int s, int M, int H, int HD);
 
 /* ---- causal GQA attention, tiled with an online softmax -------------------------------------- *
@@ -74,25 +74,25 @@ void rope_backward(real *dx,                    /* (M, H, HD), in place */
 
 /* (T, NKV·HD) -> (NKV, HD, T) */
 void attention_transpose(real *xt, const real *x, int T, int NKV, int HD);
-void attention_forward(real *o,             /* (M, NH·HD) queries s .. s+M-1 */
-                       real *lse,           /* (M, NH) */
-                       const real *q,       /* (M, NH·HD) */
-                       const real *kt,      /* (NKV, HD, T) */
-                       const real *v,       /* (T, NKV·HD) */
-                       const uint8_t *kmask,/* (T) */
+void attention_forward(real *o,              /* (M, NH·HD) queries s .. s+M-1 */
+                       real *lse,            /* (M, NH) */
+                       const real *q,        /* (M, NH·HD) */
+                       const real *kt,       /* (NKV, HD, T) */
+                       const real *v,        /* (T, NKV·HD) */
+                       const uint8_t *kmask, /* (T) */
                        int s, int M, int T, int NH, int NKV, int HD);
-void attention_backward(real *dq,            /* (M, NH·HD) += */
-                        real *dk,            /* (T, NKV·HD) += keys 0 .. s+M-1 */
-                        real *dv,            /* (T, NKV·HD) += */
-                        real *dsum,          /* (M, NH) scratch: rowsum(dO ⊙ O) */
-                        const real *dout,    /* (M, NH·HD) */
-                        const real *o,       /* (M, NH·HD) */
-                        const real *lse,     /* (M, NH) */
-                        const real *q,       /* (M, NH·HD) */
-                        const real *k,       /* (T, NKV·HD) */
-                        const real *kt,      /* (NKV, HD, T) */
-                        const real *vt,      /* (NKV, HD, T) */
-                        const uint8_t *kmask,/* (T) */
+void attention_backward(real *dq,             /* (M, NH·HD) += */
+                        real *dk,             /* (T, NKV·HD) += keys 0 .. s+M-1 */
+                        real *dv,             /* (T, NKV·HD) += */
+                        real *dsum,           /* (M, NH) scratch: rowsum(dO ⊙ O) */
+                        const real *dout,     /* (M, NH·HD) */
+                        const real *o,        /* (M, NH·HD) */
+                        const real *lse,      /* (M, NH) */
+                        const real *q,        /* (M, NH·HD) */
+                        const real *k,        /* (T, NKV·HD) */
+                        const real *kt,       /* (NKV, HD, T) */
+                        const real *vt,       /* (NKV, HD, T) */
+                        const uint8_t *kmask, /* (T) */
                         int s, int M, int T, int NH, int NKV, int HD);
 
 /* ---- SwiGLU: h = silu(g) ⊙ u ----------------------------------------------------------------- */
@@ -107,8 +107,8 @@ void embedding_forward(real *x,            /* (T, C) */
                        const int32_t *ids, /* (T) */
                        const real *emb,    /* (V, C) */
                        int T, int C);
-void embedding_backward(real *demb,        /* (V, C) += rows of ids, in ascending t */
-                        const real *dx,    /* (T, C) */
+void embedding_backward(real *demb,     /* (V, C) += rows of ids, in ascending t */
+                        const real *dx, /* (T, C) */
                         const int32_t *ids, int T, int C);
 
 /* ---- log-probability of a target under softmax(logits) -------------------------------------- *
@@ -120,9 +120,9 @@ void logprob_forward(double *logp,          /* (M) logits[y] − logsumexp(logit
                      int M, int V);
 /* Overwrites logits with dL/dlogits = coef · (onehot(y) − softmax), coef = dL/dlogp per row;
  * rows with target < 0 or coef == 0 become zero. */
-void logprob_backward(real *logits,         /* (M, V) in: logits, out: their gradient */
-                      const double *coef,   /* (M) */
-                      const double *lse,    /* (M) */
+void logprob_backward(real *logits,       /* (M, V) in: logits, out: their gradient */
+                      const double *coef, /* (M) */
+                      const double *lse,  /* (M) */
                       const int32_t *target, int M, int V);
 
 #endif

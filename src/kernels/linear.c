@@ -21,8 +21,8 @@ void linear_forward(real *y, const real *x, const real *w, const real *b, int s,
     for (int r0 = s, r1; r0 < e; r0 = r1) {
         r1 = block_end(r0, e, blk);
         real *y_r = y + (size_t)(r0 - s) * N;
-        gemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, N, K, 1, x + (size_t)(r0 - s) * K,
-             K, w, K, 0, y_r, N);
+        gemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, N, K, 1, x + (size_t)(r0 - s) * K, K,
+             w, K, 0, y_r, N);
     }
     if (!b) return;
     for (int r = 0; r < e - s; r++)

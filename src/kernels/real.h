@@ -13,17 +13,17 @@
 #ifdef SBP_REAL_F64
 typedef double real;
 #define SBP_ENTRY(name) name##_f64
-#define gemm cblas_dgemm
-#define rexp exp
-#define rlog log
-#define rsqrt_(x) (1.0 / sqrt(x))
+#define gemm            cblas_dgemm
+#define rexp            exp
+#define rlog            log
+#define rsqrt_(x)       (1.0 / sqrt(x))
 #else
 typedef float real;
 #define SBP_ENTRY(name) name##_f32
-#define gemm cblas_sgemm
-#define rexp expf
-#define rlog logf
-#define rsqrt_(x) (1.0f / sqrtf(x))
+#define gemm            cblas_sgemm
+#define rexp            expf
+#define rlog            logf
+#define rsqrt_(x)       (1.0f / sqrtf(x))
 #endif
 
 #endif

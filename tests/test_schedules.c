@@ -1,0 +1,199 @@
+/* test_schedules.c — the exactness promises of README "Exactness":
+ *  - full, ckpt and stream give bit-identical gradients and loss whenever the chunk (and logits
+ *    chunk) is a multiple of the token block, in float32 and float64, on every bundled family;
+ *  - the result does not depend on the thread count (1 vs 2);
+ *  - chunks that are not block multiples agree with full within the measured tolerance.
+ * All comparisons are made within one process (bit patterns depend on the OpenBLAS kernels of
+ * the machine, so nothing here is compared against stored bits). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *families[] = {"qwen3-tiny", "qwen2-tiny", "llama3-tiny"};
+
+/* Reference: full BP with materialised logits. */
+static void reference(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b, int block) {
+    tu_grad(r, m, b, SBP_FULL, block, 0, 0, 0);
+}
+
+static void assert_bitwise(const sbp_model *m, const sbp_grad_result *ref, const sbp_grad_result *r,
+                           const char *what) {
+    int i = tu_first_diff(m, ref->grads, r->grads);
+    ck_assert_msg(i < 0, "%s: gradient of %s differs from full BP", what,
+                  i < 0 ? "" : m->params.p[i].name);
+    ck_assert_msg(memcmp(&ref->loss, &r->loss, sizeof r->loss) == 0,
+                  "%s: loss %.17g differs from full BP's %.17g", what, r->loss, ref->loss);
+}
+
+/* Every schedule and block-multiple chunk against full BP, for one family and precision. */
+static void check_family(const char *family, sbp_precision prec, const char *batch, int block,
+                         const int *chunks, int nchunks) {
+    sbp_model m;
+    sbp_batch b;
+    tu_load(&m, &b, tu_model(family, 7), batch, prec);
+    sbp_grad_result ref, r;
+    reference(&ref, &m, &b, block);
+    char what[160];
+    snprintf(what, sizeof what, "%s %s ckpt", family, prec == SBP_FP64 ? "fp64" : "fp32");
+    tu_grad(&r, &m, &b, SBP_CKPT, block, 0, 0, 0);
+    assert_bitwise(&m, &ref, &r, what);
+    sbp_grad_result_free(&r, NULL);
+    for (int i = 0; i < nchunks; i++) {
+        snprintf(what, sizeof what, "%s %s stream chunk %d", family,
+                 prec == SBP_FP64 ? "fp64" : "fp32", chunks[i]);
+        tu_grad(&r, &m, &b, SBP_STREAM, block, chunks[i], block, 0);
+        assert_bitwise(&m, &ref, &r, what);
+        sbp_grad_result_free(&r, NULL);
+        /* the logits chunk independently of the layer chunk */
+        snprintf(what, sizeof what, "%s stream chunk %d logit chunk %d", family, chunks[i],
+                 chunks[i]);
+        tu_grad(&r, &m, &b, SBP_STREAM, block, block, chunks[i], 0);
+        assert_bitwise(&m, &ref, &r, what);
+        sbp_grad_result_free(&r, NULL);
+        snprintf(what, sizeof what, "%s ckpt with chunked logits %d", family, chunks[i]);
+        tu_grad(&r, &m, &b, SBP_CKPT, block, 0, chunks[i], 1);
+        assert_bitwise(&m, &ref, &r, what);
+        sbp_grad_result_free(&r, NULL);
+    }
+    sbp_grad_result_free(&ref, NULL);
+    sbp_batch_free(&b);
+    sbp_model_free(&m, NULL);
+}
+
+/* sft-tiny: B = 2, T = 24, one right-padded and one left-padded row, prompt-masked labels. */
+static const int tiny_chunks[] = {4, 8, 12, 20, 24};
+
+START_TEST(bitwise_fp32) {
+    check_family(families[_i], SBP_FP32, "data/batches/sft-tiny.safetensors", 4, tiny_chunks, 5);
+}
+END_TEST
+
+START_TEST(bitwise_fp64) {
+    check_family(families[_i], SBP_FP64, "data/batches/sft-tiny.safetensors", 4, tiny_chunks, 5);
+}
+END_TEST
+
+/* sft-demo: T = 96 with blocks of 16 (several attention tiles per sequence is not reached at
+ * T = 96, but several blocks per chunk are). */
+START_TEST(bitwise_demo_blocks) {
+    static const int chunks[] = {16, 32, 48, 80};
+    check_family("qwen3-tiny", _i ? SBP_FP64 : SBP_FP32, "data/batches/sft-demo.safetensors", 16,
+                 chunks, 4);
+}
+END_TEST
+
+/* Default options (block 256 > T): one block, one chunk; still all three identical. */
+START_TEST(bitwise_defaults) {
+    sbp_model m;
+    sbp_batch b;
+    tu_load(&m, &b, tu_model("llama3-tiny", 3), "data/batches/sft-demo.safetensors", SBP_FP32);
+    sbp_grad_result ref, r;
+    reference(&ref, &m, &b, 0);
+    for (sbp_schedule s = SBP_CKPT; s <= SBP_STREAM; s++) {
+        tu_grad(&r, &m, &b, s, 0, 0, 0, 0);
+        assert_bitwise(&m, &ref, &r, sbp_schedule_name(s));
+        sbp_grad_result_free(&r, NULL);
+    }
+    sbp_grad_result_free(&ref, NULL);
+    sbp_batch_free(&b);
+    sbp_model_free(&m, NULL);
+}
+END_TEST
+
+/* 1 vs 2 threads, each schedule, both precisions. */
+START_TEST(thread_count_invariance) {
+    sbp_precision prec = _i ? SBP_FP64 : SBP_FP32;
+    sbp_model m;
+    sbp_batch b;
+    tu_load(&m, &b, tu_model("qwen3-tiny", 7), "data/batches/sft-demo.safetensors", prec);
+    for (sbp_schedule s = SBP_FULL; s <= SBP_STREAM; s++) {
+        sbp_grad_result one, two;
+        sbp_set_threads(1);
+        tu_grad(&one, &m, &b, s, 16, 32, 16, 0);
+        sbp_set_threads(2);
+        tu_grad(&two, &m, &b, s, 16, 32, 16, 0);
+        char what[64];
+        snprintf(what, sizeof what, "%s, 2 threads vs 1", sbp_schedule_name(s));
+        assert_bitwise(&m, &one, &two, what);
+        sbp_grad_result_free(&one, NULL);
+        sbp_grad_result_free(&two, NULL);
+    }
+    sbp_batch_free(&b);
+    sbp_model_free(&m, NULL);
+}
+END_TEST
+
+/* Chunks that are not block multiples split token blocks, so BLAS sums group differently: the
+ * result differs from full BP by rounding only. The bounds below are measured (README,
+ * "Exactness"): worst relative L2 over all parameters, families and chunk sizes, with margin. */
+#define RAGGED_TOL_FP32 1e-5
+#define RAGGED_TOL_FP64 2e-14
+
+START_TEST(ragged_chunks_within_tolerance) {
+    sbp_precision prec = _i % 2 ? SBP_FP64 : SBP_FP32;
+    const char *family = families[_i / 2];
+    sbp_model m;
+    sbp_batch b;
+    tu_load(&m, &b, tu_model(family, 7), "data/batches/sft-tiny.safetensors", prec);
+    const int T = b.T, chunks[] = {1, 7, T - 1, T + 5};
+    sbp_grad_result ref, r;
+    reference(&ref, &m, &b, 4);
+    double tol = prec == SBP_FP64 ? RAGGED_TOL_FP64 : RAGGED_TOL_FP32;
+    for (int c = 0; c < 4; c++) {
+        tu_grad(&r, &m, &b, SBP_STREAM, 4, chunks[c], chunks[c] > T ? T : chunks[c], 0);
+        for (int i = 0; i < m.params.n; i++) {
+            double e = tu_rel_l2(&m, r.grads, &m, ref.grads, &m.params.p[i]);
+            ck_assert_msg(e <= tol, "%s chunk %d: %s rel. L2 %.3g > %.3g", family, chunks[c],
+                          m.params.p[i].name, e, tol);
+        }
+        ck_assert_msg(fabs(r.loss - ref.loss) <= tol * fabs(ref.loss), "%s chunk %d: loss", family,
+                      chunks[c]);
+        sbp_grad_result_free(&r, NULL);
+    }
+    sbp_grad_result_free(&ref, NULL);
+    sbp_batch_free(&b);
+    sbp_model_free(&m, NULL);
+}
+END_TEST
+
+/* A chunk larger than T is clamped, and the result is then identical to chunk = T. */
+START_TEST(chunk_clamped_to_T) {
+    sbp_model m;
+    sbp_batch b;
+    tu_load(&m, &b, tu_model("qwen2-tiny", 7), "data/batches/sft-tiny.safetensors", SBP_FP32);
+    sbp_grad_result a, c;
+    tu_grad(&a, &m, &b, SBP_STREAM, 4, b.T, b.T, 0);
+    tu_grad(&c, &m, &b, SBP_STREAM, 4, 10 * b.T, 10 * b.T, 0);
+    ck_assert_int_eq(c.chunk, b.T);
+    ck_assert_int_eq(c.logit_chunk, b.T);
+    assert_bitwise(&m, &a, &c, "chunk 10T vs T");
+    sbp_grad_result_free(&a, NULL);
+    sbp_grad_result_free(&c, NULL);
+    sbp_batch_free(&b);
+    sbp_model_free(&m, NULL);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("schedules");
+    TCase *tc = tcase_create("bitwise");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, bitwise_fp32, 0, 3);
+    tcase_add_loop_test(tc, bitwise_fp64, 0, 3);
+    tcase_add_loop_test(tc, bitwise_demo_blocks, 0, 2);
+    tcase_add_test(tc, bitwise_defaults);
+    tcase_add_loop_test(tc, thread_count_invariance, 0, 2);
+    tcase_add_test(tc, chunk_clamped_to_T);
+    suite_add_tcase(s, tc);
+    TCase *tol = tcase_create("tolerance");
+    tcase_set_timeout(tol, 120);
+    tcase_add_loop_test(tol, ragged_chunks_within_tolerance, 0, 6);
+    suite_add_tcase(s, tol);
+    return s;
+}
+
+int main(void) {
+    return tu_run_suite(suite());
+}
