@@ -36,11 +36,12 @@ LDFLAGS  := -fopenmp $(if $(filter 1,$(SAN)),$(SANFLAGS))
 
 COMMON_SRC := $(wildcard src/core/*.c src/io/*.c)
 NUM_SRC    := $(wildcard src/kernels/*.c src/engine/*.c)
-CLI_SRC    := $(wildcard src/cli/*.c)
+CLI_SRC    := $(wildcard src/cli/*.c verify/cmd_*.c)
+VERIFY_SRC := $(filter-out verify/cmd_%,$(wildcard verify/*.c))
 REF_SRC    := $(wildcard ref/*.c)
 TEST_SRC   := $(wildcard tests/test_*.c)
 
-COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/common/%.o)
+COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/common/%.o) $(VERIFY_SRC:%.c=$(BUILD)/common/%.o)
 F32_OBJ    := $(NUM_SRC:%.c=$(BUILD)/f32/%.o)
 F64_OBJ    := $(NUM_SRC:%.c=$(BUILD)/f64/%.o)
 CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/common/%.o)
@@ -114,9 +115,24 @@ test: deps
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(TESTS)
 
 # ---- demo ---------------------------------------------------------------------------------------
+# The bundled default: a seeded random Qwen3-tiny (tied embeddings, GQA 2:1, head_dim != C/NH)
+# and a B=2, T=96 batch with left and right padding and prompt-masked labels.
+
+DEMO_DIR   := $(BUILD)/demo
+DEMO_MODEL := $(DEMO_DIR)/qwen3-tiny
+DEMO_BATCH := data/batches/sft-demo.safetensors
+DEMO_OPTS  := --block 16 --chunk 32 --logit-chunk 16 --threads 2
 
 demo: all
-	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/demo.sh
+	@$(BIN) init --config data/models/qwen3-tiny.json --seed 1 --out $(DEMO_MODEL) >/dev/null
+	@for s in full ckpt stream; do \
+	  echo "== $(BIN) grad --schedule $$s $(DEMO_OPTS)"; \
+	  $(BIN) grad --model $(DEMO_MODEL) --batch $(DEMO_BATCH) --schedule $$s $(DEMO_OPTS) \
+	    --out $(DEMO_DIR)/grad-$$s.safetensors || exit 1; echo; done
+	@echo "== bitwise verdict: $(BIN) verify diff --bitwise <schedule> full"
+	@for s in ckpt stream; do printf '%-7s ' "$$s:"; \
+	  $(BIN) verify diff --bitwise $(DEMO_DIR)/grad-$$s.safetensors \
+	    $(DEMO_DIR)/grad-full.safetensors | tail -2 | tr '\n' ' '; echo; done
 
 # ---- housekeeping -------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 /* main.c — the `streambp` command: git-style subcommands. */
 #include "cli.h"
+#include "../../verify/verify.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -13,6 +14,7 @@ static const char usage[] =
     "commands:\n"
     "  grad      compute the gradient of one step and write it (safetensors, HF names)\n"
     "  init      write a seeded random model directory from a config.json\n"
+    "  verify    compare gradient files (verify diff A B)\n"
     "  version   print the version\n"
     "\n"
     "Run `streambp <command> --help` for the options of a command.\n"
@@ -26,6 +28,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "grad") == 0) return cmd_grad(argc - 1, argv + 1);
     if (strcmp(cmd, "init") == 0) return cmd_init(argc - 1, argv + 1);
+    if (strcmp(cmd, "verify") == 0) return verify_main(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("streambp %s\n", SBP_VERSION);
         return 0;

@@ -13,6 +13,7 @@
 
 #include <cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,8 +147,16 @@ sbp_status sbp_model_load(sbp_model *m, const char *dir, sbp_precision prec, sbp
                           shards.files[which].path, p->name, got, want);
             break;
         }
-        st = sbp_st_read(&shards.files[which], t, (char *)m->w + esz * (size_t)p->offset,
-                         prec == SBP_FP64 ? SBP_DT_F64 : SBP_DT_F32, err);
+        void *dst = (char *)m->w + esz * (size_t)p->offset;
+        st = sbp_st_read(&shards.files[which], t, dst, prec == SBP_FP64 ? SBP_DT_F64 : SBP_DT_F32,
+                         err);
+        for (int64_t j = 0; j < p->numel && !st; j++) {
+            double v = prec == SBP_FP64 ? ((double *)dst)[j] : ((float *)dst)[j];
+            if (!isfinite(v))
+                st = sbp_fail(err, SBP_EINPUT, "%s: tensor \"%s\" element %lld is not finite (%g%s)",
+                              shards.files[which].path, p->name, (long long)j, v,
+                              prec == SBP_FP32 && t->dtype == SBP_DT_F64 ? " after rounding to fp32" : "");
+        }
     }
     shards_close(&shards);
     if (st) sbp_model_free(m, lg);

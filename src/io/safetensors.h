@@ -64,7 +64,7 @@ const sbp_st_tensor *sbp_st_find(const sbp_st_file *sf, const char *name);
 const char *sbp_st_meta(const sbp_st_file *sf, const char *key); /* NULL if absent */
 
 /* Reads one tensor converted to dst_type: F32 or F64 from any float dtype, I64 from any integer
- * dtype. Float data is checked to be finite; the first bad element is named. */
+ * dtype (F64 values beyond float's range become ±Inf in F32; callers check finiteness). */
 sbp_status sbp_st_read(const sbp_st_file *sf, const sbp_st_tensor *t, void *dst, sbp_dtype dst_type,
                        sbp_err *err);
 

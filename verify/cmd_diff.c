@@ -1,0 +1,173 @@
+/* cmd_diff.c — `streambp verify diff A B`: two gradient files compared by HF name. */
+#include "../src/cli/cli.h"
+#include "diff.h"
+#include "verify.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage[] =
+    "usage: streambp verify diff A.safetensors B.safetensors [options]\n"
+    "\n"
+    "Compares every tensor of A against the reference B, matched by name: missing and extra\n"
+    "tensors, shape mismatches and NaN/Inf in A are failures; for the rest the promise below must\n"
+    "hold. Prints one row per tensor: bitwise equality, max ULP distance (in the coarser dtype),\n"
+    "max abs error, relative L2 error ‖A−B‖/‖B‖, cosine and the norm ratio ‖A‖/‖B‖ (cosine alone\n"
+    "cannot see a scale error), the verdict; then the first differing index of each failure.\n"
+    "Gradients may be F64, F32, BF16 or F16.\n"
+    "\n"
+    "promise (several may be given; all must hold; default --rel-l2 1e-5):\n"
+    "  --bitwise        identical dtype and bytes\n"
+    "  --ulp N          max ULP distance <= N\n"
+    "  --rtol R         every element: |A−B| <= atol + R·|B|   (default atol 0)\n"
+    "  --atol A\n"
+    "  --rel-l2 X       ‖A−B‖/‖B‖ <= X per tensor\n"
+    "output:\n"
+    "  --json           one JSON object instead of the table\n"
+    "  --failures-only  print only the rows that fail\n"
+    "Exit status: 0 every tensor passes, 1 at least one fails, 2 usage or unreadable file.\n";
+
+static int parse_double(const char *opt, const char *text, double *out) {
+    char *end;
+    double v = strtod(text, &end);
+    if (end == text || *end || !(v >= 0) || !isfinite(v)) {
+        fprintf(stderr, "streambp verify diff: --%s must be a non-negative number, got \"%s\"\n",
+                opt, text);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static void print_row(const sbp_diff_row *r) {
+    const sbp_tensor_cmp *c = &r->cmp;
+    char dt[24];
+    snprintf(dt, sizeof dt, "%s/%s", sbp_dtype_name(r->dtype_a), sbp_dtype_name(r->dtype_b));
+    if (r->status == SBP_ROW_MISSING || r->status == SBP_ROW_EXTRA) {
+        printf("%-52s %-9s %-7s %s\n", r->name, "", "", sbp_row_status_name(r->status));
+        return;
+    }
+    if (r->status == SBP_ROW_SHAPE) {
+        printf("%-52s %-9s shape %s vs %s  SHAPE\n", r->name, dt, r->shape_a, r->shape_b);
+        return;
+    }
+    printf("%-52s %-9s %-7s %9.3g %9.3g %9.3g %12.9f %12.9f  %s\n", r->name, dt,
+           c->bitwise ? "yes" : "no", c->max_ulp, c->max_abs, c->rel_l2, c->cosine, c->norm_ratio,
+           sbp_row_status_name(r->status));
+}
+
+static void print_details(const sbp_diff_row *r) {
+    const sbp_tensor_cmp *c = &r->cmp;
+    if (r->status == SBP_ROW_MISSING) printf("  %s: in B, missing from A\n", r->name);
+    else if (r->status == SBP_ROW_EXTRA) printf("  %s: in A, not in B\n", r->name);
+    else if (r->status == SBP_ROW_SHAPE)
+        printf("  %s: shape %s in A, %s in B\n", r->name, r->shape_a, r->shape_b);
+    else if (r->status == SBP_ROW_NONFINITE)
+        printf("  %s: %lld non-finite values in A, the first at index %lld\n", r->name,
+               (long long)c->nonfinite_a, (long long)c->first_nonfinite_a);
+    else if (c->first_diff >= 0)
+        printf("  %s: first difference at index %lld: A = %.17g, B = %.17g; max abs %.3g at %lld\n",
+               r->name, (long long)c->first_diff, r->a_at_first, r->b_at_first, c->max_abs,
+               (long long)c->max_abs_at);
+    if (c->nonfinite_b)
+        printf("  %s: note: the reference B has %lld non-finite values (first at %lld)\n", r->name,
+               (long long)c->nonfinite_b, (long long)c->first_nonfinite_b);
+}
+
+static void print_json(const sbp_diff *d, const char *a, const char *b) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "a", a);
+    cJSON_AddStringToObject(o, "b", b);
+    if (d->loss_a[0]) cJSON_AddStringToObject(o, "loss_a", d->loss_a);
+    if (d->loss_b[0]) cJSON_AddStringToObject(o, "loss_b", d->loss_b);
+    cJSON_AddNumberToObject(o, "tensors", d->n);
+    cJSON_AddNumberToObject(o, "bitwise_equal", d->n_bitwise);
+    cJSON_AddNumberToObject(o, "failed", d->n_failed);
+    cJSON *rows = cJSON_AddArrayToObject(o, "rows");
+    for (int i = 0; i < d->n; i++) {
+        const sbp_diff_row *r = &d->rows[i];
+        const sbp_tensor_cmp *c = &r->cmp;
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "name", r->name);
+        cJSON_AddStringToObject(x, "verdict", sbp_row_status_name(r->status));
+        if (r->status != SBP_ROW_MISSING && r->status != SBP_ROW_EXTRA) {
+            cJSON_AddStringToObject(x, "dtype_a", sbp_dtype_name(r->dtype_a));
+            cJSON_AddStringToObject(x, "dtype_b", sbp_dtype_name(r->dtype_b));
+        }
+        if (r->status == SBP_ROW_OK || r->status == SBP_ROW_MISMATCH ||
+            r->status == SBP_ROW_NONFINITE) {
+            cJSON_AddBoolToObject(x, "bitwise", c->bitwise);
+            cJSON_AddNumberToObject(x, "max_ulp", c->max_ulp);
+            cJSON_AddNumberToObject(x, "max_abs", isfinite(c->max_abs) ? c->max_abs : -1);
+            cJSON_AddNumberToObject(x, "rel_l2", isfinite(c->rel_l2) ? c->rel_l2 : -1);
+            cJSON_AddNumberToObject(x, "cosine", isfinite(c->cosine) ? c->cosine : -1);
+            cJSON_AddNumberToObject(x, "norm_ratio", isfinite(c->norm_ratio) ? c->norm_ratio : -1);
+            cJSON_AddNumberToObject(x, "first_diff", (double)c->first_diff);
+            cJSON_AddNumberToObject(x, "nonfinite_a", (double)c->nonfinite_a);
+            cJSON_AddNumberToObject(x, "first_nonfinite_a", (double)c->first_nonfinite_a);
+        }
+        cJSON_AddItemToArray(rows, x);
+    }
+    char *text = cJSON_Print(o);
+    puts(text);
+    free(text);
+    cJSON_Delete(o);
+}
+
+int verify_diff(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"bitwise", no_argument, 0, 'b'},   {"ulp", required_argument, 0, 'u'},
+        {"rtol", required_argument, 0, 'r'}, {"atol", required_argument, 0, 'a'},
+        {"rel-l2", required_argument, 0, 'l'}, {"json", no_argument, 0, 'j'},
+        {"failures-only", no_argument, 0, 'f'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    sbp_promise p = {0};
+    int json = 0, failures_only = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'b': p.bitwise = 1; break;
+        case 'u': if (!parse_double("ulp", optarg, &p.ulp)) return EXIT_USAGE; p.use_ulp = 1; break;
+        case 'r': if (!parse_double("rtol", optarg, &p.rtol)) return EXIT_USAGE; p.use_allclose = 1; break;
+        case 'a': if (!parse_double("atol", optarg, &p.atol)) return EXIT_USAGE; p.use_allclose = 1; break;
+        case 'l': if (!parse_double("rel-l2", optarg, &p.rel_l2)) return EXIT_USAGE; p.use_rel_l2 = 1; break;
+        case 'j': json = 1; break;
+        case 'f': failures_only = 1; break;
+        case 'h': fputs(usage, stdout); return 0;
+        default: fputs(usage, stderr); return EXIT_USAGE;
+        }
+    }
+    if (argc - optind != 2) {
+        fprintf(stderr, "streambp verify diff: expected two gradient files\n%s", usage);
+        return EXIT_USAGE;
+    }
+    if (!p.bitwise && !p.use_ulp && !p.use_allclose && !p.use_rel_l2) p.use_rel_l2 = 1, p.rel_l2 = 1e-5;
+    const char *a = argv[optind], *b = argv[optind + 1];
+    sbp_diff d;
+    sbp_err err = {0};
+    if (sbp_diff_files(&d, a, b, &p, &err)) return report_error("verify diff", &err);
+    if (json) {
+        print_json(&d, a, b);
+    } else {
+        printf("A = %s\nB = %s (reference)\n", a, b);
+        if (d.loss_a[0] || d.loss_b[0])
+            printf("loss: A %s, B %s\n", d.loss_a[0] ? d.loss_a : "-", d.loss_b[0] ? d.loss_b : "-");
+        printf("%-52s %-9s %-7s %9s %9s %9s %12s %12s  %s\n", "tensor", "dtype", "bitwise",
+               "max ULP", "max abs", "rel L2", "cosine", "norm ratio", "verdict");
+        for (int i = 0; i < d.n; i++)
+            if (!failures_only || d.rows[i].status != SBP_ROW_OK) print_row(&d.rows[i]);
+        for (int i = 0; i < d.n; i++)
+            if (d.rows[i].status != SBP_ROW_OK) print_details(&d.rows[i]);
+        printf("%d tensors: %d bitwise equal, %d failed; promise:", d.n, d.n_bitwise, d.n_failed);
+        if (p.bitwise) printf(" bitwise");
+        if (p.use_ulp) printf(" max ULP <= %g", p.ulp);
+        if (p.use_allclose) printf(" |A-B| <= %g + %g|B|", p.atol, p.rtol);
+        if (p.use_rel_l2) printf(" rel L2 <= %g", p.rel_l2);
+        printf("\n%s\n", d.n_failed ? "FAIL" : "PASS");
+    }
+    int failed = d.n_failed;
+    sbp_diff_free(&d);
+    return failed ? EXIT_MISMATCH : 0;
+}

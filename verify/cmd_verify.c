@@ -1,0 +1,20 @@
+/* cmd_verify.c — `streambp verify <what>`: dispatch to the verifier's subcommands. */
+#include "../src/cli/cli.h"
+#include "verify.h"
+
+#include <string.h>
+
+static const char usage[] =
+    "usage: streambp verify <command> [options]\n"
+    "\n"
+    "  diff A B    compare two gradient files tensor by tensor (HF names)\n";
+
+int verify_main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "diff") == 0) return verify_diff(argc - 1, argv + 1);
+    if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "help") == 0)) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    fputs(usage, stderr);
+    return EXIT_USAGE;
+}

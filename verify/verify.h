@@ -1,0 +1,8 @@
+/* verify.h — the `streambp verify` subcommands. */
+#ifndef SBP_VERIFY_H
+#define SBP_VERIFY_H
+
+int verify_main(int argc, char **argv); /* dispatches on argv[1] */
+int verify_diff(int argc, char **argv);
+
+#endif
