@@ -7,10 +7,12 @@
 static const char usage[] =
     "usage: streambp verify <command> [options]\n"
     "\n"
-    "  diff A B    compare two gradient files tensor by tensor (HF names)\n";
+    "  diff A B    compare two gradient files tensor by tensor (HF names)\n"
+    "  fd          finite-difference spot checks of the float64 gradient\n";
 
 int verify_main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "diff") == 0) return verify_diff(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "fd") == 0) return verify_fd(argc - 1, argv + 1);
     if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "help") == 0)) {
         fputs(usage, stdout);
         return 0;

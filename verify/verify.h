@@ -4,5 +4,6 @@
 
 int verify_main(int argc, char **argv); /* dispatches on argv[1] */
 int verify_diff(int argc, char **argv);
+int verify_fd(int argc, char **argv);
 
 #endif

@@ -1,0 +1,68 @@
+/* defaults.c — locating data/ and materialising the default model (see defaults.h). */
+#include "defaults.h"
+#include "../src/core/err.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int is_dir(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+sbp_status sbp_data_dir(char *out, size_t n, sbp_err *err) {
+    const char *env = getenv("STREAMBP_DATA");
+    if (env && is_dir(env)) {
+        snprintf(out, n, "%s", env);
+        return SBP_OK;
+    }
+    char exe[1024];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(out, n, "%s/../data", exe);
+            if (is_dir(out)) return SBP_OK;
+        }
+    }
+    snprintf(out, n, "data");
+    if (is_dir(out)) return SBP_OK;
+    return sbp_fail(err, SBP_EIO, "cannot find the data/ directory of streambp (set "
+                                  "STREAMBP_DATA, or pass --model and --batch)");
+}
+
+sbp_status sbp_default_inputs_make(sbp_default_inputs *d, sbp_err *err) {
+    memset(d, 0, sizeof *d);
+    char data[512], cfgpath[600];
+    sbp_status st = sbp_data_dir(data, sizeof data, err);
+    if (st) return st;
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(d->dir, sizeof d->dir, "%s/streambp-default-XXXXXX", tmp);
+    if (!mkdtemp(d->dir)) {
+        d->dir[0] = '\0';
+        return sbp_fail(err, SBP_EIO, "cannot create a temporary directory in %s", tmp);
+    }
+    snprintf(d->model, sizeof d->model, "%s", d->dir);
+    snprintf(d->batch, sizeof d->batch, "%s/batches/sft-demo.safetensors", data);
+    snprintf(cfgpath, sizeof cfgpath, "%s/models/qwen3-tiny.json", data);
+    sbp_config cfg;
+    if ((st = sbp_config_load(&cfg, cfgpath, err)) || (st = sbp_model_init(&cfg, 1, d->dir, err)))
+        sbp_default_inputs_free(d);
+    return st;
+}
+
+void sbp_default_inputs_free(sbp_default_inputs *d) {
+    if (!d->dir[0]) return;
+    char p[700];
+    snprintf(p, sizeof p, "%s/config.json", d->dir);
+    remove(p);
+    snprintf(p, sizeof p, "%s/model.safetensors", d->dir);
+    remove(p);
+    rmdir(d->dir);
+    d->dir[0] = '\0';
+}
