@@ -143,10 +143,13 @@ typedef struct {
     int64_t at_peak[SBP_MEM_NCATS]; /* each category at the moment of the total peak */
     int64_t cur_total, peak_total;
     int64_t n_allocs;
+    int plan; /* set before use: allocations only reserve address space (PROT_NONE), so a
+               * planning run that touched a buffer would fault instead of computing */
 } sbp_ledger;
 
 const char *sbp_mem_cat_name(sbp_mem_cat c);
-/* 64-byte aligned, zero-filled; NULL when out of memory (nothing is charged then). */
+/* 64-byte aligned, zero-filled (in a planning ledger: inaccessible); NULL when out of memory or
+ * address space (nothing is charged then). */
 void *sbp_ledger_alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes);
 void sbp_ledger_free(sbp_ledger *lg, void *p);
 
@@ -221,6 +224,20 @@ void sbp_grad_result_free(sbp_grad_result *res, sbp_ledger *lg);
  * the NULL-terminated key/value pairs of meta in __metadata__. Atomic. */
 sbp_status sbp_grads_save(const char *path, const sbp_params *ps, sbp_precision prec,
                           const void *grads, const char *const *meta, sbp_err *err);
+
+/* ---------------------------------------------------------------------------------------------
+ * Planning: the peak memory of a step without the memory. The same schedule code runs with a
+ * planning ledger and every arithmetic step skipped. */
+
+typedef struct {
+    sbp_grad_opts grad; /* schedule, block, chunk, logit chunk, chunked logits */
+    int B, T;
+    int storage_bytes; /* bytes per stored element: 4 (fp32) or 2 (bf16); 0 = 4 */
+    int optimizer;     /* also charge AdamW's two fp32 moments per parameter */
+} sbp_plan_opts;
+
+/* Fills lg (zeroed first) with the ledger of one step of model cfg. */
+sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *o, sbp_err *err);
 
 /* Sets OpenMP and OpenBLAS to n threads (process-wide; see the header comment). */
 void sbp_set_threads(int n);

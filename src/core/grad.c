@@ -35,33 +35,41 @@ static int clamp(int v, int hi) {
     return v < hi ? v : hi;
 }
 
+sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, int T, sbp_err *err) {
+    memset(eo, 0, sizeof *eo);
+    if (opts->block < 0 || opts->chunk < 0 || opts->logit_chunk < 0)
+        return sbp_fail(err, SBP_EUSAGE,
+                        "block, chunk and logit chunk must be positive (got %d, %d, %d)",
+                        opts->block, opts->chunk, opts->logit_chunk);
+    if ((unsigned)opts->schedule > SBP_STREAM)
+        return sbp_fail(err, SBP_EUSAGE, "unknown schedule %d", (int)opts->schedule);
+    if (T < 1) return sbp_fail(err, SBP_EINPUT, "the batch has T = 0 tokens");
+    eo->schedule = opts->schedule;
+    eo->block = opts->block ? opts->block : SBP_DEFAULT_BLOCK;
+    eo->chunk = clamp(opts->chunk ? opts->chunk : 4 * eo->block, T);
+    eo->materialise = opts->schedule != SBP_STREAM && !opts->chunked_logits;
+    eo->logit_chunk = clamp(opts->logit_chunk ? opts->logit_chunk : eo->block, T);
+    if (eo->materialise) eo->logit_chunk = T;
+    return SBP_OK;
+}
+
 sbp_status sbp_grad(sbp_grad_result *res, const sbp_model *m, const sbp_batch *b,
                     const sbp_grad_opts *opts, sbp_ledger *lg, sbp_err *err) {
     memset(res, 0, sizeof *res);
-    if (opts->block < 0 || opts->chunk < 0 || opts->logit_chunk < 0)
-        return sbp_fail(err, SBP_EUSAGE,
-                        "block, chunk and logit chunk must be positive (got %d, "
-                        "%d, %d)",
-                        opts->block, opts->chunk, opts->logit_chunk);
-    if (b->T < 1) return sbp_fail(err, SBP_EINPUT, "the batch has T = 0 tokens");
+    sbp_engine_opts eo;
+    sbp_status st = sbp_engine_resolve(&eo, opts, b->T, err);
+    if (st) return st;
     if (b->n_targets == 0)
         return sbp_fail(err, SBP_EINPUT,
                         "the batch has no valid target: every shifted label is -100, so the mean "
                         "loss is undefined (HF would return NaN)");
-    sbp_engine_opts eo = {.schedule = opts->schedule};
-    eo.block = opts->block ? opts->block : SBP_DEFAULT_BLOCK;
-    eo.chunk = clamp(opts->chunk ? opts->chunk : 4 * eo.block, b->T);
-    eo.materialise = opts->schedule != SBP_STREAM && !opts->chunked_logits;
-    eo.logit_chunk = clamp(opts->logit_chunk ? opts->logit_chunk : eo.block, b->T);
-    if (eo.materialise) eo.logit_chunk = b->T;
     size_t esz = m->prec == SBP_FP64 ? sizeof(double) : sizeof(float);
     res->grads = sbp_ledger_alloc(lg, SBP_MEM_GRADS, esz * (size_t)m->params.total);
     if (!res->grads)
         return sbp_fail(err, SBP_ENOMEM, "out of memory for the gradients (%lld parameters)",
                         (long long)m->params.total);
-    sbp_status st = m->prec == SBP_FP64
-                        ? sbp_engine_grad_f64(&res->loss, res->grads, m, b, &eo, lg, err)
-                        : sbp_engine_grad_f32(&res->loss, res->grads, m, b, &eo, lg, err);
+    st = m->prec == SBP_FP64 ? sbp_engine_grad_f64(&res->loss, res->grads, m, b, &eo, lg, err)
+                             : sbp_engine_grad_f32(&res->loss, res->grads, m, b, &eo, lg, err);
     if (st) {
         sbp_grad_result_free(res, lg);
         return st;

@@ -1,17 +1,23 @@
 /* ledger.c — the memory ledger: one allocator that charges every buffer to a category.
  *
  * Each block carries a 64-byte header in front of it holding its size and category, so that
- * sbp_ledger_free needs only the pointer. The header keeps the user pointer 64-byte aligned. */
+ * sbp_ledger_free needs only the pointer. The header keeps the user pointer 64-byte aligned.
+ * A planning ledger reserves address space instead (mmap, PROT_NONE, no swap reserved) behind a
+ * one-page readable header: sizes up to hundreds of GB cost nothing, pointer arithmetic on the
+ * buffers stays valid, and any read or write of one faults. */
 #include "../streambp.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define HEADER 64
 
 typedef struct {
     size_t bytes;
     int cat;
+    int planned;
 } block_header;
 
 const char *sbp_mem_cat_name(sbp_mem_cat c) {
@@ -21,35 +27,62 @@ const char *sbp_mem_cat_name(sbp_mem_cat c) {
     return (unsigned)c < SBP_MEM_NCATS ? names[c] : "?";
 }
 
+static void charge(sbp_ledger *lg, sbp_mem_cat cat, int64_t bytes) {
+    if (!lg) return;
+    lg->cur[cat] += bytes;
+    lg->cur_total += bytes;
+    if (bytes <= 0) return;
+    lg->n_allocs++;
+    if (lg->cur[cat] > lg->peak[cat]) lg->peak[cat] = lg->cur[cat];
+    if (lg->cur_total > lg->peak_total) {
+        lg->peak_total = lg->cur_total;
+        memcpy(lg->at_peak, lg->cur, sizeof lg->cur);
+    }
+}
+
+static void *reserve(size_t bytes) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (bytes > SIZE_MAX - 2 * page) return NULL;
+    char *base =
+        mmap(NULL, page + bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) return NULL;
+    if (mprotect(base, page, PROT_READ | PROT_WRITE) != 0) {
+        munmap(base, page + bytes);
+        return NULL;
+    }
+    return base + page;
+}
+
 void *sbp_ledger_alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes) {
-    size_t rounded = (bytes + HEADER - 1) / HEADER * HEADER;
-    if (rounded < bytes || rounded > SIZE_MAX - HEADER) return NULL;
-    char *base = aligned_alloc(HEADER, HEADER + rounded);
-    if (!base) return NULL;
-    memset(base + HEADER, 0, bytes);
-    block_header *h = (block_header *)base;
+    char *p;
+    if (lg && lg->plan) {
+        p = reserve(bytes);
+        if (!p) return NULL;
+    } else {
+        size_t rounded = (bytes + HEADER - 1) / HEADER * HEADER;
+        if (rounded < bytes || rounded > SIZE_MAX - HEADER) return NULL;
+        char *base = aligned_alloc(HEADER, HEADER + rounded);
+        if (!base) return NULL;
+        p = base + HEADER;
+        memset(p, 0, bytes);
+    }
+    block_header *h = (block_header *)(p - HEADER);
     h->bytes = bytes;
     h->cat = (int)cat;
-    if (lg) {
-        lg->cur[cat] += (int64_t)bytes;
-        lg->cur_total += (int64_t)bytes;
-        lg->n_allocs++;
-        if (lg->cur[cat] > lg->peak[cat]) lg->peak[cat] = lg->cur[cat];
-        if (lg->cur_total > lg->peak_total) {
-            lg->peak_total = lg->cur_total;
-            memcpy(lg->at_peak, lg->cur, sizeof lg->cur);
-        }
-    }
-    return base + HEADER;
+    h->planned = lg && lg->plan;
+    charge(lg, cat, (int64_t)bytes);
+    return p;
 }
 
 void sbp_ledger_free(sbp_ledger *lg, void *p) {
     if (!p) return;
-    char *base = (char *)p - HEADER;
-    block_header *h = (block_header *)base;
-    if (lg) {
-        lg->cur[h->cat] -= (int64_t)h->bytes;
-        lg->cur_total -= (int64_t)h->bytes;
+    block_header *h = (block_header *)((char *)p - HEADER);
+    size_t bytes = h->bytes;
+    charge(lg, (sbp_mem_cat)h->cat, -(int64_t)bytes);
+    if (h->planned) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        munmap((char *)p - page, page + bytes);
+    } else {
+        free((char *)p - HEADER);
     }
-    free(base);
 }

@@ -36,7 +36,7 @@ int schedule_ckpt(eng *e, double *loss, const sbp_batch *b, const sched_opts *o)
         !kv_work_alloc(e, &kvw) || !chunk_grads_alloc(e, &cg, e->T))
         goto out;
     for (int l = L - 1; l >= 0; l--) {
-        for (size_t i = 0; i < BTC; i++) dx[i] = 0;
+        zero_reals(e, dx, BTC);
         for (int bi = 0; bi < B; bi++) {
             const real *x = xs + (size_t)l * BTC + bi * TC;
             const uint8_t *m = b->mask + (size_t)bi * e->T;

@@ -42,6 +42,8 @@ typedef struct {
     real *emb, *gemb;      /* (V, C) */
     real *head, *ghead;    /* (V, C): lm_head, or the embedding when tied */
     real *fnorm, *gfnorm;  /* (C) final norm */
+    int plan;              /* planning run: buffers are reserved, never touched; steps return */
+    int elem_bytes;        /* bytes charged per real: sizeof(real), or the planner's storage size */
     int oom;               /* set by ealloc when an allocation fails */
     char oom_what[64];
 } eng;
@@ -143,6 +145,11 @@ void embed_forward(const eng *e, real *x0 /* (B, T, C) */, const sbp_batch *b);
 int run_head(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
              const sched_opts *o);
 void embed_backward(eng *e, const real *dx0 /* (B, T, C) */, const sbp_batch *b);
+/* kt = Kᵀ per kv head (the forward's attention needs only the keys transposed). */
+void kv_transpose_keys(const eng *e, real *kt /* (NKV, HD, T) */, const kv_acts *kv);
+/* Before a layer's backward: Kᵀ and Vᵀ, and zeroed dK, dV, dxn accumulators. */
+void kv_begin_backward(const eng *e, kv_work *kvw, const kv_acts *kv);
+void zero_reals(const eng *e, real *p, size_t n);
 /* A whole layer of one sequence as a single chunk [0, T): used by full and ckpt. */
 void layer_forward_whole(const eng *e, chunk_acts *a, kv_acts *kv, real *kt /* (NKV, HD, T) */,
                          real *y /* (T, C) or NULL */, const real *x /* (T, C) */, const layer_p *w,

@@ -42,7 +42,9 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
              .L = c->layers,
              .blk = o->block,
              .T = b->T,
-             .lg = lg};
+             .lg = lg,
+             .plan = o->plan,
+             .elem_bytes = o->plan ? o->elem_bytes : (int)sizeof(real)};
     real *w = m->w, *g = grads;
     layer_p lw[c->layers], lgv[c->layers];
     for (int l = 0; l < c->layers; l++) {
@@ -61,8 +63,9 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
     real *sin_t = ealloc(&e, SBP_MEM_LAYER, half, "RoPE sin table");
     int ok = 0;
     if (!e.oom) {
-        rope_table(cos_t, sin_t, b->T, c->head_dim, c->rope_theta, c->rope_llama3, c->rope_factor,
-                   c->rope_low_freq, c->rope_high_freq, c->rope_orig_max);
+        if (!e.plan)
+            rope_table(cos_t, sin_t, b->T, c->head_dim, c->rope_theta, c->rope_llama3,
+                       c->rope_factor, c->rope_low_freq, c->rope_high_freq, c->rope_orig_max);
         e.cos = cos_t, e.sin = sin_t;
         sched_opts so = {
             .chunk = o->chunk, .logit_rows = o->logit_chunk, .materialise = o->materialise};
@@ -73,12 +76,13 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
             ok = schedule_ckpt(&e, &sum, b, &so);
         else
             ok = schedule_stream(&e, &sum, b, &so);
-        *loss = sum / (double)b->n_targets;
+        *loss = e.plan ? 0 : sum / (double)b->n_targets;
     }
     efree(&e, cos_t), efree(&e, sin_t);
     if (!ok)
         return sbp_fail(err, SBP_ENOMEM, "out of memory allocating the %s (%s schedule, T = %d)",
                         e.oom_what, sbp_schedule_name(o->schedule), b->T);
+    if (e.plan) return SBP_OK;
     if (!isfinite(*loss)) return sbp_fail(err, SBP_ENUMERIC, "the loss is not finite (%g)", *loss);
     for (int i = 0; i < m->params.n; i++) {
         const sbp_param *p = &m->params.p[i];

@@ -9,7 +9,12 @@ typedef struct {
     sbp_schedule schedule;
     int block, chunk, logit_chunk; /* resolved: >= 1, chunk and logit_chunk <= T */
     int materialise;               /* full/ckpt: one B·T·V logits buffer */
+    int plan;                      /* planning run: allocate only (the ledger must be planning) */
+    int elem_bytes;                /* planning: bytes charged per stored element */
 } sbp_engine_opts;
+
+/* Applies defaults and clamping to the user's options for a batch of T tokens. */
+sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, int T, sbp_err *err);
 
 /* loss: the mean loss; grads: (params.total) zeroed reals of the model's precision. */
 sbp_status sbp_engine_grad_f32(double *loss, void *grads, const sbp_model *m, const sbp_batch *b,

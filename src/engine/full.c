@@ -37,7 +37,7 @@ int schedule_full(eng *e, double *loss, const sbp_batch *b, const sched_opts *o)
     if (e->oom || !run_head(e, loss, dy, xs + (size_t)L * BTC, b, o)) goto out;
     if (!kv_work_alloc(e, &kvw) || !chunk_grads_alloc(e, &cg, e->T)) goto out;
     for (int l = L - 1; l >= 0; l--) {
-        for (size_t i = 0; i < BTC; i++) dx[i] = 0;
+        zero_reals(e, dx, BTC);
         for (int bi = 0; bi < B; bi++) {
             kv_acts *k = &kv[(size_t)l * B + bi];
             chunk_acts *a = &ca[(size_t)l * B + bi];

@@ -22,7 +22,7 @@ int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b
     real *rstd = ealloc(e, SBP_MEM_LOGITS, (size_t)rows, "final-norm rstd");
     double *row = ealloc_bytes(e, SBP_MEM_LOGITS, 3 * sizeof(double) * rows, "per-row log-probs");
     int32_t *tgt = ealloc_bytes(e, SBP_MEM_LOGITS, sizeof(int32_t) * rows, "targets");
-    if (e->oom) goto out;
+    if (e->oom || e->plan) goto out;
     double *logp = row, *lse = row + rows, *coef = row + 2 * (size_t)rows;
     for (int bi = 0; bi < b->B; bi++) {
         const int32_t *labels = b->labels + (size_t)bi * T;

@@ -24,7 +24,7 @@ void *ealloc_bytes(eng *e, sbp_mem_cat cat, size_t bytes, const char *what) {
 }
 
 real *ealloc(eng *e, sbp_mem_cat cat, size_t n, const char *what) {
-    return ealloc_bytes(e, cat, sizeof(real) * n, what);
+    return ealloc_bytes(e, cat, (size_t)e->elem_bytes * n, what);
 }
 
 void efree(eng *e, void *p) {
@@ -127,6 +127,7 @@ static void zero(real *p, size_t n) {
 /* ---- forward --------------------------------------------------------------------------------- */
 
 void kv_forward(const eng *e, kv_acts *a, const real *x, const layer_p *w) {
+    if (e->plan) return;
     const int T = e->T, C = e->C, KV = e->KV;
     rmsnorm_forward(a->xn, a->rstd, x, w->in_norm, T, C, e->cfg->eps);
     real *k = a->kpre ? a->kpre : a->k;
@@ -139,6 +140,7 @@ void kv_forward(const eng *e, kv_acts *a, const real *x, const layer_p *w) {
 
 void chunk_forward(const eng *e, chunk_acts *a, real *y, const real *x, const kv_acts *kv,
                    const real *kt, const layer_p *w, const uint8_t *kmask, int s, int end) {
+    if (e->plan) return;
     const int M = end - s, C = e->C, Q = e->Q, F = e->F;
     real *q = a->qpre ? a->qpre : a->q;
     linear_forward(q, kv->xn + (size_t)s * C, w->wq, w->bq, s, end, Q, C, e->blk);
@@ -163,6 +165,7 @@ void chunk_forward(const eng *e, chunk_acts *a, real *y, const real *x, const kv
 void chunk_backward(const eng *e, real *dx, kv_work *kvw, layer_p *gw, chunk_grads *d,
                     const real *dy, const chunk_acts *a, const kv_acts *kv, const layer_p *w,
                     const uint8_t *kmask, int s, int end) {
+    if (e->plan) return;
     const int M = end - s, C = e->C, Q = e->Q, F = e->F, blk = e->blk;
     const size_t MC = (size_t)M * C, MF = (size_t)M * F, MQ = (size_t)M * Q;
     zero(d->dh, MF), zero(d->dg, MF), zero(d->du, MF), zero(d->dxn2, MC);
@@ -198,6 +201,7 @@ void chunk_backward(const eng *e, real *dx, kv_work *kvw, layer_p *gw, chunk_gra
 
 void kv_backward(const eng *e, real *dx, layer_p *gw, kv_work *kvw, const kv_acts *kv,
                  const real *x, const layer_p *w) {
+    if (e->plan) return;
     const int T = e->T, C = e->C, KV = e->KV, blk = e->blk;
     /* k = rope(k_norm(kpre)) */
     rope_backward(kvw->dk, e->cos, e->sin, 0, T, e->NKV, e->HD);

@@ -4,13 +4,33 @@
 
 #include <string.h>
 
+void zero_reals(const eng *e, real *p, size_t n) {
+    if (!e->plan) memset(p, 0, sizeof(real) * n);
+}
+
+void kv_transpose_keys(const eng *e, real *kt, const kv_acts *kv) {
+    if (!e->plan) attention_transpose(kt, kv->k, e->T, e->NKV, e->HD);
+}
+
+void kv_begin_backward(const eng *e, kv_work *kvw, const kv_acts *kv) {
+    if (e->plan) return;
+    const size_t TKV = (size_t)e->T * e->KV;
+    attention_transpose(kvw->kt, kv->k, e->T, e->NKV, e->HD);
+    attention_transpose(kvw->vt, kv->v, e->T, e->NKV, e->HD);
+    memset(kvw->dk, 0, sizeof(real) * TKV);
+    memset(kvw->dv, 0, sizeof(real) * TKV);
+    memset(kvw->dxn, 0, sizeof(real) * (size_t)e->T * e->C);
+}
+
 void embed_forward(const eng *e, real *x0, const sbp_batch *b) {
+    if (e->plan) return;
     for (int bi = 0; bi < b->B; bi++)
         embedding_forward(x0 + (size_t)bi * e->T * e->C, b->ids + (size_t)bi * e->T, e->emb, e->T,
                           e->C);
 }
 
 void embed_backward(eng *e, const real *dx0, const sbp_batch *b) {
+    if (e->plan) return;
     for (int bi = 0; bi < b->B; bi++)
         embedding_backward(e->gemb, dx0 + (size_t)bi * e->T * e->C, b->ids + (size_t)bi * e->T,
                            e->T, e->C);
@@ -33,19 +53,14 @@ int run_head(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
 void layer_forward_whole(const eng *e, chunk_acts *a, kv_acts *kv, real *kt, real *y, const real *x,
                          const layer_p *w, const uint8_t *kmask) {
     kv_forward(e, kv, x, w);
-    attention_transpose(kt, kv->k, e->T, e->NKV, e->HD);
+    kv_transpose_keys(e, kt, kv);
     chunk_forward(e, a, y, x, kv, kt, w, kmask, 0, e->T);
 }
 
 void layer_backward_whole(const eng *e, real *dx, kv_work *kvw, chunk_grads *cg, layer_p *gw,
                           const real *dy, const chunk_acts *a, const kv_acts *kv, const real *x,
                           const layer_p *w, const uint8_t *kmask) {
-    const size_t TKV = (size_t)e->T * e->KV;
-    attention_transpose(kvw->kt, kv->k, e->T, e->NKV, e->HD);
-    attention_transpose(kvw->vt, kv->v, e->T, e->NKV, e->HD);
-    memset(kvw->dk, 0, sizeof(real) * TKV);
-    memset(kvw->dv, 0, sizeof(real) * TKV);
-    memset(kvw->dxn, 0, sizeof(real) * (size_t)e->T * e->C);
+    kv_begin_backward(e, kvw, kv);
     chunk_backward(e, dx, kvw, gw, cg, dy, a, kv, w, kmask, 0, e->T);
     kv_backward(e, dx, gw, kvw, kv, x, w);
 }

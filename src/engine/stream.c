@@ -7,11 +7,9 @@
  * more than one pass of rows. */
 #include "engine.h"
 
-#include <string.h>
-
 int schedule_stream(eng *e, double *loss, const sbp_batch *b, const sched_opts *o) {
     const int B = b->B, L = e->L, T = e->T, c = o->chunk;
-    const size_t TC = (size_t)T * e->C, BTC = (size_t)B * TC, TKV = (size_t)T * e->KV;
+    const size_t TC = (size_t)T * e->C, BTC = (size_t)B * TC;
     int ok = 0;
     real *xs = ealloc(e, SBP_MEM_CHECKPOINTS, (size_t)(L + 1) * BTC, "layer inputs");
     real *dy = NULL, *dx = NULL;
@@ -30,7 +28,7 @@ int schedule_stream(eng *e, double *loss, const sbp_batch *b, const sched_opts *
             real *y = xs + (size_t)(l + 1) * BTC + bi * TC;
             const uint8_t *m = b->mask + (size_t)bi * T;
             kv_forward(e, &kv, x, &e->w[l]);
-            attention_transpose(kvw.kt, kv.k, T, e->NKV, e->HD);
+            kv_transpose_keys(e, kvw.kt, &kv);
             for (int s = 0, end; s < T; s = end) {
                 end = s + c < T ? s + c : T;
                 chunk_forward(e, &a, y + (size_t)s * e->C, x + (size_t)s * e->C, &kv, kvw.kt,
@@ -44,7 +42,7 @@ int schedule_stream(eng *e, double *loss, const sbp_batch *b, const sched_opts *
         !run_head(e, loss, dy, xs + (size_t)L * BTC, b, o))
         goto out;
     for (int l = L - 1; l >= 0; l--) {
-        memset(dx, 0, sizeof(real) * BTC);
+        zero_reals(e, dx, BTC);
         for (int bi = 0; bi < B; bi++) {
             const real *x = xs + (size_t)l * BTC + bi * TC;
             const uint8_t *m = b->mask + (size_t)bi * T;
@@ -52,11 +50,7 @@ int schedule_stream(eng *e, double *loss, const sbp_batch *b, const sched_opts *
             const real *dyb = dy + bi * TC;
             /* 1. K and V of all T tokens, once */
             kv_forward(e, &kv, x, &e->w[l]);
-            attention_transpose(kvw.kt, kv.k, T, e->NKV, e->HD);
-            attention_transpose(kvw.vt, kv.v, T, e->NKV, e->HD);
-            memset(kvw.dk, 0, sizeof(real) * TKV);
-            memset(kvw.dv, 0, sizeof(real) * TKV);
-            memset(kvw.dxn, 0, sizeof(real) * TC);
+            kv_begin_backward(e, &kvw, &kv);
             /* 2. chunks in ascending order: recompute, then backpropagate */
             for (int s = 0, end; s < T; s = end) {
                 end = s + c < T ? s + c : T;
