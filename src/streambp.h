@@ -239,6 +239,10 @@ typedef struct {
 /* Fills lg (zeroed first) with the ledger of one step of model cfg. */
 sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *o, sbp_err *err);
 
+/* Checks before any work is spent that an output file can be created at path: it must not be a
+ * directory, and its directory must accept a new file. */
+sbp_status sbp_check_writable(const char *path, sbp_err *err);
+
 /* Sets OpenMP and OpenBLAS to n threads (process-wide; see the header comment). */
 void sbp_set_threads(int n);
 

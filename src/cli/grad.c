@@ -152,21 +152,6 @@ static void print_json(const grad_args *a, const sbp_model *m, const sbp_batch *
     cJSON_Delete(o);
 }
 
-/* Fails early when the output cannot be created, before any arithmetic is spent. */
-static int probe_output(const char *path, sbp_err *err) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.probe.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        snprintf(err->msg, sizeof err->msg, "%s: cannot create the output file here", path);
-        err->status = SBP_EIO;
-        return 0;
-    }
-    fclose(f);
-    remove(tmp);
-    return 1;
-}
-
 int cmd_grad(int argc, char **argv) {
     grad_args a;
     int rc = parse(&a, argc, argv);
@@ -176,8 +161,8 @@ int cmd_grad(int argc, char **argv) {
     sbp_ledger lg = {0};
     sbp_model m;
     sbp_batch b;
-    sbp_grad_result r;
-    if (a.out && !probe_output(a.out, &err)) return report_error("grad", &err);
+    sbp_grad_result r = {0};
+    if (a.out && sbp_check_writable(a.out, &err)) return report_error("grad", &err);
     if (sbp_model_load(&m, a.model, a.prec, &lg, &err)) return report_error("grad", &err);
     if (sbp_batch_load(&b, a.batch, &m.cfg, &err)) {
         sbp_model_free(&m, &lg);

@@ -26,6 +26,10 @@ int main(int argc, char **argv) {
         return EXIT_USAGE;
     }
     const char *cmd = argv[1];
+    /* getopt prefixes its messages with argv[0]; make that "streambp <command>" */
+    char name[64];
+    snprintf(name, sizeof name, "streambp %s", cmd);
+    argv[1] = name;
     if (strcmp(cmd, "grad") == 0) return cmd_grad(argc - 1, argv + 1);
     if (strcmp(cmd, "init") == 0) return cmd_init(argc - 1, argv + 1);
     if (strcmp(cmd, "verify") == 0) return verify_main(argc - 1, argv + 1);

@@ -61,8 +61,10 @@ sbp_status sbp_grad(sbp_grad_result *res, const sbp_model *m, const sbp_batch *b
     if (st) return st;
     if (b->n_targets == 0)
         return sbp_fail(err, SBP_EINPUT,
-                        "the batch has no valid target: every shifted label is -100, so the mean "
-                        "loss is undefined (HF would return NaN)");
+                        b->T == 1 ? "the batch has no valid target: with T = 1 no position has a "
+                                    "next token to predict"
+                                  : "the batch has no valid target: every shifted label is -100, "
+                                    "so the mean loss is undefined (HF would return NaN)");
     size_t esz = m->prec == SBP_FP64 ? sizeof(double) : sizeof(float);
     res->grads = sbp_ledger_alloc(lg, SBP_MEM_GRADS, esz * (size_t)m->params.total);
     if (!res->grads)

@@ -146,12 +146,14 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
     sbp_config c;
     memset(&c, 0, sizeof c);
     cJSON *o = cJSON_ParseWithOpts(json, NULL, 1);
-    if (!o || !cJSON_IsObject(o)) {
+    if (!o) {
         const char *at = cJSON_GetErrorPtr();
-        sbp_fail(err, SBP_EFORMAT, "%s: not a JSON object (parse error near \"%.20s\")", what,
-                 at && o == NULL ? at : "");
+        return sbp_fail(err, SBP_EFORMAT, "%s: malformed JSON (parse error near \"%.20s\")", what,
+                        at ? at : "");
+    }
+    if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
-        return SBP_EFORMAT;
+        return sbp_fail(err, SBP_EFORMAT, "%s: the top level is not a JSON object", what);
     }
     sbp_status st = SBP_EINPUT;
     const char *mt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "model_type"));
@@ -198,6 +200,10 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
      * is absent HF's Qwen3Config falls back to 128; Llama and Qwen2 use C/NH. */
     int dflt_hd = c.family == SBP_QWEN3 ? 128 : c.hidden % c.heads == 0 ? c.hidden / c.heads : 0;
     if (!get_int(o, "head_dim", 0, dflt_hd, &c.head_dim, what, err)) goto out;
+    if (c.head_dim == 0 && cJSON_GetObjectItemCaseSensitive(o, "head_dim")) {
+        sbp_fail(err, SBP_EINPUT, "%s: head_dim 0 must be >= 1", what);
+        goto out;
+    }
     if (c.head_dim == 0) {
         sbp_fail(err, SBP_EINPUT,
                  "%s: hidden_size (%d) is not a multiple of num_attention_heads (%d) and no "

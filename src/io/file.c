@@ -5,9 +5,13 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 sbp_status sbp_read_text(char **out, const char *path, size_t max_bytes, sbp_err *err) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return sbp_fail(err, SBP_EIO, "%s: not a regular file", path);
     FILE *f = fopen(path, "rb");
     if (!f) return sbp_fail(err, SBP_EIO, "%s: cannot open: %s", path, strerror(errno));
     size_t cap = 4096, n = 0;
@@ -86,6 +90,17 @@ void sbp_outfile_abort(sbp_outfile *o) {
     if (o->f) fclose(o->f);
     o->f = NULL;
     if (o->tmp[0]) remove(o->tmp);
+}
+
+sbp_status sbp_check_writable(const char *path, sbp_err *err) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return sbp_fail(err, SBP_EIO, "%s: is a directory; give a file name for the output", path);
+    sbp_outfile o;
+    sbp_status st = sbp_outfile_open(&o, path, err);
+    if (st) return st;
+    sbp_outfile_abort(&o);
+    return SBP_OK;
 }
 
 sbp_status sbp_write_atomic(const char *path, const void *data, size_t n, sbp_err *err) {

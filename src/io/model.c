@@ -46,7 +46,10 @@ static sbp_status shards_open(shard_set *s, const char *dir, sbp_err *err) {
         s->files = calloc(1, sizeof *s->files);
         if (!s->files) return sbp_fail(err, SBP_ENOMEM, "out of memory");
         sbp_status st = sbp_st_open(&s->files[0], path, err);
-        if (!st) s->n = 1;
+        if (st)
+            shards_close(s);
+        else
+            s->n = 1;
         return st;
     }
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
@@ -99,6 +102,31 @@ static const sbp_st_tensor *shards_find(const shard_set *s, const char *name, in
     return NULL;
 }
 
+/* The tensor for parameter p, with its shape checked against the config. */
+static sbp_status find_tensor(const sbp_st_tensor **out, int *which, const shard_set *shards,
+                              const sbp_param *p, const char *dir, sbp_err *err) {
+    const sbp_st_tensor *t = shards_find(shards, p->name, which);
+    if (!t) return sbp_fail(err, SBP_EINPUT, "%s: the model has no tensor \"%s\"", dir, p->name);
+    int same = t->ndim == p->ndim;
+    for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+    if (!same) {
+        char want[64], got[128] = "";
+        if (p->ndim == 2)
+            snprintf(want, sizeof want, "[%lld, %lld]", (long long)p->shape[0],
+                     (long long)p->shape[1]);
+        else
+            snprintf(want, sizeof want, "[%lld]", (long long)p->shape[0]);
+        for (int d = 0; d < t->ndim; d++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
+                     (long long)t->shape[d]);
+        return sbp_fail(err, SBP_EINPUT,
+                        "%s: tensor \"%s\" has shape [%s] but config.json implies %s",
+                        shards->files[*which].path, p->name, got, want);
+    }
+    *out = t;
+    return SBP_OK;
+}
+
 sbp_status sbp_model_load(sbp_model *m, const char *dir, sbp_precision prec, sbp_ledger *lg,
                           sbp_err *err) {
     memset(m, 0, sizeof *m);
@@ -116,48 +144,35 @@ sbp_status sbp_model_load(sbp_model *m, const char *dir, sbp_precision prec, sbp
         sbp_params_free(&m->params);
         return st;
     }
+    /* Every tensor is found and its shape checked before the slab is allocated, so a config
+     * that disagrees with the weights is reported as such, not as an allocation failure. */
+    const sbp_st_tensor **src = calloc((size_t)m->params.n, sizeof *src);
+    int *file = calloc((size_t)m->params.n, sizeof *file);
+    if (!src || !file) st = sbp_fail(err, SBP_ENOMEM, "out of memory");
+    for (int i = 0; i < m->params.n && !st; i++)
+        st = find_tensor(&src[i], &file[i], &shards, &m->params.p[i], dir, err);
     size_t esz = prec == SBP_FP64 ? sizeof(double) : sizeof(float);
     m->prec = prec;
-    m->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, esz * (size_t)m->params.total);
-    if (!m->w)
+    if (!st && !(m->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, esz * (size_t)m->params.total)))
         st = sbp_fail(err, SBP_ENOMEM, "%s: out of memory for %lld parameters", dir,
                       (long long)m->params.total);
     for (int i = 0; i < m->params.n && !st; i++) {
         const sbp_param *p = &m->params.p[i];
-        int which = 0;
-        const sbp_st_tensor *t = shards_find(&shards, p->name, &which);
-        if (!t) {
-            st = sbp_fail(err, SBP_EINPUT, "%s: the model has no tensor \"%s\"", dir, p->name);
-            break;
-        }
-        int same = t->ndim == p->ndim;
-        for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
-        if (!same) {
-            char want[64], got[128] = "";
-            if (p->ndim == 2)
-                snprintf(want, sizeof want, "[%lld, %lld]", (long long)p->shape[0],
-                         (long long)p->shape[1]);
-            else
-                snprintf(want, sizeof want, "[%lld]", (long long)p->shape[0]);
-            for (int d = 0; d < t->ndim; d++)
-                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
-                         (long long)t->shape[d]);
-            st = sbp_fail(err, SBP_EINPUT,
-                          "%s: tensor \"%s\" has shape [%s] but config.json implies %s",
-                          shards.files[which].path, p->name, got, want);
-            break;
-        }
+        const sbp_st_file *sf = &shards.files[file[i]];
         void *dst = (char *)m->w + esz * (size_t)p->offset;
-        st = sbp_st_read(&shards.files[which], t, dst, prec == SBP_FP64 ? SBP_DT_F64 : SBP_DT_F32,
-                         err);
+        st = sbp_st_read(sf, src[i], dst, prec == SBP_FP64 ? SBP_DT_F64 : SBP_DT_F32, err);
         for (int64_t j = 0; j < p->numel && !st; j++) {
             double v = prec == SBP_FP64 ? ((double *)dst)[j] : ((float *)dst)[j];
             if (!isfinite(v))
-                st = sbp_fail(err, SBP_EINPUT, "%s: tensor \"%s\" element %lld is not finite (%g%s)",
-                              shards.files[which].path, p->name, (long long)j, v,
-                              prec == SBP_FP32 && t->dtype == SBP_DT_F64 ? " after rounding to fp32" : "");
+                st = sbp_fail(
+                    err, SBP_EINPUT, "%s: tensor \"%s\" element %lld is not finite (%g%s)",
+                    sf->path, p->name, (long long)j, v,
+                    prec == SBP_FP32 && src[i]->dtype == SBP_DT_F64 ? " after rounding to fp32"
+                                                                    : "");
         }
     }
+    free(src);
+    free(file);
     shards_close(&shards);
     if (st) sbp_model_free(m, lg);
     return st;

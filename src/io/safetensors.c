@@ -207,10 +207,15 @@ static sbp_status parse_entry(sbp_st_tensor *t, const cJSON *item, const sbp_st_
                         "%s: tensor \"%s\": data_offsets must be two "
                         "non-negative integers",
                         sf->path, name);
-    if (e < b || (uint64_t)e > sf->data_size)
+    if (e < b)
+        return sbp_fail(err, SBP_EFORMAT,
+                        "%s: tensor \"%s\": data_offsets [%lld, %lld) end before "
+                        "they begin",
+                        sf->path, name, (long long)b, (long long)e);
+    if ((uint64_t)e > sf->data_size)
         return sbp_fail(err, SBP_EFORMAT,
                         "%s: tensor \"%s\": data_offsets [%lld, %lld) lie outside the %llu-byte "
-                        "data buffer",
+                        "data buffer (file truncated, or offsets out of range)",
                         sf->path, name, (long long)b, (long long)e,
                         (unsigned long long)sf->data_size);
     if ((uint64_t)(e - b) != numel * dtypes[t->dtype].size)
@@ -453,8 +458,10 @@ sbp_status sbp_st_read(const sbp_st_file *sf, const sbp_st_tensor *t, void *dst,
                 continue;
             }
             double v = float_at(buf, t->dtype, i);
-            if (dst_type == SBP_DT_F32) ((float *)dst)[at + i] = (float)v;
-            else ((double *)dst)[at + i] = v;
+            if (dst_type == SBP_DT_F32)
+                ((float *)dst)[at + i] = (float)v;
+            else
+                ((double *)dst)[at + i] = v;
         }
     }
     free(buf);
