@@ -12,6 +12,7 @@
 # No -ffast-math anywhere (no reassociation, NaN/Inf kept). GCC contracts a*b+c into FMA
 # (-ffp-contract=fast, its default): exact IEEE operations, so results depend on the compiler
 # and flags, but every schedule runs the same machine code and stays bit-identical.
+# -fno-trapping-math (no FP trap handlers are installed) lets GCC vectorize selects.
 
 CC       ?= gcc
 ifeq ($(origin CC),default)
@@ -29,7 +30,7 @@ HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
 SANFLAGS := -fsanitize=address -fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 OPT      := $(if $(filter 1,$(SAN)),-O1 $(SANFLAGS),-O3)
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter $(if $(filter 1,$(WERROR)),-Werror)
-CFLAGS   := -std=gnu11 -g -march=native -fopenmp $(OPT) $(WARN) \
+CFLAGS   := -std=gnu11 -g -march=native -fopenmp -fno-trapping-math $(OPT) $(WARN) \
             $(if $(HAVE_PKGS),$(shell pkg-config --cflags $(PKGS)))
 BLAS_DIR := $(if $(HAVE_PKGS),$(shell pkg-config --variable=libdir openblas))
 LDLIBS   := $(if $(HAVE_PKGS),$(shell pkg-config --libs openblas libcjson)) -Wl,-rpath,$(BLAS_DIR) -lm

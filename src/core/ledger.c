@@ -1,12 +1,13 @@
 /* ledger.c — the memory ledger: one allocator that charges every buffer to a category.
  *
- * Each block carries a 64-byte header in front of it holding its size and category, so that
- * sbp_ledger_free needs only the pointer. The header keeps the user pointer 64-byte aligned.
+ * Each block carries a header in the 64 bytes in front of it holding its size and category, so
+ * that sbp_ledger_free needs only the pointer; the user pointer is 64-byte aligned.
  * A planning ledger reserves address space instead (mmap, PROT_NONE, no swap reserved) behind a
  * one-page readable header: sizes up to hundreds of GB cost nothing, pointer arithmetic on the
  * buffers stays valid, and any read or write of one faults. */
 #include "../streambp.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -18,6 +19,7 @@ typedef struct {
     size_t bytes;
     int cat;
     int planned;
+    void *raw; /* what calloc returned */
 } block_header;
 
 const char *sbp_mem_cat_name(sbp_mem_cat c) {
@@ -59,12 +61,13 @@ void *sbp_ledger_alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes) {
         p = reserve(bytes);
         if (!p) return NULL;
     } else {
-        size_t rounded = (bytes + HEADER - 1) / HEADER * HEADER;
-        if (rounded < bytes || rounded > SIZE_MAX - HEADER) return NULL;
-        char *base = aligned_alloc(HEADER, HEADER + rounded);
-        if (!base) return NULL;
-        p = base + HEADER;
-        memset(p, 0, bytes);
+        /* calloc, not malloc + memset: glibc knows when the pages come fresh (and zeroed) from
+         * mmap and skips the memset, so a large buffer is touched once, not twice */
+        if (bytes > SIZE_MAX - 2 * HEADER) return NULL;
+        char *raw = calloc(1, bytes + 2 * HEADER);
+        if (!raw) return NULL;
+        p = (char *)(((uintptr_t)raw + 2 * HEADER - 1) / HEADER * HEADER);
+        ((block_header *)(p - HEADER))->raw = raw;
     }
     block_header *h = (block_header *)(p - HEADER);
     h->bytes = bytes;
@@ -83,6 +86,6 @@ void sbp_ledger_free(sbp_ledger *lg, void *p) {
         size_t page = (size_t)sysconf(_SC_PAGESIZE);
         munmap((char *)p - page, page + bytes);
     } else {
-        free((char *)p - HEADER);
+        free(h->raw);
     }
 }

@@ -8,7 +8,7 @@ int schedule_ckpt(eng *e, double *loss, const sbp_batch *b, const sched_opts *o)
     const size_t TC = (size_t)e->T * e->C, BTC = (size_t)B * TC;
     int ok = 0;
     real *xs = ealloc(e, SBP_MEM_CHECKPOINTS, (size_t)(L + 1) * BTC, "layer inputs");
-    real *kt = ealloc(e, SBP_MEM_LAYER, (size_t)e->T * e->KV, "transposed keys");
+    real *attn = ealloc(e, SBP_MEM_LAYER, attention_scratch(e->blk, e->HD), "attention scratch");
     real *dy = NULL, *dx = NULL;
     kv_acts kv = {0};
     chunk_acts a = {0};
@@ -21,7 +21,7 @@ int schedule_ckpt(eng *e, double *loss, const sbp_batch *b, const sched_opts *o)
     embed_forward(e, xs, b);
     for (int l = 0; l < L; l++)
         for (int bi = 0; bi < B; bi++)
-            layer_forward_whole(e, &a, &kv, kt, xs + (size_t)(l + 1) * BTC + bi * TC,
+            layer_forward_whole(e, &a, &kv, attn, xs + (size_t)(l + 1) * BTC + bi * TC,
                                 xs + (size_t)l * BTC + bi * TC, &e->w[l],
                                 b->mask + (size_t)bi * e->T);
 
@@ -40,7 +40,7 @@ int schedule_ckpt(eng *e, double *loss, const sbp_batch *b, const sched_opts *o)
         for (int bi = 0; bi < B; bi++) {
             const real *x = xs + (size_t)l * BTC + bi * TC;
             const uint8_t *m = b->mask + (size_t)bi * e->T;
-            layer_forward_whole(e, &a, &kv, kt, NULL, x, &e->w[l], m);
+            layer_forward_whole(e, &a, &kv, attn, NULL, x, &e->w[l], m);
             layer_backward_whole(e, dx + bi * TC, &kvw, &cg, &e->g[l], dy + bi * TC, &a, &kv, x,
                                  &e->w[l], m);
         }
@@ -55,6 +55,6 @@ out:
     chunk_acts_free(e, &a);
     kv_work_free(e, &kvw);
     chunk_grads_free(e, &cg);
-    efree(e, kt), efree(e, dy), efree(e, dx), efree(e, xs);
+    efree(e, attn), efree(e, dy), efree(e, dx), efree(e, xs);
     return ok && !e->oom;
 }

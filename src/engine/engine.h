@@ -87,10 +87,9 @@ typedef struct {
     real *dsum;         /* (c, NH) */
 } chunk_grads;
 
-/* Transposed K and V for attention, and the gradient accumulators of the K/V side of one
- * sequence. */
+/* Attention scratch and the gradient accumulators of the K/V side of one sequence. */
 typedef struct {
-    real *kt, *vt; /* (NKV, HD, T) */
+    real *attn;    /* (attention_scratch(blk, HD)) */
     real *dk, *dv; /* (T, KV) */
     real *dkpre;   /* (T, KV) (Qwen3 only) */
     real *dxn;     /* (T, C) gradient of the input-norm output */
@@ -106,9 +105,9 @@ int kv_work_alloc(eng *e, kv_work *d);
 void kv_work_free(eng *e, kv_work *d);
 
 void kv_forward(const eng *e, kv_acts *a, const real *x /* (T, C) */, const layer_p *w);
-/* y may be NULL (a recompute needs the activations, not the output). kt: (NKV, HD, T). */
+/* y may be NULL (a recompute needs the activations, not the output). */
 void chunk_forward(const eng *e, chunk_acts *a, real *y /* (e-s, C) */,
-                   const real *x /* (e-s, C) rows s.. */, const kv_acts *kv, const real *kt,
+                   const real *x /* (e-s, C) rows s.. */, const kv_acts *kv, real *attn,
                    const layer_p *w, const uint8_t *kmask, int s, int end);
 /* dx: (e-s, C) +=, the residual path of rows [s, e); kvg->dxn rows [s,e), kvg->dk/dv +=. */
 void chunk_backward(const eng *e, real *dx, kv_work *kvg, layer_p *gw, chunk_grads *d,
@@ -145,15 +144,13 @@ void embed_forward(const eng *e, real *x0 /* (B, T, C) */, const sbp_batch *b);
 int run_head(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
              const sched_opts *o);
 void embed_backward(eng *e, const real *dx0 /* (B, T, C) */, const sbp_batch *b);
-/* kt = Kᵀ per kv head (the forward's attention needs only the keys transposed). */
-void kv_transpose_keys(const eng *e, real *kt /* (NKV, HD, T) */, const kv_acts *kv);
-/* Before a layer's backward: Kᵀ and Vᵀ, and zeroed dK, dV, dxn accumulators. */
+/* Before a layer's backward: zeroed dK, dV, dxn accumulators. */
 void kv_begin_backward(const eng *e, kv_work *kvw, const kv_acts *kv);
 void zero_reals(const eng *e, real *p, size_t n);
 /* A whole layer of one sequence as a single chunk [0, T): used by full and ckpt. */
-void layer_forward_whole(const eng *e, chunk_acts *a, kv_acts *kv, real *kt /* (NKV, HD, T) */,
-                         real *y /* (T, C) or NULL */, const real *x /* (T, C) */, const layer_p *w,
-                         const uint8_t *kmask);
+void layer_forward_whole(const eng *e, chunk_acts *a, kv_acts *kv,
+                         real *attn /* attention scratch */, real *y /* (T, C) or NULL */,
+                         const real *x /* (T, C) */, const layer_p *w, const uint8_t *kmask);
 void layer_backward_whole(const eng *e, real *dx /* (T, C) += */, kv_work *kvw, chunk_grads *cg,
                           layer_p *gw, const real *dy /* (T, C) */, const chunk_acts *a,
                           const kv_acts *kv, const real *x /* (T, C) */, const layer_p *w,

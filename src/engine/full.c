@@ -11,7 +11,7 @@ int schedule_full(eng *e, double *loss, const sbp_batch *b, const sched_opts *o)
     kv_acts *kv = calloc((size_t)L * B, sizeof *kv);
     chunk_acts *ca = calloc((size_t)L * B, sizeof *ca);
     real *xs = ealloc(e, SBP_MEM_ACTIVATIONS, (size_t)(L + 1) * BTC, "layer inputs"); /* x_0..x_L */
-    real *kt = ealloc(e, SBP_MEM_LAYER, (size_t)e->T * e->KV, "transposed keys");
+    real *attn = ealloc(e, SBP_MEM_LAYER, attention_scratch(e->blk, e->HD), "attention scratch");
     real *dy = NULL, *dx = NULL;
     kv_work kvw = {0};
     chunk_grads cg = {0};
@@ -26,11 +26,11 @@ int schedule_full(eng *e, double *loss, const sbp_batch *b, const sched_opts *o)
                 !chunk_acts_alloc(e, a, e->T, SBP_MEM_ACTIVATIONS))
                 goto out;
             const real *x = xs + (size_t)l * BTC + bi * TC;
-            layer_forward_whole(e, a, k, kt, xs + (size_t)(l + 1) * BTC + bi * TC, x, &e->w[l],
+            layer_forward_whole(e, a, k, attn, xs + (size_t)(l + 1) * BTC + bi * TC, x, &e->w[l],
                                 b->mask + (size_t)bi * e->T);
         }
-    efree(e, kt);
-    kt = NULL;
+    efree(e, attn);
+    attn = NULL;
 
     dy = ealloc(e, SBP_MEM_LAYER, BTC, "layer output gradient");
     dx = ealloc(e, SBP_MEM_LAYER, BTC, "layer input gradient");
@@ -60,6 +60,6 @@ out:
     free(ca);
     kv_work_free(e, &kvw);
     chunk_grads_free(e, &cg);
-    efree(e, kt), efree(e, dy), efree(e, dx), efree(e, xs);
+    efree(e, attn), efree(e, dy), efree(e, dx), efree(e, xs);
     return ok && !e->oom;
 }

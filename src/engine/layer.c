@@ -104,8 +104,7 @@ void chunk_grads_free(eng *e, chunk_grads *d) {
 int kv_work_alloc(eng *e, kv_work *d) {
     size_t T = (size_t)e->T;
     memset(d, 0, sizeof *d);
-    d->kt = ealloc(e, SBP_MEM_LAYER, T * e->KV, "transposed keys");
-    d->vt = ealloc(e, SBP_MEM_LAYER, T * e->KV, "transposed values");
+    d->attn = ealloc(e, SBP_MEM_LAYER, attention_scratch(e->blk, e->HD), "attention scratch");
     d->dk = ealloc(e, SBP_MEM_LAYER, T * e->KV, "key gradient");
     d->dv = ealloc(e, SBP_MEM_LAYER, T * e->KV, "value gradient");
     if (e->cfg->qk_norm) d->dkpre = ealloc(e, SBP_MEM_LAYER, T * e->KV, "k_norm input gradient");
@@ -115,7 +114,7 @@ int kv_work_alloc(eng *e, kv_work *d) {
 }
 
 void kv_work_free(eng *e, kv_work *d) {
-    efree(e, d->kt), efree(e, d->vt), efree(e, d->dk), efree(e, d->dv), efree(e, d->dkpre);
+    efree(e, d->attn), efree(e, d->dk), efree(e, d->dv), efree(e, d->dkpre);
     efree(e, d->dxn);
     memset(d, 0, sizeof *d);
 }
@@ -139,14 +138,15 @@ void kv_forward(const eng *e, kv_acts *a, const real *x, const layer_p *w) {
 }
 
 void chunk_forward(const eng *e, chunk_acts *a, real *y, const real *x, const kv_acts *kv,
-                   const real *kt, const layer_p *w, const uint8_t *kmask, int s, int end) {
+                   real *attn, const layer_p *w, const uint8_t *kmask, int s, int end) {
     if (e->plan) return;
     const int M = end - s, C = e->C, Q = e->Q, F = e->F;
     real *q = a->qpre ? a->qpre : a->q;
     linear_forward(q, kv->xn + (size_t)s * C, w->wq, w->bq, s, end, Q, C, e->blk);
     if (a->qpre) rmsnorm_forward(a->q, a->qrstd, a->qpre, w->q_norm, M * e->NH, e->HD, e->cfg->eps);
     rope_forward(a->q, e->cos, e->sin, s, M, e->NH, e->HD);
-    attention_forward(a->o, a->lse, a->q, kt, kv->v, kmask, s, M, e->T, e->NH, e->NKV, e->HD);
+    attention_forward(a->o, a->lse, attn, a->q, kv->k, kv->v, kmask, s, M, e->T, e->NH, e->NKV,
+                      e->HD, e->blk);
     /* x2 = x + o·Woᵀ */
     linear_forward(a->x2, a->o, w->wo, NULL, s, end, C, Q, e->blk);
     for (size_t i = 0; i < (size_t)M * C; i++) a->x2[i] = x[i] + a->x2[i];
@@ -184,8 +184,8 @@ void chunk_backward(const eng *e, real *dx, kv_work *kvw, layer_p *gw, chunk_gra
     for (size_t i = 0; i < MC; i++) dx[i] += d->dx2[i];
     linear_backward(d->dout, gw->wo, NULL, d->dx2, a->o, w->wo, s, end, C, Q, blk);
     /* o = attention(q, K, V) */
-    attention_backward(d->dq, kvw->dk, kvw->dv, d->dsum, d->dout, a->o, a->lse, a->q, kv->k,
-                       kvw->kt, kvw->vt, kmask, s, M, e->T, e->NH, e->NKV, e->HD);
+    attention_backward(d->dq, kvw->dk, kvw->dv, d->dsum, kvw->attn, d->dout, a->o, a->lse, a->q,
+                       kv->k, kv->v, kmask, s, M, e->T, e->NH, e->NKV, e->HD, e->blk);
     /* q = rope(q_norm(qpre)) */
     rope_backward(d->dq, e->cos, e->sin, s, M, e->NH, e->HD);
     real *dqpre = d->dq;

@@ -8,15 +8,9 @@ void zero_reals(const eng *e, real *p, size_t n) {
     if (!e->plan) memset(p, 0, sizeof(real) * n);
 }
 
-void kv_transpose_keys(const eng *e, real *kt, const kv_acts *kv) {
-    if (!e->plan) attention_transpose(kt, kv->k, e->T, e->NKV, e->HD);
-}
-
 void kv_begin_backward(const eng *e, kv_work *kvw, const kv_acts *kv) {
     if (e->plan) return;
     const size_t TKV = (size_t)e->T * e->KV;
-    attention_transpose(kvw->kt, kv->k, e->T, e->NKV, e->HD);
-    attention_transpose(kvw->vt, kv->v, e->T, e->NKV, e->HD);
     memset(kvw->dk, 0, sizeof(real) * TKV);
     memset(kvw->dv, 0, sizeof(real) * TKV);
     memset(kvw->dxn, 0, sizeof(real) * (size_t)e->T * e->C);
@@ -50,11 +44,10 @@ int run_head(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
     return ok;
 }
 
-void layer_forward_whole(const eng *e, chunk_acts *a, kv_acts *kv, real *kt, real *y, const real *x,
-                         const layer_p *w, const uint8_t *kmask) {
+void layer_forward_whole(const eng *e, chunk_acts *a, kv_acts *kv, real *attn, real *y,
+                         const real *x, const layer_p *w, const uint8_t *kmask) {
     kv_forward(e, kv, x, w);
-    kv_transpose_keys(e, kt, kv);
-    chunk_forward(e, a, y, x, kv, kt, w, kmask, 0, e->T);
+    chunk_forward(e, a, y, x, kv, attn, w, kmask, 0, e->T);
 }
 
 void layer_backward_whole(const eng *e, real *dx, kv_work *kvw, chunk_grads *cg, layer_p *gw,

@@ -28,10 +28,9 @@ int schedule_stream(eng *e, double *loss, const sbp_batch *b, const sched_opts *
             real *y = xs + (size_t)(l + 1) * BTC + bi * TC;
             const uint8_t *m = b->mask + (size_t)bi * T;
             kv_forward(e, &kv, x, &e->w[l]);
-            kv_transpose_keys(e, kvw.kt, &kv);
             for (int s = 0, end; s < T; s = end) {
                 end = s + c < T ? s + c : T;
-                chunk_forward(e, &a, y + (size_t)s * e->C, x + (size_t)s * e->C, &kv, kvw.kt,
+                chunk_forward(e, &a, y + (size_t)s * e->C, x + (size_t)s * e->C, &kv, kvw.attn,
                               &e->w[l], m, s, end);
             }
         }
@@ -54,7 +53,8 @@ int schedule_stream(eng *e, double *loss, const sbp_batch *b, const sched_opts *
             /* 2. chunks in ascending order: recompute, then backpropagate */
             for (int s = 0, end; s < T; s = end) {
                 end = s + c < T ? s + c : T;
-                chunk_forward(e, &a, NULL, x + (size_t)s * e->C, &kv, kvw.kt, &e->w[l], m, s, end);
+                chunk_forward(e, &a, NULL, x + (size_t)s * e->C, &kv, kvw.attn, &e->w[l], m, s,
+                              end);
                 chunk_backward(e, dxb + (size_t)s * e->C, &kvw, &e->g[l], &cg,
                                dyb + (size_t)s * e->C, &a, &kv, &e->w[l], m, s, end);
             }

@@ -69,31 +69,35 @@ void rope_backward(real *dx,                        /* (M, H, HD), in place */
 /* ---- causal GQA attention, tiled with an online softmax -------------------------------------- *
  * Query i (global position) sees key j iff j <= i and kmask[j] == 1; query head h reads kv head
  * h / (NH/NKV). Only O and the row log-sum-exp are kept; no T×T matrix exists. A query with no
- * visible key gets O = 0 and lse = +inf. K and V are given for the whole sequence (keys 0..T-1);
- * kt/vt are their per-head transposes, so score and dP loops run along contiguous keys. */
+ * visible key gets O = 0 and lse = +inf. K and V are given for the whole sequence (keys
+ * 0..T-1). Tiles are attention_tile(blk) wide on the global grid, so chunks that are multiples
+ * of blk make the same BLAS calls as one pass over all T. */
 
-/* (T, NKV·HD) -> (NKV, HD, T) */
-void attention_transpose(real *xt, const real *x, int T, int NKV, int HD);
+/* The tile width: the largest divisor of blk that is at most 128. */
+int attention_tile(int blk);
+/* Reals of scratch the two functions below need (per thread, times the OpenMP thread count). */
+size_t attention_scratch(int blk, int HD);
 void attention_forward(real *o,              /* (M, NH·HD) queries s .. s+M-1 */
                        real *lse,            /* (M, NH) */
+                       real *scratch,        /* (attention_scratch(blk, HD)) */
                        const real *q,        /* (M, NH·HD) */
-                       const real *kt,       /* (NKV, HD, T) */
+                       const real *k,        /* (T, NKV·HD) */
                        const real *v,        /* (T, NKV·HD) */
                        const uint8_t *kmask, /* (T) */
-                       int s, int M, int T, int NH, int NKV, int HD);
+                       int s, int M, int T, int NH, int NKV, int HD, int blk);
 void attention_backward(real *dq,             /* (M, NH·HD) += */
                         real *dk,             /* (T, NKV·HD) += keys 0 .. s+M-1 */
                         real *dv,             /* (T, NKV·HD) += */
                         real *dsum,           /* (M, NH) scratch: rowsum(dO ⊙ O) */
+                        real *scratch,        /* (attention_scratch(blk, HD)) */
                         const real *dout,     /* (M, NH·HD) */
                         const real *o,        /* (M, NH·HD) */
                         const real *lse,      /* (M, NH) */
                         const real *q,        /* (M, NH·HD) */
                         const real *k,        /* (T, NKV·HD) */
-                        const real *kt,       /* (NKV, HD, T) */
-                        const real *vt,       /* (NKV, HD, T) */
+                        const real *v,        /* (T, NKV·HD) */
                         const uint8_t *kmask, /* (T) */
-                        int s, int M, int T, int NH, int NKV, int HD);
+                        int s, int M, int T, int NH, int NKV, int HD, int blk);
 
 /* ---- SwiGLU: h = silu(g) ⊙ u ----------------------------------------------------------------- */
 

@@ -7,6 +7,8 @@
 #ifndef SBP_REAL_H
 #define SBP_REAL_H
 
+#include "exp.h"
+
 #include <cblas.h>
 #include <math.h>
 
@@ -14,14 +16,14 @@
 typedef double real;
 #define SBP_ENTRY(name) name##_f64
 #define gemm            cblas_dgemm
-#define rexp            exp
+#define rexp            sbp_exp
 #define rlog            log
 #define rsqrt_(x)       (1.0 / sqrt(x))
 #else
 typedef float real;
 #define SBP_ENTRY(name) name##_f32
 #define gemm            cblas_sgemm
-#define rexp            expf
+#define rexp            sbp_expf
 #define rlog            logf
 #define rsqrt_(x)       (1.0f / sqrtf(x))
 #endif
