@@ -44,11 +44,11 @@ VERIFY_SRC := $(filter-out verify/cmd_%,$(wildcard verify/*.c))
 REF_SRC    := $(wildcard ref/*.c)
 TEST_SRC   := $(wildcard tests/test_*.c)
 
-COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/common/%.o) $(VERIFY_SRC:%.c=$(BUILD)/common/%.o)
+COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/common/%.o) $(VERIFY_SRC:%.c=$(BUILD)/common/%.o) \
+              $(REF_SRC:%.c=$(BUILD)/common/%.o)
 F32_OBJ    := $(NUM_SRC:%.c=$(BUILD)/f32/%.o)
 F64_OBJ    := $(NUM_SRC:%.c=$(BUILD)/f64/%.o)
 CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/common/%.o)
-REF_OBJ    := $(REF_SRC:%.c=$(BUILD)/common/%.o)
 TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
 LIB        := $(BUILD)/libstreambp.a
@@ -110,7 +110,7 @@ $(BUILD)/tests/%.o: tests/%.c | check-deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DSBP_REAL_F64 -MMD -MP -c $< -o $@
 
-$(BUILD)/tests/test_%: $(BUILD)/tests/test_%.o $(BUILD)/tests/testutil.o $(REF_OBJ) $(F64_OBJ) $(LIB)
+$(BUILD)/tests/test_%: $(BUILD)/tests/test_%.o $(BUILD)/tests/testutil.o $(F64_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
 test: deps

@@ -14,8 +14,8 @@ static const char usage[] =
     "Compares every tensor of A against the reference B, matched by name: missing and extra\n"
     "tensors, shape mismatches and NaN/Inf in A are failures; for the rest the promise below must\n"
     "hold. Prints one row per tensor: bitwise equality, max ULP distance (in the coarser dtype),\n"
-    "max abs error, relative L2 error ‖A−B‖/‖B‖, cosine and the norm ratio ‖A‖/‖B‖ (cosine alone\n"
-    "cannot see a scale error), the verdict; then the first differing index of each failure.\n"
+    "max abs error, relative L2 error ‖A−B‖/‖B‖, 1 − cosine and ‖A‖/‖B‖ − 1 (cosine alone cannot\n"
+    "see a scale error), the verdict; then the first differing index of each failure.\n"
     "Gradients may be F64, F32, BF16 or F16.\n"
     "\n"
     "promise (several may be given; all must hold; default --rel-l2 1e-5):\n"
@@ -53,15 +53,17 @@ static void print_row(const sbp_diff_row *r) {
         printf("%-52s %-9s shape %s vs %s  SHAPE\n", r->name, dt, r->shape_a, r->shape_b);
         return;
     }
-    printf("%-52s %-9s %-7s %9.3g %9.3g %9.3g %12.9f %12.9f  %s\n", r->name, dt,
-           c->bitwise ? "yes" : "no", c->max_ulp, c->max_abs, c->rel_l2, c->cosine, c->norm_ratio,
-           sbp_row_status_name(r->status));
+    printf("%-52s %-9s %-7s %9.3g %9.3g %9.3g %9.2g %+9.2g  %s\n", r->name, dt,
+           c->bitwise ? "yes" : "no", c->max_ulp, c->max_abs, c->rel_l2, 1 - c->cosine,
+           c->norm_ratio - 1, sbp_row_status_name(r->status));
 }
 
 static void print_details(const sbp_diff_row *r) {
     const sbp_tensor_cmp *c = &r->cmp;
-    if (r->status == SBP_ROW_MISSING) printf("  %s: in B, missing from A\n", r->name);
-    else if (r->status == SBP_ROW_EXTRA) printf("  %s: in A, not in B\n", r->name);
+    if (r->status == SBP_ROW_MISSING)
+        printf("  %s: in B, missing from A\n", r->name);
+    else if (r->status == SBP_ROW_EXTRA)
+        printf("  %s: in A, not in B\n", r->name);
     else if (r->status == SBP_ROW_SHAPE)
         printf("  %s: shape %s in A, %s in B\n", r->name, r->shape_a, r->shape_b);
     else if (r->status == SBP_ROW_NONFINITE)
@@ -117,22 +119,37 @@ static void print_json(const sbp_diff *d, const char *a, const char *b) {
 }
 
 int verify_diff(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"bitwise", no_argument, 0, 'b'},   {"ulp", required_argument, 0, 'u'},
-        {"rtol", required_argument, 0, 'r'}, {"atol", required_argument, 0, 'a'},
-        {"rel-l2", required_argument, 0, 'l'}, {"json", no_argument, 0, 'j'},
-        {"failures-only", no_argument, 0, 'f'}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option opts[] = {{"bitwise", no_argument, 0, 'b'},
+                                         {"ulp", required_argument, 0, 'u'},
+                                         {"rtol", required_argument, 0, 'r'},
+                                         {"atol", required_argument, 0, 'a'},
+                                         {"rel-l2", required_argument, 0, 'l'},
+                                         {"json", no_argument, 0, 'j'},
+                                         {"failures-only", no_argument, 0, 'f'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     sbp_promise p = {0};
     int json = 0, failures_only = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'b': p.bitwise = 1; break;
-        case 'u': if (!parse_double("ulp", optarg, &p.ulp)) return EXIT_USAGE; p.use_ulp = 1; break;
-        case 'r': if (!parse_double("rtol", optarg, &p.rtol)) return EXIT_USAGE; p.use_allclose = 1; break;
-        case 'a': if (!parse_double("atol", optarg, &p.atol)) return EXIT_USAGE; p.use_allclose = 1; break;
-        case 'l': if (!parse_double("rel-l2", optarg, &p.rel_l2)) return EXIT_USAGE; p.use_rel_l2 = 1; break;
+        case 'u':
+            if (!parse_double("ulp", optarg, &p.ulp)) return EXIT_USAGE;
+            p.use_ulp = 1;
+            break;
+        case 'r':
+            if (!parse_double("rtol", optarg, &p.rtol)) return EXIT_USAGE;
+            p.use_allclose = 1;
+            break;
+        case 'a':
+            if (!parse_double("atol", optarg, &p.atol)) return EXIT_USAGE;
+            p.use_allclose = 1;
+            break;
+        case 'l':
+            if (!parse_double("rel-l2", optarg, &p.rel_l2)) return EXIT_USAGE;
+            p.use_rel_l2 = 1;
+            break;
         case 'j': json = 1; break;
         case 'f': failures_only = 1; break;
         case 'h': fputs(usage, stdout); return 0;
@@ -143,7 +160,8 @@ int verify_diff(int argc, char **argv) {
         fprintf(stderr, "streambp verify diff: expected two gradient files\n%s", usage);
         return EXIT_USAGE;
     }
-    if (!p.bitwise && !p.use_ulp && !p.use_allclose && !p.use_rel_l2) p.use_rel_l2 = 1, p.rel_l2 = 1e-5;
+    if (!p.bitwise && !p.use_ulp && !p.use_allclose && !p.use_rel_l2)
+        p.use_rel_l2 = 1, p.rel_l2 = 1e-5;
     const char *a = argv[optind], *b = argv[optind + 1];
     sbp_diff d;
     sbp_err err = {0};
@@ -153,9 +171,10 @@ int verify_diff(int argc, char **argv) {
     } else {
         printf("A = %s\nB = %s (reference)\n", a, b);
         if (d.loss_a[0] || d.loss_b[0])
-            printf("loss: A %s, B %s\n", d.loss_a[0] ? d.loss_a : "-", d.loss_b[0] ? d.loss_b : "-");
-        printf("%-52s %-9s %-7s %9s %9s %9s %12s %12s  %s\n", "tensor", "dtype", "bitwise",
-               "max ULP", "max abs", "rel L2", "cosine", "norm ratio", "verdict");
+            printf("loss: A %s, B %s\n", d.loss_a[0] ? d.loss_a : "-",
+                   d.loss_b[0] ? d.loss_b : "-");
+        printf("%-52s %-9s %-7s %9s %9s %9s %9s %9s  %s\n", "tensor", "dtype", "bitwise", "max ULP",
+               "max abs", "rel L2", "1-cos", "ratio-1", "verdict");
         for (int i = 0; i < d.n; i++)
             if (!failures_only || d.rows[i].status != SBP_ROW_OK) print_row(&d.rows[i]);
         for (int i = 0; i < d.n; i++)

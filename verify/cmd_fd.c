@@ -27,12 +27,17 @@ static const char usage[] =
     "Exit status: 0 pass, 1 an error above --tol, 2 usage or input error.\n";
 
 int verify_fd(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'}, {"batch", required_argument, 0, 'b'},
-        {"schedule", required_argument, 0, 's'}, {"block", required_argument, 0, 'B'},
-        {"chunk", required_argument, 0, 'c'}, {"step", required_argument, 0, 'h'},
-        {"seed", required_argument, 0, 'S'}, {"tol", required_argument, 0, 't'},
-        {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'H'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"batch", required_argument, 0, 'b'},
+                                         {"schedule", required_argument, 0, 's'},
+                                         {"block", required_argument, 0, 'B'},
+                                         {"chunk", required_argument, 0, 'c'},
+                                         {"step", required_argument, 0, 'h'},
+                                         {"seed", required_argument, 0, 'S'},
+                                         {"tol", required_argument, 0, 't'},
+                                         {"json", no_argument, 0, 'j'},
+                                         {"help", no_argument, 0, 'H'},
+                                         {0, 0, 0, 0}};
     const char *model = NULL, *batch = NULL;
     sbp_grad_opts g = {.schedule = SBP_STREAM, .block = 16, .chunk = 32};
     double step = 2e-3, tol = 1e-6;
@@ -48,9 +53,15 @@ int verify_fd(int argc, char **argv) {
                 return EXIT_USAGE;
             }
             break;
-        case 'B': if (!parse_pos_int("verify fd", "block", optarg, &g.block)) return EXIT_USAGE; break;
-        case 'c': if (!parse_pos_int("verify fd", "chunk", optarg, &g.chunk)) return EXIT_USAGE; break;
-        case 'S': if (!parse_pos_int("verify fd", "seed", optarg, &seed)) return EXIT_USAGE; break;
+        case 'B':
+            if (!parse_pos_int("verify fd", "block", optarg, &g.block)) return EXIT_USAGE;
+            break;
+        case 'c':
+            if (!parse_pos_int("verify fd", "chunk", optarg, &g.chunk)) return EXIT_USAGE;
+            break;
+        case 'S':
+            if (!parse_pos_int("verify fd", "seed", optarg, &seed)) return EXIT_USAGE;
+            break;
         case 'h':
         case 't': {
             char *end;

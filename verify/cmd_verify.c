@@ -5,7 +5,8 @@
 #include <string.h>
 
 static const char usage[] =
-    "usage: streambp verify <command> [options]\n"
+    "usage: streambp verify [options]            the full check (streambp verify --help)\n"
+    "       streambp verify <command> [options]\n"
     "\n"
     "  diff A B    compare two gradient files tensor by tensor (HF names)\n"
     "  fd          finite-difference spot checks of the float64 gradient\n";
@@ -13,7 +14,8 @@ static const char usage[] =
 int verify_main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "diff") == 0) return verify_diff(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "fd") == 0) return verify_fd(argc - 1, argv + 1);
-    if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "help") == 0)) {
+    if (argc < 2 || argv[1][0] == '-') return verify_run(argc, argv);
+    if (strcmp(argv[1], "help") == 0) {
         fputs(usage, stdout);
         return 0;
     }

@@ -26,14 +26,19 @@ sbp_status sbp_data_dir(char *out, size_t n, sbp_err *err) {
         char *slash = strrchr(exe, '/');
         if (slash) {
             *slash = '\0';
-            snprintf(out, n, "%s/../data", exe);
-            if (is_dir(out)) return SBP_OK;
+            char guess[1100], real[4096];
+            snprintf(guess, sizeof guess, "%s/../data", exe);
+            if (is_dir(guess) && realpath(guess, real)) {
+                snprintf(out, n, "%s", real);
+                return SBP_OK;
+            }
         }
     }
     snprintf(out, n, "data");
     if (is_dir(out)) return SBP_OK;
-    return sbp_fail(err, SBP_EIO, "cannot find the data/ directory of streambp (set "
-                                  "STREAMBP_DATA, or pass --model and --batch)");
+    return sbp_fail(err, SBP_EIO,
+                    "cannot find the data/ directory of streambp (set "
+                    "STREAMBP_DATA, or pass --model and --batch)");
 }
 
 sbp_status sbp_default_inputs_make(sbp_default_inputs *d, sbp_err *err) {

@@ -12,8 +12,8 @@
 sbp_status sbp_data_dir(char *out, size_t n, sbp_err *err);
 
 typedef struct {
-    char dir[512];       /* a temporary model directory, removed by sbp_default_free */
-    char model[600];     /* == dir */
+    char dir[512];   /* a temporary model directory, removed by sbp_default_free */
+    char model[600]; /* == dir */
     char batch[600];
 } sbp_default_inputs;
 

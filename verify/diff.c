@@ -31,7 +31,8 @@ int sbp_promise_holds(const sbp_promise *p, const sbp_diff_row *r) {
 static void shape_text(char *buf, size_t n, const sbp_st_tensor *t) {
     snprintf(buf, n, "[");
     for (int d = 0; d < t->ndim; d++)
-        snprintf(buf + strlen(buf), n - strlen(buf), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        snprintf(buf + strlen(buf), n - strlen(buf), "%s%lld", d ? ", " : "",
+                 (long long)t->shape[d]);
     snprintf(buf + strlen(buf), n - strlen(buf), "]");
 }
 
@@ -46,8 +47,9 @@ static sbp_dtype coarser(sbp_dtype a, sbp_dtype b) {
 static sbp_status read_f64(double **out, const sbp_st_file *sf, const sbp_st_tensor *t,
                            sbp_err *err) {
     if (!sbp_dtype_is_float(t->dtype))
-        return sbp_fail(err, SBP_EINPUT, "%s: tensor \"%s\" has dtype %s; gradients must be F64, "
-                                         "F32, BF16 or F16",
+        return sbp_fail(err, SBP_EINPUT,
+                        "%s: tensor \"%s\" has dtype %s; gradients must be F64, "
+                        "F32, BF16 or F16",
                         sf->path, t->name, sbp_dtype_name(t->dtype));
     *out = malloc(sizeof **out * (size_t)(t->numel ? t->numel : 1));
     if (!*out) return sbp_fail(err, SBP_ENOMEM, "out of memory for \"%s\"", t->name);
@@ -55,8 +57,8 @@ static sbp_status read_f64(double **out, const sbp_st_file *sf, const sbp_st_ten
 }
 
 static sbp_status compare_pair(sbp_diff_row *r, const sbp_st_file *fa, const sbp_st_tensor *ta,
-                               const sbp_st_file *fb, const sbp_st_tensor *tb,
-                               const sbp_promise *p, sbp_err *err) {
+                               const sbp_st_file *fb, const sbp_st_tensor *tb, const sbp_promise *p,
+                               sbp_err *err) {
     r->dtype_a = ta->dtype, r->dtype_b = tb->dtype;
     shape_text(r->shape_a, sizeof r->shape_a, ta);
     shape_text(r->shape_b, sizeof r->shape_b, tb);
@@ -81,9 +83,9 @@ static sbp_status compare_pair(sbp_diff_row *r, const sbp_st_file *fa, const sbp
             if (!st) r->cmp.bitwise = memcmp(ra, rb, nb) == 0;
             free(ra), free(rb);
         }
-        r->status = r->cmp.nonfinite_a     ? SBP_ROW_NONFINITE
+        r->status = r->cmp.nonfinite_a        ? SBP_ROW_NONFINITE
                     : sbp_promise_holds(p, r) ? SBP_ROW_OK
-                                            : SBP_ROW_MISMATCH;
+                                              : SBP_ROW_MISMATCH;
     }
     free(a), free(b);
     return st;
@@ -108,8 +110,10 @@ sbp_status sbp_diff_files(sbp_diff *d, const char *a, const char *b, const sbp_p
         sbp_diff_row *r = &d->rows[d->n++];
         snprintf(r->name, sizeof r->name, "%s", fb.t[i].name);
         const sbp_st_tensor *ta = sbp_st_find(&fa, fb.t[i].name);
-        if (!ta) r->status = SBP_ROW_MISSING;
-        else st = compare_pair(r, &fa, ta, &fb, &fb.t[i], p, err);
+        if (!ta)
+            r->status = SBP_ROW_MISSING;
+        else
+            st = compare_pair(r, &fa, ta, &fb, &fb.t[i], p, err);
     }
     for (int i = 0; i < fa.n && !st; i++)
         if (!sbp_st_find(&fb, fa.t[i].name)) {

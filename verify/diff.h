@@ -7,22 +7,22 @@
 
 /* What must hold for a tensor to pass. Several may be set; all must hold. */
 typedef struct {
-    int bitwise;             /* identical dtype and bytes */
-    int use_ulp;             /* max ULP distance <= ulp */
+    int bitwise; /* identical dtype and bytes */
+    int use_ulp; /* max ULP distance <= ulp */
     double ulp;
-    int use_allclose;        /* every |a−b| <= atol + rtol·|b| */
+    int use_allclose; /* every |a−b| <= atol + rtol·|b| */
     double rtol, atol;
-    int use_rel_l2;          /* ‖a−b‖/‖b‖ <= rel_l2 */
+    int use_rel_l2; /* ‖a−b‖/‖b‖ <= rel_l2 */
     double rel_l2;
 } sbp_promise;
 
 typedef enum {
     SBP_ROW_OK,
-    SBP_ROW_MISMATCH,   /* the promise does not hold */
-    SBP_ROW_NONFINITE,  /* NaN/Inf in A (the file judged) */
-    SBP_ROW_SHAPE,      /* shapes differ */
-    SBP_ROW_MISSING,    /* in B (the reference) but not in A */
-    SBP_ROW_EXTRA,      /* in A but not in B */
+    SBP_ROW_MISMATCH,  /* the promise does not hold */
+    SBP_ROW_NONFINITE, /* NaN/Inf in A (the file judged) */
+    SBP_ROW_SHAPE,     /* shapes differ */
+    SBP_ROW_MISSING,   /* in B (the reference) but not in A */
+    SBP_ROW_EXTRA,     /* in A but not in B */
 } sbp_row_status;
 
 typedef struct {
@@ -35,7 +35,7 @@ typedef struct {
 } sbp_diff_row;
 
 typedef struct {
-    sbp_diff_row *rows;  /* in B's order, then A's extra tensors */
+    sbp_diff_row *rows; /* in B's order, then A's extra tensors */
     int n;
     int n_failed, n_bitwise;
     char loss_a[64], loss_b[64]; /* "loss" metadata if present */

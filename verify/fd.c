@@ -24,10 +24,9 @@ static sbp_status loss_at(double *loss, sbp_model *m, const double *w0, const do
 }
 
 /* One direction over parameters [off, off+n): fills the row. */
-static sbp_status check_direction(sbp_fd_row *row, sbp_model *m, const double *w0,
-                                  const double *g, int64_t off, int64_t n, double h,
-                                  sbp_rng *rng, const sbp_batch *b, const sbp_grad_opts *opts,
-                                  sbp_err *err) {
+static sbp_status check_direction(sbp_fd_row *row, sbp_model *m, const double *w0, const double *g,
+                                  int64_t off, int64_t n, double h, sbp_rng *rng,
+                                  const sbp_batch *b, const sbp_grad_opts *opts, sbp_err *err) {
     double *u = malloc(sizeof *u * (size_t)n), norm = 0;
     if (!u) return sbp_fail(err, SBP_ENOMEM, "out of memory");
     for (int64_t i = 0; i < n; i++) u[i] = sbp_rng_normal(rng), norm += u[i] * u[i];

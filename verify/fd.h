@@ -11,14 +11,14 @@
 #include "../src/streambp.h"
 
 typedef struct {
-    char name[80];       /* a tensor name, or "(all parameters)" */
-    double analytic;     /* g·u */
+    char name[80];   /* a tensor name, or "(all parameters)" */
+    double analytic; /* g·u */
     double central, four_point;
     double err_central, err_four; /* |fd − g·u| / max(|g·u|, floor) */
 } sbp_fd_row;
 
 typedef struct {
-    sbp_fd_row *rows;    /* one per tensor, then one for a direction over all parameters */
+    sbp_fd_row *rows; /* one per tensor, then one for a direction over all parameters */
     int n;
     double step;
     double loss;

@@ -27,8 +27,12 @@ double sbp_ulp_distance(double x, double y, sbp_dtype dtype) {
     int64_t a, b;
     switch (dtype) {
     case SBP_DT_F32: a = ordered32((float)x), b = ordered32((float)y); break;
-    case SBP_DT_BF16: a = ordered16(sbp_f32_to_bf16((float)x)), b = ordered16(sbp_f32_to_bf16((float)y)); break;
-    case SBP_DT_F16: a = ordered16(sbp_f32_to_f16((float)x)), b = ordered16(sbp_f32_to_f16((float)y)); break;
+    case SBP_DT_BF16:
+        a = ordered16(sbp_f32_to_bf16((float)x)), b = ordered16(sbp_f32_to_bf16((float)y));
+        break;
+    case SBP_DT_F16:
+        a = ordered16(sbp_f32_to_f16((float)x)), b = ordered16(sbp_f32_to_f16((float)y));
+        break;
     default: a = ordered64(x), b = ordered64(y); break;
     }
     __int128 d = (__int128)a - b; /* two int64 can be 2^64 apart */

@@ -14,18 +14,18 @@
 
 typedef struct {
     int64_t n;
-    int bitwise;         /* identical bytes (same dtype); set by the caller */
-    double max_abs;      /* max |a_i − b_i| */
-    int64_t max_abs_at;  /* where */
-    int64_t first_diff;  /* first i with a_i != b_i, or -1 */
-    double max_ulp;      /* max ULP distance in ulp_dtype (capped at 2^62) */
-    double rel_l2;       /* ‖a − b‖ / ‖b‖ (‖a − b‖ when ‖b‖ = 0) */
-    double cosine;       /* a·b / (‖a‖‖b‖); 1 when both are zero */
-    double norm_ratio;   /* ‖a‖ / ‖b‖; 1 when both are zero */
+    int bitwise;        /* identical bytes (same dtype); set by the caller */
+    double max_abs;     /* max |a_i − b_i| */
+    int64_t max_abs_at; /* where */
+    int64_t first_diff; /* first i with a_i != b_i, or -1 */
+    double max_ulp;     /* max ULP distance in ulp_dtype (capped at 2^62) */
+    double rel_l2;      /* ‖a − b‖ / ‖b‖ (‖a − b‖ when ‖b‖ = 0) */
+    double cosine;      /* a·b / (‖a‖‖b‖); 1 when both are zero */
+    double norm_ratio;  /* ‖a‖ / ‖b‖; 1 when both are zero */
     double norm_a, norm_b;
-    int64_t nonfinite_a, nonfinite_b; /* NaN/Inf counts */
+    int64_t nonfinite_a, nonfinite_b;             /* NaN/Inf counts */
     int64_t first_nonfinite_a, first_nonfinite_b; /* or -1 */
-    int64_t allclose_fail;            /* elements with |a−b| > atol + rtol·|b| */
+    int64_t allclose_fail;                        /* elements with |a−b| > atol + rtol·|b| */
     int64_t first_allclose_fail;
 } sbp_tensor_cmp;
 

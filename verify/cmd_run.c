@@ -1,0 +1,259 @@
+/* cmd_run.c — `streambp verify [options]`: the full comparison matrix on one model and batch,
+ * by default the bundled one. */
+#include "../src/cli/cli.h"
+#include "defaults.h"
+#include "run.h"
+#include "verify.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage[] =
+    "usage: streambp verify [--model DIR --batch FILE] [options]\n"
+    "       streambp verify diff A B | fd | --suite      (see `streambp verify help`)\n"
+    "\n"
+    "Runs every schedule (full, ckpt, stream) at several chunk sizes, in float32 and float64, at\n"
+    "1 and 2 threads, and the ref/ float64 oracle, and compares every parameter gradient in five\n"
+    "groups: fp64 vs the float64 truth (<= 1e-10), fp32 vs the truth (within a budget measured in\n"
+    "the same run: slack x the error of fp32 full BP), schedules (bitwise at block-multiple\n"
+    "chunks), threads (bitwise), ragged chunks (within the measured tolerance). One row per\n"
+    "tensor and group: bitwise runs, max ULP, max abs, relative L2, cosine and the norm ratio\n"
+    "(cosine alone misses a scale error), the budget and the verdict. Without --model/--batch it\n"
+    "runs on the bundled default (Qwen3-tiny, seed 1, data/batches/sft-demo.safetensors).\n"
+    "\n"
+    "  --schedules LIST   subset of full,ckpt,stream (default all)\n"
+    "  --chunks LIST      stream chunks, e.g. 16,32,7 (default B,2B,4B,T and 1,7,T-1,T+5)\n"
+    "  --precisions LIST  subset of fp32,fp64 (default both)\n"
+    "  --threads LIST     thread counts, e.g. 1,2 (default 1,2; the first is the reference)\n"
+    "  --block N          token block (default 16 when T < 1024, else 256)\n"
+    "  --objective sft    the objective (only sft so far)\n"
+    "  --no-ref           take float64 full BP as the truth (ref/ is naive: use for large models)\n"
+    "  --slack X          fp32 budget factor (default 4)\n"
+    "  --failures-only    print only rows that fail\n"
+    "  --json             JSON instead of the tables\n"
+    "Exit status: 0 every promise holds, 1 one is broken, 2 usage or input error.\n";
+
+/* Parses "a,b,c" with each item given to item(); returns 0 on error. */
+static int parse_list(const char *text, const char *opt, int (*item)(const char *, int *), int *out,
+                      int max, int *n) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", text);
+    *n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (*n == max || !item(tok, &out[*n])) {
+            fprintf(stderr, "streambp verify: bad --%s \"%s\"\n", opt, text);
+            return 0;
+        }
+        (*n)++;
+    }
+    if (*n == 0) fprintf(stderr, "streambp verify: --%s is empty\n", opt);
+    return *n > 0;
+}
+
+static int item_int(const char *s, int *v) {
+    char *end;
+    long x = strtol(s, &end, 10);
+    *v = (int)x;
+    return end != s && !*end && x >= 1 && x < (1 << 30);
+}
+static int item_sched(const char *s, int *v) {
+    sbp_schedule sc;
+    if (!sbp_schedule_parse(s, &sc)) return 0;
+    *v = 1 << sc;
+    return 1;
+}
+static int item_prec(const char *s, int *v) {
+    if (strcmp(s, "fp32") == 0)
+        *v = 1 << SBP_FP32;
+    else if (strcmp(s, "fp64") == 0)
+        *v = 1 << SBP_FP64;
+    else
+        return 0;
+    return 1;
+}
+
+static int bits(const int *v, int n) {
+    int b = 0;
+    for (int i = 0; i < n; i++) b |= v[i];
+    return b;
+}
+
+static void print_group(const sbp_verify_group *g, int failures_only) {
+    printf("\n[%s] %s (%d comparisons)\n", g->title, g->promise, g->runs);
+    if (!g->runs) {
+        printf("  (no runs in this group)\n");
+        return;
+    }
+    printf("%-50s %8s %9s %9s %9s %9s %9s %9s  %s\n", "tensor", "bitwise", "max ULP", "max abs",
+           "rel L2", "budget", "1-cos", "ratio-1", "verdict");
+    for (int i = 0; i < g->n_rows; i++) {
+        const sbp_verify_row *r = &g->rows[i];
+        if (failures_only && !r->failed) continue;
+        char bw[24], budget[16];
+        snprintf(bw, sizeof bw, "%d/%d", r->bitwise_runs, r->runs);
+        if (r->budget > 0)
+            snprintf(budget, sizeof budget, "%9.2g", r->budget);
+        else
+            snprintf(budget, sizeof budget, "%9s", "bitwise");
+        printf("%-50s %8s %9.3g %9.3g %9.3g %s %9.2g %+9.2g  %s\n", r->name, bw, r->max_ulp,
+               r->max_abs, r->rel_l2, budget, 1 - r->min_cosine, r->norm_ratio - 1,
+               r->failed ? "FAIL" : "ok");
+    }
+    for (int i = 0; i < g->n_rows; i++)
+        if (g->rows[i].failed)
+            printf("  %s: %d run%s broke the promise, the first: %s\n", g->rows[i].name,
+                   g->rows[i].failed, g->rows[i].failed > 1 ? "s" : "", g->rows[i].first_failure);
+}
+
+static cJSON *group_json(const sbp_verify_group *g) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "group", g->title);
+    cJSON_AddStringToObject(o, "promise", g->promise);
+    cJSON_AddNumberToObject(o, "comparisons", g->runs);
+    cJSON_AddNumberToObject(o, "failed_tensors", g->failed);
+    cJSON *rows = cJSON_AddArrayToObject(o, "rows");
+    for (int i = 0; i < g->n_rows && g->runs; i++) {
+        const sbp_verify_row *r = &g->rows[i];
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "tensor", r->name);
+        cJSON_AddNumberToObject(x, "runs", r->runs);
+        cJSON_AddNumberToObject(x, "bitwise_runs", r->bitwise_runs);
+        cJSON_AddNumberToObject(x, "max_ulp", r->max_ulp);
+        cJSON_AddNumberToObject(x, "max_abs", isfinite(r->max_abs) ? r->max_abs : -1);
+        cJSON_AddNumberToObject(x, "rel_l2", isfinite(r->rel_l2) ? r->rel_l2 : -1);
+        cJSON_AddNumberToObject(x, "budget", r->budget);
+        cJSON_AddNumberToObject(x, "min_cosine", isfinite(r->min_cosine) ? r->min_cosine : -1);
+        cJSON_AddNumberToObject(x, "norm_ratio", isfinite(r->norm_ratio) ? r->norm_ratio : -1);
+        cJSON_AddBoolToObject(x, "ok", !r->failed);
+        if (r->failed) cJSON_AddStringToObject(x, "first_failure", r->first_failure);
+        cJSON_AddItemToArray(rows, x);
+    }
+    return o;
+}
+
+int verify_run(int argc, char **argv) {
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"batch", required_argument, 0, 'b'},
+                                         {"schedules", required_argument, 0, 's'},
+                                         {"chunks", required_argument, 0, 'c'},
+                                         {"precisions", required_argument, 0, 'p'},
+                                         {"threads", required_argument, 0, 't'},
+                                         {"block", required_argument, 0, 'B'},
+                                         {"objective", required_argument, 0, 'o'},
+                                         {"no-ref", no_argument, 0, 'n'},
+                                         {"slack", required_argument, 0, 'S'},
+                                         {"failures-only", no_argument, 0, 'f'},
+                                         {"json", no_argument, 0, 'j'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    sbp_verify_opts o = {0};
+    int json = 0, failures_only = 0, c, list[8], n;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o.model = optarg; break;
+        case 'b': o.batch = optarg; break;
+        case 's':
+            if (!parse_list(optarg, "schedules", item_sched, list, 3, &n)) return EXIT_USAGE;
+            o.schedules = bits(list, n);
+            break;
+        case 'c':
+            if (!parse_list(optarg, "chunks", item_int, o.chunks, SBP_VERIFY_MAX_CHUNKS,
+                            &o.n_chunks))
+                return EXIT_USAGE;
+            break;
+        case 'p':
+            if (!parse_list(optarg, "precisions", item_prec, list, 2, &n)) return EXIT_USAGE;
+            o.precisions = bits(list, n);
+            break;
+        case 't':
+            if (!parse_list(optarg, "threads", item_int, o.threads, 4, &o.n_threads))
+                return EXIT_USAGE;
+            break;
+        case 'B':
+            if (!parse_pos_int("verify", "block", optarg, &o.block)) return EXIT_USAGE;
+            break;
+        case 'o':
+            if (strcmp(optarg, "sft") != 0) {
+                fprintf(stderr, "streambp verify: --objective \"%s\" is not supported (sft)\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
+            break;
+        case 'n': o.no_ref = 1; break;
+        case 'S': {
+            char *end;
+            o.slack = strtod(optarg, &end);
+            if (end == optarg || *end || !(o.slack >= 1) || !isfinite(o.slack)) {
+                fprintf(stderr, "streambp verify: --slack must be a number >= 1\n");
+                return EXIT_USAGE;
+            }
+            break;
+        }
+        case 'f': failures_only = 1; break;
+        case 'j': json = 1; break;
+        case 'h': fputs(usage, stdout); return 0;
+        default: fputs(usage, stderr); return EXIT_USAGE;
+        }
+    }
+    if (optind < argc || !o.model != !o.batch) {
+        fprintf(stderr, "streambp verify: give both --model and --batch, or neither\n%s", usage);
+        return EXIT_USAGE;
+    }
+    sbp_err err = {0};
+    sbp_default_inputs def = {0};
+    if (!o.model) {
+        if (sbp_default_inputs_make(&def, &err)) return report_error("verify", &err);
+        o.model = def.model, o.batch = def.batch;
+    }
+    sbp_verify_report rep;
+    double t0 = now_seconds();
+    sbp_status st = sbp_verify_run(&rep, &o, &err);
+    double secs = now_seconds() - t0;
+    const char *model = def.dir[0] ? "bundled Qwen3-tiny, seed 1" : o.model;
+    sbp_default_inputs_free(&def);
+    if (st) return report_error("verify", &err);
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "model", model);
+        cJSON_AddStringToObject(j, "model_type", rep.model_type);
+        cJSON_AddStringToObject(j, "batch", o.batch);
+        cJSON_AddNumberToObject(j, "B", rep.B);
+        cJSON_AddNumberToObject(j, "T", rep.T);
+        cJSON_AddNumberToObject(j, "block", rep.block);
+        cJSON_AddItemToObject(j, "chunks", cJSON_CreateIntArray(rep.chunks, rep.n_chunks));
+        cJSON_AddStringToObject(j, "truth", rep.truth);
+        cJSON_AddNumberToObject(j, "truth_loss", rep.truth_loss);
+        cJSON_AddNumberToObject(j, "runs", rep.n_runs);
+        cJSON_AddNumberToObject(j, "max_loss_rel_dev_fp64", rep.max_loss_dev64);
+        cJSON_AddNumberToObject(j, "max_loss_rel_dev_fp32", rep.max_loss_dev32);
+        cJSON *gs = cJSON_AddArrayToObject(j, "groups");
+        for (int gi = 0; gi < SBP_VG_N; gi++) cJSON_AddItemToArray(gs, group_json(&rep.g[gi]));
+        cJSON_AddBoolToObject(j, "pass", rep.failed == 0);
+        char *text = cJSON_Print(j);
+        puts(text);
+        free(text);
+        cJSON_Delete(j);
+    } else {
+        printf("streambp verify: %s (%s), batch %s (B=%d, T=%d), block %d\n", model, rep.model_type,
+               o.batch, rep.B, rep.T, rep.block);
+        printf("chunks:");
+        for (int i = 0; i < rep.n_chunks; i++) printf(" %d", rep.chunks[i]);
+        printf("; truth: %s, loss %.17g; %d runs in %.1f s\n", rep.truth, rep.truth_loss,
+               rep.n_runs, secs);
+        for (int gi = 0; gi < SBP_VG_N; gi++) print_group(&rep.g[gi], failures_only);
+        printf("\nsummary:");
+        for (int gi = 0; gi < SBP_VG_N; gi++)
+            printf(" %s %d/%d%s", rep.g[gi].title, rep.g[gi].n_rows - rep.g[gi].failed,
+                   rep.g[gi].n_rows, gi + 1 < SBP_VG_N ? "," : "");
+        printf(" tensors ok\nloss: worst relative deviation from the truth: fp64 %.2g, fp32 "
+               "%.2g\n%s\n",
+               rep.max_loss_dev64, rep.max_loss_dev32, rep.failed ? "FAIL" : "PASS");
+    }
+    int failed = rep.failed;
+    sbp_verify_report_free(&rep);
+    return failed ? EXIT_MISMATCH : 0;
+}

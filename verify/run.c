@@ -1,0 +1,278 @@
+/* run.c — the verifier's matrix of runs and its five comparison groups (see run.h). */
+#include "run.h"
+#include "../ref/ref.h"
+#include "../src/core/err.h"
+#include "metrics.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRUTH64_TOL     1e-10
+#define FP32_FULL_TOL   1e-4
+#define RAGGED_TOL_FP32 1e-5
+#define RAGGED_TOL_FP64 2e-14
+#define BUDGET_FLOOR    1e-7
+
+/* One configuration of the matrix. */
+typedef struct {
+    sbp_schedule schedule;
+    int chunk, logit_chunk, chunked_logits;
+    int aligned; /* chunk and logit chunk are multiples of the block */
+} run_cfg;
+
+typedef struct {
+    const sbp_verify_opts *o;
+    sbp_verify_report *rep;
+    const sbp_model *m32, *m64;
+    const sbp_batch *b;
+    double *truth;    /* (params.total) */
+    double *budget32; /* (params.n) relative-L2 budget per tensor */
+    double *ta, *tb;  /* scratch: one tensor as doubles */
+} ctx;
+
+static void label(char *buf, size_t n, sbp_precision p, const run_cfg *c, int threads) {
+    int len =
+        snprintf(buf, n, "%s %s", p == SBP_FP64 ? "fp64" : "fp32", sbp_schedule_name(c->schedule));
+    if (c->schedule == SBP_STREAM) len += snprintf(buf + len, n - len, " chunk %d", c->chunk);
+    if (c->chunked_logits) len += snprintf(buf + len, n - len, " logit chunk %d", c->logit_chunk);
+    snprintf(buf + len, n - len, ", %d thread%s", threads, threads > 1 ? "s" : "");
+}
+
+static sbp_status run(sbp_grad_result *r, ctx *x, sbp_precision p, const run_cfg *c, sbp_err *err) {
+    sbp_grad_opts g = {.schedule = c->schedule,
+                       .block = x->rep->block,
+                       .chunk = c->chunk,
+                       .logit_chunk = c->logit_chunk,
+                       .chunked_logits = c->chunked_logits};
+    x->rep->n_runs++;
+    return sbp_grad(r, p == SBP_FP64 ? x->m64 : x->m32, x->b, &g, NULL, err);
+}
+
+static void to_double(double *out, const void *g, sbp_precision p, int64_t off, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        out[i] = p == SBP_FP64 ? ((const double *)g)[off + i] : ((const float *)g)[off + i];
+}
+
+/* Adds one comparison (the run a against b, or against the truth when b is NULL) to group gi:
+ * `budget` > 0 promises relative L2 <= budget per tensor (budgets[i] when given), 0 promises
+ * bitwise equality. */
+static void compare(ctx *x, int gi, const char *what, const void *a, const void *b, sbp_precision p,
+                    double budget, const double *budgets) {
+    sbp_verify_group *g = &x->rep->g[gi];
+    const sbp_params *ps = &x->m64->params;
+    size_t esz = p == SBP_FP64 ? sizeof(double) : sizeof(float);
+    g->runs++;
+    for (int i = 0; i < ps->n; i++) {
+        const sbp_param *pa = &ps->p[i];
+        sbp_verify_row *row = &g->rows[i];
+        to_double(x->ta, a, p, pa->offset, pa->numel);
+        const double *ref = x->truth + pa->offset;
+        if (b) {
+            to_double(x->tb, b, p, pa->offset, pa->numel);
+            ref = x->tb;
+        }
+        sbp_tensor_cmp c;
+        sbp_compare(&c, x->ta, ref, pa->numel,
+                    b ? (p == SBP_FP64 ? SBP_DT_F64 : SBP_DT_F32)
+                      : (p == SBP_FP64 ? SBP_DT_F64 : SBP_DT_F32),
+                    0, 0);
+        int bitwise = b && memcmp((const char *)a + esz * pa->offset,
+                                  (const char *)b + esz * pa->offset, esz * (size_t)pa->numel) == 0;
+        double tol = budgets ? budgets[i] : budget;
+        int ok = c.nonfinite_a == 0 && (tol > 0 ? c.rel_l2 <= tol : bitwise);
+        row->runs++;
+        row->bitwise_runs += bitwise;
+        row->max_ulp = fmax(row->max_ulp, c.max_ulp);
+        row->max_abs = fmax(row->max_abs, c.max_abs);
+        row->rel_l2 = fmax(row->rel_l2, c.rel_l2);
+        row->min_cosine = row->runs == 1 ? c.cosine : fmin(row->min_cosine, c.cosine);
+        if (row->runs == 1 || fabs(c.norm_ratio - 1) > fabs(row->norm_ratio - 1))
+            row->norm_ratio = c.norm_ratio;
+        row->budget = fmax(row->budget, tol);
+        row->nonfinite += c.nonfinite_a;
+        if (!ok && row->failed++ == 0)
+            snprintf(row->first_failure, sizeof row->first_failure, "%s", what);
+    }
+}
+
+static void loss_dev(ctx *x, sbp_precision p, double loss) {
+    double d = fabs(loss - x->rep->truth_loss) / fabs(x->rep->truth_loss);
+    double *m = p == SBP_FP64 ? &x->rep->max_loss_dev64 : &x->rep->max_loss_dev32;
+    *m = fmax(*m, d);
+}
+
+/* Every configuration of one precision: against the truth, against full BP, and across
+ * thread counts. base is full BP at the first thread count. */
+static sbp_status run_precision(ctx *x, sbp_precision p, const run_cfg *cfgs, int n, sbp_err *err) {
+    const sbp_verify_opts *o = x->o;
+    const sbp_params *ps = &x->m64->params;
+    int gtruth = p == SBP_FP64 ? SBP_VG_TRUTH64 : SBP_VG_TRUTH32;
+    sbp_grad_result base, r0, rt;
+    char what[96];
+    sbp_set_threads(o->threads[0]);
+    run_cfg full = {.schedule = SBP_FULL, .aligned = 1};
+    sbp_status st = run(&base, x, p, &full, err);
+    if (st) return st;
+    loss_dev(x, p, base.loss);
+    if (p == SBP_FP32) { /* the float32 budget: what float32 full BP achieves, with slack */
+        for (int i = 0; i < ps->n; i++) {
+            const sbp_param *pa = &ps->p[i];
+            to_double(x->ta, base.grads, p, pa->offset, pa->numel);
+            sbp_tensor_cmp c;
+            sbp_compare(&c, x->ta, x->truth + pa->offset, pa->numel, SBP_DT_F32, 0, 0);
+            x->budget32[i] = o->slack * fmax(c.rel_l2, BUDGET_FLOOR);
+            if (x->budget32[i] > FP32_FULL_TOL) x->budget32[i] = FP32_FULL_TOL;
+        }
+    }
+    for (int k = -1; k < n && !st; k++) {
+        const run_cfg *c = k < 0 ? &full : &cfgs[k];
+        sbp_set_threads(o->threads[0]);
+        if (k >= 0 && (st = run(&r0, x, p, c, err))) break;
+        const sbp_grad_result *a = k < 0 ? &base : &r0;
+        label(what, sizeof what, p, c, o->threads[0]);
+        if (k >= 0) loss_dev(x, p, a->loss);
+        compare(x, gtruth, what, a->grads, NULL, p, TRUTH64_TOL,
+                p == SBP_FP32 ? x->budget32 : NULL);
+        if (k >= 0 && c->aligned)
+            compare(x, SBP_VG_SCHEDULES, what, a->grads, base.grads, p, 0, NULL);
+        if (k >= 0 && !c->aligned)
+            compare(x, SBP_VG_RAGGED, what, a->grads, base.grads, p,
+                    p == SBP_FP64 ? RAGGED_TOL_FP64 : RAGGED_TOL_FP32, NULL);
+        for (int t = 1; t < o->n_threads && !st; t++) {
+            sbp_set_threads(o->threads[t]);
+            if ((st = run(&rt, x, p, c, err))) break;
+            label(what, sizeof what, p, c, o->threads[t]);
+            compare(x, SBP_VG_THREADS, what, rt.grads, a->grads, p, 0, NULL);
+            sbp_grad_result_free(&rt, NULL);
+        }
+        if (k >= 0) sbp_grad_result_free(&r0, NULL);
+    }
+    sbp_grad_result_free(&base, NULL);
+    sbp_set_threads(o->threads[0]);
+    return st;
+}
+
+static sbp_status truth_of(ctx *x, sbp_err *err) {
+    const sbp_params *ps = &x->m64->params;
+    if (!x->o->no_ref) {
+        x->rep->truth = "ref/ float64 oracle";
+        return ref_sft(&x->rep->truth_loss, x->truth, &x->m64->cfg, ps, x->m64->w, x->b, err);
+    }
+    x->rep->truth = "float64 full BP";
+    sbp_grad_result r;
+    run_cfg full = {.schedule = SBP_FULL};
+    sbp_status st = run(&r, x, SBP_FP64, &full, err);
+    if (st) return st;
+    memcpy(x->truth, r.grads, sizeof(double) * (size_t)ps->total);
+    x->rep->truth_loss = r.loss;
+    sbp_grad_result_free(&r, NULL);
+    return SBP_OK;
+}
+
+/* The configurations: ckpt (materialised and chunked logits), stream at each chunk. */
+static int configs(run_cfg *cfgs, const sbp_verify_opts *o, const sbp_verify_report *rep) {
+    int n = 0, sched = o->schedules ? o->schedules : 7;
+    for (int i = 0; i < rep->n_chunks; i++) {
+        int c = rep->chunks[i], T = rep->T, cc = c < T ? c : T;
+        int aligned = cc % rep->block == 0 || cc == T;
+        if (sched & (1 << SBP_CKPT))
+            cfgs[n++] = (run_cfg){
+                .schedule = SBP_CKPT, .logit_chunk = c, .chunked_logits = 1, .aligned = aligned};
+        if (sched & (1 << SBP_STREAM))
+            cfgs[n++] =
+                (run_cfg){.schedule = SBP_STREAM, .chunk = c, .logit_chunk = c, .aligned = aligned};
+    }
+    if (sched & (1 << SBP_CKPT)) cfgs[n++] = (run_cfg){.schedule = SBP_CKPT, .aligned = 1};
+    return n;
+}
+
+static void default_chunks(sbp_verify_report *rep) {
+    const int B = rep->block, T = rep->T;
+    int cand[] = {B, 2 * B, 4 * B, T, 1, 7, T - 1, T + 5};
+    rep->n_chunks = 0;
+    for (int i = 0; i < 8; i++) {
+        int dup = cand[i] < 1;
+        for (int j = 0; j < rep->n_chunks; j++) dup |= rep->chunks[j] == cand[i];
+        if (!dup && (i >= 4 || cand[i] <= T)) rep->chunks[rep->n_chunks++] = cand[i];
+    }
+}
+
+static const char *group_titles[SBP_VG_N] = {"fp64 vs truth", "fp32 vs truth", "schedules",
+                                             "threads", "ragged chunks"};
+
+sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, sbp_err *err) {
+    memset(rep, 0, sizeof *rep);
+    sbp_verify_opts o = *o_in;
+    if (!o.slack) o.slack = 4;
+    if (!o.n_threads) o.threads[0] = 1, o.threads[1] = 2, o.n_threads = 2;
+    int precs = o.precisions ? o.precisions : 3;
+    sbp_model m32 = {0}, m64 = {0};
+    sbp_batch b = {0};
+    sbp_status st = sbp_model_load(&m64, o.model, SBP_FP64, NULL, err);
+    if (!st && (precs & (1 << SBP_FP32))) st = sbp_model_load(&m32, o.model, SBP_FP32, NULL, err);
+    if (!st) st = sbp_batch_load(&b, o.batch, &m64.cfg, err);
+    if (st) goto out;
+    rep->B = b.B, rep->T = b.T;
+    snprintf(rep->model_type, sizeof rep->model_type, "%s", m64.cfg.model_type);
+    rep->block = o.block ? o.block : b.T < 1024 ? 16 : 256;
+    memcpy(rep->chunks, o.chunks, sizeof o.chunks);
+    rep->n_chunks = o.n_chunks;
+    if (!rep->n_chunks) default_chunks(rep);
+    const sbp_params *ps = &m64.params;
+    for (int gi = 0; gi < SBP_VG_N; gi++) {
+        snprintf(rep->g[gi].title, sizeof rep->g[gi].title, "%s", group_titles[gi]);
+        rep->g[gi].rows = calloc((size_t)ps->n, sizeof *rep->g[gi].rows);
+        if (!rep->g[gi].rows) st = sbp_fail(err, SBP_ENOMEM, "out of memory");
+        for (int i = 0; i < ps->n && !st; i++)
+            snprintf(rep->g[gi].rows[i].name, sizeof rep->g[gi].rows[i].name, "%s", ps->p[i].name);
+        rep->g[gi].n_rows = ps->n;
+    }
+    int64_t maxn = 1;
+    for (int i = 0; i < ps->n; i++) maxn = ps->p[i].numel > maxn ? ps->p[i].numel : maxn;
+    ctx x = {.o = &o, .rep = rep, .m32 = &m32, .m64 = &m64, .b = &b};
+    x.truth = malloc(sizeof(double) * (size_t)ps->total);
+    x.budget32 = calloc((size_t)ps->n, sizeof(double));
+    x.ta = malloc(sizeof(double) * (size_t)maxn);
+    x.tb = malloc(sizeof(double) * (size_t)maxn);
+    run_cfg cfgs[3 * SBP_VERIFY_MAX_CHUNKS + 1];
+    int ncfg = configs(cfgs, &o, rep);
+    if (!st && (!x.truth || !x.budget32 || !x.ta || !x.tb))
+        st = sbp_fail(err, SBP_ENOMEM, "out of memory");
+    if (!st) st = truth_of(&x, err);
+    snprintf(rep->g[SBP_VG_TRUTH64].promise, sizeof rep->g[0].promise,
+             "every fp64 run against the %s: relative L2 <= %g per tensor", rep->truth,
+             TRUTH64_TOL);
+    snprintf(rep->g[SBP_VG_TRUTH32].promise, sizeof rep->g[0].promise,
+             "every fp32 run against the %s: relative L2 <= %g x (fp32 full BP's own error, "
+             "floor %g), at most %g",
+             rep->truth, o.slack, BUDGET_FLOOR, FP32_FULL_TOL);
+    snprintf(rep->g[SBP_VG_SCHEDULES].promise, sizeof rep->g[0].promise,
+             "ckpt and stream at block-multiple chunks against full BP: bitwise");
+    snprintf(rep->g[SBP_VG_THREADS].promise, sizeof rep->g[0].promise,
+             "each run at other thread counts against the same run at %d: bitwise", o.threads[0]);
+    snprintf(rep->g[SBP_VG_RAGGED].promise, sizeof rep->g[0].promise,
+             "chunks that are not block multiples against full BP: relative L2 <= %g (fp32), "
+             "%g (fp64)",
+             RAGGED_TOL_FP32, RAGGED_TOL_FP64);
+    if (!st && (precs & (1 << SBP_FP64))) st = run_precision(&x, SBP_FP64, cfgs, ncfg, err);
+    if (!st && (precs & (1 << SBP_FP32))) st = run_precision(&x, SBP_FP32, cfgs, ncfg, err);
+    for (int gi = 0; gi < SBP_VG_N && !st; gi++)
+        for (int i = 0; i < ps->n; i++) {
+            rep->g[gi].failed += rep->g[gi].rows[i].failed > 0;
+            rep->failed += rep->g[gi].rows[i].failed > 0;
+        }
+    free(x.truth), free(x.budget32), free(x.ta), free(x.tb);
+out:
+    sbp_batch_free(&b);
+    sbp_model_free(&m32, NULL);
+    sbp_model_free(&m64, NULL);
+    if (st) sbp_verify_report_free(rep);
+    return st;
+}
+
+void sbp_verify_report_free(sbp_verify_report *rep) {
+    for (int gi = 0; gi < SBP_VG_N; gi++) free(rep->g[gi].rows);
+    memset(rep, 0, sizeof *rep);
+}

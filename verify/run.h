@@ -1,0 +1,73 @@
+/* run.h — the verifier's main check: one model and batch through every schedule, chunk size,
+ * precision and thread count, every gradient compared per parameter tensor.
+ *
+ * The comparisons fall into five groups, each with its promise:
+ *   fp64 vs truth      every float64 run against the float64 truth (the ref/ oracle, or float64
+ *                      full BP with --no-ref): relative L2 <= 1e-10 per tensor;
+ *   fp32 vs truth      every float32 run against the same truth: relative L2 within the budget
+ *                      measured in this run: slack × the error of float32 full BP for that
+ *                      tensor (floor 1e-7), and float32 full BP itself within 1e-4;
+ *   schedules          ckpt and stream at chunks that are multiples of the block against full
+ *                      BP of the same precision: bitwise;
+ *   threads            every run at each thread count against the same run at the first
+ *                      thread count: bitwise;
+ *   ragged chunks      chunks that are not block multiples against full BP of the same
+ *                      precision: relative L2 <= 1e-5 (fp32) or 2e-14 (fp64), the bounds measured
+ *                      on the bundled models (README, "Exactness").
+ * Each group reports one row per tensor: the worst case over its runs. */
+#ifndef SBP_RUN_H
+#define SBP_RUN_H
+
+#include "../src/streambp.h"
+
+#define SBP_VERIFY_MAX_CHUNKS 16
+
+typedef struct {
+    const char *model, *batch;
+    int block;                         /* 0: 16 when T < 1024, else 256 */
+    int chunks[SBP_VERIFY_MAX_CHUNKS]; /* stream chunks (and logit chunks) */
+    int n_chunks;   /* 0: block multiples B, 2B, 4B, T and ragged 1, 7, T−1, T+5 */
+    int schedules;  /* bit set of 1 << sbp_schedule; 0: all three */
+    int precisions; /* bit set of 1 << sbp_precision; 0: both */
+    int threads[4];
+    int n_threads; /* 0: 1 and 2 */
+    int no_ref;    /* truth from float64 full BP instead of ref/ */
+    double slack;  /* fp32 budget factor; 0: 4 */
+} sbp_verify_opts;
+
+typedef struct {
+    char name[80]; /* the tensor */
+    int runs, bitwise_runs;
+    double max_ulp, max_abs, rel_l2; /* worst over the group's runs */
+    double min_cosine, norm_ratio;   /* the norm ratio farthest from 1 */
+    double budget;                   /* the relative-L2 promise for this row (0: bitwise) */
+    int failed;                      /* runs that broke the promise */
+    char first_failure[96];          /* the run, when one failed */
+    int64_t nonfinite;
+} sbp_verify_row;
+
+typedef struct {
+    char title[64];
+    char promise[160];
+    sbp_verify_row *rows; /* one per parameter tensor */
+    int n_rows;
+    int runs, failed; /* comparisons made, and failed (tensor level) */
+} sbp_verify_group;
+
+enum { SBP_VG_TRUTH64, SBP_VG_TRUTH32, SBP_VG_SCHEDULES, SBP_VG_THREADS, SBP_VG_RAGGED, SBP_VG_N };
+
+typedef struct {
+    sbp_verify_group g[SBP_VG_N];
+    char model_type[16];
+    int B, T, block, n_runs;
+    int chunks[SBP_VERIFY_MAX_CHUNKS], n_chunks;
+    double truth_loss;
+    double max_loss_dev32, max_loss_dev64; /* |loss − truth| / |truth| over the runs */
+    const char *truth;                     /* "ref/ float64 oracle" or "float64 full BP" */
+    int failed;                            /* total failed rows */
+} sbp_verify_report;
+
+sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o, sbp_err *err);
+void sbp_verify_report_free(sbp_verify_report *rep);
+
+#endif
