@@ -190,6 +190,29 @@ sbp_status sbp_batch_load(sbp_batch *b, const char *path, const sbp_config *cfg,
 void sbp_batch_free(sbp_batch *b);
 
 /* ---------------------------------------------------------------------------------------------
+ * Objectives. Every objective is a sum over target tokens of terms that depend on the token's
+ * log-probability logp_t = log softmax(logits_t)[labels[t+1]], with weights known before the
+ * chunk loop, so the logits can be streamed: each pass of rows is backpropagated at once with
+ * dL/dlogits_t = (dL/dlogp_t) · (onehot − softmax). */
+
+typedef enum { SBP_OBJ_SFT } sbp_objective_kind;
+
+typedef struct {
+    sbp_objective_kind kind; /* zero-initialised: SFT */
+    /* SFT (HF causal-LM loss): L = Σ_t w_t · (−logp_t) / N */
+    double num_items;            /* N; 0: the batch's own valid targets (HF num_items_in_batch
+                                  * semantics when set: gradient accumulation) */
+    const double *target_weight; /* (B·T) w_t of the target predicted at position t; NULL: 1 */
+} sbp_objective;
+
+/* Loss terms of the targets predicted at rows [s, s+M) of sequence b, from their log-probs
+ * (positions without a target are skipped): adds each term to *loss, one at a time in ascending
+ * order (so the sum does not depend on how rows are grouped into passes), and sets
+ * coef[r] = dL/dlogp. Precision-independent; the engine calls it pass by pass. */
+void sbp_objective_terms(double *loss, double *coef /* (M) */, const sbp_objective *o,
+                         const sbp_batch *b, int bi, int s, int M, const double *logp /* (M) */);
+
+/* ---------------------------------------------------------------------------------------------
  * Gradients */
 
 typedef enum { SBP_FULL, SBP_CKPT, SBP_STREAM } sbp_schedule;
@@ -201,10 +224,11 @@ int sbp_schedule_parse(const char *s, sbp_schedule *out); /* 1 on success */
 
 typedef struct {
     sbp_schedule schedule;
-    int block;          /* token block of every token reduction; 0 = SBP_DEFAULT_BLOCK */
-    int chunk;          /* stream: rows per layer chunk; 0 = 4 blocks; clamped to T */
-    int logit_chunk;    /* rows per logits pass; 0 = one block (stream) or T (full, ckpt) */
-    int chunked_logits; /* full/ckpt: use logit_chunk instead of materialising B*T*V logits */
+    int block;               /* token block of every token reduction; 0 = SBP_DEFAULT_BLOCK */
+    int chunk;               /* stream: rows per layer chunk; 0 = 4 blocks; clamped to T */
+    int logit_chunk;         /* rows per logits pass; 0 = one block (stream) or T (full, ckpt) */
+    int chunked_logits;      /* full/ckpt: use logit_chunk instead of materialising B*T*V logits */
+    sbp_objective objective; /* zero-initialised: SFT */
 } sbp_grad_opts;
 
 typedef struct {

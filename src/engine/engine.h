@@ -124,7 +124,8 @@ void kv_backward(const eng *e, real *dx, layer_p *gw, kv_work *kvg, const kv_act
  * accumulate. logits: a buffer of rows·V reals (or B·T·V when materialised; `stride_b` says how
  * far apart the sequences' logits are, 0 to reuse one buffer). Returns the loss sum in *loss. */
 int head_step(eng *e, double *loss, real *dh /* (B, T, C) */, const real *hL /* (B, T, C) */,
-              const sbp_batch *b, real *logits, size_t stride_b, int rows, double inv_n);
+              const sbp_batch *b, real *logits, size_t stride_b, int rows,
+              const sbp_objective *obj);
 
 /* ---- schedules (full.c, ckpt.c, stream.c) ---------------------------------------------------- */
 
@@ -132,6 +133,7 @@ typedef struct {
     int chunk;       /* stream layer chunk */
     int logit_rows;  /* rows per logits pass */
     int materialise; /* one B·T·V logits buffer */
+    const sbp_objective *objective;
 } sched_opts;
 
 int schedule_full(eng *e, double *loss, const sbp_batch *b, const sched_opts *o);

@@ -67,8 +67,10 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
             rope_table(cos_t, sin_t, b->T, c->head_dim, c->rope_theta, c->rope_llama3,
                        c->rope_factor, c->rope_low_freq, c->rope_high_freq, c->rope_orig_max);
         e.cos = cos_t, e.sin = sin_t;
-        sched_opts so = {
-            .chunk = o->chunk, .logit_rows = o->logit_chunk, .materialise = o->materialise};
+        sched_opts so = {.chunk = o->chunk,
+                         .logit_rows = o->logit_chunk,
+                         .materialise = o->materialise,
+                         .objective = &o->objective};
         double sum = 0;
         if (o->schedule == SBP_FULL)
             ok = schedule_full(&e, &sum, b, &so);
@@ -76,7 +78,7 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
             ok = schedule_ckpt(&e, &sum, b, &so);
         else
             ok = schedule_stream(&e, &sum, b, &so);
-        *loss = e.plan ? 0 : sum / (double)b->n_targets;
+        *loss = e.plan ? 0 : sum;
     }
     efree(&e, cos_t), efree(&e, sin_t);
     if (!ok)

@@ -11,6 +11,7 @@ typedef struct {
     int materialise;               /* full/ckpt: one B·T·V logits buffer */
     int plan;                      /* planning run: allocate only (the ledger must be planning) */
     int elem_bytes;                /* planning: bytes charged per stored element */
+    sbp_objective objective;
 } sbp_engine_opts;
 
 /* Applies defaults and clamping to the user's options for a batch of T tokens. */

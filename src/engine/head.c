@@ -6,8 +6,8 @@
  *   hn     = rmsnorm(hL[s:e], w_final)
  *   logits = hn·W_headᵀ
  *   logp_t = log softmax(logits_t)[labels[t+1]]           (targets shifted inside, as HF does)
- *   loss  += −Σ_t logp_t  over valid targets; the caller scales by 1/N
- * and back: dlogits = coef·(onehot − softmax) with coef = dL/dlogp = −1/N, dhn = dlogits·W_head,
+ *   loss  += the objective's terms (SFT: −Σ_t w_t·logp_t / N), coef = dL/dlogp
+ * and back: dlogits = coef·(onehot − softmax), dhn = dlogits·W_head,
  * dW_head += dlogitsᵀ·hn, then the final-norm backward into dh. The loss is summed in double in
  * ascending (sequence, token) order, the same in every schedule. */
 #include "engine.h"
@@ -15,7 +15,7 @@
 #include <string.h>
 
 int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b, real *logits,
-              size_t stride_b, int rows, double inv_n) {
+              size_t stride_b, int rows, const sbp_objective *obj) {
     const int T = e->T, C = e->C, V = e->V;
     real *hn = ealloc(e, SBP_MEM_LOGITS, (size_t)rows * C, "final-norm output");
     real *dhn = ealloc(e, SBP_MEM_LOGITS, (size_t)rows * C, "final-norm output gradient");
@@ -37,10 +37,7 @@ int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b
             for (int r = 0; r < M; r++)
                 if (tgt[r] == SBP_IGNORE) tgt[r] = -1;
             logprob_forward(logp, lse, z, tgt, M, V);
-            for (int r = 0; r < M; r++) {
-                if (tgt[r] >= 0) *loss -= logp[r];
-                coef[r] = tgt[r] >= 0 ? -inv_n : 0; /* SFT: L = −(1/N) Σ logp */
-            }
+            sbp_objective_terms(loss, coef, obj, b, bi, s, M, logp);
             logprob_backward(z, coef, lse, tgt, M, V);
             memset(dhn, 0, sizeof(real) * (size_t)M * C);
             linear_backward(dhn, e->ghead, NULL, z, hn, e->head, s, end, V, C, e->blk);

@@ -39,7 +39,7 @@ int run_head(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
     int rows = o->materialise ? e->T : o->logit_rows;
     size_t stride = o->materialise ? (size_t)e->T * V : 0;
     *loss = 0;
-    int ok = head_step(e, loss, dh, hL, b, logits, stride, rows, 1.0 / (double)b->n_targets);
+    int ok = head_step(e, loss, dh, hL, b, logits, stride, rows, o->objective);
     efree(e, logits);
     return ok;
 }
