@@ -51,6 +51,18 @@ def write(path, rows, dtype):
         f.write(struct.pack("<Q", len(text)) + text + blob)
 
 
+def custom(gen, T, spec):
+    """A row from a per-position spec: 'p' pad, 'i' prompt (ignored label), 'v' valid label."""
+    ids, labels, mask = [], [], []
+    for t in range(T):
+        c = spec[t]
+        tok = 0 if c == "p" else 1 + next(gen) % (VOCAB - 1)
+        ids.append(tok)
+        mask.append(0 if c == "p" else 1)
+        labels.append(tok if c == "v" else IGNORE)
+    return ids, labels, mask
+
+
 def main():
     g = lcg(1234)
     # B=2, T=24: row 0 right-padded, row 1 left-padded; prompts of different lengths, so the
@@ -60,6 +72,36 @@ def main():
     # B=2, T=96, int32 ids: the default batch of `make demo`.
     write("data/batches/sft-demo.safetensors",
           [row(g, 96, 0, 11, 21), row(g, 96, 9, 0, 30)], "I32")
+
+    # The edge-case suite of `streambp verify --suite` (verify/suite.c says which case uses which).
+    s = "data/batches/suite-"
+    # T = 22: not a multiple of the chunks 8 and 12 the suite uses.
+    write(s + "t22.safetensors", [row(g, 22, 0, 3, 5), row(g, 22, 2, 0, 4)], "I64")
+    # Chunks of 8 start at positions 8 and 16 on a -100 label (prompt masking), with valid
+    # targets right after; the loss count of the authors' code goes wrong exactly here.
+    write(s + "chunk-starts-on-ignored.safetensors",
+          [custom(g, 24, "iiiiiiiiivvvvvvviiiiivvv"),
+           custom(g, 24, "iiiiiiiiiivvvvvvviiivvvv")], "I64")
+    write(s + "left-padding.safetensors",
+          [custom(g, 24, "ppppppiiivvvvvvvvvvvvvvv"),
+           custom(g, 24, "ppiiiivvvvvvvvvvvvvvvvvv")], "I64")
+    write(s + "right-padding.safetensors",
+          [custom(g, 24, "iiiivvvvvvvvvvvvvvpppppp"),
+           custom(g, 24, "iivvvvvvvvvvvvvvvvvvvvpp")], "I64")
+    # B = 3: one row with no target at all, two with very unequal target counts.
+    write(s + "unequal-rows.safetensors",
+          [custom(g, 24, "iiiiiiiiiiiiiiiiiiiiiiii"),
+           custom(g, 24, "ivvvvvvvvvvvvvvvvvvvvvvv"),
+           custom(g, 24, "iiiiiiiiiiiiiiiiiiiivvpp")], "I64")
+    # Exactly one valid target in the whole batch.
+    write(s + "single-target.safetensors",
+          [custom(g, 24, "iiiiiiiiiiiiiiiiiiiiiiii"),
+           custom(g, 24, "iiiiiiiiiiiiiiivpppppppp")], "I64")
+    # A valid target predicted from a padded position (left padding, label right after the
+    # pads), and a hole in the attention mask.
+    write(s + "target-from-padding.safetensors",
+          [custom(g, 24, "ppppvvvvvvvvvvvvvvvvvvvv"),
+           custom(g, 24, "iiivvvvpvvvvvvvvvvvvvvvv")], "I64")
 
 
 if __name__ == "__main__":

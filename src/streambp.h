@@ -170,6 +170,8 @@ typedef struct {
 sbp_status sbp_model_load(sbp_model *m, const char *dir, sbp_precision prec, sbp_ledger *lg,
                           sbp_err *err);
 void sbp_model_free(sbp_model *m, sbp_ledger *lg);
+/* Rounds every weight to bfloat16 in place (for emulated bf16 runs). */
+void sbp_model_round_bf16(sbp_model *m);
 /* Writes a seeded random model directory (config.json + model.safetensors, F32). */
 sbp_status sbp_model_init(const sbp_config *cfg, uint64_t seed, const char *dir, sbp_err *err);
 
@@ -229,6 +231,9 @@ typedef struct {
     int logit_chunk;         /* rows per logits pass; 0 = one block (stream) or T (full, ckpt) */
     int chunked_logits;      /* full/ckpt: use logit_chunk instead of materialising B*T*V logits */
     sbp_objective objective; /* zero-initialised: SFT */
+    int emulate_bf16;        /* float32 engine only: round every stored tensor and the gradients to
+                              * bfloat16, as pure-bf16 training does (give it a model whose weights
+                              * went through sbp_model_round_bf16); verify audit's bf16 yardstick */
 } sbp_grad_opts;
 
 typedef struct {

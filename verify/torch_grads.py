@@ -327,6 +327,9 @@ def rope_tables(m, T, dtype):
 
 
 def rms_norm(x, w, eps):
+    if x.dtype == torch.bfloat16:  # HF: normalise in float32, cast back, then scale
+        xf = x.float()
+        return w * (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
     return x * (1.0 / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)) * w
 
 
@@ -359,7 +362,9 @@ def attention(q, k, v, mask):
     # softmax stays NaN-free, and their probabilities are then zeroed.
     scores = scores.masked_fill(~visible & has_key, float("-inf"))
     scores = scores.masked_fill(~has_key, 0.0)
-    probs = torch.softmax(scores, dim=-1) * has_key.to(scores.dtype)
+    # HF's eager attention takes the softmax in float32 also for bf16 models
+    up = scores.float() if scores.dtype == torch.bfloat16 else scores
+    probs = torch.softmax(up, dim=-1).to(scores.dtype) * has_key.to(scores.dtype)
     return (probs @ v).transpose(1, 2).reshape(B, T, NH * HD)
 
 
@@ -460,7 +465,7 @@ def main(argv=None):
     ap.add_argument("--model", required=True, help="HF model directory")
     ap.add_argument("--batch", required=True, help="batch safetensors file")
     ap.add_argument("--out", help="gradient safetensors file to write")
-    ap.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    ap.add_argument("--dtype", choices=("float64", "float32", "bfloat16"), default="float64")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--objective", choices=sorted(OBJECTIVES), default="sft")
     ap.add_argument("--fd-check", type=int, default=0, metavar="K",
@@ -503,6 +508,8 @@ def main(argv=None):
                 "implementation": "verify/torch_grads.py", "torch_version": torch.__version__,
                 "dtype": args.dtype, "model_type": m["family"],
                 "targets_from_padded": str(from_pad)}
+        if dtype == torch.bfloat16:  # written as F32: every bf16 value is exact in float32
+            grads = {name: g.float() for name, g in grads.items()}
         write_safetensors(args.out, grads, meta)
     return 0
 

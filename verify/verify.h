@@ -6,5 +6,7 @@ int verify_main(int argc, char **argv); /* dispatches on argv[1] */
 int verify_diff(int argc, char **argv);
 int verify_fd(int argc, char **argv);
 int verify_run(int argc, char **argv); /* no subcommand: the full matrix */
+int verify_audit(int argc, char **argv);
+int verify_suite(int argc, char **argv);
 
 #endif

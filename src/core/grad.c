@@ -47,6 +47,7 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
     if (T < 1) return sbp_fail(err, SBP_EINPUT, "the batch has T = 0 tokens");
     eo->schedule = opts->schedule;
     eo->objective = opts->objective;
+    eo->emulate_bf16 = opts->emulate_bf16;
     eo->block = opts->block ? opts->block : SBP_DEFAULT_BLOCK;
     eo->chunk = clamp(opts->chunk ? opts->chunk : 4 * eo->block, T);
     eo->materialise = opts->schedule != SBP_STREAM && !opts->chunked_logits;
@@ -64,6 +65,8 @@ sbp_status sbp_grad(sbp_grad_result *res, const sbp_model *m, const sbp_batch *b
     const sbp_objective *ob = &opts->objective;
     if (!(ob->num_items >= 0) || !isfinite(ob->num_items))
         return sbp_fail(err, SBP_EUSAGE, "the objective's num_items must be >= 0 and finite");
+    if (opts->emulate_bf16 && m->prec != SBP_FP32)
+        return sbp_fail(err, SBP_EUSAGE, "bf16 emulation runs on the float32 engine");
     if (b->n_targets == 0 && ob->num_items == 0)
         return sbp_fail(err, SBP_EINPUT,
                         b->T == 1 ? "the batch has no valid target: with T = 1 no position has a "

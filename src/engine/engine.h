@@ -44,6 +44,7 @@ typedef struct {
     real *fnorm, *gfnorm;  /* (C) final norm */
     int plan;              /* planning run: buffers are reserved, never touched; steps return */
     int elem_bytes;        /* bytes charged per real: sizeof(real), or the planner's storage size */
+    int bf16;              /* emulate pure-bf16 training: round every tensor an op writes to bf16 */
     int oom;               /* set by ealloc when an allocation fails */
     char oom_what[64];
 } eng;
@@ -53,6 +54,12 @@ typedef struct {
 real *ealloc(eng *e, sbp_mem_cat cat, size_t n, const char *what);
 void *ealloc_bytes(eng *e, sbp_mem_cat cat, size_t bytes, const char *what);
 void efree(eng *e, void *p);
+
+/* In a bf16-emulating run, every tensor an op writes is rounded to bf16, as pure-bf16 training
+ * stores it; the products themselves accumulate in float, as bf16 GEMMs do. */
+static inline void bf16(const eng *e, real *p, size_t n) {
+    if (e->bf16) round_to_bf16(p, n);
+}
 
 /* K/V side of one layer for one sequence: all T rows. */
 typedef struct {

@@ -44,7 +44,8 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
              .T = b->T,
              .lg = lg,
              .plan = o->plan,
-             .elem_bytes = o->plan ? o->elem_bytes : (int)sizeof(real)};
+             .elem_bytes = o->plan ? o->elem_bytes : (int)sizeof(real),
+             .bf16 = o->emulate_bf16};
     real *w = m->w, *g = grads;
     layer_p lw[c->layers], lgv[c->layers];
     for (int l = 0; l < c->layers; l++) {
@@ -85,6 +86,7 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
         return sbp_fail(err, SBP_ENOMEM, "out of memory allocating the %s (%s schedule, T = %d)",
                         e.oom_what, sbp_schedule_name(o->schedule), b->T);
     if (e.plan) return SBP_OK;
+    if (e.bf16) round_to_bf16(g, (size_t)m->params.total); /* bf16 .grad tensors */
     if (!isfinite(*loss)) return sbp_fail(err, SBP_ENUMERIC, "the loss is not finite (%g)", *loss);
     for (int i = 0; i < m->params.n; i++) {
         const sbp_param *p = &m->params.p[i];

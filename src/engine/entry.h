@@ -12,6 +12,7 @@ typedef struct {
     int plan;                      /* planning run: allocate only (the ledger must be planning) */
     int elem_bytes;                /* planning: bytes charged per stored element */
     sbp_objective objective;
+    int emulate_bf16;
 } sbp_engine_opts;
 
 /* Applies defaults and clamping to the user's options for a batch of T tokens. */

@@ -32,17 +32,22 @@ int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b
             const real *h_s = hL + ((size_t)bi * T + s) * C;
             real *z = logits + stride_b * bi + (stride_b ? (size_t)s * V : 0);
             rmsnorm_forward(hn, rstd, h_s, e->fnorm, M, C, e->cfg->eps);
+            bf16(e, hn, (size_t)M * C);
             linear_forward(z, hn, e->head, NULL, s, end, V, C, e->blk);
+            bf16(e, z, (size_t)M * V); /* HF upcasts bf16 logits to float for the loss */
             for (int r = 0; r < M; r++) tgt[r] = s + r + 1 < T ? labels[s + r + 1] : -1;
             for (int r = 0; r < M; r++)
                 if (tgt[r] == SBP_IGNORE) tgt[r] = -1;
             logprob_forward(logp, lse, z, tgt, M, V);
             sbp_objective_terms(loss, coef, obj, b, bi, s, M, logp);
             logprob_backward(z, coef, lse, tgt, M, V);
+            bf16(e, z, (size_t)M * V);
             memset(dhn, 0, sizeof(real) * (size_t)M * C);
             linear_backward(dhn, e->ghead, NULL, z, hn, e->head, s, end, V, C, e->blk);
-            rmsnorm_backward(dh + ((size_t)bi * T + s) * C, e->gfnorm, dhn, h_s, rstd, e->fnorm, M,
-                             C);
+            bf16(e, dhn, (size_t)M * C);
+            real *dh_s = dh + ((size_t)bi * T + s) * C;
+            rmsnorm_backward(dh_s, e->gfnorm, dhn, h_s, rstd, e->fnorm, M, C);
+            bf16(e, dh_s, (size_t)M * C);
         }
     }
 out:

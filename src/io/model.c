@@ -178,6 +178,18 @@ sbp_status sbp_model_load(sbp_model *m, const char *dir, sbp_precision prec, sbp
     return st;
 }
 
+void sbp_model_round_bf16(sbp_model *m) {
+    for (int64_t i = 0; i < m->params.total; i++) {
+        if (m->prec == SBP_FP64) {
+            double *w = m->w;
+            w[i] = sbp_bf16_to_f32(sbp_f32_to_bf16((float)w[i]));
+        } else {
+            float *w = m->w;
+            w[i] = sbp_bf16_to_f32(sbp_f32_to_bf16(w[i]));
+        }
+    }
+}
+
 void sbp_model_free(sbp_model *m, sbp_ledger *lg) {
     sbp_ledger_free(lg, m->w);
     sbp_params_free(&m->params);

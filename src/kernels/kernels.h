@@ -105,6 +105,11 @@ void swiglu_forward(real *h, const real *g, const real *u, size_t n);
 void swiglu_backward(real *dg, real *du, /* += */
                      const real *dh, const real *g, const real *u, size_t n);
 
+/* ---- storage precision ---------------------------------------------------------------------- */
+
+/* x[i] ← x[i] rounded to bfloat16 (round to nearest even), kept in the working precision. */
+void round_to_bf16(real *x, size_t n);
+
 /* ---- embedding ------------------------------------------------------------------------------- */
 
 void embedding_forward(real *x,            /* (T, C) */

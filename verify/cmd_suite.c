@@ -1,0 +1,140 @@
+/* cmd_suite.c — `streambp verify --suite`: every edge-case fixture through the full matrix. */
+#include "../src/cli/cli.h"
+#include "defaults.h"
+#include "suite.h"
+#include "verify.h"
+
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char usage[] =
+    "usage: streambp verify --suite [--case NAME] [--list] [--json]\n"
+    "\n"
+    "Runs the edge-case fixtures, each through the whole verification matrix (every schedule,\n"
+    "block-multiple and ragged chunks, fp32 and fp64, 1 and 2 threads, against the ref/\n"
+    "oracle), and prints one line per case. The cases target the places where chunked backprop\n"
+    "goes wrong: chunk boundaries (T not divisible, chunk 1, T, > T, a chunk starting on a -100\n"
+    "label), padding (left, right, holes, a target predicted from a pad), batches with empty or\n"
+    "unequal rows and a single target, GQA 1:1, 2:1, 4:1, tied embeddings, Qwen3's head_dim,\n"
+    "Qwen2's biases, llama3 RoPE scaling.\n"
+    "\n"
+    "  --case NAME   run one case (see --list)\n"
+    "  --list        list the cases\n"
+    "  --json        JSON instead of the table\n"
+    "Exit status: 0 every case passes, 1 one fails, 2 usage or input error.\n";
+
+static void remove_models(const char *workdir) {
+    char p[1200];
+    for (int i = 0; i < sbp_suite_count(); i++) {
+        snprintf(p, sizeof p, "%s/%s-seed1/config.json", workdir, sbp_suite_case_at(i)->model);
+        remove(p);
+        snprintf(p, sizeof p, "%s/%s-seed1/model.safetensors", workdir,
+                 sbp_suite_case_at(i)->model);
+        remove(p);
+        snprintf(p, sizeof p, "%s/%s-seed1", workdir, sbp_suite_case_at(i)->model);
+        rmdir(p);
+    }
+    rmdir(workdir);
+}
+
+int verify_suite(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"suite", no_argument, 0, 'S'}, {"case", required_argument, 0, 'c'},
+        {"list", no_argument, 0, 'l'},  {"json", no_argument, 0, 'j'},
+        {"help", no_argument, 0, 'h'},  {0, 0, 0, 0}};
+    int only = -1, json = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'S': break;
+        case 'c':
+            if ((only = sbp_suite_find(optarg)) < 0) {
+                fprintf(stderr, "streambp verify --suite: no case \"%s\" (see --list)\n", optarg);
+                return EXIT_USAGE;
+            }
+            break;
+        case 'l':
+            for (int i = 0; i < sbp_suite_count(); i++)
+                printf("%-26s %s\n", sbp_suite_case_at(i)->name, sbp_suite_case_at(i)->what);
+            return 0;
+        case 'j': json = 1; break;
+        case 'h': fputs(usage, stdout); return 0;
+        default: fputs(usage, stderr); return EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "streambp verify --suite: unexpected argument \"%s\"\n", argv[optind]);
+        return EXIT_USAGE;
+    }
+    sbp_err err = {0};
+    char data[512], workdir[600];
+    if (sbp_data_dir(data, sizeof data, &err)) return report_error("verify --suite", &err);
+    snprintf(workdir, sizeof workdir, "%s/streambp-suite-XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(workdir)) {
+        fprintf(stderr, "streambp verify --suite: cannot create a temporary directory\n");
+        return EXIT_USAGE;
+    }
+    cJSON *jcases = cJSON_CreateArray();
+    int failed = 0, ran = 0, rc = 0;
+    double t_all = now_seconds();
+    if (!json)
+        printf("%-26s %-12s %-36s %5s %6s  %s\n", "case", "model", "batch", "runs", "time",
+               "verdict");
+    for (int i = 0; i < sbp_suite_count(); i++) {
+        if (only >= 0 && i != only) continue;
+        const sbp_suite_case *k = sbp_suite_case_at(i);
+        sbp_verify_report rep;
+        double t0 = now_seconds();
+        if (sbp_suite_run(&rep, i, data, workdir, &err)) {
+            rc = report_error("verify --suite", &err);
+            break;
+        }
+        double secs = now_seconds() - t0;
+        ran++;
+        failed += rep.failed > 0;
+        char why[400] = "";
+        for (int gi = 0; gi < SBP_VG_N; gi++)
+            if (rep.g[gi].failed)
+                snprintf(why + strlen(why), sizeof why - strlen(why), " %.40s: %d tensors",
+                         rep.g[gi].title, rep.g[gi].failed);
+        if (json) {
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddStringToObject(x, "case", k->name);
+            cJSON_AddStringToObject(x, "what", k->what);
+            cJSON_AddStringToObject(x, "model", k->model);
+            cJSON_AddStringToObject(x, "batch", k->batch);
+            cJSON_AddNumberToObject(x, "runs", rep.n_runs);
+            cJSON_AddNumberToObject(x, "seconds", secs);
+            cJSON_AddBoolToObject(x, "pass", rep.failed == 0);
+            cJSON_AddItemToArray(jcases, x);
+        } else {
+            printf("%-26s %-12s %-36s %5d %5.1fs  %s%s\n", k->name, k->model, k->batch, rep.n_runs,
+                   secs, rep.failed ? "FAIL" : "ok", why);
+        }
+        sbp_verify_report_free(&rep);
+    }
+    remove_models(workdir);
+    if (rc) {
+        cJSON_Delete(jcases);
+        return rc;
+    }
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddItemToObject(j, "cases", jcases);
+        cJSON_AddNumberToObject(j, "failed", failed);
+        cJSON_AddBoolToObject(j, "pass", failed == 0);
+        char *text = cJSON_Print(j);
+        puts(text);
+        free(text);
+        cJSON_Delete(j);
+    } else {
+        cJSON_Delete(jcases);
+        printf("%d cases, %d failed, %.1f s (streambp verify --model DIR --batch FILE shows the "
+               "per-tensor tables of any case)\n%s\n",
+               ran, failed, now_seconds() - t_all, failed ? "FAIL" : "PASS");
+    }
+    return failed ? EXIT_MISMATCH : 0;
+}
