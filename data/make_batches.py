@@ -63,6 +63,62 @@ def custom(gen, T, spec):
     return ids, labels, mask
 
 
+def write_tensors(path, tensors, meta):
+    """tensors: list of (name, dtype, shape, flat values)."""
+    fmts = {"I64": "<q", "I32": "<i", "F32": "<f", "F64": "<d"}
+    blob, header = b"", {"__metadata__": meta}
+    for name, dtype, shape, values in tensors:
+        data = b"".join(struct.pack(fmts[dtype], v) for v in values)
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [len(blob), len(blob) + len(data)]}
+        blob += data
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + blob)
+
+
+def flat(rows, k):
+    return [v for r in rows for v in r[k]]
+
+
+def dpo(path, gen, chosen, rejected, ref=None):
+    """chosen / rejected: lists of specs (see custom); ref: (ref_chosen, ref_rejected) or None."""
+    c = [custom(gen, len(x), x) for x in chosen]
+    r = [custom(gen, len(x), x) for x in rejected]
+    B, Tc, Tr = len(c), len(chosen[0]), len(rejected[0])
+    t = [("chosen_input_ids", "I64", [B, Tc], flat(c, 0)),
+         ("chosen_labels", "I64", [B, Tc], flat(c, 1)),
+         ("chosen_attention_mask", "I64", [B, Tc], flat(c, 2)),
+         ("rejected_input_ids", "I64", [B, Tr], flat(r, 0)),
+         ("rejected_labels", "I64", [B, Tr], flat(r, 1)),
+         ("rejected_attention_mask", "I64", [B, Tr], flat(r, 2))]
+    if ref:
+        t += [("ref_chosen_logps", "F64", [B], ref[0]), ("ref_rejected_logps", "F64", [B], ref[1])]
+    write_tensors(path, t, {"objective": "dpo", "generator": "data/make_batches.py"})
+
+
+def grpo(path, gen, specs, rewards=None, advantages=None, group=None, logps=True):
+    """specs: 'p' pad, 'i' prompt, 'c' completion token; old/ref log-probs on completion tokens."""
+    rows = [custom(gen, len(x), x.replace("c", "v")) for x in specs]
+    B, T = len(rows), len(specs[0])
+    cmask = [1 if ch == "c" else 0 for x in specs for ch in x]
+    t = [("input_ids", "I64", [B, T], flat(rows, 0)),
+         ("attention_mask", "I64", [B, T], flat(rows, 2)),
+         ("completion_mask", "I64", [B, T], cmask)]
+    meta = {"objective": "grpo", "generator": "data/make_batches.py"}
+    if rewards is not None:
+        t.append(("rewards", "F32", [B], rewards))
+        meta["group_size"] = str(group)
+    if advantages is not None:
+        t.append(("advantages", "F32", [B], advantages))
+    if logps:  # plausible per-token log-probs, at the position of the token they score
+        old = [-(2.0 + (next(gen) % 3000) / 1000.0) if m else 0.0 for m in cmask]
+        ref = [-(2.0 + (next(gen) % 3000) / 1000.0) if m else 0.0 for m in cmask]
+        t += [("old_logps", "F32", [B, T], old), ("ref_logps", "F32", [B, T], ref)]
+    write_tensors(path, t, meta)
+
+
 def main():
     g = lcg(1234)
     # B=2, T=24: row 0 right-padded, row 1 left-padded; prompts of different lengths, so the
@@ -102,6 +158,33 @@ def main():
     write(s + "target-from-padding.safetensors",
           [custom(g, 24, "ppppvvvvvvvvvvvvvvvvvvvv"),
            custom(g, 24, "iiivvvvpvvvvvvvvvvvvvvvv")], "I64")
+
+    # DPO: 2 pairs, chosen (T=20) and rejected (T=24) of different lengths with right padding;
+    # reference log-probs (summed) from the batch.
+    dpo("data/batches/dpo-tiny.safetensors", g,
+        ["iiiiiivvvvvvvvvvvvpp", "iiiivvvvvvvvvvvvvvvv"],
+        ["iiiiiivvvvvvvvvvvvvvvvpp", "iiiivvvvvvvppppppppppppp"],
+        ref=([-61.5, -80.25], [-95.0, -40.75]))
+    # DPO without reference log-probs (a reference model is needed); one pair whose chosen
+    # completion is a single token.
+    dpo("data/batches/dpo-noref.safetensors", g,
+        ["iiiiiiiiiiiiiiiiiiivpppp", "iiiiivvvvvvvvvvvvvvvvvvv"],
+        ["iiiiiivvvvvvvvvvvvvvvvpp", "iiiiivvvvvvvvvvvvvvvvvpp"])
+    # GRPO: 2 groups of 2 completions, left-padded prompts, completions starting mid-block,
+    # rewards with the group size; old and reference per-token log-probs.
+    grpo("data/batches/grpo-tiny.safetensors", g,
+         ["ppiiiiiiiccccccccccccppp", "iiiiiiiiiiccccccccccccc" + "c",
+          "pppppiiiiiiccccccccccccc", "piiiiiiiiiiiiccccccppppp"],
+         rewards=[1.0, 0.25, -0.5, 0.75], group=2)
+    # GRPO with advantages given, no old log-probs (ratio 1), one group with equal rewards.
+    grpo("data/batches/grpo-adv.safetensors", g,
+         ["iiiiiiiiccccccccccccccpp", "iiiiiicccccccccccccccccc",
+          "ppppiiiiiiiiiccccccccccc", "iiiiiiiiiiicccccccpppppp"],
+         advantages=[0.9, -1.1, 0.3, -0.2], logps=False)
+    grpo("data/batches/grpo-equal-rewards.safetensors", g,
+         ["iiiiiiiicccccccccccccccc", "iiiiiiiicccccccccccppppp",
+          "iiiiiiiiccccccccccccccpp", "iiiiiiiiccccccccpppppppp"],
+         rewards=[0.5, 0.5, 1.0, 0.0], group=2)
 
 
 if __name__ == "__main__":

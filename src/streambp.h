@@ -153,6 +153,11 @@ const char *sbp_mem_cat_name(sbp_mem_cat c);
 void *sbp_ledger_alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes);
 void sbp_ledger_free(sbp_ledger *lg, void *p);
 
+/* The training objectives (details below, with sbp_objective). */
+typedef enum { SBP_OBJ_SFT, SBP_OBJ_DPO, SBP_OBJ_GRPO } sbp_objective_kind;
+typedef enum { SBP_DPO_SIGMOID, SBP_DPO_IPO } sbp_dpo_loss;
+typedef enum { SBP_GRPO_GRPO, SBP_GRPO_BNPO, SBP_GRPO_DR_GRPO, SBP_GRPO_DAPO } sbp_grpo_loss;
+
 /* ---------------------------------------------------------------------------------------------
  * Models and batches */
 
@@ -179,16 +184,30 @@ sbp_status sbp_model_init(const sbp_config *cfg, uint64_t seed, const char *dir,
 
 typedef struct {
     int B, T;
-    int32_t *ids;          /* (B, T) input_ids in [0, V) */
-    int32_t *labels;       /* (B, T) in [0, V) or SBP_IGNORE; position t+1 is the target at t */
-    uint8_t *mask;         /* (B, T) attention_mask, 1 = real token */
-    int64_t n_targets;     /* valid shifted targets in the batch */
-    int64_t n_pad_targets; /* of those, targets predicted from a padded position */
+    int32_t *ids;            /* (B, T) input_ids in [0, V) */
+    int32_t *labels;         /* (B, T) in [0, V) or SBP_IGNORE; position t+1 is the target at t */
+    uint8_t *mask;           /* (B, T) attention_mask, 1 = real token */
+    int64_t n_targets;       /* valid shifted targets in the batch */
+    int64_t n_pad_targets;   /* of those, targets predicted from a padded position */
+    sbp_objective_kind kind; /* what the file holds */
+    /* DPO: rows [0, pairs) are the chosen sequences, rows [pairs, 2·pairs) the rejected ones */
+    int pairs;
+    double *ref_seq_logps; /* (B) the reference statistic of each row (DPO), or NULL */
+    /* GRPO; per-token arrays are indexed by the predicting position: [b·T + t] belongs to the
+     * target labels[b][t+1] (the file stores it at t+1) */
+    double *advantages; /* (B) */
+    double *old_logps;  /* (B, T) or NULL: the current log-probs, detached */
+    double *ref_logps;  /* (B, T) or NULL */
 } sbp_batch;
 
 /* Reads an SFT batch (input_ids, labels, optional attention_mask; I32 or I64) and checks it
  * against cfg: equal shapes, ids and labels in range, mask in {0,1}, T > 0. */
 sbp_status sbp_batch_load(sbp_batch *b, const char *path, const sbp_config *cfg, sbp_err *err);
+/* The same for any objective (file formats in README "Objectives"): DPO pairs become 2B rows,
+ * GRPO completion masks become labels; scale_rewards: divide GRPO group-normalised rewards by
+ * the group std (TRL's default). */
+sbp_status sbp_batch_load_as(sbp_batch *b, const char *path, const sbp_config *cfg,
+                             sbp_objective_kind kind, int scale_rewards, sbp_err *err);
 void sbp_batch_free(sbp_batch *b);
 
 /* ---------------------------------------------------------------------------------------------
@@ -197,22 +216,24 @@ void sbp_batch_free(sbp_batch *b);
  * chunk loop, so the logits can be streamed: each pass of rows is backpropagated at once with
  * dL/dlogits_t = (dL/dlogp_t) · (onehot − softmax). */
 
-typedef enum { SBP_OBJ_SFT } sbp_objective_kind;
-
+/* The exact formulas, with TRL's names, are in ref/SEMANTICS.md. */
 typedef struct {
     sbp_objective_kind kind; /* zero-initialised: SFT */
     /* SFT (HF causal-LM loss): L = Σ_t w_t · (−logp_t) / N */
-    double num_items;            /* N; 0: the batch's own valid targets (HF num_items_in_batch
-                                  * semantics when set: gradient accumulation) */
     const double *target_weight; /* (B·T) w_t of the target predicted at position t; NULL: 1 */
+    /* DPO (TRL DPOTrainer): pairs of chosen and rejected rows (see sbp_batch) */
+    sbp_dpo_loss dpo_loss;
+    double beta;            /* DPO β, and GRPO's KL coefficient β (0: no KL term) */
+    double label_smoothing; /* DPO sigmoid */
+    /* GRPO (TRL GRPOTrainer) */
+    sbp_grpo_loss grpo_loss;
+    double epsilon_low, epsilon_high; /* clip range [1 − ε_low, 1 + ε_high] */
+    double temperature;               /* logits / τ; 0: 1 */
+    int max_completion_length;        /* dr_grpo */
+    /* Normalisers of the whole step, for gradient accumulation; 0: this batch's own. */
+    double num_items;  /* SFT: valid targets; GRPO bnpo/dapo: completion tokens */
+    int num_sequences; /* DPO: pairs; GRPO grpo/dr_grpo: rows */
 } sbp_objective;
-
-/* Loss terms of the targets predicted at rows [s, s+M) of sequence b, from their log-probs
- * (positions without a target are skipped): adds each term to *loss, one at a time in ascending
- * order (so the sum does not depend on how rows are grouped into passes), and sets
- * coef[r] = dL/dlogp. Precision-independent; the engine calls it pass by pass. */
-void sbp_objective_terms(double *loss, double *coef /* (M) */, const sbp_objective *o,
-                         const sbp_batch *b, int bi, int s, int M, const double *logp /* (M) */);
 
 /* ---------------------------------------------------------------------------------------------
  * Gradients */
@@ -248,6 +269,19 @@ typedef struct {
 sbp_status sbp_grad(sbp_grad_result *res, const sbp_model *m, const sbp_batch *b,
                     const sbp_grad_opts *opts, sbp_ledger *lg, sbp_err *err);
 void sbp_grad_result_free(sbp_grad_result *res, sbp_ledger *lg);
+
+/* Gradient accumulation: one step over n micro-batches, normalised as the concatenated batch
+ * would be (ref/SEMANTICS.md, "Gradient accumulation"); the gradients and the loss accumulate
+ * micro-batch by micro-batch into one result. */
+sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_batch *batches,
+                            int n, const sbp_grad_opts *opts, sbp_ledger *lg, sbp_err *err);
+
+/* Forward only, streamed: logp[b·T + t] = log softmax(logits[b,t] / temperature)[labels[b][t+1]]
+ * for every target, 0 elsewhere (a reference model's log-probs for DPO and GRPO). Only the
+ * chunk, block and logit-chunk options are used. */
+sbp_status sbp_logprobs(double *logp /* (B·T) */, const sbp_model *m, const sbp_batch *b,
+                        const sbp_grad_opts *opts, double temperature, sbp_ledger *lg,
+                        sbp_err *err);
 
 /* Writes a gradient file: one tensor per parameter under its HF name, F32 or F64 per prec, with
  * the NULL-terminated key/value pairs of meta in __metadata__. Atomic. */

@@ -46,8 +46,8 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
         return sbp_fail(err, SBP_EUSAGE, "unknown schedule %d", (int)opts->schedule);
     if (T < 1) return sbp_fail(err, SBP_EINPUT, "the batch has T = 0 tokens");
     eo->schedule = opts->schedule;
-    eo->objective = opts->objective;
     eo->emulate_bf16 = opts->emulate_bf16;
+    eo->needs_logps = opts->objective.kind == SBP_OBJ_DPO;
     eo->block = opts->block ? opts->block : SBP_DEFAULT_BLOCK;
     eo->chunk = clamp(opts->chunk ? opts->chunk : 4 * eo->block, T);
     eo->materialise = opts->schedule != SBP_STREAM && !opts->chunked_logits;
@@ -56,40 +56,92 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
     return SBP_OK;
 }
 
-sbp_status sbp_grad(sbp_grad_result *res, const sbp_model *m, const sbp_batch *b,
-                    const sbp_grad_opts *opts, sbp_ledger *lg, sbp_err *err) {
+static sbp_status engine(double *loss, void *grads, const sbp_model *m, const sbp_batch *b,
+                         const sbp_engine_opts *eo, sbp_ledger *lg, sbp_err *err) {
+    return m->prec == SBP_FP64 ? sbp_engine_grad_f64(loss, grads, m, b, eo, lg, err)
+                               : sbp_engine_grad_f32(loss, grads, m, b, eo, lg, err);
+}
+
+/* The whole step's normalisers (ref/SEMANTICS.md, "Gradient accumulation"), unless the caller
+ * set them: SFT and GRPO count targets, DPO pairs, GRPO rows. */
+static sbp_objective step_objective(const sbp_objective *o, const sbp_batch *batches, int n) {
+    sbp_objective s = *o;
+    double items = 0;
+    int seqs = 0;
+    for (int i = 0; i < n; i++) {
+        items += (double)batches[i].n_targets;
+        seqs += o->kind == SBP_OBJ_DPO ? batches[i].pairs : batches[i].B;
+    }
+    if (s.num_items == 0 && o->kind != SBP_OBJ_DPO) s.num_items = items;
+    if (s.num_sequences == 0 && o->kind != SBP_OBJ_SFT) s.num_sequences = seqs;
+    return s;
+}
+
+sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_batch *batches,
+                            int n, const sbp_grad_opts *opts, sbp_ledger *lg, sbp_err *err) {
     memset(res, 0, sizeof *res);
-    sbp_engine_opts eo;
-    sbp_status st = sbp_engine_resolve(&eo, opts, b->T, err);
-    if (st) return st;
-    const sbp_objective *ob = &opts->objective;
-    if (!(ob->num_items >= 0) || !isfinite(ob->num_items))
-        return sbp_fail(err, SBP_EUSAGE, "the objective's num_items must be >= 0 and finite");
+    if (n < 1) return sbp_fail(err, SBP_EUSAGE, "no batch given");
     if (opts->emulate_bf16 && m->prec != SBP_FP32)
         return sbp_fail(err, SBP_EUSAGE, "bf16 emulation runs on the float32 engine");
-    if (b->n_targets == 0 && ob->num_items == 0)
-        return sbp_fail(err, SBP_EINPUT,
-                        b->T == 1 ? "the batch has no valid target: with T = 1 no position has a "
-                                    "next token to predict"
-                                  : "the batch has no valid target: every shifted label is -100, "
-                                    "so the mean loss is undefined (HF would return NaN)");
+    for (int i = 1; i < n; i++)
+        if (batches[i].kind != batches[0].kind)
+            return sbp_fail(err, SBP_EUSAGE, "micro-batch %d holds another objective's data", i);
+    sbp_objective so = step_objective(&opts->objective, batches, n);
+    sbp_engine_opts eo;
+    sbp_status st = SBP_OK;
+    for (int i = 0; i < n && !st; i++) { /* everything is checked before anything runs */
+        sbp_obj_eval ev;
+        if ((st = sbp_engine_resolve(&eo, opts, batches[i].T, err)) ||
+            (st = sbp_obj_begin(&ev, &so, &batches[i], err)))
+            return n > 1 ? sbp_fail_prefix(err, "micro-batch %d: ", i) : st;
+        sbp_obj_end(&ev);
+    }
     size_t esz = m->prec == SBP_FP64 ? sizeof(double) : sizeof(float);
     res->grads = sbp_ledger_alloc(lg, SBP_MEM_GRADS, esz * (size_t)m->params.total);
     if (!res->grads)
         return sbp_fail(err, SBP_ENOMEM, "out of memory for the gradients (%lld parameters)",
                         (long long)m->params.total);
-    st = m->prec == SBP_FP64 ? sbp_engine_grad_f64(&res->loss, res->grads, m, b, &eo, lg, err)
-                             : sbp_engine_grad_f32(&res->loss, res->grads, m, b, &eo, lg, err);
+    for (int i = 0; i < n && !st; i++) {
+        sbp_obj_eval ev;
+        sbp_engine_resolve(&eo, opts, batches[i].T, err);
+        if ((st = sbp_obj_begin(&ev, &so, &batches[i], err))) break;
+        eo.ev = &ev;
+        st = engine(&res->loss, res->grads, m, &batches[i], &eo, lg, err);
+        sbp_obj_end(&ev);
+        res->n_targets += batches[i].n_targets;
+    }
     if (st) {
         sbp_grad_result_free(res, lg);
         return st;
     }
-    res->n_targets = b->n_targets;
     res->block = eo.block, res->chunk = eo.chunk, res->logit_chunk = eo.logit_chunk;
     return SBP_OK;
+}
+
+sbp_status sbp_grad(sbp_grad_result *res, const sbp_model *m, const sbp_batch *b,
+                    const sbp_grad_opts *opts, sbp_ledger *lg, sbp_err *err) {
+    return sbp_grad_batches(res, m, b, 1, opts, lg, err);
 }
 
 void sbp_grad_result_free(sbp_grad_result *res, sbp_ledger *lg) {
     sbp_ledger_free(lg, res->grads);
     memset(res, 0, sizeof *res);
+}
+
+sbp_status sbp_logprobs(double *logp, const sbp_model *m, const sbp_batch *b,
+                        const sbp_grad_opts *opts, double temperature, sbp_ledger *lg,
+                        sbp_err *err) {
+    double tau = temperature ? temperature : 1;
+    if (!(tau > 0) || !isfinite(tau))
+        return sbp_fail(err, SBP_EUSAGE, "the temperature must be > 0 and finite (got %g)", tau);
+    sbp_grad_opts g = *opts;
+    g.schedule = SBP_STREAM;
+    sbp_engine_opts eo;
+    sbp_status st = sbp_engine_resolve(&eo, &g, b->T, err);
+    if (st) return st;
+    eo.logp_out = logp;
+    eo.inv_tau = 1 / tau;
+    memset(logp, 0, sizeof(double) * (size_t)b->B * b->T);
+    double unused = 0;
+    return engine(&unused, NULL, m, b, &eo, lg, err);
 }

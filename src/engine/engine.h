@@ -13,6 +13,7 @@
 #ifndef SBP_ENGINE_H
 #define SBP_ENGINE_H
 
+#include "../core/objective.h"
 #include "../kernels/kernels.h"
 #include "../streambp.h"
 
@@ -126,26 +127,34 @@ void kv_backward(const eng *e, real *dx, layer_p *gw, kv_work *kvg, const kv_act
 
 /* ---- the LM head and the objective (head.c) ------------------------------------------------- */
 
-/* Final norm, logits in passes of `rows` rows, loss, and the backward down to dH. For each
- * sequence b: dh[b] (T, C) is written (+=), the head, final-norm (and tied embedding) gradients
- * accumulate. logits: a buffer of rows·V reals (or B·T·V when materialised; `stride_b` says how
- * far apart the sequences' logits are, 0 to reuse one buffer). Returns the loss sum in *loss. */
+/* Final norm, logits in passes of `rows` rows, the objective, and the backward down to dH.
+ * For each sequence b: dh[b] (T, C) is written (+=), the head, final-norm (and tied embedding)
+ * gradients accumulate, and the loss terms are added to *loss. logits: rows·V reals, or B·T·V
+ * when materialised (`stride_b` apart per sequence; 0 reuses one buffer). needs_logps: run
+ * DPO's forward-only first pass. */
 int head_step(eng *e, double *loss, real *dh /* (B, T, C) */, const real *hL /* (B, T, C) */,
-              const sbp_batch *b, real *logits, size_t stride_b, int rows,
-              const sbp_objective *obj);
+              const sbp_batch *b, real *logits, size_t stride_b, int rows, sbp_obj_eval *ev,
+              int needs_logps);
+/* Forward only: the log-prob of every target (B·T, by predicting position; 0 elsewhere). */
+int head_logprobs(eng *e, double *logp, const real *hL /* (B, T, C) */, const sbp_batch *b,
+                  int rows, double inv_tau);
 
 /* ---- schedules (full.c, ckpt.c, stream.c) ---------------------------------------------------- */
 
 typedef struct {
-    int chunk;       /* stream layer chunk */
-    int logit_rows;  /* rows per logits pass */
-    int materialise; /* one B·T·V logits buffer */
-    const sbp_objective *objective;
+    int chunk;        /* stream layer chunk */
+    int logit_rows;   /* rows per logits pass */
+    int materialise;  /* one B·T·V logits buffer */
+    sbp_obj_eval *ev; /* the objective (NULL when planning) */
+    int needs_logps;  /* DPO: the head's forward-only first pass */
+    double inv_tau;   /* forward-only runs: 1 / temperature */
 } sched_opts;
 
 int schedule_full(eng *e, double *loss, const sbp_batch *b, const sched_opts *o);
 int schedule_ckpt(eng *e, double *loss, const sbp_batch *b, const sched_opts *o);
 int schedule_stream(eng *e, double *loss, const sbp_batch *b, const sched_opts *o);
+/* forward.c: forward only, streamed; logp as head_logprobs */
+int schedule_forward(eng *e, double *logp, const sbp_batch *b, const sched_opts *o);
 
 /* Shared by the schedules (steps.c): embedding forward of all sequences, the head step with its
  * logits buffer, and the embedding backward. */

@@ -9,9 +9,11 @@
 #include <stdio.h>
 #include <string.h>
 
+/* A tensor of the slab; NULL when the family has none, or when there is no slab (a forward-only
+ * run has no gradients). */
 static real *view(real *slab, const sbp_params *ps, sbp_param_kind kind, int layer) {
     int64_t off = sbp_params_offset(ps, kind, layer);
-    return off < 0 ? NULL : slab + off;
+    return off < 0 || !slab ? NULL : slab + off;
 }
 
 static void layer_views(layer_p *lp, real *slab, const sbp_params *ps, int l) {
@@ -47,7 +49,7 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
              .elem_bytes = o->plan ? o->elem_bytes : (int)sizeof(real),
              .bf16 = o->emulate_bf16};
     real *w = m->w, *g = grads;
-    layer_p lw[c->layers], lgv[c->layers];
+    layer_p lw[c->layers], lgv[c->layers]; /* (L) weight and gradient views */
     for (int l = 0; l < c->layers; l++) {
         layer_views(&lw[l], w, &m->params, l);
         layer_views(&lgv[l], g, &m->params, l);
@@ -71,21 +73,23 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
         sched_opts so = {.chunk = o->chunk,
                          .logit_rows = o->logit_chunk,
                          .materialise = o->materialise,
-                         .objective = &o->objective};
-        double sum = 0;
-        if (o->schedule == SBP_FULL)
-            ok = schedule_full(&e, &sum, b, &so);
+                         .ev = o->ev,
+                         .needs_logps = o->needs_logps,
+                         .inv_tau = o->inv_tau};
+        if (o->logp_out)
+            ok = schedule_forward(&e, o->logp_out, b, &so);
+        else if (o->schedule == SBP_FULL)
+            ok = schedule_full(&e, loss, b, &so);
         else if (o->schedule == SBP_CKPT)
-            ok = schedule_ckpt(&e, &sum, b, &so);
+            ok = schedule_ckpt(&e, loss, b, &so);
         else
-            ok = schedule_stream(&e, &sum, b, &so);
-        *loss = e.plan ? 0 : sum;
+            ok = schedule_stream(&e, loss, b, &so);
     }
     efree(&e, cos_t), efree(&e, sin_t);
     if (!ok)
         return sbp_fail(err, SBP_ENOMEM, "out of memory allocating the %s (%s schedule, T = %d)",
                         e.oom_what, sbp_schedule_name(o->schedule), b->T);
-    if (e.plan) return SBP_OK;
+    if (e.plan || o->logp_out) return SBP_OK;
     if (e.bf16) round_to_bf16(g, (size_t)m->params.total); /* bf16 .grad tensors */
     if (!isfinite(*loss)) return sbp_fail(err, SBP_ENUMERIC, "the loss is not finite (%g)", *loss);
     for (int i = 0; i < m->params.n; i++) {

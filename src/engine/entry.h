@@ -3,6 +3,7 @@
 #ifndef SBP_ENTRY_H
 #define SBP_ENTRY_H
 
+#include "../core/objective.h"
 #include "../streambp.h"
 
 typedef struct {
@@ -11,14 +12,18 @@ typedef struct {
     int materialise;               /* full/ckpt: one B·T·V logits buffer */
     int plan;                      /* planning run: allocate only (the ledger must be planning) */
     int elem_bytes;                /* planning: bytes charged per stored element */
-    sbp_objective objective;
+    sbp_obj_eval *ev;              /* the objective (NULL when planning) */
+    int needs_logps;               /* DPO: the head's forward-only first pass */
     int emulate_bf16;
+    double *logp_out; /* non-NULL: forward only, every target's log-prob (B·T) */
+    double inv_tau;   /* forward only: 1 / temperature */
 } sbp_engine_opts;
 
 /* Applies defaults and clamping to the user's options for a batch of T tokens. */
 sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, int T, sbp_err *err);
 
-/* loss: the mean loss; grads: (params.total) zeroed reals of the model's precision. */
+/* loss: added to (the objective's loss); grads: (params.total) reals of the model's precision,
+ * added to (zeroed by the caller for a fresh step). */
 sbp_status sbp_engine_grad_f32(double *loss, void *grads, const sbp_model *m, const sbp_batch *b,
                                const sbp_engine_opts *o, sbp_ledger *lg, sbp_err *err);
 sbp_status sbp_engine_grad_f64(double *loss, void *grads, const sbp_model *m, const sbp_batch *b,

@@ -38,8 +38,7 @@ int run_head(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
     if (!logits) return 0;
     int rows = o->materialise ? e->T : o->logit_rows;
     size_t stride = o->materialise ? (size_t)e->T * V : 0;
-    *loss = 0;
-    int ok = head_step(e, loss, dh, hL, b, logits, stride, rows, o->objective);
+    int ok = head_step(e, loss, dh, hL, b, logits, stride, rows, o->ev, o->needs_logps);
     efree(e, logits);
     return ok;
 }

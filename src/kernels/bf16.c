@@ -13,6 +13,8 @@ static float to_bf16(float f) {
     return f;
 }
 
+/* In the double build the value is rounded to float first, so it can round twice; the engine
+ * emulates bf16 only in the float build (sbp_grad refuses a float64 model). */
 void round_to_bf16(real *x, size_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (size_t i = 0; i < n; i++) x[i] = (real)to_bf16((float)x[i]);

@@ -1,0 +1,163 @@
+/* objopts.c — the objective options shared by `grad` and `verify`, and the reference-model
+ * pass that fills a batch's reference log-probs. */
+#include "objopts.h"
+#include "../core/err.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char obj_usage[] =
+    "objective (names as in TRL; formulas in ref/SEMANTICS.md):\n"
+    "  --objective O          sft | dpo | grpo (default sft)\n"
+    "  --loss-type L          dpo: sigmoid | ipo; grpo: grpo | bnpo | dr_grpo | dapo\n"
+    "  --beta X               dpo: beta (default 0.1); grpo: KL coefficient (default 0)\n"
+    "  --label-smoothing X    dpo sigmoid (default 0)\n"
+    "  --epsilon-low X        grpo clip range [1 - low, 1 + high] (defaults 0.2, 0.2)\n"
+    "  --epsilon-high X\n"
+    "  --temperature X        grpo: logits / X (default 1)\n"
+    "  --max-completion-length N   grpo dr_grpo normaliser (default T)\n"
+    "  --no-scale-rewards     grpo: advantages r - mean, not (r - mean) / (std + 1e-4)\n"
+    "  --ref-model DIR        reference log-probs from this model (dpo, grpo) instead of the batch\n";
+
+void obj_args_init(obj_args *a) {
+    memset(a, 0, sizeof *a);
+    a->scale_rewards = 1;
+    a->obj.epsilon_low = a->obj.epsilon_high = 0.2;
+    a->obj.temperature = 1;
+}
+
+static int number(const char *cmd, const char *opt, const char *text, double *out) {
+    char *end;
+    double v = strtod(text, &end);
+    if (end == text || *end || !isfinite(v) || v < 0) {
+        fprintf(stderr, "streambp %s: --%s must be a finite number >= 0, got \"%s\"\n", cmd, opt,
+                text);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+int obj_args_option(obj_args *a, const char *cmd, int code, const char *arg) {
+    sbp_objective *o = &a->obj;
+    switch (code) {
+    case OBJ_OPT_OBJECTIVE:
+        if (strcmp(arg, "sft") == 0) o->kind = SBP_OBJ_SFT;
+        else if (strcmp(arg, "dpo") == 0) o->kind = SBP_OBJ_DPO;
+        else if (strcmp(arg, "grpo") == 0) o->kind = SBP_OBJ_GRPO;
+        else {
+            fprintf(stderr, "streambp %s: --objective must be sft, dpo or grpo, got \"%s\"\n", cmd,
+                    arg);
+            return 0;
+        }
+        return 1;
+    case OBJ_OPT_LOSS_TYPE: a->loss_type = arg; return 1;
+    case OBJ_OPT_BETA: a->beta_set = 1; return number(cmd, "beta", arg, &o->beta);
+    case OBJ_OPT_LABEL_SMOOTHING: return number(cmd, "label-smoothing", arg, &o->label_smoothing);
+    case OBJ_OPT_EPS_LOW: return number(cmd, "epsilon-low", arg, &o->epsilon_low);
+    case OBJ_OPT_EPS_HIGH: return number(cmd, "epsilon-high", arg, &o->epsilon_high);
+    case OBJ_OPT_TEMPERATURE:
+        if (!number(cmd, "temperature", arg, &o->temperature)) return 0;
+        if (o->temperature == 0) {
+            fprintf(stderr, "streambp %s: --temperature must be > 0\n", cmd);
+            return 0;
+        }
+        return 1;
+    case OBJ_OPT_MAX_COMPLETION: {
+        double v;
+        if (!number(cmd, "max-completion-length", arg, &v) || v < 1 || v != floor(v)) {
+            fprintf(stderr, "streambp %s: --max-completion-length must be a positive integer\n",
+                    cmd);
+            return 0;
+        }
+        o->max_completion_length = (int)v;
+        return 1;
+    }
+    case OBJ_OPT_NO_SCALE: a->scale_rewards = 0; return 1;
+    case OBJ_OPT_REF_MODEL: a->ref_model = arg; return 1;
+    }
+    return 0;
+}
+
+int obj_args_finish(obj_args *a, const char *cmd) {
+    sbp_objective *o = &a->obj;
+    if (o->kind == SBP_OBJ_DPO && !a->beta_set) o->beta = 0.1;
+    if (a->loss_type) {
+        static const char *dpo[] = {"sigmoid", "ipo"};
+        static const char *grpo[] = {"grpo", "bnpo", "dr_grpo", "dapo"};
+        int found = 0;
+        if (o->kind == SBP_OBJ_DPO)
+            for (int i = 0; i < 2; i++)
+                if (strcmp(a->loss_type, dpo[i]) == 0) o->dpo_loss = (sbp_dpo_loss)i, found = 1;
+        if (o->kind == SBP_OBJ_GRPO)
+            for (int i = 0; i < 4; i++)
+                if (strcmp(a->loss_type, grpo[i]) == 0) o->grpo_loss = (sbp_grpo_loss)i, found = 1;
+        if (!found) {
+            fprintf(stderr,
+                    "streambp %s: --loss-type \"%s\" does not apply to --objective %s (dpo: sigmoid, "
+                    "ipo; grpo: grpo, bnpo, dr_grpo, dapo)\n",
+                    cmd, a->loss_type, obj_kind_name(o->kind));
+            return 0;
+        }
+    }
+    if (a->ref_model && o->kind == SBP_OBJ_SFT) {
+        fprintf(stderr, "streambp %s: --ref-model applies to dpo and grpo\n", cmd);
+        return 0;
+    }
+    return 1;
+}
+
+const char *obj_kind_name(sbp_objective_kind k) {
+    return k == SBP_OBJ_DPO ? "dpo" : k == SBP_OBJ_GRPO ? "grpo" : "sft";
+}
+
+const char *obj_loss_name(const sbp_objective *o) {
+    static const char *dpo[] = {"sigmoid", "ipo"}, *grpo[] = {"grpo", "bnpo", "dr_grpo", "dapo"};
+    return o->kind == SBP_OBJ_DPO ? dpo[o->dpo_loss] : o->kind == SBP_OBJ_GRPO ? grpo[o->grpo_loss] : "-";
+}
+
+sbp_status obj_reference(const obj_args *a, sbp_batch *b, int n, const sbp_config *policy,
+                         sbp_precision prec, const sbp_grad_opts *g, sbp_ledger *lg,
+                         sbp_err *err) {
+    if (!a->ref_model) return SBP_OK;
+    sbp_model ref;
+    sbp_status st = sbp_model_load(&ref, a->ref_model, prec, lg, err);
+    if (st) return st;
+    if (ref.cfg.vocab != policy->vocab) {
+        sbp_model_free(&ref, lg);
+        return sbp_fail(err, SBP_EINPUT,
+                            "%s: the reference model's vocabulary (%d) differs from the policy's (%d)",
+                            a->ref_model, ref.cfg.vocab, policy->vocab);
+    }
+    for (int i = 0; i < n && !st; i++) {
+        const int B = b[i].B, T = b[i].T;
+        double *logp = malloc(sizeof(double) * (size_t)B * T);
+        if (!logp) {
+            st = sbp_fail(err, SBP_ENOMEM, "out of memory");
+            break;
+        }
+        double tau = a->obj.kind == SBP_OBJ_GRPO ? a->obj.temperature : 1;
+        st = sbp_logprobs(logp, &ref, &b[i], g, tau, lg, err);
+        if (!st && a->obj.kind == SBP_OBJ_DPO) { /* the row statistic: sum, or mean for ipo */
+            free(b[i].ref_seq_logps);
+            b[i].ref_seq_logps = calloc((size_t)B, sizeof(double));
+            for (int r = 0; r < B && b[i].ref_seq_logps; r++) {
+                int cnt = 0;
+                for (int t = 0; t + 1 < T; t++)
+                    if (b[i].labels[(size_t)r * T + t + 1] != SBP_IGNORE)
+                        b[i].ref_seq_logps[r] += logp[(size_t)r * T + t], cnt++;
+                if (a->obj.dpo_loss == SBP_DPO_IPO && cnt) b[i].ref_seq_logps[r] /= cnt;
+            }
+            free(logp);
+        } else if (!st) {
+            free(b[i].ref_logps);
+            b[i].ref_logps = logp;
+        } else {
+            free(logp);
+        }
+    }
+    sbp_model_free(&ref, lg);
+    return st;
+}
