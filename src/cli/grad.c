@@ -1,5 +1,6 @@
 /* grad.c — `streambp grad`: one forward + backward step, the gradient written under HF names. */
 #include "cli.h"
+#include "objopts.h"
 
 #include <getopt.h>
 #include <omp.h>
@@ -7,13 +8,15 @@
 #include <string.h>
 
 static const char usage[] =
-    "usage: streambp grad --model DIR --batch FILE [options]\n"
+    "usage: streambp grad --model DIR --batch FILE [--batch FILE ...] [options]\n"
     "\n"
-    "Computes the SFT loss of the batch and the gradient of every parameter, prints the loss and\n"
-    "the memory ledger, and writes the gradient (safetensors, HF names, F32 or F64).\n"
+    "Computes the loss of the batch and the gradient of every parameter, prints the loss and the\n"
+    "memory ledger, and writes the gradient (safetensors, HF names, F32 or F64). Several --batch\n"
+    "files are the micro-batches of one step (gradient accumulation), normalised as the\n"
+    "concatenated batch would be.\n"
     "\n"
     "  --model DIR          HF model directory (config.json + model.safetensors or shards)\n"
-    "  --batch FILE         batch (safetensors): input_ids, labels, optional attention_mask\n"
+    "  --batch FILE         batch (safetensors); formats in README \"Objectives\"\n"
     "  --out FILE           gradient file to write (nothing is written without it)\n"
     "  --schedule S         full | ckpt | stream (default stream)\n"
     "  --chunk N            stream: tokens per layer chunk (default 4 blocks; clamped to T)\n"
@@ -22,15 +25,23 @@ static const char usage[] =
     "  --chunked-logits     full/ckpt: chunk the logits too instead of materialising B*T*V\n"
     "  --block N            token block of every reduction over tokens (default 256); full,\n"
     "                       ckpt and stream agree bit for bit when chunks are multiples of it\n"
-    "  --precision P        fp32 | fp64 (default fp32)\n"
+    "  --precision P        fp32 | fp64 | bf16 (default fp32; bf16: the float32 engine rounding\n"
+    "                       weights, every stored tensor and the gradients to bfloat16)\n"
     "  --threads N          OpenMP/OpenBLAS threads (default: all cores)\n"
-    "  --json               print a JSON object instead of the text report\n";
+    "  --json               print a JSON object instead of the text report\n"
+    "\n";
+
+#define MAX_BATCHES 64
 
 typedef struct {
-    const char *model, *batch, *out;
+    const char *model, *out;
+    const char *batch[MAX_BATCHES];
+    int n_batches;
     sbp_grad_opts g;
     sbp_precision prec;
+    int bf16; /* --precision bf16 */
     int threads, json;
+    obj_args obj;
 } grad_args;
 
 static int parse(grad_args *a, int argc, char **argv) {
@@ -46,8 +57,10 @@ static int parse(grad_args *a, int argc, char **argv) {
                                          {"threads", required_argument, 0, 't'},
                                          {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},
+                                         OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
     memset(a, 0, sizeof *a);
+    obj_args_init(&a->obj);
     a->g.schedule = SBP_STREAM;
     a->threads = omp_get_num_procs();
     int c;
@@ -55,7 +68,13 @@ static int parse(grad_args *a, int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'm': a->model = optarg; break;
-        case 'b': a->batch = optarg; break;
+        case 'b':
+            if (a->n_batches == MAX_BATCHES) {
+                fprintf(stderr, "streambp grad: at most %d --batch files\n", MAX_BATCHES);
+                return EXIT_USAGE;
+            }
+            a->batch[a->n_batches++] = optarg;
+            break;
         case 'o': a->out = optarg; break;
         case 's':
             if (!sbp_schedule_parse(optarg, &a->g.schedule)) {
@@ -83,34 +102,75 @@ static int parse(grad_args *a, int argc, char **argv) {
             if (!parse_pos_int("grad", "threads", optarg, &a->threads)) return EXIT_USAGE;
             break;
         case 'j': a->json = 1; break;
-        case 'h': fputs(usage, stdout); return -1;
-        default: fputs(usage, stderr); return EXIT_USAGE;
+        case 'h': printf("%s%s", usage, obj_usage); return -1;
+        default:
+            if (c >= OBJ_OPT_OBJECTIVE && c <= OBJ_OPT_REF_MODEL) {
+                if (!obj_args_option(&a->obj, "grad", c, optarg)) return EXIT_USAGE;
+                break;
+            }
+            fputs(usage, stderr);
+            return EXIT_USAGE;
         }
     }
     if (optind < argc) {
         fprintf(stderr, "streambp grad: unexpected argument \"%s\"\n", argv[optind]);
         return EXIT_USAGE;
     }
-    if (!a->model || !a->batch) {
+    if (!a->model || !a->n_batches) {
         fprintf(stderr, "streambp grad: --model and --batch are required\n%s", usage);
         return EXIT_USAGE;
     }
+    if (!obj_args_finish(&a->obj, "grad")) return EXIT_USAGE;
+    a->g.objective = a->obj.obj;
+    a->g.emulate_bf16 = a->bf16;
     return 0;
+}
+
+static const char *prec_name(const grad_args *a) {
+    return a->bf16 ? "bf16 (emulated)" : a->prec == SBP_FP64 ? "fp64" : "fp32";
+}
+
+/* The batches taken together: what the report shows. */
+typedef struct {
+    int rows, T;          /* rows of all micro-batches; the longest T */
+    int64_t targets, pad_targets;
+} batch_totals;
+
+static batch_totals totals(const sbp_batch *b, int n) {
+    batch_totals t = {0};
+    for (int i = 0; i < n; i++) {
+        t.rows += b[i].B;
+        t.T = b[i].T > t.T ? b[i].T : t.T;
+        t.targets += b[i].n_targets, t.pad_targets += b[i].n_pad_targets;
+    }
+    return t;
 }
 
 static void print_text(const grad_args *a, const sbp_model *m, const sbp_batch *b,
                        const sbp_grad_result *r, const sbp_ledger *lg, double secs) {
     const sbp_config *c = &m->cfg;
+    const batch_totals bt = totals(b, a->n_batches);
+    const sbp_objective *o = &a->g.objective;
     printf("model     %s: %s, L=%d C=%d heads %d/%d head_dim %d F=%d V=%d%s\n", a->model,
            c->model_type, c->layers, c->hidden, c->heads, c->kv_heads, c->head_dim, c->ffn,
            c->vocab, c->tied ? ", tied embeddings" : "");
-    printf("batch     %s: B=%d T=%d, %lld targets", a->batch, b->B, b->T, (long long)b->n_targets);
-    if (b->n_pad_targets)
-        printf(" (%lld predicted from padded positions; see ref/SEMANTICS.md)",
-               (long long)b->n_pad_targets);
+    for (int i = 0; i < a->n_batches; i++)
+        printf("batch     %s: %d rows, T=%d, %lld targets\n", a->batch[i], b[i].B, b[i].T,
+               (long long)b[i].n_targets);
+    if (bt.pad_targets)
+        printf("          (%lld targets predicted from padded positions; see ref/SEMANTICS.md)\n",
+               (long long)bt.pad_targets);
+    printf("objective %s", obj_kind_name(o->kind));
+    if (o->kind == SBP_OBJ_DPO)
+        printf(", loss %s, beta %g, label smoothing %g", obj_loss_name(o), o->beta,
+               o->label_smoothing);
+    if (o->kind == SBP_OBJ_GRPO)
+        printf(", loss %s, beta %g, epsilon [%g, %g], temperature %g", obj_loss_name(o), o->beta,
+               o->epsilon_low, o->epsilon_high, o->temperature);
+    if (a->obj.ref_model) printf(", reference model %s", a->obj.ref_model);
     printf("\nschedule  %s, %s, block %d, chunk %d, logit chunk %d%s, %d threads\n",
-           sbp_schedule_name(a->g.schedule), a->prec == SBP_FP64 ? "fp64" : "fp32", r->block,
-           a->g.schedule == SBP_STREAM ? r->chunk : b->T, r->logit_chunk,
+           sbp_schedule_name(a->g.schedule), prec_name(a), r->block,
+           a->g.schedule == SBP_STREAM ? r->chunk : bt.T, r->logit_chunk,
            a->g.schedule != SBP_STREAM && !a->g.chunked_logits ? " (materialised B*T*V)" : "",
            a->threads);
     printf("loss      %.17g\n", r->loss);
@@ -123,18 +183,21 @@ static void print_text(const grad_args *a, const sbp_model *m, const sbp_batch *
 
 static void print_json(const grad_args *a, const sbp_model *m, const sbp_batch *b,
                        const sbp_grad_result *r, const sbp_ledger *lg, double secs) {
+    const batch_totals bt = totals(b, a->n_batches);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model", a->model);
     cJSON_AddStringToObject(o, "model_type", m->cfg.model_type);
-    cJSON_AddStringToObject(o, "batch", a->batch);
-    cJSON_AddNumberToObject(o, "B", b->B);
-    cJSON_AddNumberToObject(o, "T", b->T);
-    cJSON_AddNumberToObject(o, "n_targets", (double)b->n_targets);
-    cJSON_AddNumberToObject(o, "n_pad_targets", (double)b->n_pad_targets);
+    cJSON_AddItemToObject(o, "batches", cJSON_CreateStringArray(a->batch, a->n_batches));
+    cJSON_AddNumberToObject(o, "rows", bt.rows);
+    cJSON_AddNumberToObject(o, "T", bt.T);
+    cJSON_AddNumberToObject(o, "n_targets", (double)bt.targets);
+    cJSON_AddNumberToObject(o, "n_pad_targets", (double)bt.pad_targets);
+    cJSON_AddStringToObject(o, "objective", obj_kind_name(a->g.objective.kind));
+    cJSON_AddStringToObject(o, "loss_type", obj_loss_name(&a->g.objective));
     cJSON_AddStringToObject(o, "schedule", sbp_schedule_name(a->g.schedule));
-    cJSON_AddStringToObject(o, "precision", a->prec == SBP_FP64 ? "fp64" : "fp32");
+    cJSON_AddStringToObject(o, "precision", prec_name(a));
     cJSON_AddNumberToObject(o, "block", r->block);
-    cJSON_AddNumberToObject(o, "chunk", a->g.schedule == SBP_STREAM ? r->chunk : b->T);
+    cJSON_AddNumberToObject(o, "chunk", a->g.schedule == SBP_STREAM ? r->chunk : bt.T);
     cJSON_AddNumberToObject(o, "logit_chunk", r->logit_chunk);
     cJSON_AddBoolToObject(o, "materialised_logits",
                           a->g.schedule != SBP_STREAM && !a->g.chunked_logits);
@@ -152,6 +215,36 @@ static void print_json(const grad_args *a, const sbp_model *m, const sbp_batch *
     cJSON_Delete(o);
 }
 
+/* The run's settings as __metadata__ of the gradient file (key, value pairs). */
+static sbp_status save(const grad_args *a, const sbp_model *m, const sbp_batch *b,
+                       const sbp_grad_result *r, sbp_err *err) {
+    const sbp_objective *o = &a->g.objective;
+    char v[12][48], batches[1024] = "";
+    for (int i = 0; i < a->n_batches; i++)
+        snprintf(batches + strlen(batches), sizeof batches - strlen(batches), "%s%s",
+                 i ? "," : "", a->batch[i]);
+    snprintf(v[0], 48, "%.17g", r->loss);
+    snprintf(v[1], 48, "%lld", (long long)r->n_targets);
+    snprintf(v[2], 48, "%d", r->block);
+    snprintf(v[3], 48, "%d", a->g.schedule == SBP_STREAM ? r->chunk : totals(b, a->n_batches).T);
+    snprintf(v[4], 48, "%d", r->logit_chunk);
+    snprintf(v[5], 48, "%d", a->threads);
+    snprintf(v[6], 48, "%.17g", o->beta);
+    snprintf(v[7], 48, "%.17g", o->label_smoothing);
+    snprintf(v[8], 48, "%.17g", o->epsilon_low);
+    snprintf(v[9], 48, "%.17g", o->epsilon_high);
+    snprintf(v[10], 48, "%.17g", o->temperature);
+    const char *meta[] = {
+        "loss", v[0], "n_targets", v[1], "objective", obj_kind_name(o->kind),
+        "loss_type", obj_loss_name(o), "schedule", sbp_schedule_name(a->g.schedule),
+        "precision", prec_name(a), "block", v[2], "chunk", v[3], "logit_chunk", v[4],
+        "threads", v[5], "model", a->model, "batch", batches,
+        "implementation", "streambp " SBP_VERSION,
+        o->kind == SBP_OBJ_SFT ? NULL : "beta", v[6], "label_smoothing", v[7],
+        "epsilon_low", v[8], "epsilon_high", v[9], "temperature", v[10], NULL};
+    return sbp_grads_save(a->out, &m->params, a->prec, r->grads, meta, err);
+}
+
 int cmd_grad(int argc, char **argv) {
     grad_args a;
     int rc = parse(&a, argc, argv);
@@ -160,60 +253,26 @@ int cmd_grad(int argc, char **argv) {
     sbp_err err = {0};
     sbp_ledger lg = {0};
     sbp_model m;
-    sbp_batch b;
+    sbp_batch b[MAX_BATCHES] = {{0}};
     sbp_grad_result r = {0};
+    sbp_status st = SBP_OK;
     if (a.out && sbp_check_writable(a.out, &err)) return report_error("grad", &err);
     if (sbp_model_load(&m, a.model, a.prec, &lg, &err)) return report_error("grad", &err);
-    if (sbp_batch_load(&b, a.batch, &m.cfg, &err)) {
-        sbp_model_free(&m, &lg);
-        return report_error("grad", &err);
-    }
+    if (a.bf16) sbp_model_round_bf16(&m);
+    for (int i = 0; i < a.n_batches && !st; i++)
+        st = sbp_batch_load_as(&b[i], a.batch[i], &m.cfg, a.g.objective.kind,
+                               a.obj.scale_rewards, &err);
+    if (!st) st = obj_reference(&a.obj, b, a.n_batches, &m.cfg, a.prec, &a.g, &lg, &err);
     double t0 = now_seconds();
-    sbp_status st = sbp_grad(&r, &m, &b, &a.g, &lg, &err);
+    if (!st) st = sbp_grad_batches(&r, &m, b, a.n_batches, &a.g, &lg, &err);
     double secs = now_seconds() - t0;
-    if (!st && a.out) {
-        char loss[40], n[24], block[16], chunk[16], lchunk[16], threads[16];
-        snprintf(loss, sizeof loss, "%.17g", r.loss);
-        snprintf(n, sizeof n, "%lld", (long long)r.n_targets);
-        snprintf(block, sizeof block, "%d", r.block);
-        snprintf(chunk, sizeof chunk, "%d", a.g.schedule == SBP_STREAM ? r.chunk : b.T);
-        snprintf(lchunk, sizeof lchunk, "%d", r.logit_chunk);
-        snprintf(threads, sizeof threads, "%d", a.threads);
-        const char *meta[] = {"loss",
-                              loss,
-                              "n_targets",
-                              n,
-                              "objective",
-                              "sft",
-                              "schedule",
-                              sbp_schedule_name(a.g.schedule),
-                              "precision",
-                              a.prec == SBP_FP64 ? "fp64" : "fp32",
-                              "block",
-                              block,
-                              "chunk",
-                              chunk,
-                              "logit_chunk",
-                              lchunk,
-                              "threads",
-                              threads,
-                              "model",
-                              a.model,
-                              "batch",
-                              a.batch,
-                              "implementation",
-                              "streambp " SBP_VERSION,
-                              NULL};
-        st = sbp_grads_save(a.out, &m.params, a.prec, r.grads, meta, &err);
-    }
+    if (!st && a.out) st = save(&a, &m, b, &r, &err);
     if (!st) {
-        if (a.json)
-            print_json(&a, &m, &b, &r, &lg, secs);
-        else
-            print_text(&a, &m, &b, &r, &lg, secs);
-        sbp_grad_result_free(&r, &lg);
+        if (a.json) print_json(&a, &m, b, &r, &lg, secs);
+        else print_text(&a, &m, b, &r, &lg, secs);
     }
-    sbp_batch_free(&b);
+    sbp_grad_result_free(&r, &lg);
+    for (int i = 0; i < a.n_batches; i++) sbp_batch_free(&b[i]);
     sbp_model_free(&m, &lg);
     return st ? report_error("grad", &err) : 0;
 }
