@@ -276,6 +276,12 @@ void sbp_grad_result_free(sbp_grad_result *res, sbp_ledger *lg);
 sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_batch *batches,
                             int n, const sbp_grad_opts *opts, sbp_ledger *lg, sbp_err *err);
 
+/* Fills the batch's reference log-probs from a reference model (a streamed forward pass):
+ * DPO: each row's sum of target log-probs (the mean for ipo); GRPO: per token, at the
+ * objective's temperature. Replaces what the batch file held. */
+sbp_status sbp_batch_set_reference(sbp_batch *b, const sbp_model *ref, const sbp_objective *o,
+                                   const sbp_grad_opts *g, sbp_ledger *lg, sbp_err *err);
+
 /* Forward only, streamed: logp[b·T + t] = log softmax(logits[b,t] / temperature)[labels[b][t+1]]
  * for every target, 0 elsewhere (a reference model's log-probs for DPO and GRPO). Only the
  * chunk, block and logit-chunk options are used. */

@@ -177,7 +177,7 @@ START_TEST(bad_hyper_parameters) {
     expect(DPO, "--objective dpo --beta -1", "--beta must be a finite number >= 0");
     expect(DPO, "--objective dpo --beta nan", "--beta must be a finite number >= 0");
     expect(DPO, "--objective dpo --beta 0", "DPO needs beta > 0");
-    expect(DPO, "--objective dpo --label-smoothing 1", "label smoothing");
+    expect(DPO, "--objective dpo --label-smoothing 0.6", "label smoothing must be in [0, 0.5]");
     expect(GRPO, "--objective grpo --temperature 0", "--temperature must be > 0");
     expect(GRPO, "--objective grpo --temperature inf", "--temperature must be a finite number");
     expect(GRPO, "--objective grpo --epsilon-low -0.1", "--epsilon-low must be a finite number");

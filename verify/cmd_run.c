@@ -1,6 +1,7 @@
 /* cmd_run.c — `streambp verify [options]`: the full comparison matrix on one model and batch,
  * by default the bundled one. */
 #include "../src/cli/cli.h"
+#include "../src/cli/objopts.h"
 #include "defaults.h"
 #include "run.h"
 #include "verify.h"
@@ -28,12 +29,12 @@ static const char usage[] =
     "  --precisions LIST  subset of fp32,fp64 (default both)\n"
     "  --threads LIST     thread counts, e.g. 1,2 (default 1,2; the first is the reference)\n"
     "  --block N          token block (default 16 when T < 1024, else 256)\n"
-    "  --objective sft    the objective (only sft so far)\n"
     "  --no-ref           take float64 full BP as the truth (ref/ is naive: use for large models)\n"
     "  --slack X          fp32 budget factor (default 4)\n"
     "  --failures-only    print only rows that fail\n"
     "  --json             JSON instead of the tables\n"
-    "Exit status: 0 every promise holds, 1 one is broken, 2 usage or input error.\n";
+    "Exit status: 0 every promise holds, 1 one is broken, 2 usage or input error.\n"
+    "\n";
 
 /* Parses "a,b,c" with each item given to item(); returns 0 on error. */
 static int parse_list(const char *text, const char *opt, int (*item)(const char *, int *), int *out,
@@ -142,14 +143,16 @@ int verify_run(int argc, char **argv) {
                                          {"precisions", required_argument, 0, 'p'},
                                          {"threads", required_argument, 0, 't'},
                                          {"block", required_argument, 0, 'B'},
-                                         {"objective", required_argument, 0, 'o'},
                                          {"no-ref", no_argument, 0, 'n'},
                                          {"slack", required_argument, 0, 'S'},
                                          {"failures-only", no_argument, 0, 'f'},
                                          {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},
+                                         OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
     sbp_verify_opts o = {0};
+    obj_args oa;
+    obj_args_init(&oa);
     int json = 0, failures_only = 0, c, list[8], n;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -176,13 +179,6 @@ int verify_run(int argc, char **argv) {
         case 'B':
             if (!parse_pos_int("verify", "block", optarg, &o.block)) return EXIT_USAGE;
             break;
-        case 'o':
-            if (strcmp(optarg, "sft") != 0) {
-                fprintf(stderr, "streambp verify: --objective \"%s\" is not supported (sft)\n",
-                        optarg);
-                return EXIT_USAGE;
-            }
-            break;
         case 'n': o.no_ref = 1; break;
         case 'S': {
             char *end;
@@ -195,10 +191,18 @@ int verify_run(int argc, char **argv) {
         }
         case 'f': failures_only = 1; break;
         case 'j': json = 1; break;
-        case 'h': fputs(usage, stdout); return 0;
-        default: fputs(usage, stderr); return EXIT_USAGE;
+        case 'h': printf("%s%s", usage, obj_usage); return 0;
+        default:
+            if (c >= OBJ_OPT_OBJECTIVE && c <= OBJ_OPT_REF_MODEL) {
+                if (!obj_args_option(&oa, "verify", c, optarg)) return EXIT_USAGE;
+                break;
+            }
+            fputs(usage, stderr);
+            return EXIT_USAGE;
         }
     }
+    if (!obj_args_finish(&oa, "verify")) return EXIT_USAGE;
+    o.objective = oa.obj, o.scale_rewards = oa.scale_rewards, o.ref_model = oa.ref_model;
     if (optind < argc || !o.model != !o.batch) {
         fprintf(stderr, "streambp verify: give both --model and --batch, or neither\n%s", usage);
         return EXIT_USAGE;

@@ -45,7 +45,8 @@ static sbp_status run(sbp_grad_result *r, ctx *x, sbp_precision p, const run_cfg
                        .block = x->rep->block,
                        .chunk = c->chunk,
                        .logit_chunk = c->logit_chunk,
-                       .chunked_logits = c->chunked_logits};
+                       .chunked_logits = c->chunked_logits,
+                       .objective = x->o->objective};
     x->rep->n_runs++;
     return sbp_grad(r, p == SBP_FP64 ? x->m64 : x->m32, x->b, &g, NULL, err);
 }
@@ -157,8 +158,14 @@ static sbp_status run_precision(ctx *x, sbp_precision p, const run_cfg *cfgs, in
 static sbp_status truth_of(ctx *x, sbp_err *err) {
     const sbp_params *ps = &x->m64->params;
     if (!x->o->no_ref) {
+        const sbp_objective *o = &x->o->objective;
+        const sbp_config *c = &x->m64->cfg;
         x->rep->truth = "ref/ float64 oracle";
-        return ref_sft(&x->rep->truth_loss, x->truth, &x->m64->cfg, ps, x->m64->w, x->b, err);
+        if (o->kind == SBP_OBJ_DPO)
+            return ref_dpo(&x->rep->truth_loss, x->truth, c, ps, x->m64->w, x->b, o, err);
+        if (o->kind == SBP_OBJ_GRPO)
+            return ref_grpo(&x->rep->truth_loss, x->truth, c, ps, x->m64->w, x->b, o, err);
+        return ref_sft(&x->rep->truth_loss, x->truth, c, ps, x->m64->w, x->b, err);
     }
     x->rep->truth = "float64 full BP";
     sbp_grad_result r;
@@ -212,7 +219,15 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
     sbp_batch b = {0};
     sbp_status st = sbp_model_load(&m64, o.model, SBP_FP64, NULL, err);
     if (!st && (precs & (1 << SBP_FP32))) st = sbp_model_load(&m32, o.model, SBP_FP32, NULL, err);
-    if (!st) st = sbp_batch_load(&b, o.batch, &m64.cfg, err);
+    if (!st) st = sbp_batch_load_as(&b, o.batch, &m64.cfg, o.objective.kind, o.scale_rewards, err);
+    if (!st && o.ref_model) { /* the reference statistic, in float64 */
+        sbp_model ref;
+        sbp_grad_opts g = {.block = o.block};
+        if (!(st = sbp_model_load(&ref, o.ref_model, SBP_FP64, NULL, err))) {
+            st = sbp_batch_set_reference(&b, &ref, &o.objective, &g, NULL, err);
+            sbp_model_free(&ref, NULL);
+        }
+    }
     if (st) goto out;
     rep->B = b.B, rep->T = b.T;
     snprintf(rep->model_type, sizeof rep->model_type, "%s", m64.cfg.model_type);

@@ -30,9 +30,12 @@ typedef struct {
     int schedules;  /* bit set of 1 << sbp_schedule; 0: all three */
     int precisions; /* bit set of 1 << sbp_precision; 0: both */
     int threads[4];
-    int n_threads; /* 0: 1 and 2 */
-    int no_ref;    /* truth from float64 full BP instead of ref/ */
-    double slack;  /* fp32 budget factor; 0: 4 */
+    int n_threads;           /* 0: 1 and 2 */
+    int no_ref;              /* truth from float64 full BP instead of ref/ */
+    sbp_objective objective; /* zero: SFT */
+    int scale_rewards;       /* GRPO rewards: divide by the group std */
+    const char *ref_model;   /* DPO/GRPO reference log-probs from this model */
+    double slack;            /* fp32 budget factor; 0: 4 */
 } sbp_verify_opts;
 
 typedef struct {

@@ -6,101 +6,82 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static const sbp_suite_case cases[] = {
-    {"t-not-divisible",
-     "T = 22 is not a multiple of the chunks 8 and 12: a short last chunk",
-     "qwen3-tiny",
-     "suite-t22",
-     4,
-     {8, 12, 5},
-     3},
-    {"chunk-1", "chunk = 1: every token its own chunk", "qwen3-tiny", "sft-tiny", 4, {1}, 1},
-    {"chunk-T", "chunk = T: one chunk per layer", "qwen3-tiny", "sft-tiny", 4, {24}, 1},
-    {"chunk-over-T", "chunk = T + 5: clamped to T", "qwen3-tiny", "sft-tiny", 4, {29}, 1},
-    {"chunk-starts-on-ignored",
-     "chunks start on a -100 label with valid targets right after (prompt masking)",
-     "qwen3-tiny",
-     "suite-chunk-starts-on-ignored",
-     4,
-     {8, 7},
-     2},
-    {"left-padding",
-     "left-padded rows: queries with no visible key",
-     "llama3-tiny",
-     "suite-left-padding",
-     4,
-     {8, 7},
-     2},
-    {"right-padding", "right-padded rows", "qwen2-tiny", "suite-right-padding", 4, {8, 7}, 2},
-    {"unequal-rows",
-     "B = 3: one row with no target, two with very unequal target counts",
-     "qwen3-tiny",
-     "suite-unequal-rows",
-     4,
-     {8, 7},
-     2},
-    {"single-target",
-     "exactly one valid target in the batch",
-     "llama3-tiny",
-     "suite-single-target",
-     4,
-     {8, 7},
-     2},
-    {"target-from-padding",
-     "a valid target predicted from a padded position, and a hole in the attention mask",
-     "qwen3-tiny",
-     "suite-target-from-padding",
-     4,
-     {8, 7},
-     2},
-    {"gqa-1",
-     "GQA 1:1 (Qwen2-tiny: 4 query heads, 4 key/value heads)",
-     "qwen2-tiny",
-     "sft-demo",
-     16,
-     {16, 32, 7},
-     3},
-    {"gqa-2",
-     "GQA 2:1 (Qwen3-tiny: 4 query heads, 2 key/value heads)",
-     "qwen3-tiny",
-     "sft-demo",
-     16,
-     {16, 32, 7},
-     3},
-    {"gqa-4",
-     "GQA 4:1 (Llama3-tiny: 4 query heads, 1 key/value head)",
-     "llama3-tiny",
-     "sft-demo",
-     16,
-     {16, 32, 7},
-     3},
-    {"tied-embeddings",
-     "tied embeddings: one tensor for the embedding and head gradients",
-     "qwen3-tiny",
-     "sft-tiny",
-     4,
-     {8, 7},
-     2},
-    {"qwen3-head-dim",
-     "Qwen3: head_dim 32 != hidden/heads 16, per-head q/k norm",
-     "qwen3-tiny",
-     "suite-left-padding",
-     4,
-     {8, 7},
-     2},
-    {"qwen2-bias", "Qwen2.5: q/k/v biases, untied head", "qwen2-tiny", "sft-tiny", 4, {8, 7}, 2},
-    {"llama3-rope",
-     "Llama-3 RoPE scaling: frequencies in all three llama3 bands",
-     "llama3-tiny",
-     "sft-tiny",
-     4,
-     {8, 7},
-     2},
-};
+/* clang-format off */
+#define CASE(name_, what_, model_, batch_, block_, ...)                                           \
+    {.name = name_, .what = what_, .model = model_, .batch = batch_, .block = block_, __VA_ARGS__}
+#define CHUNKS(...) .chunks = {__VA_ARGS__}, .n_chunks = sizeof((int[]){__VA_ARGS__}) / sizeof(int)
+#define DPO(...) {.kind = SBP_OBJ_DPO, .beta = 0.1, __VA_ARGS__}
+/* GRPO with clip range [1 - lo, 1 + hi] and temperature tau */
+#define GRPO(lo, hi, tau, ...)                                                                    \
+    {.kind = SBP_OBJ_GRPO, .epsilon_low = lo, .epsilon_high = hi, .temperature = tau, __VA_ARGS__}
 
-int sbp_suite_count(void) {
-    return (int)(sizeof cases / sizeof cases[0]);
-}
+static const sbp_suite_case cases[] = {
+    /* chunk boundaries */
+    CASE("t-not-divisible", "T = 22 is not a multiple of the chunks 8 and 12: a short last chunk",
+         "qwen3-tiny", "suite-t22", 4, CHUNKS(8, 12, 5)),
+    CASE("chunk-1", "chunk = 1: every token its own chunk", "qwen3-tiny", "sft-tiny", 4,
+         CHUNKS(1)),
+    CASE("chunk-T", "chunk = T: one chunk per layer", "qwen3-tiny", "sft-tiny", 4, CHUNKS(24)),
+    CASE("chunk-over-T", "chunk = T + 5: clamped to T", "qwen3-tiny", "sft-tiny", 4, CHUNKS(29)),
+    CASE("chunk-starts-on-ignored",
+         "chunks start on a -100 label with valid targets right after (prompt masking)",
+         "qwen3-tiny", "suite-chunk-starts-on-ignored", 4, CHUNKS(8, 7)),
+    /* padding and batch shapes */
+    CASE("left-padding", "left-padded rows: queries with no visible key", "llama3-tiny",
+         "suite-left-padding", 4, CHUNKS(8, 7)),
+    CASE("right-padding", "right-padded rows", "qwen2-tiny", "suite-right-padding", 4,
+         CHUNKS(8, 7)),
+    CASE("unequal-rows", "B = 3: one row with no target, two with very unequal target counts",
+         "qwen3-tiny", "suite-unequal-rows", 4, CHUNKS(8, 7)),
+    CASE("single-target", "exactly one valid target in the batch", "llama3-tiny",
+         "suite-single-target", 4, CHUNKS(8, 7)),
+    CASE("target-from-padding",
+         "a valid target predicted from a padded position, and a hole in the attention mask",
+         "qwen3-tiny", "suite-target-from-padding", 4, CHUNKS(8, 7)),
+    /* architectures */
+    CASE("gqa-1", "GQA 1:1 (Qwen2-tiny: 4 query heads, 4 key/value heads)", "qwen2-tiny",
+         "sft-demo", 16, CHUNKS(16, 32, 7)),
+    CASE("gqa-2", "GQA 2:1 (Qwen3-tiny: 4 query heads, 2 key/value heads)", "qwen3-tiny",
+         "sft-demo", 16, CHUNKS(16, 32, 7)),
+    CASE("gqa-4", "GQA 4:1 (Llama3-tiny: 4 query heads, 1 key/value head)", "llama3-tiny",
+         "sft-demo", 16, CHUNKS(16, 32, 7)),
+    CASE("tied-embeddings", "tied embeddings: one tensor for the embedding and head gradients",
+         "qwen3-tiny", "sft-tiny", 4, CHUNKS(8, 7)),
+    CASE("qwen3-head-dim", "Qwen3: head_dim 32 != hidden/heads 16, per-head q/k norm",
+         "qwen3-tiny", "suite-left-padding", 4, CHUNKS(8, 7)),
+    CASE("qwen2-bias", "Qwen2.5: q/k/v biases, untied head", "qwen2-tiny", "sft-tiny", 4,
+         CHUNKS(8, 7)),
+    CASE("llama3-rope", "Llama-3 RoPE scaling: frequencies in all three llama3 bands",
+         "llama3-tiny", "sft-tiny", 4, CHUNKS(8, 7)),
+    /* objectives */
+    CASE("dpo-sigmoid",
+         "DPO sigmoid, label smoothing 0.1: chosen and rejected of different lengths, padded",
+         "qwen3-tiny", "dpo-tiny", 4, CHUNKS(8, 7), .obj = DPO(.label_smoothing = 0.1)),
+    CASE("dpo-ipo", "DPO ipo: per-token mean log-probs", "qwen2-tiny", "dpo-tiny", 4,
+         CHUNKS(8, 7), .obj = DPO(.dpo_loss = SBP_DPO_IPO)),
+    CASE("dpo-single-token",
+         "DPO, reference model: a pair whose chosen completion is a single token",
+         "llama3-tiny", "dpo-noref", 4, CHUNKS(8, 7), .obj = DPO(), .ref_seed = 2),
+    CASE("grpo-temperature",
+         "GRPO grpo, KL 0.04, temperature 0.7: completion masks starting mid-chunk",
+         "qwen3-tiny", "grpo-tiny", 4, CHUNKS(8, 7),
+         .obj = GRPO(0.2, 0.2, 0.7, .beta = 0.04)),
+    CASE("grpo-clipped", "GRPO dr_grpo, narrow clip range: both branches of the min",
+         "llama3-tiny", "grpo-tiny", 4, CHUNKS(8, 7),
+         .obj = GRPO(0.05, 0.05, 1, .grpo_loss = SBP_GRPO_DR_GRPO, .max_completion_length = 16)),
+    CASE("grpo-bnpo", "GRPO bnpo: one normaliser for all completion tokens", "qwen2-tiny",
+         "grpo-tiny", 4, CHUNKS(8, 7), .obj = GRPO(0.2, 0.2, 1, .grpo_loss = SBP_GRPO_BNPO, .beta = 0.04)),
+    CASE("grpo-dapo", "GRPO dapo, reference model for the KL term (beta 0.1)", "qwen3-tiny",
+         "grpo-tiny", 4, CHUNKS(8, 7), .obj = GRPO(0.2, 0.28, 1, .grpo_loss = SBP_GRPO_DAPO, .beta = 0.1),
+         .ref_seed = 2),
+    CASE("grpo-equal-rewards", "GRPO: a group with equal rewards, so zero advantages",
+         "llama3-tiny", "grpo-equal-rewards", 4, CHUNKS(8, 7), .obj = GRPO(0.2, 0.2, 1, .beta = 0.04)),
+    CASE("grpo-no-old-logps", "GRPO, advantages given and no old log-probs: ratio 1",
+         "qwen3-tiny", "grpo-adv", 4, CHUNKS(8, 7), .obj = GRPO(0.2, 0.2, 1)),
+};
+/* clang-format on */
+
+int sbp_suite_count(void) { return (int)(sizeof cases / sizeof cases[0]); }
 
 const sbp_suite_case *sbp_suite_case_at(int i) {
     return i >= 0 && i < sbp_suite_count() ? &cases[i] : NULL;
@@ -112,22 +93,32 @@ int sbp_suite_find(const char *name) {
     return -1;
 }
 
+/* workdir/<model>-seed<seed>, written on first use. */
+static sbp_status model_dir(char *out, size_t n, const char *data_dir, const char *workdir,
+                            const char *model, int seed, sbp_err *err) {
+    snprintf(out, n, "%s/%s-seed%d", workdir, model, seed);
+    struct stat sb;
+    if (stat(out, &sb) == 0) return SBP_OK;
+    char cfgpath[1024];
+    sbp_config cfg;
+    snprintf(cfgpath, sizeof cfgpath, "%s/models/%s.json", data_dir, model);
+    sbp_status st = sbp_config_load(&cfg, cfgpath, err);
+    return st ? st : sbp_model_init(&cfg, (uint64_t)seed, out, err);
+}
+
 sbp_status sbp_suite_run(sbp_verify_report *rep, int i, const char *data_dir, const char *workdir,
                          sbp_err *err) {
     const sbp_suite_case *c = sbp_suite_case_at(i);
     if (!c) return sbp_fail(err, SBP_EUSAGE, "no suite case %d", i);
-    char model[1024], batch[1024], cfgpath[1024];
-    snprintf(model, sizeof model, "%s/%s-seed1", workdir, c->model);
+    char model[1024], refm[1024], batch[1024];
     snprintf(batch, sizeof batch, "%s/batches/%s.safetensors", data_dir, c->batch);
-    struct stat sb;
-    if (stat(model, &sb) != 0) {
-        sbp_config cfg;
-        snprintf(cfgpath, sizeof cfgpath, "%s/models/%s.json", data_dir, c->model);
-        sbp_status st = sbp_config_load(&cfg, cfgpath, err);
-        if (st || (st = sbp_model_init(&cfg, 1, model, err))) return st;
-    }
-    sbp_verify_opts o = {
-        .model = model, .batch = batch, .block = c->block, .n_chunks = c->n_chunks};
+    sbp_status st = model_dir(model, sizeof model, data_dir, workdir, c->model, 1, err);
+    if (!st && c->ref_seed)
+        st = model_dir(refm, sizeof refm, data_dir, workdir, c->model, c->ref_seed, err);
+    if (st) return st;
+    sbp_verify_opts o = {.model = model, .batch = batch, .block = c->block,
+                         .n_chunks = c->n_chunks, .objective = c->obj, .scale_rewards = 1,
+                         .ref_model = c->ref_seed ? refm : NULL};
     memcpy(o.chunks, c->chunks, sizeof c->chunks);
     return sbp_verify_run(rep, &o, err);
 }

@@ -13,6 +13,8 @@ typedef struct {
     const char *batch; /* data/batches/<batch>.safetensors */
     int block;
     int chunks[4], n_chunks;
+    sbp_objective obj; /* zero: SFT */
+    int ref_seed;      /* DPO/GRPO: a reference model, the same config at this seed; 0: none */
 } sbp_suite_case;
 
 int sbp_suite_count(void);

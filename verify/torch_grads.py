@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Independent PyTorch cross-check of streambp's gradients (see ref/SEMANTICS.md, the contract).
 
-Loads a Hugging Face decoder (model_type qwen3, qwen2 or llama) and a batch, computes the SFT loss
-with plain autograd, and writes d(loss)/d(parameter) for every parameter under its HF name.
-It imports neither transformers nor safetensors; the safetensors format is read and written here.
+Loads a Hugging Face decoder (model_type qwen3, qwen2 or llama) and a batch, computes the loss of
+an objective (SFT, DPO or GRPO) with plain autograd, and writes d(loss)/d(parameter) for every
+parameter under its HF name. It imports neither transformers, TRL nor safetensors; the
+safetensors format is read and written here.
 
 Semantic choices (all from ref/SEMANTICS.md):
   * RMSNorm (x / sqrt(mean(x^2) + eps)) * w; Qwen3 adds per-head q_norm/k_norm before RoPE;
@@ -13,9 +14,16 @@ Semantic choices (all from ref/SEMANTICS.md):
     Positions are 0..T-1 in every row, padded or not.
   * Key j is visible from query t iff j <= t and attention_mask[j] == 1. A query with no visible
     key outputs exactly 0 (HF gives such rows mask-backend artefacts instead).
-  * SFT loss: logits at t predict labels[t+1]; -100 is ignored; the sum of per-target negative
-    log-likelihoods (log_softmax in float64) is divided by N, the number of valid targets of the
-    whole batch. N = 0 is an input error.
+  * Every objective is built on the per-target log-probabilities: logits at t predict
+    labels[t+1]; -100 is ignored; log_softmax in float64 (GRPO: of logits / temperature).
+  * SFT loss: the sum of per-target negative log-likelihoods divided by N, the number of valid
+    targets of the whole batch. N = 0 is an input error.
+  * DPO (TRL DPOTrainer, loss types sigmoid and ipo): chosen rows then rejected rows, padded on
+    the right to a common length; the row statistic is the summed log-prob (ipo: the mean);
+    reference values from the batch or from --ref-model.
+  * GRPO (TRL GRPOTrainer, loss types grpo, bnpo, dr_grpo, dapo): completion tokens are the
+    targets; advantages given or group-normalised from rewards; clipped ratio against old_logps
+    (the current log-probs, detached, when absent) and the k3 KL term against ref_logps.
   * Tied embeddings: the head uses model.embed_tokens.weight and there is no lm_head.weight; the
     embedding gradient includes the head's contribution (autograd accumulates it).
 Exit status: 0 ok, 2 bad input or unsupported model, 1 --fd-check failure.
@@ -24,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import struct
 import sys
 import tempfile
@@ -277,29 +286,156 @@ def load_model(model_dir, dtype):
     return m, params
 
 
+def _int_tensors(path, t, names, shape=None):
+    """Validate 2-D integer tensors `names` of one shape; return them as int64 numpy arrays."""
+    out = []
+    for k in names:
+        if t[k].dtype.kind not in "iu" or t[k].ndim != 2:
+            raise InputError("%s: %s must be a 2-D integer tensor" % (path, k))
+        shape = t[k].shape if shape is None else shape
+        if t[k].shape != shape:
+            raise InputError("%s: %s has shape %s, expected %s" % (path, k, t[k].shape, shape))
+        out.append(t[k].astype(np.int64))
+    if out[0].size == 0:
+        raise InputError("%s: empty batch" % path)
+    return out
+
+
+def _check_rows(path, ids, labels, mask, V, prefix=""):
+    """Token ids in [0, V), labels -100 or in [0, V), attention mask in {0, 1}."""
+    if ids.min() < 0 or ids.max() >= V:
+        raise InputError("%s: %sinput_ids outside [0, %d)" % (path, prefix, V))
+    if not np.all((labels == IGNORE_INDEX) | ((labels >= 0) & (labels < V))):
+        raise InputError("%s: %slabels must be -100 or in [0, %d)" % (path, prefix, V))
+    if not np.all((mask == 0) | (mask == 1)):
+        raise InputError("%s: %sattention_mask must be 0 or 1" % (path, prefix))
+
+
+def _float_tensor(path, t, name, shape):
+    """Float tensor `name` of exactly `shape`, as float64 (F32 values convert exactly)."""
+    a = t[name]
+    if a.dtype.kind != "f" or tuple(a.shape) != tuple(shape):
+        raise InputError("%s: %s must be a float tensor of shape %s" % (path, name, list(shape)))
+    return a.astype(np.float64)
+
+
 def load_batch(path, V):
-    """Return (input_ids, labels, attention_mask) as int64 [B, T] tensors, validated."""
+    """SFT batch: (input_ids, labels, attention_mask) as int64 [B, T] tensors, validated."""
     _, t = read_safetensors(path)
     for k in ("input_ids", "labels"):
         if k not in t:
             raise InputError("%s: missing tensor %s" % (path, k))
     if "attention_mask" not in t:
         t["attention_mask"] = np.ones_like(t["input_ids"])
-    for k in ("input_ids", "labels", "attention_mask"):
-        if t[k].dtype.kind != "i" or t[k].ndim != 2:
-            raise InputError("%s: %s must be a 2-D I32 or I64 tensor" % (path, k))
-        if t[k].shape != t["input_ids"].shape:
-            raise InputError("%s: %s shape differs from input_ids" % (path, k))
-    ids, labels, mask = (t[k].astype(np.int64) for k in ("input_ids", "labels", "attention_mask"))
-    if ids.size == 0:
-        raise InputError("%s: empty batch" % path)
-    if ids.min() < 0 or ids.max() >= V:
-        raise InputError("%s: input_ids outside [0, %d)" % (path, V))
-    if not np.all((labels == IGNORE_INDEX) | ((labels >= 0) & (labels < V))):
-        raise InputError("%s: labels must be -100 or in [0, %d)" % (path, V))
-    if not np.all((mask == 0) | (mask == 1)):
-        raise InputError("%s: attention_mask must be 0 or 1" % path)
+    ids, labels, mask = _int_tensors(path, t, ("input_ids", "labels", "attention_mask"))
+    _check_rows(path, ids, labels, mask, V)
     return torch.from_numpy(ids), torch.from_numpy(labels), torch.from_numpy(mask)
+
+
+def load_sft(path, V, args):
+    ids, labels, mask = load_batch(path, V)
+    return dict(ids=ids, labels=labels, mask=mask)
+
+
+def load_dpo(path, V, args):
+    """DPO batch: the chosen rows, then the rejected rows, right-padded to a common T.
+
+    As TRL's concatenated_forward: rows 0..B-1 chosen, B..2B-1 rejected; padding is id 0,
+    mask 0, label -100 (right padding changes no logit of a real position under causal
+    attention). ref_stat [2B] holds ref_chosen_logps then ref_rejected_logps, or None.
+    """
+    _, t = read_safetensors(path)
+    sides = []
+    for side in ("chosen", "rejected"):
+        for k in ("input_ids", "labels"):
+            if side + "_" + k not in t:
+                raise InputError("%s: missing tensor %s_%s" % (path, side, k))
+        names = [side + "_" + k for k in ("input_ids", "labels", "attention_mask")]
+        if names[2] not in t:
+            t[names[2]] = np.ones_like(t[names[0]])
+        ids, labels, mask = _int_tensors(path, t, names)
+        _check_rows(path, ids, labels, mask, V, side + "_")
+        sides.append((ids, labels, mask))
+    B = sides[0][0].shape[0]
+    if sides[1][0].shape[0] != B:
+        raise InputError("%s: %d chosen but %d rejected sequences"
+                         % (path, B, sides[1][0].shape[0]))
+    T = max(s[0].shape[1] for s in sides)
+    rows = []
+    for k, fill in ((0, 0), (1, IGNORE_INDEX), (2, 0)):
+        padded = [np.pad(s[k], ((0, 0), (0, T - s[k].shape[1])), constant_values=fill)
+                  for s in sides]
+        rows.append(torch.from_numpy(np.concatenate(padded)))
+    has = ["ref_chosen_logps" in t, "ref_rejected_logps" in t]
+    if has[0] != has[1]:
+        raise InputError("%s: ref_chosen_logps and ref_rejected_logps come together" % path)
+    ref_stat = None
+    if has[0]:
+        ref_stat = torch.from_numpy(np.concatenate(
+            [_float_tensor(path, t, "ref_%s_logps" % s, (B,)) for s in ("chosen", "rejected")]))
+        if not torch.isfinite(ref_stat).all():
+            raise InputError("%s: reference log-probs must be finite" % path)
+    return dict(ids=rows[0], labels=rows[1], mask=rows[2], pairs=B, ref_stat=ref_stat)
+
+
+def group_advantages(rewards, G, scale):
+    """TRL's group-normalised advantages: groups of G consecutive rows,
+    A = (r - mean) / (std + 1e-4) with the unbiased std (torch.std), or r - mean unscaled."""
+    grouped = rewards.view(-1, G)
+    mean = grouped.mean(dim=1).repeat_interleave(G)
+    adv = rewards - mean
+    if scale:
+        adv = adv / (grouped.std(dim=1).repeat_interleave(G) + 1e-4)
+    return adv
+
+
+def load_grpo(path, V, args):
+    """GRPO batch: labels = input_ids on completion tokens, -100 elsewhere (so position t predicts
+    completion token t+1), advantages [B] (given, or from rewards and the group size), and the
+    optional per-token old_logps / ref_logps moved from the scored token's position t to the
+    predicting position t-1: [B, T-1], aligned with target_logprobs."""
+    meta, t = read_safetensors(path)
+    for k in ("input_ids", "completion_mask"):
+        if k not in t:
+            raise InputError("%s: missing tensor %s" % (path, k))
+    if "attention_mask" not in t:
+        t["attention_mask"] = np.ones_like(t["input_ids"])
+    ids, cmask, mask = _int_tensors(path, t, ("input_ids", "completion_mask", "attention_mask"))
+    if not np.all((cmask == 0) | (cmask == 1)):
+        raise InputError("%s: completion_mask must be 0 or 1" % path)
+    labels = np.where(cmask == 1, ids, IGNORE_INDEX)
+    _check_rows(path, ids, labels, mask, V)
+    B, T = ids.shape
+    if ("advantages" in t) == ("rewards" in t):
+        raise InputError("%s: a GRPO batch needs exactly one of advantages and rewards" % path)
+    if "advantages" in t:
+        adv = torch.from_numpy(_float_tensor(path, t, "advantages", (B,)))
+    else:
+        sizes = {meta[k] for k in ("group_size", "num_generations") if k in meta}
+        if len(sizes) != 1:
+            raise InputError("%s: rewards need one group size (group_size or num_generations) "
+                             "in __metadata__" % path)
+        try:
+            G = int(sizes.pop())
+        except ValueError:
+            raise InputError("%s: the group size is not an integer" % path)
+        if G < 2 or B % G != 0:
+            raise InputError("%s: group size %d must be >= 2 and divide B = %d" % (path, G, B))
+        rewards = torch.from_numpy(_float_tensor(path, t, "rewards", (B,)))
+        adv = group_advantages(rewards, G, not args.no_scale_rewards)
+    if not torch.isfinite(adv).all():
+        raise InputError("%s: advantages (or rewards) must be finite" % path)
+    valid = torch.from_numpy(cmask[:, 1:] == 1)
+    per_token = {}
+    for name in ("old_logps", "ref_logps"):
+        if name in t:
+            v = torch.from_numpy(_float_tensor(path, t, name, (B, T))[:, 1:].copy())
+            if not torch.isfinite(v[valid]).all():
+                raise InputError("%s: %s must be finite on completion tokens" % (path, name))
+            per_token[name] = torch.where(valid, v, torch.zeros_like(v))
+    return dict(ids=torch.from_numpy(ids), labels=torch.from_numpy(labels),
+                mask=torch.from_numpy(mask), advantages=adv,
+                old=per_token.get("old_logps"), ref=per_token.get("ref_logps"))
 
 
 # ----------------------------------------------------------------------------- model
@@ -395,41 +531,135 @@ def forward(m, P, input_ids, mask):
 
 # ----------------------------------------------------------------------------- objectives
 
-def target_logprobs(logits, labels):
-    """Per-target log-probabilities, float64, shape [B, T-1]: log p(labels[:, t+1] | logits[:, t]).
+def target_logprobs(logits, labels, temperature=1.0):
+    """Per-target log-probabilities, float64, shape [B, T-1]:
+    log softmax(logits[:, t] / temperature)[labels[:, t+1]].
 
-    Returns (logp, valid); logp is 0 where the target is -100 (valid False). Objectives other than
-    SFT (DPO, GRPO) can be written on top of this function.
+    Returns (logp, valid); logp is 0 where the target is -100 (valid False). The logits are cast
+    to float64 before the division by the temperature.
     """
     targets = labels[:, 1:]
     valid = targets != IGNORE_INDEX
-    logp_all = torch.log_softmax(logits[:, :-1, :].to(torch.float64), dim=-1)
+    logp_all = torch.log_softmax(logits[:, :-1, :].to(torch.float64) / temperature, dim=-1)
     logp = logp_all.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     return torch.where(valid, logp, torch.zeros_like(logp)), valid
 
 
-def sft_loss(logits, labels, n_targets):
-    """Mean cross-entropy over the n_targets valid targets of the whole batch (float64)."""
-    logp, _ = target_logprobs(logits, labels)
-    return -logp.sum() / n_targets
+def sft_loss(logits, batch, hp):
+    """Mean cross-entropy over the valid targets of the whole batch (float64)."""
+    logp, valid = target_logprobs(logits, batch["labels"])
+    return -logp.sum() / int(valid.sum())
 
 
-def count_sft_targets(labels):
-    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+def dpo_row_stat(logp, valid, loss_type):
+    """The per-row statistic of DPO: the summed log-probs, or their mean for ipo (as TRL)."""
+    s = logp.sum(dim=-1)
+    return s / valid.sum(dim=-1) if loss_type == "ipo" else s
 
 
-OBJECTIVES = {"sft": (count_sft_targets, sft_loss)}
+def dpo_loss(logits, batch, hp):
+    """TRL DPOTrainer: z = (S_chosen - S_rejected) - (R_chosen - R_rejected) per pair;
+    sigmoid: -(1-ls) log sigmoid(beta z) - ls log sigmoid(-beta z); ipo: (z - 1/(2 beta))^2;
+    the mean over pairs."""
+    logp, valid = target_logprobs(logits, batch["labels"])
+    S, R, P = dpo_row_stat(logp, valid, hp.loss_type), batch["ref_stat"], batch["pairs"]
+    z = (S[:P] - S[P:]) - (R[:P] - R[P:])
+    if hp.loss_type == "ipo":
+        losses = (z - 1 / (2 * hp.beta)) ** 2
+    else:
+        logsig = torch.nn.functional.logsigmoid
+        losses = (-logsig(hp.beta * z) * (1 - hp.label_smoothing)
+                  - logsig(-hp.beta * z) * hp.label_smoothing)
+    return losses.mean()
 
 
-def compute_loss(m, P, batch, objective):
-    ids, labels, mask = batch
-    count, loss_fn = OBJECTIVES[objective]
-    return loss_fn(forward(m, P, ids, mask), labels, count(labels))
+def grpo_loss(logits, batch, hp):
+    """TRL GRPOTrainer's clipped surrogate with the optional k3 KL term, per completion token:
+    l = -min(ratio A, clamp(ratio, 1 - eps_low, 1 + eps_high) A)
+        + beta (exp(ref - logp) - (ref - logp) - 1),   ratio = exp(logp - old),
+    logp at the temperature, old = logp.detach() when the batch has none; then normalised per
+    loss type (grpo: per-row mean, then the mean over rows; bnpo: over all completion tokens;
+    dr_grpo: by B * max_completion_length; dapo: by the completion tokens of the batch)."""
+    logp, valid = target_logprobs(logits, batch["labels"], hp.temperature)
+    old = batch["old"] if batch["old"] is not None else logp.detach()
+    A = batch["advantages"][:, None]
+    ratio = torch.exp(logp - old)
+    clipped = torch.clamp(ratio, 1 - hp.epsilon_low, 1 + hp.epsilon_high)
+    per_token = -torch.min(ratio * A, clipped * A)
+    if hp.beta != 0:
+        d = batch["ref"] - logp
+        per_token = per_token + hp.beta * (torch.exp(d) - d - 1)
+    per_token = torch.where(valid, per_token, torch.zeros_like(per_token))
+    n_rows = valid.sum(dim=-1).to(torch.float64)
+    B = per_token.shape[0]
+    if hp.loss_type == "grpo":
+        return (per_token.sum(dim=-1) / n_rows.clamp(min=1.0)).mean()
+    if hp.loss_type == "bnpo":
+        return per_token.sum() / n_rows.sum().clamp(min=1.0)
+    if hp.loss_type == "dr_grpo":
+        return per_token.sum() / (B * hp.max_completion_length)
+    return per_token.sum() / n_rows.sum()  # dapo: num_items_in_batch, one process
+
+
+class Objective:
+    """One objective: its batch loader, its loss types (the first is the default), its default
+    beta, and its loss function loss(logits, batch, hp) -> float64 scalar."""
+
+    def __init__(self, load, loss_types, beta, loss):
+        self.load, self.loss_types, self.beta, self.loss = load, loss_types, beta, loss
+
+
+OBJECTIVES = {"sft": Objective(load_sft, (), None, sft_loss),
+              "dpo": Objective(load_dpo, ("sigmoid", "ipo"), 0.1, dpo_loss),
+              "grpo": Objective(load_grpo, ("grpo", "bnpo", "dr_grpo", "dapo"), 0.0, grpo_loss)}
+
+
+def compute_loss(m, P, batch, hp):
+    logits = forward(m, P, batch["ids"], batch["mask"])
+    return OBJECTIVES[hp.objective].loss(logits, batch, hp)
+
+
+def prepare_objective(m, batch, hp, ref_model):
+    """Check the batch against the objective and fill in the reference values.
+
+    With ref_model = (model description, params), its log-probs (same dtype, no_grad) replace
+    the batch's: for DPO the row statistic, for GRPO the per-token values (at the temperature,
+    as TRL scores the reference model). Returns the number of targets."""
+    labels = batch["labels"]
+    valid = labels[:, 1:] != IGNORE_INDEX
+    n = int(valid.sum())
+    if ref_model is not None:
+        rm, rP = ref_model
+        if rm["V"] != m["V"]:
+            raise InputError("the reference model's vocabulary (%d) differs from the model's (%d)"
+                             % (rm["V"], m["V"]))
+        with torch.no_grad():
+            logits = forward(rm, rP, batch["ids"], batch["mask"])
+            logp, _ = target_logprobs(logits, labels, hp.temperature)
+        if hp.objective == "dpo":
+            batch["ref_stat"] = dpo_row_stat(logp, valid, hp.loss_type)
+        elif hp.objective == "grpo":
+            batch["ref"] = logp
+    if hp.objective == "sft" and n == 0:
+        raise InputError("no target to predict (every shifted label is -100)")
+    if hp.objective == "dpo":
+        empty = (valid.sum(dim=-1) == 0).nonzero().reshape(-1).tolist()
+        if empty:
+            raise InputError("DPO rows %s have no target (a pair needs both)" % empty)
+        if batch["ref_stat"] is None:
+            raise InputError("DPO needs reference log-probs: ref_chosen_logps and "
+                             "ref_rejected_logps in the batch, or --ref-model")
+    if hp.objective == "grpo":
+        if hp.beta > 0 and batch["ref"] is None:
+            raise InputError("the KL term (beta > 0) needs ref_logps in the batch or --ref-model")
+        if hp.loss_type == "dapo" and n == 0:
+            raise InputError("dapo divides by the completion tokens, and there are none")
+    return n
 
 
 # ----------------------------------------------------------------------------- checks and main
 
-def fd_check(m, P, batch, objective, k, seed=0, step=1e-5):
+def fd_check(m, P, batch, hp, k, seed=0, step=1e-5):
     """Central differences on k entries of every tensor; returns the worst relative error.
 
     Entries are drawn among those with a nonzero gradient (plus one with a zero gradient, when
@@ -449,9 +679,9 @@ def fd_check(m, P, batch, objective, k, seed=0, step=1e-5):
             for i in picks:
                 old = float(flat[i])
                 flat[i] = old + step
-                up = float(compute_loss(m, P, batch, objective))
+                up = float(compute_loss(m, P, batch, hp))
                 flat[i] = old - step
-                down = float(compute_loss(m, P, batch, objective))
+                down = float(compute_loss(m, P, batch, hp))
                 flat[i] = old
                 fd, an = (up - down) / (2 * step), float(g[i])
                 rel = abs(fd - an) / max(abs(fd), abs(an), 1e-4)
@@ -460,35 +690,150 @@ def fd_check(m, P, batch, objective, k, seed=0, step=1e-5):
     return worst
 
 
+def hyper_parameters(ap, args):
+    """Resolve per-objective defaults and check the options; returns args (completed)."""
+    obj = OBJECTIVES[args.objective]
+    if args.objective == "sft":
+        given = [o for o, v in (("--loss-type", args.loss_type), ("--beta", args.beta),
+                                ("--label-smoothing", args.label_smoothing),
+                                ("--epsilon-low", args.epsilon_low),
+                                ("--epsilon-high", args.epsilon_high),
+                                ("--temperature", args.temperature),
+                                ("--max-completion-length", args.max_completion_length),
+                                ("--ref-model", args.ref_model)) if v is not None]
+        if given or args.no_scale_rewards:
+            ap.error("%s: not an SFT option" % ", ".join(given or ["--no-scale-rewards"]))
+        args.temperature = 1.0
+        return args
+    if args.loss_type is None:
+        args.loss_type = obj.loss_types[0]
+    if args.loss_type not in obj.loss_types:
+        ap.error("--loss-type %s: %s takes %s" % (args.loss_type, args.objective,
+                                                  "|".join(obj.loss_types)))
+    args.beta = obj.beta if args.beta is None else args.beta
+    args.label_smoothing = args.label_smoothing or 0.0
+    args.epsilon_low = 0.2 if args.epsilon_low is None else args.epsilon_low
+    args.epsilon_high = 0.2 if args.epsilon_high is None else args.epsilon_high
+    if args.objective == "dpo":
+        if args.temperature not in (None, 1.0):
+            ap.error("--temperature: DPO runs at temperature 1")
+        if not (math.isfinite(args.beta) and args.beta > 0):
+            ap.error("--beta must be > 0 for DPO")
+        if not 0 <= args.label_smoothing <= 0.5:
+            ap.error("--label-smoothing must be in [0, 0.5]")
+    else:
+        if not (math.isfinite(args.beta) and args.beta >= 0):
+            ap.error("--beta must be >= 0 for GRPO")
+        if not (min(args.epsilon_low, args.epsilon_high) >= 0
+                and math.isfinite(args.epsilon_low + args.epsilon_high)):
+            ap.error("--epsilon-low and --epsilon-high must be finite and >= 0")
+        if args.max_completion_length is not None and args.max_completion_length < 1:
+            ap.error("--max-completion-length must be >= 1")
+    args.temperature = 1.0 if args.temperature is None else args.temperature
+    if not (math.isfinite(args.temperature) and args.temperature > 0):
+        ap.error("--temperature must be finite and > 0")
+    return args
+
+
+def objective_metadata(hp, T):
+    """The objective and its hyper-parameters, as __metadata__ strings."""
+    meta = {"objective": hp.objective}
+    if hp.objective == "dpo":
+        meta.update(loss_type=hp.loss_type, beta="%.17g" % hp.beta,
+                    label_smoothing="%.17g" % hp.label_smoothing)
+    elif hp.objective == "grpo":
+        meta.update(loss_type=hp.loss_type, beta="%.17g" % hp.beta,
+                    epsilon_low="%.17g" % hp.epsilon_low, epsilon_high="%.17g" % hp.epsilon_high,
+                    temperature="%.17g" % hp.temperature,
+                    max_completion_length=str(hp.max_completion_length),
+                    scale_rewards=str(not hp.no_scale_rewards).lower())
+    if hp.ref_model:
+        meta["ref_model"] = hp.ref_model
+    return meta
+
+
+def run_jobs(path):
+    """--jobs FILE: one run per non-empty line of FILE (its arguments, quoted as for a shell),
+    all in this process, so that torch is imported once. Returns the highest exit status."""
+    try:
+        with open(path) as f:
+            jobs = [line.strip() for line in f if line.strip()]
+    except OSError as e:
+        print("torch_grads.py: error: cannot read %s: %s" % (path, e), file=sys.stderr)
+        return 2
+    worst = 0
+    for job in jobs:
+        try:
+            rc = main(shlex.split(job))
+        except SystemExit as e:  # argparse errors
+            rc = e.code if isinstance(e.code, int) else 2
+        if rc:
+            print("torch_grads.py: job failed with status %d: %s" % (rc, job), file=sys.stderr)
+        worst = max(worst, rc)
+    return worst
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, help="HF model directory")
-    ap.add_argument("--batch", required=True, help="batch safetensors file")
+    ap.add_argument("--jobs", metavar="FILE",
+                    help="run the argument lists of FILE, one per line, in one process")
+    ap.add_argument("--model", help="HF model directory (required)")
+    ap.add_argument("--batch", help="batch safetensors file (required)")
     ap.add_argument("--out", help="gradient safetensors file to write")
     ap.add_argument("--dtype", choices=("float64", "float32", "bfloat16"), default="float64")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--objective", choices=sorted(OBJECTIVES), default="sft")
+    ap.add_argument("--loss-type", choices=("sigmoid", "ipo", "grpo", "bnpo", "dr_grpo", "dapo"),
+                    help="dpo: sigmoid (default) or ipo; grpo: grpo (default), bnpo, dr_grpo, dapo")
+    ap.add_argument("--beta", type=float,
+                    help="DPO beta (default 0.1); GRPO KL coefficient (default 0: no KL term)")
+    ap.add_argument("--label-smoothing", type=float, help="DPO sigmoid (default 0)")
+    ap.add_argument("--epsilon-low", type=float, help="GRPO clip: 1 - eps_low (default 0.2)")
+    ap.add_argument("--epsilon-high", type=float, help="GRPO clip: 1 + eps_high (default 0.2)")
+    ap.add_argument("--temperature", type=float, help="GRPO: logits / temperature (default 1)")
+    ap.add_argument("--max-completion-length", type=int,
+                    help="GRPO dr_grpo normaliser (default: T)")
+    ap.add_argument("--no-scale-rewards", action="store_true",
+                    help="GRPO: advantages r - mean, without dividing by the group std")
+    ap.add_argument("--ref-model", metavar="DIR",
+                    help="reference model: its log-probs replace the batch's (DPO, GRPO)")
     ap.add_argument("--fd-check", type=int, default=0, metavar="K",
                     help="finite-difference check of K entries per tensor (float64 only)")
     args = ap.parse_args(argv)
+    if args.jobs is not None:
+        if vars(args) != vars(ap.parse_args(["--jobs", args.jobs])):
+            ap.error("--jobs takes no other option")
+        return run_jobs(args.jobs)
+    if args.model is None or args.batch is None:
+        ap.error("--model and --batch are required")
     if args.out is None and args.fd_check <= 0:
         ap.error("--out is required (unless --fd-check is given)")
     if args.fd_check > 0 and args.dtype != "float64":
         ap.error("--fd-check needs --dtype float64")
+    hp = hyper_parameters(ap, args)
     torch.set_num_threads(max(1, args.threads))
     dtype = getattr(torch, args.dtype)
     try:
         m, P = load_model(args.model, dtype)
-        batch = load_batch(args.batch, m["V"])
-        n = OBJECTIVES[args.objective][0](batch[1])
-        if n == 0:
-            raise InputError("%s: no target to predict (every shifted label is -100)" % args.batch)
+        ref_model = load_model(args.ref_model, dtype) if args.ref_model else None
+        batch = OBJECTIVES[hp.objective].load(args.batch, m["V"], hp)
+        T = batch["ids"].shape[1]
+        if hp.objective == "grpo" and hp.max_completion_length is None:
+            hp.max_completion_length = T
+        n = prepare_objective(m, batch, hp, ref_model)
     except InputError as e:
         print("torch_grads.py: error: %s" % e, file=sys.stderr)
         return 2
-    ids, labels, mask = batch
+    if hp.objective == "grpo" and batch["old"] is None and args.fd_check > 0:
+        # old = logp.detach() makes the ratio 1 whatever the weights, so differences of the loss
+        # would not see the clipped term; freezing old at the current log-probs gives the same
+        # loss and gradient here, and a function the differences can check.
+        with torch.no_grad():
+            logits = forward(m, P, batch["ids"], batch["mask"])
+            batch["old"] = target_logprobs(logits, batch["labels"], hp.temperature)[0]
+    ids, labels, mask = batch["ids"], batch["labels"], batch["mask"]
     from_pad = int(((labels[:, 1:] != IGNORE_INDEX) & (mask[:, :-1] == 0)).sum())
-    loss = compute_loss(m, P, batch, args.objective)
+    loss = compute_loss(m, P, batch, hp)
     loss.backward()
     grads = {name: p.grad for name, p in P.items()}
     bad = [name for name, g in grads.items() if not torch.isfinite(g).all()]
@@ -496,18 +841,20 @@ def main(argv=None):
         print("torch_grads.py: error: non-finite loss or gradient in %s" % (bad or "loss"),
               file=sys.stderr)
         return 1
-    print("loss=%.17g n_targets=%d targets_from_padded=%d model_type=%s dtype=%s"
-          % (float(loss), n, from_pad, m["family"], args.dtype))
+    print("loss=%.17g n_targets=%d targets_from_padded=%d model_type=%s dtype=%s objective=%s%s"
+          % (float(loss), n, from_pad, m["family"], args.dtype, hp.objective,
+             "" if hp.objective == "sft" else " loss_type=" + hp.loss_type))
     if args.fd_check > 0:
-        worst, where = fd_check(m, P, batch, args.objective, args.fd_check)
+        worst, where = fd_check(m, P, batch, hp, args.fd_check)
         print("fd-check: worst relative error %.3e at %s" % (worst, where))
         if worst > 1e-5:
             return 1
     if args.out:
-        meta = {"loss": "%.17g" % float(loss), "n_targets": str(n), "objective": args.objective,
+        meta = {"loss": "%.17g" % float(loss), "n_targets": str(n),
                 "implementation": "verify/torch_grads.py", "torch_version": torch.__version__,
                 "dtype": args.dtype, "model_type": m["family"],
                 "targets_from_padded": str(from_pad)}
+        meta.update(objective_metadata(hp, T))
         if dtype == torch.bfloat16:  # written as F32: every bf16 value is exact in float32
             grads = {name: g.float() for name, g in grads.items()}
         write_safetensors(args.out, grads, meta)

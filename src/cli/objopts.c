@@ -19,7 +19,8 @@ const char obj_usage[] =
     "  --temperature X        grpo: logits / X (default 1)\n"
     "  --max-completion-length N   grpo dr_grpo normaliser (default T)\n"
     "  --no-scale-rewards     grpo: advantages r - mean, not (r - mean) / (std + 1e-4)\n"
-    "  --ref-model DIR        reference log-probs from this model (dpo, grpo) instead of the batch\n";
+    "  --ref-model DIR        reference log-probs from this model (dpo, grpo) instead of the "
+    "batch\n";
 
 void obj_args_init(obj_args *a) {
     memset(a, 0, sizeof *a);
@@ -44,9 +45,12 @@ int obj_args_option(obj_args *a, const char *cmd, int code, const char *arg) {
     sbp_objective *o = &a->obj;
     switch (code) {
     case OBJ_OPT_OBJECTIVE:
-        if (strcmp(arg, "sft") == 0) o->kind = SBP_OBJ_SFT;
-        else if (strcmp(arg, "dpo") == 0) o->kind = SBP_OBJ_DPO;
-        else if (strcmp(arg, "grpo") == 0) o->kind = SBP_OBJ_GRPO;
+        if (strcmp(arg, "sft") == 0)
+            o->kind = SBP_OBJ_SFT;
+        else if (strcmp(arg, "dpo") == 0)
+            o->kind = SBP_OBJ_DPO;
+        else if (strcmp(arg, "grpo") == 0)
+            o->kind = SBP_OBJ_GRPO;
         else {
             fprintf(stderr, "streambp %s: --objective must be sft, dpo or grpo, got \"%s\"\n", cmd,
                     arg);
@@ -95,10 +99,11 @@ int obj_args_finish(obj_args *a, const char *cmd) {
             for (int i = 0; i < 4; i++)
                 if (strcmp(a->loss_type, grpo[i]) == 0) o->grpo_loss = (sbp_grpo_loss)i, found = 1;
         if (!found) {
-            fprintf(stderr,
-                    "streambp %s: --loss-type \"%s\" does not apply to --objective %s (dpo: sigmoid, "
-                    "ipo; grpo: grpo, bnpo, dr_grpo, dapo)\n",
-                    cmd, a->loss_type, obj_kind_name(o->kind));
+            fprintf(
+                stderr,
+                "streambp %s: --loss-type \"%s\" does not apply to --objective %s (dpo: sigmoid, "
+                "ipo; grpo: grpo, bnpo, dr_grpo, dapo)\n",
+                cmd, a->loss_type, obj_kind_name(o->kind));
             return 0;
         }
     }
@@ -115,12 +120,13 @@ const char *obj_kind_name(sbp_objective_kind k) {
 
 const char *obj_loss_name(const sbp_objective *o) {
     static const char *dpo[] = {"sigmoid", "ipo"}, *grpo[] = {"grpo", "bnpo", "dr_grpo", "dapo"};
-    return o->kind == SBP_OBJ_DPO ? dpo[o->dpo_loss] : o->kind == SBP_OBJ_GRPO ? grpo[o->grpo_loss] : "-";
+    return o->kind == SBP_OBJ_DPO    ? dpo[o->dpo_loss]
+           : o->kind == SBP_OBJ_GRPO ? grpo[o->grpo_loss]
+                                     : "-";
 }
 
 sbp_status obj_reference(const obj_args *a, sbp_batch *b, int n, const sbp_config *policy,
-                         sbp_precision prec, const sbp_grad_opts *g, sbp_ledger *lg,
-                         sbp_err *err) {
+                         sbp_precision prec, const sbp_grad_opts *g, sbp_ledger *lg, sbp_err *err) {
     if (!a->ref_model) return SBP_OK;
     sbp_model ref;
     sbp_status st = sbp_model_load(&ref, a->ref_model, prec, lg, err);
@@ -128,36 +134,11 @@ sbp_status obj_reference(const obj_args *a, sbp_batch *b, int n, const sbp_confi
     if (ref.cfg.vocab != policy->vocab) {
         sbp_model_free(&ref, lg);
         return sbp_fail(err, SBP_EINPUT,
-                            "%s: the reference model's vocabulary (%d) differs from the policy's (%d)",
-                            a->ref_model, ref.cfg.vocab, policy->vocab);
+                        "%s: the reference model's vocabulary (%d) differs from the policy's (%d)",
+                        a->ref_model, ref.cfg.vocab, policy->vocab);
     }
-    for (int i = 0; i < n && !st; i++) {
-        const int B = b[i].B, T = b[i].T;
-        double *logp = malloc(sizeof(double) * (size_t)B * T);
-        if (!logp) {
-            st = sbp_fail(err, SBP_ENOMEM, "out of memory");
-            break;
-        }
-        double tau = a->obj.kind == SBP_OBJ_GRPO ? a->obj.temperature : 1;
-        st = sbp_logprobs(logp, &ref, &b[i], g, tau, lg, err);
-        if (!st && a->obj.kind == SBP_OBJ_DPO) { /* the row statistic: sum, or mean for ipo */
-            free(b[i].ref_seq_logps);
-            b[i].ref_seq_logps = calloc((size_t)B, sizeof(double));
-            for (int r = 0; r < B && b[i].ref_seq_logps; r++) {
-                int cnt = 0;
-                for (int t = 0; t + 1 < T; t++)
-                    if (b[i].labels[(size_t)r * T + t + 1] != SBP_IGNORE)
-                        b[i].ref_seq_logps[r] += logp[(size_t)r * T + t], cnt++;
-                if (a->obj.dpo_loss == SBP_DPO_IPO && cnt) b[i].ref_seq_logps[r] /= cnt;
-            }
-            free(logp);
-        } else if (!st) {
-            free(b[i].ref_logps);
-            b[i].ref_logps = logp;
-        } else {
-            free(logp);
-        }
-    }
+    for (int i = 0; i < n && !st; i++)
+        st = sbp_batch_set_reference(&b[i], &ref, &a->obj, g, lg, err);
     sbp_model_free(&ref, lg);
     return st;
 }

@@ -28,8 +28,8 @@ static sbp_status begin_dpo(sbp_obj_eval *ev, const sbp_objective *o, const sbp_
                         "rejected_* tensors)");
     if (!(o->beta > 0) || !isfinite(o->beta))
         return sbp_fail(err, SBP_EUSAGE, "DPO needs beta > 0 and finite (got %g)", o->beta);
-    if (!finite_nonneg(o->label_smoothing) || o->label_smoothing >= 1)
-        return sbp_fail(err, SBP_EUSAGE, "label smoothing must be in [0, 1) (got %g)",
+    if (!finite_nonneg(o->label_smoothing) || o->label_smoothing > 0.5)
+        return sbp_fail(err, SBP_EUSAGE, "label smoothing must be in [0, 0.5], as in TRL (got %g)",
                         o->label_smoothing);
     if (!b->ref_seq_logps)
         return sbp_fail(err, SBP_EINPUT,
@@ -68,12 +68,15 @@ static sbp_status begin_grpo(sbp_obj_eval *ev, const sbp_objective *o, const sbp
     double rows = o->num_sequences > 0 ? o->num_sequences : b->B;
     double tokens = o->num_items > 0 ? o->num_items : (double)b->n_targets;
     int lmax = o->max_completion_length > 0 ? o->max_completion_length : b->T;
+    if (o->grpo_loss == SBP_GRPO_DAPO && tokens == 0)
+        return sbp_fail(err, SBP_EINPUT, "dapo divides by the completion tokens of the step, and "
+                                         "there are none (TRL would divide 0 by 0)");
     for (int r = 0; r < b->B; r++) {
         int n = row_targets(b, r);
         ev->row_w[r] = o->grpo_loss == SBP_GRPO_GRPO ? 1.0 / (rows * (n > 1 ? n : 1)) : 0;
     }
-    if (o->grpo_loss == SBP_GRPO_BNPO || o->grpo_loss == SBP_GRPO_DAPO)
-        ev->w = 1.0 / (tokens > 1 ? tokens : 1);
+    if (o->grpo_loss == SBP_GRPO_BNPO) ev->w = 1.0 / (tokens > 1 ? tokens : 1); /* clamp(min=1) */
+    else if (o->grpo_loss == SBP_GRPO_DAPO) ev->w = 1.0 / tokens;
     else if (o->grpo_loss == SBP_GRPO_DR_GRPO)
         ev->w = 1.0 / (rows * lmax);
     return SBP_OK;
