@@ -35,4 +35,26 @@ int ref_sft(double *loss, double *grads /* (ps->total), overwritten */, const sb
             const sbp_params *ps, const double *w /* (ps->total) */, const sbp_batch *b,
             sbp_err *err);
 
+/* DPO (TRL DPOTrainer; SEMANTICS.md "DPO"): b holds 2·pairs rows, chosen rows [0, pairs), rejected
+ * rows [pairs, 2·pairs), and b->ref_seq_logps (2·pairs), the reference statistic of each row (a
+ * sum of log-probs for "sigmoid", a mean for "ipo"). Uses o->dpo_loss, beta (> 0),
+ * label_smoothing (sigmoid; in [0, 0.5]) and num_sequences (the pairs of the whole step, 0: this
+ * batch's). o->kind must be SBP_OBJ_DPO and o->temperature 0 or 1. Writes the loss and, unless
+ * grads is NULL (loss only), overwrites grads with d loss / d w. A pair with a row without
+ * targets is an input error. */
+int ref_dpo(double *loss, double *grads /* (ps->total), overwritten, or NULL */,
+            const sbp_config *cfg, const sbp_params *ps, const double *w /* (ps->total) */,
+            const sbp_batch *b, const sbp_objective *o, sbp_err *err);
+
+/* GRPO (TRL GRPOTrainer; SEMANTICS.md "GRPO"): b->advantages (B) set; b->old_logps and
+ * b->ref_logps (B·T, by predicting position) may be NULL (old: the current log-probs, detached;
+ * ref: needed only when beta > 0). Uses o->grpo_loss, beta (>= 0), epsilon_low/high (>= 0),
+ * temperature (0: 1), max_completion_length (dr_grpo; 0: T) and the step normalisers
+ * num_sequences (grpo, dr_grpo) and num_items (bnpo, dapo); 0: this batch's. o->kind must be
+ * SBP_OBJ_GRPO. loss and grads as for ref_dpo. dapo over a step without completion tokens is an
+ * input error (TRL divides 0 by 0 there). */
+int ref_grpo(double *loss, double *grads /* (ps->total), overwritten, or NULL */,
+             const sbp_config *cfg, const sbp_params *ps, const double *w /* (ps->total) */,
+             const sbp_batch *b, const sbp_objective *o, sbp_err *err);
+
 #endif
