@@ -312,6 +312,10 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
  * directory, and its directory must accept a new file. */
 sbp_status sbp_check_writable(const char *path, sbp_err *err);
 
+/* Matrix-product FLOPs of one step of B sequences of T tokens as the engine executes it,
+ * recomputation included (src/core/flops.c gives the formula). */
+double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o);
+
 /* Sets OpenMP and OpenBLAS to n threads (process-wide; see the header comment). */
 void sbp_set_threads(int n);
 

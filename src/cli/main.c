@@ -14,7 +14,9 @@ static const char usage[] =
     "commands:\n"
     "  grad      compute the gradient of one step and write it (safetensors, HF names)\n"
     "  init      write a seeded random model directory from a config.json\n"
-    "  verify    compare gradient files (verify diff A B)\n"
+    "  verify    check the schedules against each other and the float64 oracle; compare and\n"
+    "            audit gradient files (verify --help)\n"
+    "  plan      peak memory of a step, largest T under a budget, the paper's table\n"
     "  version   print the version\n"
     "\n"
     "Run `streambp <command> --help` for the options of a command.\n"
@@ -33,6 +35,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "grad") == 0) return cmd_grad(argc - 1, argv + 1);
     if (strcmp(cmd, "init") == 0) return cmd_init(argc - 1, argv + 1);
     if (strcmp(cmd, "verify") == 0) return verify_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("streambp %s\n", SBP_VERSION);
         return 0;

@@ -4,9 +4,9 @@
  *   kv_forward      input RMSNorm, K and V of all T tokens of one sequence (the part every chunk
  *                   attends to);
  *   chunk_forward   queries, attention, o_proj, residual, post-norm and MLP of rows [s, e);
- *   chunk_backward  the backward of chunk_forward for rows [s, e), adding into dK/dV of keys
- *                   [0, e) and into the input-norm gradient dxn of rows [s, e);
- *   kv_backward     the backward of kv_forward for all T, finishing dX.
+ *   chunk_backward  the backward of chunk_forward for rows [s, e): dX of the rows through the
+ *                   residual and the query path, dK/dV of keys [0, e) accumulated;
+ *   kv_backward     the backward of kv_forward for all T, adding the K/V path to dX.
  * full BP runs them once per layer over [0, T) and keeps everything; ckpt keeps layer inputs and
  * recomputes one layer over [0, T) during the backward; stream recomputes K/V once and loops over
  * chunks. Internal to the library. */
@@ -62,10 +62,11 @@ static inline void bf16(const eng *e, real *p, size_t n) {
     if (e->bf16) round_to_bf16(p, n);
 }
 
-/* K/V side of one layer for one sequence: all T rows. */
+/* K/V side of one layer for one sequence: all T rows. The input-norm output xn = rmsnorm(x) is
+ * not kept: it is formed again a block of rows at a time wherever it is needed (the K/V
+ * projections, each chunk's queries, the K/V weight gradients), so no T×C buffer but the layer
+ * input and its gradient exists. */
 typedef struct {
-    real *xn;    /* (T, C) input RMSNorm output */
-    real *rstd;  /* (T) */
     real *kpre;  /* (T, KV) k before k_norm (Qwen3 only, else NULL) */
     real *krstd; /* (T, NKV) (Qwen3 only) */
     real *k;     /* (T, KV) after k_norm and RoPE */
@@ -74,6 +75,8 @@ typedef struct {
 
 /* Activations of rows [s, e) of one layer for one sequence; c = capacity in rows. */
 typedef struct {
+    real *xn;    /* (c, C) input RMSNorm output of the chunk */
+    real *rstd1; /* (c) */
     real *qpre;  /* (c, Q) q before q_norm (Qwen3 only, else NULL) */
     real *qrstd; /* (c, NH) (Qwen3 only) */
     real *q;     /* (c, Q) after q_norm and RoPE */
@@ -88,20 +91,25 @@ typedef struct {
 
 /* Scratch gradients of one chunk; c = capacity in rows. */
 typedef struct {
-    real *dh, *dg, *du; /* (c, F) */
-    real *dxn2, *dx2;   /* (c, C) */
-    real *dout, *dq;    /* (c, Q) */
-    real *dqpre;        /* (c, Q) (Qwen3 only) */
-    real *dsum;         /* (c, NH) */
+    real *dh, *dg, *du;     /* (c, F) */
+    real *dxn2, *dx2, *dxn; /* (c, C) */
+    real *dout, *dq;        /* (c, Q) */
+    real *dqpre;            /* (c, Q) (Qwen3 only) */
+    real *dsum;             /* (c, NH) */
 } chunk_grads;
 
-/* Attention scratch and the gradient accumulators of the K/V side of one sequence. */
+/* The gradient accumulators of the K/V side of one sequence. */
 typedef struct {
-    real *attn;    /* (attention_scratch(blk, HD)) */
     real *dk, *dv; /* (T, KV) */
     real *dkpre;   /* (T, KV) (Qwen3 only) */
-    real *dxn;     /* (T, C) gradient of the input-norm output */
 } kv_work;
+
+/* Scratch every step may use: attention's, and one block of input-norm rows. */
+typedef struct {
+    real *attn;     /* (attention_scratch(blk, HD)) */
+    real *xn, *dxn; /* (blk, C) */
+    real *rstd;     /* (blk) */
+} layer_scratch;
 
 int kv_acts_alloc(eng *e, kv_acts *a, sbp_mem_cat cat);
 void kv_acts_free(eng *e, kv_acts *a);
@@ -111,19 +119,25 @@ int chunk_grads_alloc(eng *e, chunk_grads *d, int c);
 void chunk_grads_free(eng *e, chunk_grads *d);
 int kv_work_alloc(eng *e, kv_work *d);
 void kv_work_free(eng *e, kv_work *d);
+int layer_scratch_alloc(eng *e, layer_scratch *sc);
+void layer_scratch_free(eng *e, layer_scratch *sc);
 
-void kv_forward(const eng *e, kv_acts *a, const real *x /* (T, C) */, const layer_p *w);
+void kv_forward(const eng *e, kv_acts *a, layer_scratch *sc, const real *x /* (T, C) */,
+                const layer_p *w);
 /* y may be NULL (a recompute needs the activations, not the output). */
-void chunk_forward(const eng *e, chunk_acts *a, real *y /* (e-s, C) */,
-                   const real *x /* (e-s, C) rows s.. */, const kv_acts *kv, real *attn,
-                   const layer_p *w, const uint8_t *kmask, int s, int end);
-/* dx: (e-s, C) +=, the residual path of rows [s, e); kvg->dxn rows [s,e), kvg->dk/dv +=. */
-void chunk_backward(const eng *e, real *dx, kv_work *kvg, layer_p *gw, chunk_grads *d,
-                    const real *dy /* (e-s, C) */, const chunk_acts *a, const kv_acts *kv,
+void chunk_forward(const eng *e, chunk_acts *a, real *y /* (e-s, C) */, layer_scratch *sc,
+                   const real *x /* (e-s, C) rows s.. */, const kv_acts *kv, const layer_p *w,
+                   const uint8_t *kmask, int s, int end);
+/* Rows [s, e): dx ← the residual path, then += the query path through the input norm; dy is
+ * read before dx is written, so dx may be dy (the gradient is updated in place). kvw->dk,
+ * kvw->dv += keys [0, e). */
+void chunk_backward(const eng *e, real *dx /* (e-s, C) */, kv_work *kvw, layer_p *gw,
+                    chunk_grads *d, layer_scratch *sc, const real *dy /* (e-s, C) */,
+                    const chunk_acts *a, const kv_acts *kv, const real *x /* (e-s, C) */,
                     const layer_p *w, const uint8_t *kmask, int s, int end);
-/* dx: (T, C) +=, the input-norm path; consumes kvg->dk, kvg->dv, kvg->dxn. */
-void kv_backward(const eng *e, real *dx, layer_p *gw, kv_work *kvg, const kv_acts *kv,
-                 const real *x /* (T, C) */, const layer_p *w);
+/* dx: (T, C) += the K/V path through the input norm; consumes kvw->dk, kvw->dv. */
+void kv_backward(const eng *e, real *dx, layer_p *gw, kv_work *kvw, layer_scratch *sc,
+                 const kv_acts *kv, const real *x /* (T, C) */, const layer_p *w);
 
 /* ---- the LM head and the objective (head.c) ------------------------------------------------- */
 
@@ -163,15 +177,16 @@ int run_head(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
              const sched_opts *o);
 void embed_backward(eng *e, const real *dx0 /* (B, T, C) */, const sbp_batch *b);
 /* Before a layer's backward: zeroed dK, dV, dxn accumulators. */
-void kv_begin_backward(const eng *e, kv_work *kvw, const kv_acts *kv);
+void kv_begin_backward(const eng *e, kv_work *kvw);
 void zero_reals(const eng *e, real *p, size_t n);
 /* A whole layer of one sequence as a single chunk [0, T): used by full and ckpt. */
-void layer_forward_whole(const eng *e, chunk_acts *a, kv_acts *kv,
-                         real *attn /* attention scratch */, real *y /* (T, C) or NULL */,
-                         const real *x /* (T, C) */, const layer_p *w, const uint8_t *kmask);
-void layer_backward_whole(const eng *e, real *dx /* (T, C) += */, kv_work *kvw, chunk_grads *cg,
-                          layer_p *gw, const real *dy /* (T, C) */, const chunk_acts *a,
-                          const kv_acts *kv, const real *x /* (T, C) */, const layer_p *w,
-                          const uint8_t *kmask);
+void layer_forward_whole(const eng *e, chunk_acts *a, kv_acts *kv, layer_scratch *sc,
+                         real *y /* (T, C) or NULL */, const real *x /* (T, C) */, const layer_p *w,
+                         const uint8_t *kmask);
+/* dx may be dy: the gradient is updated in place. */
+void layer_backward_whole(const eng *e, real *dx /* (T, C) */, kv_work *kvw, chunk_grads *cg,
+                          layer_scratch *sc, layer_p *gw, const real *dy /* (T, C) */,
+                          const chunk_acts *a, const kv_acts *kv, const real *x /* (T, C) */,
+                          const layer_p *w, const uint8_t *kmask);
 
 #endif

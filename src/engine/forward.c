@@ -9,21 +9,21 @@ int schedule_forward(eng *e, double *logp, const sbp_batch *b, const sched_opts 
     int ok = 0;
     real *x = ealloc(e, SBP_MEM_LAYER, BTC, "layer input");
     real *y = ealloc(e, SBP_MEM_LAYER, BTC, "layer output");
-    real *attn = ealloc(e, SBP_MEM_LAYER, attention_scratch(e->blk, e->HD), "attention scratch");
+    layer_scratch sc = {0};
     kv_acts kv = {0};
     chunk_acts a = {0};
-    if (e->oom || !kv_acts_alloc(e, &kv, SBP_MEM_LAYER) ||
+    if (e->oom || !layer_scratch_alloc(e, &sc) || !kv_acts_alloc(e, &kv, SBP_MEM_LAYER) ||
         !chunk_acts_alloc(e, &a, c, SBP_MEM_LAYER))
         goto out;
     embed_forward(e, x, b);
     for (int l = 0; l < L; l++) {
         for (int bi = 0; bi < B; bi++) {
             const uint8_t *m = b->mask + (size_t)bi * T;
-            kv_forward(e, &kv, x + bi * TC, &e->w[l]);
+            kv_forward(e, &kv, &sc, x + bi * TC, &e->w[l]);
             for (int s = 0, end; s < T; s = end) {
                 end = s + c < T ? s + c : T;
-                chunk_forward(e, &a, y + bi * TC + (size_t)s * e->C, x + bi * TC + (size_t)s * e->C,
-                              &kv, attn, &e->w[l], m, s, end);
+                chunk_forward(e, &a, y + bi * TC + (size_t)s * e->C, &sc,
+                              x + bi * TC + (size_t)s * e->C, &kv, &e->w[l], m, s, end);
             }
         }
         real *t = x;
@@ -32,12 +32,14 @@ int schedule_forward(eng *e, double *logp, const sbp_batch *b, const sched_opts 
     }
     kv_acts_free(e, &kv);
     chunk_acts_free(e, &a);
+    layer_scratch_free(e, &sc);
     efree(e, y);
     y = NULL;
     ok = head_logprobs(e, logp, x, b, o->logit_rows, o->inv_tau);
 out:
     kv_acts_free(e, &kv);
     chunk_acts_free(e, &a);
-    efree(e, attn), efree(e, x), efree(e, y);
+    layer_scratch_free(e, &sc);
+    efree(e, x), efree(e, y);
     return ok && !e->oom;
 }

@@ -8,12 +8,11 @@ void zero_reals(const eng *e, real *p, size_t n) {
     if (!e->plan) memset(p, 0, sizeof(real) * n);
 }
 
-void kv_begin_backward(const eng *e, kv_work *kvw, const kv_acts *kv) {
+void kv_begin_backward(const eng *e, kv_work *kvw) {
     if (e->plan) return;
     const size_t TKV = (size_t)e->T * e->KV;
     memset(kvw->dk, 0, sizeof(real) * TKV);
     memset(kvw->dv, 0, sizeof(real) * TKV);
-    memset(kvw->dxn, 0, sizeof(real) * (size_t)e->T * e->C);
 }
 
 void embed_forward(const eng *e, real *x0, const sbp_batch *b) {
@@ -43,16 +42,16 @@ int run_head(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
     return ok;
 }
 
-void layer_forward_whole(const eng *e, chunk_acts *a, kv_acts *kv, real *attn, real *y,
+void layer_forward_whole(const eng *e, chunk_acts *a, kv_acts *kv, layer_scratch *sc, real *y,
                          const real *x, const layer_p *w, const uint8_t *kmask) {
-    kv_forward(e, kv, x, w);
-    chunk_forward(e, a, y, x, kv, attn, w, kmask, 0, e->T);
+    kv_forward(e, kv, sc, x, w);
+    chunk_forward(e, a, y, sc, x, kv, w, kmask, 0, e->T);
 }
 
-void layer_backward_whole(const eng *e, real *dx, kv_work *kvw, chunk_grads *cg, layer_p *gw,
-                          const real *dy, const chunk_acts *a, const kv_acts *kv, const real *x,
-                          const layer_p *w, const uint8_t *kmask) {
-    kv_begin_backward(e, kvw, kv);
-    chunk_backward(e, dx, kvw, gw, cg, dy, a, kv, w, kmask, 0, e->T);
-    kv_backward(e, dx, gw, kvw, kv, x, w);
+void layer_backward_whole(const eng *e, real *dx, kv_work *kvw, chunk_grads *cg, layer_scratch *sc,
+                          layer_p *gw, const real *dy, const chunk_acts *a, const kv_acts *kv,
+                          const real *x, const layer_p *w, const uint8_t *kmask) {
+    kv_begin_backward(e, kvw);
+    chunk_backward(e, dx, kvw, gw, cg, sc, dy, a, kv, x, w, kmask, 0, e->T);
+    kv_backward(e, dx, gw, kvw, sc, kv, x, w);
 }

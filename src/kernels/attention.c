@@ -25,12 +25,6 @@
 #include <omp.h>
 #include <string.h>
 
-int attention_tile(int blk) {
-    int w = blk < 128 ? blk : 128;
-    while (blk % w) w--;
-    return w;
-}
-
 size_t attention_scratch(int blk, int HD) {
     size_t W = (size_t)attention_tile(blk);
     /* per thread: S, P, dP tiles, the O accumulator, and m, l per row */

@@ -73,7 +73,8 @@ void rope_backward(real *dx,                        /* (M, H, HD), in place */
  * 0..T-1). Tiles are attention_tile(blk) wide on the global grid, so chunks that are multiples
  * of blk make the same BLAS calls as one pass over all T. */
 
-/* The tile width: the largest divisor of blk that is at most 128. */
+/* The tile width: the largest divisor of blk that is at most 128 (src/core/tiles.c: one
+ * definition for both precisions and the FLOP count). */
 int attention_tile(int blk);
 /* Reals of scratch the two functions below need (per thread, times the OpenMP thread count). */
 size_t attention_scratch(int blk, int HD);

@@ -1,0 +1,31 @@
+/* flops.c — the floating-point work of one step as the engine executes it: every matrix product
+ * (projections, attention tiles, LM head), recomputation included; elementwise work is left out.
+ *
+ * Per sequence, with P = the projections' FLOPs per token (2·(C·Q + 2·C·KV + Q·C + 3·C·F)),
+ * H = 2·C·V per token and attention on W-wide tiles (each (query tile, key tile) pair at or
+ * below the diagonal costs per head 4·wq·wk·HD in the forward, 8 in pass 1 and 6 in pass 2 of
+ * the backward):
+ *   full   = L·(3P + A_fwd + A_bwd) + 3H·T               (forward, then dX and dW)
+ *   ckpt   = full + L·(P − 2·F·C + A_fwd)                (the recompute skips the down projection)
+ *   stream = ckpt                                        (K and V are projected once per layer)
+ *   DPO adds H·T for its forward-only first pass over the head. */
+#include "../streambp.h"
+
+int attention_tile(int blk); /* tiles.c */
+
+double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o) {
+    const double C = c->hidden, F = c->ffn, V = c->vocab, HD = c->head_dim;
+    const double Q = (double)c->heads * HD, KV = (double)c->kv_heads * HD;
+    const double P = 2 * (C * Q + 2 * C * KV + Q * C + 3 * C * F), H = 2 * C * V;
+    const int W = attention_tile(o->block ? o->block : SBP_DEFAULT_BLOCK);
+    double pairs = 0; /* Σ wq·wk over tile pairs at or below the diagonal */
+    for (int i0 = 0; i0 < T; i0 += W) {
+        int wq = T - i0 < W ? T - i0 : W;
+        for (int j0 = 0; j0 < i0 + wq; j0 += W) pairs += (double)wq * (j0 + W < i0 + wq ? W : i0 + wq - j0);
+    }
+    const double afwd = 4 * pairs * HD * c->heads, abwd = 14 * pairs * HD * c->heads;
+    double f = c->layers * (3 * P * T + afwd + abwd) + 3 * H * T;
+    if (o->schedule != SBP_FULL) f += c->layers * ((P - 2 * F * C) * T + afwd);
+    if (o->objective.kind == SBP_OBJ_DPO) f += H * T;
+    return f * B;
+}
