@@ -14,6 +14,7 @@ enum { EXIT_MISMATCH = 1, EXIT_USAGE = 2 };
 int cmd_grad(int argc, char **argv);
 int cmd_init(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 /* Parses a positive int option value; prints an error naming the option and returns 0 if bad. */
 int parse_pos_int(const char *cmd, const char *opt, const char *text, int *out);

@@ -132,7 +132,7 @@ static const char *prec_name(const grad_args *a) {
 
 /* The batches taken together: what the report shows. */
 typedef struct {
-    int rows, T;          /* rows of all micro-batches; the longest T */
+    int rows, T; /* rows of all micro-batches; the longest T */
     int64_t targets, pad_targets;
 } batch_totals;
 
@@ -221,8 +221,8 @@ static sbp_status save(const grad_args *a, const sbp_model *m, const sbp_batch *
     const sbp_objective *o = &a->g.objective;
     char v[12][48], batches[1024] = "";
     for (int i = 0; i < a->n_batches; i++)
-        snprintf(batches + strlen(batches), sizeof batches - strlen(batches), "%s%s",
-                 i ? "," : "", a->batch[i]);
+        snprintf(batches + strlen(batches), sizeof batches - strlen(batches), "%s%s", i ? "," : "",
+                 a->batch[i]);
     snprintf(v[0], 48, "%.17g", r->loss);
     snprintf(v[1], 48, "%lld", (long long)r->n_targets);
     snprintf(v[2], 48, "%d", r->block);
@@ -234,14 +234,43 @@ static sbp_status save(const grad_args *a, const sbp_model *m, const sbp_batch *
     snprintf(v[8], 48, "%.17g", o->epsilon_low);
     snprintf(v[9], 48, "%.17g", o->epsilon_high);
     snprintf(v[10], 48, "%.17g", o->temperature);
-    const char *meta[] = {
-        "loss", v[0], "n_targets", v[1], "objective", obj_kind_name(o->kind),
-        "loss_type", obj_loss_name(o), "schedule", sbp_schedule_name(a->g.schedule),
-        "precision", prec_name(a), "block", v[2], "chunk", v[3], "logit_chunk", v[4],
-        "threads", v[5], "model", a->model, "batch", batches,
-        "implementation", "streambp " SBP_VERSION,
-        o->kind == SBP_OBJ_SFT ? NULL : "beta", v[6], "label_smoothing", v[7],
-        "epsilon_low", v[8], "epsilon_high", v[9], "temperature", v[10], NULL};
+    const char *meta[] = {"loss",
+                          v[0],
+                          "n_targets",
+                          v[1],
+                          "objective",
+                          obj_kind_name(o->kind),
+                          "loss_type",
+                          obj_loss_name(o),
+                          "schedule",
+                          sbp_schedule_name(a->g.schedule),
+                          "precision",
+                          prec_name(a),
+                          "block",
+                          v[2],
+                          "chunk",
+                          v[3],
+                          "logit_chunk",
+                          v[4],
+                          "threads",
+                          v[5],
+                          "model",
+                          a->model,
+                          "batch",
+                          batches,
+                          "implementation",
+                          "streambp " SBP_VERSION,
+                          o->kind == SBP_OBJ_SFT ? NULL : "beta",
+                          v[6],
+                          "label_smoothing",
+                          v[7],
+                          "epsilon_low",
+                          v[8],
+                          "epsilon_high",
+                          v[9],
+                          "temperature",
+                          v[10],
+                          NULL};
     return sbp_grads_save(a->out, &m->params, a->prec, r->grads, meta, err);
 }
 
@@ -260,16 +289,18 @@ int cmd_grad(int argc, char **argv) {
     if (sbp_model_load(&m, a.model, a.prec, &lg, &err)) return report_error("grad", &err);
     if (a.bf16) sbp_model_round_bf16(&m);
     for (int i = 0; i < a.n_batches && !st; i++)
-        st = sbp_batch_load_as(&b[i], a.batch[i], &m.cfg, a.g.objective.kind,
-                               a.obj.scale_rewards, &err);
+        st = sbp_batch_load_as(&b[i], a.batch[i], &m.cfg, a.g.objective.kind, a.obj.scale_rewards,
+                               &err);
     if (!st) st = obj_reference(&a.obj, b, a.n_batches, &m.cfg, a.prec, &a.g, &lg, &err);
     double t0 = now_seconds();
     if (!st) st = sbp_grad_batches(&r, &m, b, a.n_batches, &a.g, &lg, &err);
     double secs = now_seconds() - t0;
     if (!st && a.out) st = save(&a, &m, b, &r, &err);
     if (!st) {
-        if (a.json) print_json(&a, &m, b, &r, &lg, secs);
-        else print_text(&a, &m, b, &r, &lg, secs);
+        if (a.json)
+            print_json(&a, &m, b, &r, &lg, secs);
+        else
+            print_text(&a, &m, b, &r, &lg, secs);
     }
     sbp_grad_result_free(&r, &lg);
     for (int i = 0; i < a.n_batches; i++) sbp_batch_free(&b[i]);

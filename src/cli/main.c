@@ -17,6 +17,7 @@ static const char usage[] =
     "  verify    check the schedules against each other and the float64 oracle; compare and\n"
     "            audit gradient files (verify --help)\n"
     "  plan      peak memory of a step, largest T under a budget, the paper's table\n"
+    "  bench     step time, FLOP rate and memory of each schedule against the sgemm rate\n"
     "  version   print the version\n"
     "\n"
     "Run `streambp <command> --help` for the options of a command.\n"
@@ -36,6 +37,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "init") == 0) return cmd_init(argc - 1, argv + 1);
     if (strcmp(cmd, "verify") == 0) return verify_main(argc - 1, argv + 1);
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("streambp %s\n", SBP_VERSION);
         return 0;

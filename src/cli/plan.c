@@ -1,6 +1,7 @@
 /* plan.c — `streambp plan`: the peak memory of a step at any size, and the largest sequence
  * that fits a budget, by walking the real schedule code with allocation only (sbp_plan). */
 #include "cli.h"
+#include "plan.h"
 #include "../../verify/defaults.h"
 
 #include <getopt.h>
@@ -51,43 +52,50 @@ typedef struct {
     int B, storage, optimizer, block, chunk, logit_chunk;
 } plan_setup;
 
-static sbp_status plan_at(sbp_ledger *lg, const plan_setup *s, const sched_row *r, int T,
-                          sbp_err *err) {
-    sbp_plan_opts o = {.grad = {.schedule = r->schedule,
-                                .block = s->block,
-                                .chunk = s->chunk,
-                                .logit_chunk = s->logit_chunk,
-                                .chunked_logits = r->chunked_logits},
-                       .B = s->B,
-                       .T = T,
-                       .storage_bytes = s->storage,
-                       .optimizer = s->optimizer};
-    return sbp_plan(lg, &s->cfg, &o, err);
+static sbp_status plan_at(sbp_ledger *lg, const sbp_config *cfg, int B, int storage, int optimizer,
+                          const sbp_grad_opts *g, int T, sbp_err *err) {
+    sbp_plan_opts o = {
+        .grad = *g, .B = B, .T = T, .storage_bytes = storage, .optimizer = optimizer};
+    return sbp_plan(lg, cfg, &o, err);
 }
 
-/* The largest T whose planned peak fits the budget (0 if not even T = 1): doubling, then
- * bisection; a plan too large to reserve address space for counts as not fitting. */
-static int largest_T(const plan_setup *s, const sched_row *r, int64_t budget, sbp_ledger *at) {
+int plan_largest_T(const sbp_config *cfg, int B, int storage, int optimizer, const sbp_grad_opts *g,
+                   int64_t budget, sbp_ledger *at) {
     sbp_ledger lg;
     sbp_err err;
     int lo = 0, hi = 1;
-    while (hi <= (1 << 26) && plan_at(&lg, s, r, hi, &err) == SBP_OK && lg.peak_total <= budget)
+    while (hi <= (1 << 26) && plan_at(&lg, cfg, B, storage, optimizer, g, hi, &err) == SBP_OK &&
+           lg.peak_total <= budget)
         lo = hi, hi *= 2;
     while (hi - lo > 1) {
         int mid = lo + (hi - lo) / 2;
-        if (plan_at(&lg, s, r, mid, &err) == SBP_OK && lg.peak_total <= budget)
+        if (plan_at(&lg, cfg, B, storage, optimizer, g, mid, &err) == SBP_OK &&
+            lg.peak_total <= budget)
             lo = mid;
         else
             hi = mid;
     }
     if (lo)
-        plan_at(at, s, r, lo, &err);
+        plan_at(at, cfg, B, storage, optimizer, g, lo, &err);
     else
         memset(at, 0, sizeof *at);
     return lo;
 }
 
-static int parse_size(const char *text, int64_t *out) {
+static sbp_grad_opts grad_opts(const plan_setup *s, const sched_row *r) {
+    return (sbp_grad_opts){.schedule = r->schedule,
+                           .block = s->block,
+                           .chunk = s->chunk,
+                           .logit_chunk = s->logit_chunk,
+                           .chunked_logits = r->chunked_logits};
+}
+
+static int largest_T(const plan_setup *s, const sched_row *r, int64_t budget, sbp_ledger *at) {
+    sbp_grad_opts g = grad_opts(s, r);
+    return plan_largest_T(&s->cfg, s->B, s->storage, s->optimizer, &g, budget, at);
+}
+
+int plan_parse_size(const char *cmd, const char *text, int64_t *out) {
     char *end;
     double v = strtod(text, &end);
     double mul = 1;
@@ -104,7 +112,8 @@ static int parse_size(const char *text, int64_t *out) {
     else if (*end == 'B')
         end++;
     if (end == text || *end || !(v > 0) || !isfinite(v)) {
-        fprintf(stderr, "streambp plan: --budget must be a size such as 80G, got \"%s\"\n", text);
+        fprintf(stderr, "streambp %s: a size such as 80G or 512M is needed, got \"%s\"\n", cmd,
+                text);
         return 0;
     }
     *out = (int64_t)(v * mul);
@@ -228,7 +237,7 @@ int cmd_plan(int argc, char **argv) {
             if (!parse_pos_int("plan", "seq", optarg, &T)) return EXIT_USAGE;
             break;
         case 'b':
-            if (!parse_size(optarg, &budget)) return EXIT_USAGE;
+            if (!plan_parse_size("plan", optarg, &budget)) return EXIT_USAGE;
             break;
         case 'B':
             if (!parse_pos_int("plan", "batch-size", optarg, &s.B)) return EXIT_USAGE;
@@ -321,9 +330,10 @@ int cmd_plan(int argc, char **argv) {
         if (!use[k]) continue;
         sbp_ledger lg;
         int t = T;
+        sbp_grad_opts g = grad_opts(&s, &all_rows[k]);
         if (budget)
             t = largest_T(&s, &all_rows[k], budget, &lg);
-        else if (plan_at(&lg, &s, &all_rows[k], T, &err))
+        else if (plan_at(&lg, &s.cfg, s.B, s.storage, s.optimizer, &g, T, &err))
             return report_error("plan", &err);
         if (json) {
             cJSON *o = cJSON_CreateObject();

@@ -1,0 +1,423 @@
+/* bench.c — `streambp bench`: step time, FLOP rate and memory of each schedule, against the
+ * machine's sgemm rate measured in the same run.
+ *
+ * Every measurement (the sgemm rate too) runs in a child process of its own, so that the peak
+ * RSS the kernel reports belongs to that run alone, and so that the parent never starts an
+ * OpenMP thread pool before it forks. The child sends its numbers back through a pipe. */
+#include "../../verify/defaults.h"
+#include "cli.h"
+#include "plan.h"
+
+#include <cblas.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char usage[] =
+    "usage: streambp bench [--model DIR | --config FILE] [--seq T ...] [options]\n"
+    "\n"
+    "Times full forward + backward steps (float32, B = 1, random tokens, every label valid) of\n"
+    "each schedule and reports the median time, the FLOPs executed (recomputation included), the\n"
+    "achieved GFLOP/s beside the sgemm rate measured in the same run, tokens/s, the ledger's peak\n"
+    "beside the planner's and the process's peak RSS. Without --model/--config it benchmarks\n"
+    "data/models/bench.json (hidden 512, 8/4 heads, head_dim 64, F 1408, 4 layers, V 32000).\n"
+    "\n"
+    "  --seq T            a sequence length (repeatable; default 512 1024 2048 4096 8192 16384)\n"
+    "  --schedules LIST   of full, ckpt, ckpt-chunked, stream (default full,ckpt,stream)\n"
+    "  --threads N        default 2\n"
+    "  --reps N           timed steps per point (default 3 up to T = 4096, then 1), after one\n"
+    "                     untimed warm-up step up to T = 4096\n"
+    "  --block N, --chunk N, --logit-chunk N   as for grad (defaults 256, 1024, 256)\n"
+    "  --largest SIZE     instead: the largest T of each schedule under SIZE (e.g. 512M), found\n"
+    "                     with the planner and confirmed by a real step\n"
+    "  --csv | --json     machine-readable output\n";
+
+typedef struct {
+    int ok;
+    char err[800];
+    double times[16];
+    int n_times;
+    double loss;
+    sbp_ledger lg;
+    long long rss;
+} child_result;
+
+typedef struct {
+    const char *name;
+    sbp_schedule schedule;
+    int chunked_logits;
+} sched_kind;
+
+static const sched_kind kinds[] = {{"full", SBP_FULL, 0},
+                                   {"ckpt", SBP_CKPT, 0},
+                                   {"ckpt-chunked", SBP_CKPT, 1},
+                                   {"stream", SBP_STREAM, 0}};
+
+/* Runs fn in a child process; its result comes back through a pipe. */
+static int in_child(child_result *r, void (*fn)(child_result *, const void *), const void *arg) {
+    int fd[2];
+    memset(r, 0, sizeof *r);
+    if (pipe(fd) != 0) return 0;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return 0;
+    if (pid == 0) {
+        close(fd[0]);
+        child_result c = {0};
+        fn(&c, arg);
+        c.rss = peak_rss_bytes();
+        ssize_t w = write(fd[1], &c, sizeof c);
+        _exit(w == (ssize_t)sizeof c ? 0 : 1);
+    }
+    close(fd[1]);
+    ssize_t got = 0, n;
+    while (got < (ssize_t)sizeof *r && (n = read(fd[0], (char *)r + got, sizeof *r - got)) > 0)
+        got += n;
+    close(fd[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    if (got != (ssize_t)sizeof *r) {
+        snprintf(r->err, sizeof r->err, "the measuring process died (%s)",
+                 WIFSIGNALED(status) ? "killed by a signal; out of memory?" : "no result");
+        r->ok = 0;
+    }
+    return 1;
+}
+
+/* ---- the sgemm rate ------------------------------------------------------------------------ */
+
+typedef struct {
+    int threads;
+    int M, K, N[3];
+} sgemm_arg;
+
+static void sgemm_child(child_result *r, const void *p) {
+    const sgemm_arg *a = p;
+    sbp_set_threads(a->threads);
+    /* the step's three characteristic products: projections in and out, and the LM head */
+    int shapes[3][2] = {{a->K, a->N[0]}, {a->N[0], a->K}, {a->K, a->N[2]}};
+    for (int s = 0; s < 3; s++) {
+        int K = shapes[s][0], N = shapes[s][1], M = a->M;
+        float *A = malloc(sizeof(float) * (size_t)M * K),
+              *B = malloc(sizeof(float) * (size_t)N * K);
+        float *C = malloc(sizeof(float) * (size_t)M * N);
+        if (!A || !B || !C) {
+            snprintf(r->err, sizeof r->err, "out of memory");
+            return;
+        }
+        for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)((i * 7 % 13) - 6) * 0.01f;
+        for (size_t i = 0; i < (size_t)N * K; i++) B[i] = (float)((i * 5 % 11) - 5) * 0.01f;
+        double best[7];
+        for (int rep = 0; rep < 8; rep++) {
+            double t0 = now_seconds();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, A, K, B, K, 0, C, N);
+            double t = now_seconds() - t0;
+            if (rep) best[rep - 1] = 2.0 * M * N * K / t / 1e9; /* the first call warms up */
+        }
+        for (int i = 0; i < 7; i++) /* median of 7 */
+            for (int j = i + 1; j < 7; j++)
+                if (best[j] < best[i]) {
+                    double t = best[i];
+                    best[i] = best[j], best[j] = t;
+                }
+        r->times[r->n_times++] = best[3];
+        free(A), free(B), free(C);
+    }
+    r->ok = 1;
+}
+
+/* ---- one step measurement ------------------------------------------------------------------ */
+
+typedef struct {
+    const char *model;
+    int T, reps, warmup, threads;
+    sbp_grad_opts g;
+} step_arg;
+
+static void step_child(child_result *r, const void *p) {
+    const step_arg *a = p;
+    sbp_set_threads(a->threads);
+    sbp_err err = {0};
+    sbp_model m;
+    if (sbp_model_load(&m, a->model, SBP_FP32, &r->lg, &err)) {
+        snprintf(r->err, sizeof r->err, "%s", err.msg);
+        return;
+    }
+    /* one row of T random tokens, every label a target */
+    sbp_batch b = {.B = 1, .T = a->T, .kind = SBP_OBJ_SFT};
+    b.ids = malloc(sizeof *b.ids * a->T), b.labels = malloc(sizeof *b.labels * a->T);
+    b.mask = malloc(a->T);
+    uint32_t s = 12345;
+    for (int t = 0; t < a->T; t++) {
+        s = s * 1664525u + 1013904223u;
+        b.ids[t] = b.labels[t] = 1 + (int)((s >> 8) % (uint32_t)(m.cfg.vocab - 1));
+        b.mask[t] = 1;
+    }
+    b.n_targets = a->T - 1;
+    for (int i = 0; i < a->warmup + a->reps; i++) {
+        sbp_grad_result res;
+        double t0 = now_seconds();
+        if (sbp_grad(&res, &m, &b, &a->g, &r->lg, &err)) {
+            snprintf(r->err, sizeof r->err, "%s", err.msg);
+            sbp_batch_free(&b);
+            sbp_model_free(&m, &r->lg);
+            return;
+        }
+        double t = now_seconds() - t0;
+        if (i >= a->warmup) r->times[r->n_times++] = t;
+        r->loss = res.loss;
+        sbp_grad_result_free(&res, &r->lg);
+    }
+    sbp_batch_free(&b);
+    sbp_model_free(&m, &r->lg);
+    r->ok = 1;
+}
+
+static double median(double *v, int n) {
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (v[j] < v[i]) {
+                double t = v[i];
+                v[i] = v[j], v[j] = t;
+            }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static double mib(int64_t b) {
+    return (double)b / 1048576.0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"config", required_argument, 0, 'c'},
+                                         {"seq", required_argument, 0, 'T'},
+                                         {"schedules", required_argument, 0, 's'},
+                                         {"threads", required_argument, 0, 't'},
+                                         {"reps", required_argument, 0, 'r'},
+                                         {"block", required_argument, 0, 'B'},
+                                         {"chunk", required_argument, 0, 'C'},
+                                         {"logit-chunk", required_argument, 0, 'l'},
+                                         {"largest", required_argument, 0, 'L'},
+                                         {"csv", no_argument, 0, 'v'},
+                                         {"json", no_argument, 0, 'j'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *model = NULL, *config = NULL, *sched = "full,ckpt,stream";
+    int seqs[32], n_seqs = 0, threads = 2, reps = 0, block = 256, chunk = 1024, lchunk = 256;
+    int csv = 0, json = 0, c;
+    int64_t largest = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'c': config = optarg; break;
+        case 'T':
+            if (n_seqs == 32 || !parse_pos_int("bench", "seq", optarg, &seqs[n_seqs]))
+                return EXIT_USAGE;
+            n_seqs++;
+            break;
+        case 's': sched = optarg; break;
+        case 't':
+            if (!parse_pos_int("bench", "threads", optarg, &threads)) return EXIT_USAGE;
+            break;
+        case 'r':
+            if (!parse_pos_int("bench", "reps", optarg, &reps) || reps > 15) {
+                fprintf(stderr, "streambp bench: --reps must be 1..15\n");
+                return EXIT_USAGE;
+            }
+            break;
+        case 'B':
+            if (!parse_pos_int("bench", "block", optarg, &block)) return EXIT_USAGE;
+            break;
+        case 'C':
+            if (!parse_pos_int("bench", "chunk", optarg, &chunk)) return EXIT_USAGE;
+            break;
+        case 'l':
+            if (!parse_pos_int("bench", "logit-chunk", optarg, &lchunk)) return EXIT_USAGE;
+            break;
+        case 'L':
+            if (!plan_parse_size("bench", optarg, &largest)) return EXIT_USAGE;
+            break;
+        case 'v': csv = 1; break;
+        case 'j': json = 1; break;
+        case 'h': fputs(usage, stdout); return 0;
+        default: fputs(usage, stderr); return EXIT_USAGE;
+        }
+    }
+    if (optind < argc || (model && config)) {
+        fprintf(stderr, "streambp bench: give at most one of --model and --config\n%s", usage);
+        return EXIT_USAGE;
+    }
+    int use[4] = {0};
+    {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", sched);
+        for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+             tok = strtok_r(NULL, ",", &save)) {
+            int found = 0;
+            for (int k = 0; k < 4; k++)
+                if (strcmp(tok, kinds[k].name) == 0) use[k] = found = 1;
+            if (!found) {
+                fprintf(stderr, "streambp bench: unknown schedule \"%s\"\n", tok);
+                return EXIT_USAGE;
+            }
+        }
+    }
+    if (!n_seqs) {
+        static const int dflt[] = {512, 1024, 2048, 4096, 8192, 16384};
+        memcpy(seqs, dflt, sizeof dflt);
+        n_seqs = 6;
+    }
+    /* the model directory: given, or a seeded random model of the config */
+    sbp_err err = {0};
+    sbp_config cfg;
+    char dir[600] = "", cfgpath[1200];
+    if (model) {
+        snprintf(cfgpath, sizeof cfgpath, "%s/config.json", model);
+    } else {
+        char data[512];
+        if (!config) {
+            if (sbp_data_dir(data, sizeof data, &err)) return report_error("bench", &err);
+            snprintf(cfgpath, sizeof cfgpath, "%s/models/bench.json", data);
+        } else {
+            snprintf(cfgpath, sizeof cfgpath, "%s", config);
+        }
+        snprintf(dir, sizeof dir, "%s/streambp-bench-XXXXXX",
+                 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+        if (!mkdtemp(dir)) {
+            fprintf(stderr, "streambp bench: cannot create a temporary directory\n");
+            return EXIT_USAGE;
+        }
+    }
+    if (sbp_config_load(&cfg, cfgpath, &err) || (!model && sbp_model_init(&cfg, 1, dir, &err))) {
+        if (dir[0]) rmdir(dir);
+        return report_error("bench", &err);
+    }
+    const char *mdir = model ? model : dir;
+    sbp_params ps;
+    sbp_params_build(&ps, &cfg, &err);
+    const double nparam = (double)ps.total;
+    sbp_params_free(&ps);
+
+    child_result sg;
+    sgemm_arg sa = {.threads = threads, .M = 2048, .K = cfg.hidden, .N = {cfg.ffn, 0, cfg.vocab}};
+    fprintf(stderr, "streambp bench: measuring the sgemm rate...\n");
+    in_child(&sg, sgemm_child, &sa);
+    double sgemm = sg.ok ? (sg.times[0] + sg.times[1] + sg.times[2]) / 3 : NAN;
+
+    if (!json && !csv) {
+        printf("streambp bench: %s (%s, C=%d, L=%d, heads %d/%d, F=%d, V=%d, %.1fM parameters), "
+               "B = 1, fp32, %d threads, block %d, stream chunk %d, logit chunk %d\n",
+               cfgpath, cfg.model_type, cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.ffn,
+               cfg.vocab, nparam / 1e6, threads, block, chunk, lchunk);
+        printf("sgemm rate in this run: %.1f GFLOP/s (mean of the medians of %dx%dx%d, %dx%dx%d, "
+               "%dx%dx%d)\n",
+               sgemm, 2048, cfg.hidden, cfg.ffn, 2048, cfg.ffn, cfg.hidden, 2048, cfg.hidden,
+               cfg.vocab);
+    }
+    if (csv)
+        printf("T,schedule,runs,median_s,gflop,gflops,pct_sgemm,tokens_per_s,ledger_peak_bytes,"
+               "planned_peak_bytes,rss_bytes,loss\n");
+    cJSON *jrows = cJSON_CreateArray();
+    int budget_rows = largest ? 1 : n_seqs;
+    if (!json && !csv)
+        printf("%7s %-13s %4s %9s %9s %8s %7s %9s %10s %10s %9s %8s\n", "T", "schedule", "runs",
+               "median s", "GFLOP", "GFLOP/s", "%sgemm", "tokens/s", "peak MiB", "plan MiB",
+               "RSS MiB", "RSS/peak");
+    int failures = 0;
+    for (int si = 0; si < budget_rows; si++)
+        for (int k = 0; k < 4; k++) {
+            if (!use[k]) continue;
+            sbp_grad_opts g = {.schedule = kinds[k].schedule,
+                               .block = block,
+                               .chunk = chunk,
+                               .logit_chunk = lchunk,
+                               .chunked_logits = kinds[k].chunked_logits};
+            sbp_ledger plan;
+            int T = seqs[si];
+            if (largest) {
+                T = plan_largest_T(&cfg, 1, 4, 0, &g, largest, &plan);
+                if (T == 0) {
+                    printf("%-13s does not fit in %.0f MiB at any T\n", kinds[k].name,
+                           mib(largest));
+                    continue;
+                }
+            } else {
+                sbp_plan_opts po = {.grad = g, .B = 1, .T = T, .storage_bytes = 4};
+                if (sbp_plan(&plan, &cfg, &po, &err)) memset(&plan, 0, sizeof plan);
+            }
+            step_arg a = {.model = mdir,
+                          .T = T,
+                          .threads = threads,
+                          .g = g,
+                          .reps = reps        ? reps
+                                  : T <= 4096 ? 3
+                                              : 1,
+                          .warmup = T <= 4096};
+            if (largest) a.reps = 1, a.warmup = 0;
+            fprintf(stderr, "  T = %d, %s: %d step%s...\n", T, kinds[k].name, a.reps + a.warmup,
+                    a.reps + a.warmup > 1 ? "s" : "");
+            child_result r;
+            in_child(&r, step_child, &a);
+            if (!r.ok) {
+                fprintf(stderr, "streambp bench: T = %d, %s: %s\n", T, kinds[k].name, r.err);
+                failures++;
+                continue;
+            }
+            double t = median(r.times, r.n_times), flop = sbp_step_flops(&cfg, 1, T, &g);
+            double gfs = flop / t / 1e9, peak = (double)r.lg.peak_total;
+            if (csv) {
+                printf("%d,%s,%d,%.6f,%.3f,%.3f,%.2f,%.1f,%lld,%lld,%lld,%.17g\n", T, kinds[k].name,
+                       r.n_times, t, flop / 1e9, gfs, 100 * gfs / sgemm, T / t,
+                       (long long)r.lg.peak_total, (long long)plan.peak_total, r.rss, r.loss);
+            } else if (json) {
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddNumberToObject(o, "T", T);
+                cJSON_AddStringToObject(o, "schedule", kinds[k].name);
+                cJSON_AddNumberToObject(o, "runs", r.n_times);
+                cJSON_AddNumberToObject(o, "median_seconds", t);
+                cJSON_AddNumberToObject(o, "gflop", flop / 1e9);
+                cJSON_AddNumberToObject(o, "gflops", gfs);
+                cJSON_AddNumberToObject(o, "fraction_of_sgemm", gfs / sgemm);
+                cJSON_AddNumberToObject(o, "tokens_per_second", T / t);
+                cJSON_AddItemToObject(o, "memory", ledger_json(&r.lg));
+                cJSON_AddNumberToObject(o, "planned_peak_bytes", (double)plan.peak_total);
+                cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)r.rss);
+                cJSON_AddItemToArray(jrows, o);
+            } else {
+                printf("%7d %-13s %4d %9.3f %9.1f %8.1f %6.1f%% %9.0f %10.1f %10.1f %9.1f %8.2f\n",
+                       T, kinds[k].name, r.n_times, t, flop / 1e9, gfs, 100 * gfs / sgemm, T / t,
+                       mib(r.lg.peak_total), mib(plan.peak_total), mib(r.rss), r.rss / peak);
+            }
+            fflush(stdout);
+        }
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "config", cfgpath);
+        cJSON_AddNumberToObject(o, "threads", threads);
+        cJSON_AddNumberToObject(o, "sgemm_gflops", sgemm);
+        if (largest) cJSON_AddNumberToObject(o, "budget_bytes", (double)largest);
+        cJSON_AddItemToObject(o, "rows", jrows);
+        char *text = cJSON_Print(o);
+        puts(text);
+        free(text);
+        cJSON_Delete(o);
+    } else {
+        cJSON_Delete(jrows);
+        if (!csv)
+            printf("(peak MiB: the ledger's peak; plan MiB: the planner's for the same step; RSS: "
+                   "the whole process, binary and libraries included)\n");
+    }
+    if (dir[0]) {
+        char p[1200];
+        snprintf(p, sizeof p, "%s/config.json", dir);
+        remove(p);
+        snprintf(p, sizeof p, "%s/model.safetensors", dir);
+        remove(p);
+        rmdir(dir);
+    }
+    return failures ? EXIT_USAGE : 0;
+}

@@ -1,0 +1,14 @@
+/* plan.h — planning helpers shared by `plan` and `bench`. */
+#ifndef SBP_CLI_PLAN_H
+#define SBP_CLI_PLAN_H
+
+#include "../streambp.h"
+
+/* The largest T whose planned peak fits the budget (0 if not even T = 1), with its ledger in
+ * *at: doubling, then bisection; a plan too large to reserve address space for does not fit. */
+int plan_largest_T(const sbp_config *cfg, int B, int storage_bytes, int optimizer,
+                   const sbp_grad_opts *g, int64_t budget, sbp_ledger *at);
+/* "80G", "512M", "1.5GiB" (binary units) -> bytes; prints an error naming cmd and returns 0. */
+int plan_parse_size(const char *cmd, const char *text, int64_t *out);
+
+#endif
