@@ -54,7 +54,7 @@ TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIB        := $(BUILD)/libstreambp.a
 BIN        := $(BUILD)/streambp
 
-.PHONY: all deps demo test format clean check-deps
+.PHONY: all deps demo test format clean check-deps bench bench-torch plots
 all: deps
 	@$(MAKE) --no-print-directory $(BIN) $(LIB)
 
@@ -136,6 +136,30 @@ demo: all
 	@for s in ckpt stream; do printf '%-7s ' "$$s:"; \
 	  $(BIN) verify diff --bitwise $(DEMO_DIR)/grad-$$s.safetensors \
 	    $(DEMO_DIR)/grad-full.safetensors | tail -2 | tr '\n' ' '; echo; done
+
+# ---- benchmarks (not part of `make test`; they take minutes) -------------------------------------
+
+BENCH_DIR := $(BUILD)/bench
+PLAN_T    := 512 1024 2048 4096 8192 16384 32768 65536 131072 262144
+
+bench: all
+	@mkdir -p $(BENCH_DIR)
+	$(BIN) bench | tee $(BENCH_DIR)/bench.txt
+	$(BIN) bench --largest 512M | tee $(BENCH_DIR)/largest.txt
+	$(BIN) plan --paper | tee $(BENCH_DIR)/paper.txt
+
+bench-torch: all
+	@/usr/bin/python3 -c 'import torch' 2>/dev/null || { $(SUDO) apt-get install -y -q python3-torch; }
+	/usr/bin/python3 verify/torch_bench.py --streambp $(BIN)
+
+plots: all
+	@command -v gnuplot >/dev/null || { $(SUDO) apt-get install -y -q gnuplot-nox; }
+	@mkdir -p $(BENCH_DIR)
+	$(BIN) bench --csv > $(BENCH_DIR)/bench.csv
+	@for T in $(PLAN_T); do $(BIN) plan --config data/models/bench.json --seq $$T --csv | tail -n +2; done > $(BENCH_DIR)/plan-bench.csv
+	@for T in $(PLAN_T); do $(BIN) plan --config data/configs/qwen3-8b.json --storage bf16 --seq $$T --csv | tail -n +2; done > $(BENCH_DIR)/plan-qwen3-8b.csv
+	gnuplot -e "dir='$(BENCH_DIR)'; out='data/plots'" data/plots/plots.gp
+	@cp $(BENCH_DIR)/*.csv data/plots/ && echo "wrote data/plots/*.png and the CSV files they came from"
 
 # ---- housekeeping -------------------------------------------------------------------------------
 

@@ -33,7 +33,8 @@ static const char usage[] =
     "  --block N          token block (default 256)\n"
     "  --chunk N          stream chunk (default 1024)\n"
     "  --logit-chunk N    rows per logits pass (default 256)\n"
-    "  --json             JSON instead of the table\n";
+    "  --json             JSON instead of the table\n"
+    "  --csv              CSV rows (schedule, T, bytes per category at the peak, total)\n";
 
 typedef struct {
     const char *name;
@@ -222,11 +223,12 @@ int cmd_plan(int argc, char **argv) {
                                          {"logit-chunk", required_argument, 0, 'l'},
                                          {"paper", no_argument, 0, 'p'},
                                          {"json", no_argument, 0, 'j'},
+        {"csv", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     plan_setup s = {.B = 1, .storage = 4, .block = 256, .chunk = 1024, .logit_chunk = 256};
     const char *config = NULL, *model = NULL, *sched = NULL;
-    int T = 0, json = 0, paper_mode = 0, c;
+    int T = 0, json = 0, csv = 0, paper_mode = 0, c;
     int64_t budget = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -265,6 +267,7 @@ int cmd_plan(int argc, char **argv) {
             break;
         case 'p': paper_mode = 1; break;
         case 'j': json = 1; break;
+        case 'v': csv = 1; break;
         case 'h': fputs(usage, stdout); return 0;
         default: fputs(usage, stderr); return EXIT_USAGE;
         }
@@ -314,7 +317,11 @@ int cmd_plan(int argc, char **argv) {
     int64_t nparam = ps.total;
     sbp_params_free(&ps);
     cJSON *jrows = cJSON_CreateArray();
-    if (!json) {
+    if (csv) {
+        printf("schedule,T");
+        for (int k = 0; k < SBP_MEM_NCATS; k++) printf(",%s", sbp_mem_cat_name(k));
+        printf(",total\n");
+    } else if (!json) {
         printf("%s: %s, %.3fB parameters, B = %d, storage %s, optimizer %s", path, s.cfg.model_type,
                nparam / 1e9, s.B, s.storage == 2 ? "bf16" : "fp32",
                s.optimizer ? "included" : "excluded");
@@ -335,7 +342,11 @@ int cmd_plan(int argc, char **argv) {
             t = largest_T(&s, &all_rows[k], budget, &lg);
         else if (plan_at(&lg, &s.cfg, s.B, s.storage, s.optimizer, &g, T, &err))
             return report_error("plan", &err);
-        if (json) {
+        if (csv) {
+            printf("%s,%d", all_rows[k].name, t);
+            for (int q = 0; q < SBP_MEM_NCATS; q++) printf(",%lld", (long long)lg.at_peak[q]);
+            printf(",%lld\n", (long long)lg.peak_total);
+        } else if (json) {
             cJSON *o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "schedule", all_rows[k].name);
             cJSON_AddNumberToObject(o, "T", t);
