@@ -55,9 +55,8 @@ static int logprobs(double **out, const sbp_config *cfg, const sbp_params *ps, c
 }
 
 /* grads ← d/dw Σ coef·logp (zeroed first); nothing when grads is NULL. */
-static int backward(double *grads, const double *coef, const sbp_config *cfg,
-                    const sbp_params *ps, const double *w, const sbp_batch *b, double tau,
-                    sbp_err *err) {
+static int backward(double *grads, const double *coef, const sbp_config *cfg, const sbp_params *ps,
+                    const double *w, const sbp_batch *b, double tau, sbp_err *err) {
     if (!grads) return SBP_OK;
     memset(grads, 0, sizeof *grads * (size_t)ps->total);
     return ref_backward(grads, coef, cfg, ps, w, b, tau, err);
@@ -86,8 +85,7 @@ static int dpo_check(const sbp_batch *b, const sbp_objective *o, sbp_err *err) {
         return sbp_fail(err, SBP_EINPUT, "ref_dpo: %d rows do not hold %d chosen/rejected pairs",
                         b->B, b->pairs);
     if (!b->ref_seq_logps)
-        return sbp_fail(err, SBP_EINPUT,
-                        "ref_dpo: no reference log-probs (ref_seq_logps is NULL)");
+        return sbp_fail(err, SBP_EINPUT, "ref_dpo: no reference log-probs (ref_seq_logps is NULL)");
     for (int r = 0; r < b->B; r++) {
         if (!isfinite(b->ref_seq_logps[r]))
             return sbp_fail(err, SBP_EINPUT, "ref_dpo: reference log-prob of row %d is %g", r,

@@ -831,7 +831,7 @@ def main(argv=None):
         with torch.no_grad():
             logits = forward(m, P, batch["ids"], batch["mask"])
             batch["old"] = target_logprobs(logits, batch["labels"], hp.temperature)[0]
-    ids, labels, mask = batch["ids"], batch["labels"], batch["mask"]
+    labels, mask = batch["labels"], batch["mask"]
     from_pad = int(((labels[:, 1:] != IGNORE_INDEX) & (mask[:, :-1] == 0)).sum())
     loss = compute_loss(m, P, batch, hp)
     loss.backward()

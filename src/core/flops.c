@@ -21,7 +21,8 @@ double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o)
     double pairs = 0; /* Σ wq·wk over tile pairs at or below the diagonal */
     for (int i0 = 0; i0 < T; i0 += W) {
         int wq = T - i0 < W ? T - i0 : W;
-        for (int j0 = 0; j0 < i0 + wq; j0 += W) pairs += (double)wq * (j0 + W < i0 + wq ? W : i0 + wq - j0);
+        for (int j0 = 0; j0 < i0 + wq; j0 += W)
+            pairs += (double)wq * (j0 + W < i0 + wq ? W : i0 + wq - j0);
     }
     const double afwd = 4 * pairs * HD * c->heads, abwd = 14 * pairs * HD * c->heads;
     double f = c->layers * (3 * P * T + afwd + abwd) + 3 * H * T;

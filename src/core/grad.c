@@ -74,6 +74,8 @@ static sbp_objective step_objective(const sbp_objective *o, const sbp_batch *bat
     }
     if (s.num_items == 0 && o->kind != SBP_OBJ_DPO) s.num_items = items;
     if (s.num_sequences == 0 && o->kind != SBP_OBJ_SFT) s.num_sequences = seqs;
+    for (int i = 0; i < n && s.kind == SBP_OBJ_GRPO && o->max_completion_length == 0; i++)
+        if (batches[i].T > s.max_completion_length) s.max_completion_length = batches[i].T;
     return s;
 }
 

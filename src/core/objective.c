@@ -54,9 +54,8 @@ static sbp_status begin_grpo(sbp_obj_eval *ev, const sbp_objective *o, const sbp
     if (!finite_nonneg(o->beta))
         return sbp_fail(err, SBP_EUSAGE, "the KL coefficient beta must be >= 0 and finite (got %g)",
                         o->beta);
-    if (!finite_nonneg(o->epsilon_low) || !finite_nonneg(o->epsilon_high) || o->epsilon_low >= 1)
-        return sbp_fail(err, SBP_EUSAGE,
-                        "epsilon_low must be in [0, 1) and epsilon_high >= 0 (got %g, %g)",
+    if (!finite_nonneg(o->epsilon_low) || !finite_nonneg(o->epsilon_high))
+        return sbp_fail(err, SBP_EUSAGE, "epsilon_low and epsilon_high must be >= 0 (got %g, %g)",
                         o->epsilon_low, o->epsilon_high);
     if (o->beta > 0 && !b->ref_logps)
         return sbp_fail(err, SBP_EINPUT,
@@ -69,14 +68,17 @@ static sbp_status begin_grpo(sbp_obj_eval *ev, const sbp_objective *o, const sbp
     double tokens = o->num_items > 0 ? o->num_items : (double)b->n_targets;
     int lmax = o->max_completion_length > 0 ? o->max_completion_length : b->T;
     if (o->grpo_loss == SBP_GRPO_DAPO && tokens == 0)
-        return sbp_fail(err, SBP_EINPUT, "dapo divides by the completion tokens of the step, and "
-                                         "there are none (TRL would divide 0 by 0)");
+        return sbp_fail(err, SBP_EINPUT,
+                        "dapo divides by the completion tokens of the step, and "
+                        "there are none (TRL would divide 0 by 0)");
     for (int r = 0; r < b->B; r++) {
         int n = row_targets(b, r);
         ev->row_w[r] = o->grpo_loss == SBP_GRPO_GRPO ? 1.0 / (rows * (n > 1 ? n : 1)) : 0;
     }
-    if (o->grpo_loss == SBP_GRPO_BNPO) ev->w = 1.0 / (tokens > 1 ? tokens : 1); /* clamp(min=1) */
-    else if (o->grpo_loss == SBP_GRPO_DAPO) ev->w = 1.0 / tokens;
+    if (o->grpo_loss == SBP_GRPO_BNPO)
+        ev->w = 1.0 / (tokens > 1 ? tokens : 1); /* clamp(min=1) */
+    else if (o->grpo_loss == SBP_GRPO_DAPO)
+        ev->w = 1.0 / tokens;
     else if (o->grpo_loss == SBP_GRPO_DR_GRPO)
         ev->w = 1.0 / (rows * lmax);
     return SBP_OK;
