@@ -56,15 +56,9 @@ int verify_audit(int argc, char **argv) {
                 return EXIT_USAGE;
             }
             break;
-        case 's': {
-            char *end;
-            o.slack = strtod(optarg, &end);
-            if (end == optarg || *end || !(o.slack >= 1) || !isfinite(o.slack)) {
-                fprintf(stderr, "streambp verify audit: --slack must be a number >= 1\n");
-                return EXIT_USAGE;
-            }
+        case 's':
+            if (!parse_number("verify audit", "slack", optarg, 1, &o.slack)) return EXIT_USAGE;
             break;
-        }
         case 'B':
             if (!parse_pos_int("verify audit", "block", optarg, &o.block)) return EXIT_USAGE;
             break;

@@ -180,15 +180,9 @@ int verify_run(int argc, char **argv) {
             if (!parse_pos_int("verify", "block", optarg, &o.block)) return EXIT_USAGE;
             break;
         case 'n': o.no_ref = 1; break;
-        case 'S': {
-            char *end;
-            o.slack = strtod(optarg, &end);
-            if (end == optarg || *end || !(o.slack >= 1) || !isfinite(o.slack)) {
-                fprintf(stderr, "streambp verify: --slack must be a number >= 1\n");
-                return EXIT_USAGE;
-            }
+        case 'S':
+            if (!parse_number("verify", "slack", optarg, 1, &o.slack)) return EXIT_USAGE;
             break;
-        }
         case 'f': failures_only = 1; break;
         case 'j': json = 1; break;
         case 'h': printf("%s%s", usage, obj_usage); return 0;

@@ -81,7 +81,9 @@ static const sbp_suite_case cases[] = {
 };
 /* clang-format on */
 
-int sbp_suite_count(void) { return (int)(sizeof cases / sizeof cases[0]); }
+int sbp_suite_count(void) {
+    return (int)(sizeof cases / sizeof cases[0]);
+}
 
 const sbp_suite_case *sbp_suite_case_at(int i) {
     return i >= 0 && i < sbp_suite_count() ? &cases[i] : NULL;
@@ -116,8 +118,12 @@ sbp_status sbp_suite_run(sbp_verify_report *rep, int i, const char *data_dir, co
     if (!st && c->ref_seed)
         st = model_dir(refm, sizeof refm, data_dir, workdir, c->model, c->ref_seed, err);
     if (st) return st;
-    sbp_verify_opts o = {.model = model, .batch = batch, .block = c->block,
-                         .n_chunks = c->n_chunks, .objective = c->obj, .scale_rewards = 1,
+    sbp_verify_opts o = {.model = model,
+                         .batch = batch,
+                         .block = c->block,
+                         .n_chunks = c->n_chunks,
+                         .objective = c->obj,
+                         .scale_rewards = 1,
                          .ref_model = c->ref_seed ? refm : NULL};
     memcpy(o.chunks, c->chunks, sizeof c->chunks);
     return sbp_verify_run(rep, &o, err);

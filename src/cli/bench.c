@@ -45,16 +45,7 @@ typedef struct {
     long long rss;
 } child_result;
 
-typedef struct {
-    const char *name;
-    sbp_schedule schedule;
-    int chunked_logits;
-} sched_kind;
-
-static const sched_kind kinds[] = {{"full", SBP_FULL, 0},
-                                   {"ckpt", SBP_CKPT, 0},
-                                   {"ckpt-chunked", SBP_CKPT, 1},
-                                   {"stream", SBP_STREAM, 0}};
+#define kinds plan_schedules
 
 /* Runs fn in a child process; its result comes back through a pipe. */
 static int in_child(child_result *r, void (*fn)(child_result *, const void *), const void *arg) {
@@ -251,21 +242,8 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "streambp bench: give at most one of --model and --config\n%s", usage);
         return EXIT_USAGE;
     }
-    int use[4] = {0};
-    {
-        char buf[256];
-        snprintf(buf, sizeof buf, "%s", sched);
-        for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
-             tok = strtok_r(NULL, ",", &save)) {
-            int found = 0;
-            for (int k = 0; k < 4; k++)
-                if (strcmp(tok, kinds[k].name) == 0) use[k] = found = 1;
-            if (!found) {
-                fprintf(stderr, "streambp bench: unknown schedule \"%s\"\n", tok);
-                return EXIT_USAGE;
-            }
-        }
-    }
+    int use[PLAN_N_SCHEDULES];
+    if (!plan_parse_schedules("bench", sched, use)) return EXIT_USAGE;
     if (!n_seqs) {
         static const int dflt[] = {512, 1024, 2048, 4096, 8192, 16384};
         memcpy(seqs, dflt, sizeof dflt);

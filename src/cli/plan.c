@@ -36,16 +36,33 @@ static const char usage[] =
     "  --json             JSON instead of the table\n"
     "  --csv              CSV rows (schedule, T, bytes per category at the peak, total)\n";
 
-typedef struct {
-    const char *name;
-    sbp_schedule schedule;
-    int chunked_logits;
-} sched_row;
+typedef plan_schedule sched_row;
 
-static const sched_row all_rows[] = {{"full", SBP_FULL, 0},
-                                     {"ckpt", SBP_CKPT, 0},
-                                     {"ckpt-chunked", SBP_CKPT, 1},
-                                     {"stream", SBP_STREAM, 0}};
+const plan_schedule plan_schedules[PLAN_N_SCHEDULES] = {{"full", SBP_FULL, 0},
+                                                        {"ckpt", SBP_CKPT, 0},
+                                                        {"ckpt-chunked", SBP_CKPT, 1},
+                                                        {"stream", SBP_STREAM, 0}};
+#define all_rows plan_schedules
+
+int plan_parse_schedules(const char *cmd, const char *list, int use[PLAN_N_SCHEDULES]) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    memset(use, 0, sizeof(int) * PLAN_N_SCHEDULES);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        int found = 0;
+        for (int k = 0; k < PLAN_N_SCHEDULES; k++)
+            if (strcmp(tok, plan_schedules[k].name) == 0) use[k] = found = 1;
+        if (!found) {
+            fprintf(stderr,
+                    "streambp %s: unknown schedule \"%s\" (full, ckpt, ckpt-chunked, "
+                    "stream)\n",
+                    cmd, tok);
+            return 0;
+        }
+    }
+    return 1;
+}
 
 typedef struct {
     sbp_config cfg;
@@ -223,7 +240,7 @@ int cmd_plan(int argc, char **argv) {
                                          {"logit-chunk", required_argument, 0, 'l'},
                                          {"paper", no_argument, 0, 'p'},
                                          {"json", no_argument, 0, 'j'},
-        {"csv", no_argument, 0, 'v'},
+                                         {"csv", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     plan_setup s = {.B = 1, .storage = 4, .block = 256, .chunk = 1024, .logit_chunk = 256};
@@ -293,25 +310,8 @@ int cmd_plan(int argc, char **argv) {
     else
         snprintf(path, sizeof path, "%s", config);
     if (sbp_config_load(&s.cfg, path, &err)) return report_error("plan", &err);
-    int use[4] = {1, 1, 1, 1};
-    if (sched) {
-        char buf[256];
-        snprintf(buf, sizeof buf, "%s", sched);
-        memset(use, 0, sizeof use);
-        for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
-             tok = strtok_r(NULL, ",", &save)) {
-            int found = 0;
-            for (int k = 0; k < 4; k++)
-                if (strcmp(tok, all_rows[k].name) == 0) use[k] = found = 1;
-            if (!found) {
-                fprintf(stderr,
-                        "streambp plan: unknown schedule \"%s\" (full, ckpt, "
-                        "ckpt-chunked, stream)\n",
-                        tok);
-                return EXIT_USAGE;
-            }
-        }
-    }
+    int use[PLAN_N_SCHEDULES] = {1, 1, 1, 1};
+    if (sched && !plan_parse_schedules("plan", sched, use)) return EXIT_USAGE;
     sbp_params ps;
     if (sbp_params_build(&ps, &s.cfg, &err)) return report_error("plan", &err);
     int64_t nparam = ps.total;

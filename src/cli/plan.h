@@ -4,6 +4,20 @@
 
 #include "../streambp.h"
 
+/* The schedules plan and bench compare: ckpt keeps B·T·V logits as HF's baseline does,
+ * ckpt-chunked streams them. */
+typedef struct {
+    const char *name;
+    sbp_schedule schedule;
+    int chunked_logits;
+} plan_schedule;
+
+enum { PLAN_N_SCHEDULES = 4 };
+extern const plan_schedule plan_schedules[PLAN_N_SCHEDULES];
+/* Parses a comma-separated list of their names into use[]; prints an error and returns 0 for
+ * an unknown one. */
+int plan_parse_schedules(const char *cmd, const char *list, int use[PLAN_N_SCHEDULES]);
+
 /* The largest T whose planned peak fits the budget (0 if not even T = 1), with its ledger in
  * *at: doubling, then bisection; a plan too large to reserve address space for does not fit. */
 int plan_largest_T(const sbp_config *cfg, int B, int storage_bytes, int optimizer,

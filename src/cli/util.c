@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -17,6 +18,18 @@ int parse_pos_int(const char *cmd, const char *opt, const char *text, int *out) 
         return 0;
     }
     *out = (int)v;
+    return 1;
+}
+
+int parse_number(const char *cmd, const char *opt, const char *text, double min, double *out) {
+    char *end;
+    double v = strtod(text, &end);
+    if (end == text || *end || !isfinite(v) || !(v >= min)) {
+        fprintf(stderr, "streambp %s: --%s must be a finite number >= %g, got \"%s\"\n", cmd, opt,
+                min, text);
+        return 0;
+    }
+    *out = v;
     return 1;
 }
 
