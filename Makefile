@@ -145,7 +145,7 @@ PLAN_T    := 512 1024 2048 4096 8192 16384 32768 65536 131072 262144
 bench: all
 	@mkdir -p $(BENCH_DIR)
 	$(BIN) bench | tee $(BENCH_DIR)/bench.txt
-	$(BIN) bench --largest 512M | tee $(BENCH_DIR)/largest.txt
+	$(BIN) bench --largest 768M | tee $(BENCH_DIR)/largest.txt
 	$(BIN) plan --paper | tee $(BENCH_DIR)/paper.txt
 
 bench-torch: all

@@ -28,8 +28,10 @@ static const char usage[] =
     "  --seq T            a sequence length (repeatable; default 512 1024 2048 4096 8192 16384)\n"
     "  --schedules LIST   of full, ckpt, ckpt-chunked, stream (default full,ckpt,stream)\n"
     "  --threads N        default 2\n"
-    "  --reps N           timed steps per point (default 3 up to T = 4096, then 1), after one\n"
-    "                     untimed warm-up step up to T = 4096\n"
+    "  --reps N           timed rounds per T (default 3 up to T = 4096, then 1); a round runs\n"
+    "                     every schedule once, in one process, after an untimed warm-up round\n"
+    "                     (up to T = 4096); memory is measured by one step per schedule, each\n"
+    "                     in a process of its own\n"
     "  --block N, --chunk N, --logit-chunk N   as for grad (defaults 256, 1024, 256)\n"
     "  --largest SIZE     instead: the largest T of each schedule under SIZE (e.g. 512M), found\n"
     "                     with the planner and confirmed by a real step\n"
@@ -38,8 +40,8 @@ static const char usage[] =
 typedef struct {
     int ok;
     char err[800];
-    double times[16];
-    int n_times;
+    double times[PLAN_N_SCHEDULES][16]; /* step times per schedule and round */
+    int n_times;                        /* rounds timed */
     double loss;
     sbp_ledger lg;
     long long rss;
@@ -114,7 +116,7 @@ static void sgemm_child(child_result *r, const void *p) {
                     double t = best[i];
                     best[i] = best[j], best[j] = t;
                 }
-        r->times[r->n_times++] = best[3];
+        r->times[0][r->n_times++] = best[3];
         free(A), free(B), free(C);
     }
     r->ok = 1;
@@ -122,10 +124,13 @@ static void sgemm_child(child_result *r, const void *p) {
 
 /* ---- one step measurement ------------------------------------------------------------------ */
 
+/* The schedules g[0..n) at one T: a warm-up round (if asked), then `reps` rounds that run each
+ * schedule once in turn, so that a drift in the machine's speed touches all of them alike. The
+ * ledger and RSS are meaningful when n = 1. */
 typedef struct {
     const char *model;
-    int T, reps, warmup, threads;
-    sbp_grad_opts g;
+    int T, reps, warmup, threads, n;
+    sbp_grad_opts g[PLAN_N_SCHEDULES];
 } step_arg;
 
 static void step_child(child_result *r, const void *p) {
@@ -149,18 +154,20 @@ static void step_child(child_result *r, const void *p) {
     }
     b.n_targets = a->T - 1;
     for (int i = 0; i < a->warmup + a->reps; i++) {
-        sbp_grad_result res;
-        double t0 = now_seconds();
-        if (sbp_grad(&res, &m, &b, &a->g, &r->lg, &err)) {
-            snprintf(r->err, sizeof r->err, "%s", err.msg);
-            sbp_batch_free(&b);
-            sbp_model_free(&m, &r->lg);
-            return;
+        for (int k = 0; k < a->n; k++) {
+            sbp_grad_result res;
+            double t0 = now_seconds();
+            if (sbp_grad(&res, &m, &b, &a->g[k], &r->lg, &err)) {
+                snprintf(r->err, sizeof r->err, "%s", err.msg);
+                sbp_batch_free(&b);
+                sbp_model_free(&m, &r->lg);
+                return;
+            }
+            if (i >= a->warmup) r->times[k][i - a->warmup] = now_seconds() - t0;
+            r->loss = res.loss;
+            sbp_grad_result_free(&res, &r->lg);
         }
-        double t = now_seconds() - t0;
-        if (i >= a->warmup) r->times[r->n_times++] = t;
-        r->loss = res.loss;
-        sbp_grad_result_free(&res, &r->lg);
+        if (i >= a->warmup) r->n_times++;
     }
     sbp_batch_free(&b);
     sbp_model_free(&m, &r->lg);
@@ -284,7 +291,7 @@ int cmd_bench(int argc, char **argv) {
     sgemm_arg sa = {.threads = threads, .M = 2048, .K = cfg.hidden, .N = {cfg.ffn, 0, cfg.vocab}};
     fprintf(stderr, "streambp bench: measuring the sgemm rate...\n");
     in_child(&sg, sgemm_child, &sa);
-    double sgemm = sg.ok ? (sg.times[0] + sg.times[1] + sg.times[2]) / 3 : NAN;
+    double sgemm = sg.ok ? (sg.times[0][0] + sg.times[0][1] + sg.times[0][2]) / 3 : NAN;
 
     if (!json && !csv) {
         printf("streambp bench: %s (%s, C=%d, L=%d, heads %d/%d, F=%d, V=%d, %.1fM parameters), "
@@ -306,18 +313,29 @@ int cmd_bench(int argc, char **argv) {
                "median s", "GFLOP", "GFLOP/s", "%sgemm", "tokens/s", "peak MiB", "plan MiB",
                "RSS MiB", "RSS/peak");
     int failures = 0;
-    for (int si = 0; si < budget_rows; si++)
-        for (int k = 0; k < 4; k++) {
+    for (int si = 0; si < budget_rows; si++) {
+        /* memory: each schedule alone in a process (its own peak RSS), one step */
+        child_result mem[PLAN_N_SCHEDULES];
+        sbp_ledger plan[PLAN_N_SCHEDULES];
+        step_arg timing = {.model = mdir,
+                           .T = seqs[si],
+                           .threads = threads,
+                           .reps = reps               ? reps
+                                   : seqs[si] <= 4096 ? 3
+                                                      : 1,
+                           .warmup = seqs[si] <= 4096 && !largest};
+        int kidx[PLAN_N_SCHEDULES], Ts[PLAN_N_SCHEDULES];
+        for (int k = 0; k < PLAN_N_SCHEDULES; k++) {
+            mem[k].ok = 0;
             if (!use[k]) continue;
             sbp_grad_opts g = {.schedule = kinds[k].schedule,
                                .block = block,
                                .chunk = chunk,
                                .logit_chunk = lchunk,
                                .chunked_logits = kinds[k].chunked_logits};
-            sbp_ledger plan;
             int T = seqs[si];
             if (largest) {
-                T = plan_largest_T(&cfg, 1, 4, 0, &g, largest, &plan);
+                T = plan_largest_T(&cfg, 1, 4, 0, &g, largest, &plan[k]);
                 if (T == 0) {
                     printf("%-13s does not fit in %.0f MiB at any T\n", kinds[k].name,
                            mib(largest));
@@ -325,53 +343,68 @@ int cmd_bench(int argc, char **argv) {
                 }
             } else {
                 sbp_plan_opts po = {.grad = g, .B = 1, .T = T, .storage_bytes = 4};
-                if (sbp_plan(&plan, &cfg, &po, &err)) memset(&plan, 0, sizeof plan);
+                if (sbp_plan(&plan[k], &cfg, &po, &err)) memset(&plan[k], 0, sizeof plan[k]);
             }
-            step_arg a = {.model = mdir,
-                          .T = T,
-                          .threads = threads,
-                          .g = g,
-                          .reps = reps        ? reps
-                                  : T <= 4096 ? 3
-                                              : 1,
-                          .warmup = T <= 4096};
-            if (largest) a.reps = 1, a.warmup = 0;
-            fprintf(stderr, "  T = %d, %s: %d step%s...\n", T, kinds[k].name, a.reps + a.warmup,
-                    a.reps + a.warmup > 1 ? "s" : "");
-            child_result r;
-            in_child(&r, step_child, &a);
-            if (!r.ok) {
-                fprintf(stderr, "streambp bench: T = %d, %s: %s\n", T, kinds[k].name, r.err);
+            Ts[k] = T;
+            step_arg a = {.model = mdir, .T = T, .threads = threads, .reps = 1, .n = 1, .g = {g}};
+            fprintf(stderr, "  T = %d, %s: memory...\n", T, kinds[k].name);
+            in_child(&mem[k], step_child, &a);
+            if (!mem[k].ok) {
+                fprintf(stderr, "streambp bench: T = %d, %s: %s\n", T, kinds[k].name, mem[k].err);
                 failures++;
                 continue;
             }
-            double t = median(r.times, r.n_times), flop = sbp_step_flops(&cfg, 1, T, &g);
-            double gfs = flop / t / 1e9, peak = (double)r.lg.peak_total;
+            kidx[k] = timing.n;
+            timing.g[timing.n++] = g;
+        }
+        /* time: every schedule in one process, interleaved (unless one step is all there is) */
+        child_result tr = {0};
+        int timed = !largest && timing.n && (timing.reps > 1 || timing.warmup);
+        if (timed) {
+            fprintf(stderr, "  T = %d: %d interleaved round%s of %d schedule%s...\n", seqs[si],
+                    timing.reps + timing.warmup, timing.reps + timing.warmup > 1 ? "s" : "",
+                    timing.n, timing.n > 1 ? "s" : "");
+            in_child(&tr, step_child, &timing);
+            if (!tr.ok) {
+                fprintf(stderr, "streambp bench: T = %d: %s\n", seqs[si], tr.err);
+                failures++;
+                continue;
+            }
+        }
+        for (int k = 0; k < PLAN_N_SCHEDULES; k++) {
+            if (!use[k] || !mem[k].ok) continue;
+            const child_result *r = &mem[k];
+            double *tv = timed ? tr.times[kidx[k]] : mem[k].times[0];
+            int nt = timed ? tr.n_times : 1, T = Ts[k];
+            sbp_grad_opts g = timing.g[kidx[k]];
+            double t = median(tv, nt), flop = sbp_step_flops(&cfg, 1, T, &g);
+            double gfs = flop / t / 1e9, peak = (double)r->lg.peak_total;
             if (csv) {
                 printf("%d,%s,%d,%.6f,%.3f,%.3f,%.2f,%.1f,%lld,%lld,%lld,%.17g\n", T, kinds[k].name,
-                       r.n_times, t, flop / 1e9, gfs, 100 * gfs / sgemm, T / t,
-                       (long long)r.lg.peak_total, (long long)plan.peak_total, r.rss, r.loss);
+                       nt, t, flop / 1e9, gfs, 100 * gfs / sgemm, T / t,
+                       (long long)r->lg.peak_total, (long long)plan[k].peak_total, r->rss, r->loss);
             } else if (json) {
                 cJSON *o = cJSON_CreateObject();
                 cJSON_AddNumberToObject(o, "T", T);
                 cJSON_AddStringToObject(o, "schedule", kinds[k].name);
-                cJSON_AddNumberToObject(o, "runs", r.n_times);
+                cJSON_AddNumberToObject(o, "runs", nt);
                 cJSON_AddNumberToObject(o, "median_seconds", t);
                 cJSON_AddNumberToObject(o, "gflop", flop / 1e9);
                 cJSON_AddNumberToObject(o, "gflops", gfs);
                 cJSON_AddNumberToObject(o, "fraction_of_sgemm", gfs / sgemm);
                 cJSON_AddNumberToObject(o, "tokens_per_second", T / t);
-                cJSON_AddItemToObject(o, "memory", ledger_json(&r.lg));
-                cJSON_AddNumberToObject(o, "planned_peak_bytes", (double)plan.peak_total);
-                cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)r.rss);
+                cJSON_AddItemToObject(o, "memory", ledger_json(&r->lg));
+                cJSON_AddNumberToObject(o, "planned_peak_bytes", (double)plan[k].peak_total);
+                cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)r->rss);
                 cJSON_AddItemToArray(jrows, o);
             } else {
                 printf("%7d %-13s %4d %9.3f %9.1f %8.1f %6.1f%% %9.0f %10.1f %10.1f %9.1f %8.2f\n",
-                       T, kinds[k].name, r.n_times, t, flop / 1e9, gfs, 100 * gfs / sgemm, T / t,
-                       mib(r.lg.peak_total), mib(plan.peak_total), mib(r.rss), r.rss / peak);
+                       T, kinds[k].name, nt, t, flop / 1e9, gfs, 100 * gfs / sgemm, T / t,
+                       mib(r->lg.peak_total), mib(plan[k].peak_total), mib(r->rss), r->rss / peak);
             }
-            fflush(stdout);
         }
+        fflush(stdout);
+    }
     if (json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "config", cfgpath);
