@@ -215,63 +215,56 @@ static void print_json(const grad_args *a, const sbp_model *m, const sbp_batch *
     cJSON_Delete(o);
 }
 
-/* The run's settings as __metadata__ of the gradient file (key, value pairs). */
+/* __metadata__ of a gradient file: NULL-terminated key, value pairs; numbers are formatted
+   into the list's own storage so the pointers stay valid until the file is written. */
+enum { META_MAX = 20 };
+typedef struct {
+    const char *kv[2 * META_MAX + 1];
+    char num[META_MAX][48];
+    int n;
+} meta_list;
+
+static void meta_str(meta_list *l, const char *key, const char *value) {
+    l->kv[2 * l->n] = key;
+    l->kv[2 * l->n + 1] = value;
+    l->kv[2 * ++l->n] = NULL;
+}
+
+static void meta_num(meta_list *l, const char *key, double value) {
+    snprintf(l->num[l->n], sizeof l->num[0], "%.17g", value);
+    meta_str(l, key, l->num[l->n]);
+}
+
+/* The run's settings, so a gradient file says how it was made. */
 static sbp_status save(const grad_args *a, const sbp_model *m, const sbp_batch *b,
                        const sbp_grad_result *r, sbp_err *err) {
     const sbp_objective *o = &a->g.objective;
-    char v[12][48], batches[1024] = "";
+    char batches[1024] = "";
     for (int i = 0; i < a->n_batches; i++)
         snprintf(batches + strlen(batches), sizeof batches - strlen(batches), "%s%s", i ? "," : "",
                  a->batch[i]);
-    snprintf(v[0], 48, "%.17g", r->loss);
-    snprintf(v[1], 48, "%lld", (long long)r->n_targets);
-    snprintf(v[2], 48, "%d", r->block);
-    snprintf(v[3], 48, "%d", a->g.schedule == SBP_STREAM ? r->chunk : totals(b, a->n_batches).T);
-    snprintf(v[4], 48, "%d", r->logit_chunk);
-    snprintf(v[5], 48, "%d", a->threads);
-    snprintf(v[6], 48, "%.17g", o->beta);
-    snprintf(v[7], 48, "%.17g", o->label_smoothing);
-    snprintf(v[8], 48, "%.17g", o->epsilon_low);
-    snprintf(v[9], 48, "%.17g", o->epsilon_high);
-    snprintf(v[10], 48, "%.17g", o->temperature);
-    const char *meta[] = {"loss",
-                          v[0],
-                          "n_targets",
-                          v[1],
-                          "objective",
-                          obj_kind_name(o->kind),
-                          "loss_type",
-                          obj_loss_name(o),
-                          "schedule",
-                          sbp_schedule_name(a->g.schedule),
-                          "precision",
-                          prec_name(a),
-                          "block",
-                          v[2],
-                          "chunk",
-                          v[3],
-                          "logit_chunk",
-                          v[4],
-                          "threads",
-                          v[5],
-                          "model",
-                          a->model,
-                          "batch",
-                          batches,
-                          "implementation",
-                          "streambp " SBP_VERSION,
-                          o->kind == SBP_OBJ_SFT ? NULL : "beta",
-                          v[6],
-                          "label_smoothing",
-                          v[7],
-                          "epsilon_low",
-                          v[8],
-                          "epsilon_high",
-                          v[9],
-                          "temperature",
-                          v[10],
-                          NULL};
-    return sbp_grads_save(a->out, &m->params, a->prec, r->grads, meta, err);
+    meta_list l = {.n = 0};
+    meta_num(&l, "loss", r->loss);
+    meta_num(&l, "n_targets", (double)r->n_targets);
+    meta_str(&l, "objective", obj_kind_name(o->kind));
+    meta_str(&l, "loss_type", obj_loss_name(o));
+    meta_str(&l, "schedule", sbp_schedule_name(a->g.schedule));
+    meta_str(&l, "precision", prec_name(a));
+    meta_num(&l, "block", r->block);
+    meta_num(&l, "chunk", a->g.schedule == SBP_STREAM ? r->chunk : totals(b, a->n_batches).T);
+    meta_num(&l, "logit_chunk", r->logit_chunk);
+    meta_num(&l, "threads", a->threads);
+    meta_str(&l, "model", a->model);
+    meta_str(&l, "batch", batches);
+    meta_str(&l, "implementation", "streambp " SBP_VERSION);
+    if (o->kind != SBP_OBJ_SFT) { /* SFT has no hyper-parameters */
+        meta_num(&l, "beta", o->beta);
+        meta_num(&l, "label_smoothing", o->label_smoothing);
+        meta_num(&l, "epsilon_low", o->epsilon_low);
+        meta_num(&l, "epsilon_high", o->epsilon_high);
+        meta_num(&l, "temperature", o->temperature);
+    }
+    return sbp_grads_save(a->out, &m->params, a->prec, r->grads, l.kv, err);
 }
 
 int cmd_grad(int argc, char **argv) {
