@@ -2,6 +2,7 @@
  * the ledger of a real float32 run of the same model, batch shape and options. */
 #include "testutil.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -87,12 +88,108 @@ START_TEST(plan_large_model) {
 }
 END_TEST
 
+/* At the total peak the categories add up to the total; no category's own peak is below its
+ * share at the total peak; the whole ledger is returned by the end of the step. */
+START_TEST(categories_sum_to_total) {
+    static const char *families[] = {"qwen3-tiny", "qwen2-tiny", "llama3-tiny"};
+    sbp_config c;
+    sbp_err err = {0};
+    char path[256];
+    snprintf(path, sizeof path, "data/models/%s.json", families[_i % 3]);
+    if (sbp_config_load(&c, path, &err)) ck_abort_msg("%s", err.msg);
+    for (int k = 0; k < 4; k++) {
+        sbp_plan_opts o = {.grad = {.schedule = (sbp_schedule)(k < 3 ? k : SBP_CKPT),
+                                    .chunked_logits = k == 3,
+                                    .block = 16,
+                                    .chunk = 32,
+                                    .logit_chunk = 16},
+                           .B = 1 + _i / 3,
+                           .T = 40 + 17 * _i,
+                           .storage_bytes = _i % 2 ? 2 : 4,
+                           .optimizer = _i % 2};
+        sbp_ledger lg;
+        if (sbp_plan(&lg, &c, &o, &err)) ck_abort_msg("%s", err.msg);
+        int64_t sum = 0;
+        for (int cat = 0; cat < SBP_MEM_NCATS; cat++) {
+            sum += lg.at_peak[cat];
+            ck_assert_int_le(lg.at_peak[cat], lg.peak[cat]);
+            ck_assert_int_le(lg.peak[cat], lg.peak_total);
+            ck_assert_int_eq(lg.cur[cat], 0);
+        }
+        ck_assert_int_eq(sum, lg.peak_total);
+        ck_assert_int_eq(lg.cur_total, 0);
+        ck_assert_int_gt(lg.at_peak[SBP_MEM_WEIGHTS], 0);
+        ck_assert_int_eq(lg.at_peak[SBP_MEM_WEIGHTS], lg.at_peak[SBP_MEM_GRADS]);
+        ck_assert_int_eq(lg.at_peak[SBP_MEM_OPTIMIZER] > 0, o.optimizer);
+    }
+}
+END_TEST
+
+static int64_t json_int(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    ck_assert_msg(cJSON_IsNumber(v), "no number \"%s\" in plan --json", key);
+    return (int64_t)v->valuedouble;
+}
+
+/* `plan --budget` bisects to the boundary: the T it names fits the budget and T + 1 does not,
+ * for every schedule (T = 0 when not even one token fits: 340M is below the 340 MiB of weights
+ * and gradients of the bench model); the bytes it reports are the plan at that T, and add up. */
+START_TEST(budget_finds_the_boundary) {
+    static const char *budgets[] = {"340M", "600M", "768M"};
+    const char *cfg_path = "data/models/bench.json";
+    ck_assert_int_eq(
+        tu_sh("%s plan --config %s --budget %s --json", tu_bin(), cfg_path, budgets[_i]), 0);
+    cJSON *root = cJSON_Parse(tu_last_output());
+    ck_assert_msg(root, "plan --json did not print JSON: %s", tu_last_output());
+    int64_t budget = json_int(root, "budget_bytes");
+    sbp_config c;
+    sbp_err err = {0};
+    if (sbp_config_load(&c, cfg_path, &err)) ck_abort_msg("%s", err.msg);
+    const cJSON *rows = cJSON_GetObjectItemCaseSensitive(root, "schedules"), *row;
+    ck_assert_int_eq(cJSON_GetArraySize(rows), 4);
+    cJSON_ArrayForEach(row, rows) {
+        const char *name = cJSON_GetObjectItemCaseSensitive(row, "schedule")->valuestring;
+        int T = (int)json_int(row, "T");
+        const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(row, "bytes_at_peak");
+        sbp_plan_opts o = {.grad = {.block = 256, .chunk = 1024, .logit_chunk = 256},
+                           .B = 1,
+                           .storage_bytes = 4};
+        if (!strcmp(name, "full")) o.grad.schedule = SBP_FULL;
+        else if (!strcmp(name, "ckpt")) o.grad.schedule = SBP_CKPT;
+        else if (!strcmp(name, "ckpt-chunked"))
+            o.grad.schedule = SBP_CKPT, o.grad.chunked_logits = 1;
+        else if (!strcmp(name, "stream")) o.grad.schedule = SBP_STREAM;
+        else ck_abort_msg("unknown schedule %s", name);
+        sbp_ledger at = {0}, above;
+        o.T = T;
+        if (T > 0 && sbp_plan(&at, &c, &o, &err)) ck_abort_msg("%s", err.msg);
+        o.T = T + 1;
+        if (sbp_plan(&above, &c, &o, &err)) ck_abort_msg("%s", err.msg);
+        ck_assert_msg(at.peak_total <= budget, "%s: T = %d plans %lld > budget %lld", name, T,
+                      (long long)at.peak_total, (long long)budget);
+        ck_assert_msg(above.peak_total > budget, "%s: T + 1 = %d still fits (%lld <= %lld)", name,
+                      T + 1, (long long)above.peak_total, (long long)budget);
+        int64_t sum = 0;
+        for (int cat = 0; cat < SBP_MEM_NCATS; cat++) {
+            int64_t b = json_int(bytes, sbp_mem_cat_name(cat));
+            ck_assert_int_eq(b, at.at_peak[cat]);
+            sum += b;
+        }
+        ck_assert_int_eq(sum, json_int(bytes, "total"));
+        ck_assert_int_eq(sum, at.peak_total);
+    }
+    cJSON_Delete(root);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("plan");
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, plan_equals_measured, 0, 9);
     tcase_add_test(tc, plan_large_model);
+    tcase_add_loop_test(tc, categories_sum_to_total, 0, 6);
+    tcase_add_loop_test(tc, budget_finds_the_boundary, 0, 3);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -122,7 +122,8 @@ def main():
         ours[(int(row["T"]), row["schedule"])] = row
     print("step = forward + backward, float32, B = 1, %d threads; median of %d steps; peak RSS "
           "of a process that ran only that point" % (a.threads, a.reps))
-    print("%7s %-12s %10s %10s %12s" % ("T", "run", "median s", "RSS MiB", "vs streambp"))
+    print("%7s %-16s %10s %10s  %s" % ("T", "run", "median s", "RSS MiB",
+                                       "torch / streambp (full, or ckpt for torch-ckpt)"))
     for T in a.seq:
         env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
         rows = []
@@ -131,19 +132,21 @@ def main():
                                 str(a.threads), "--reps", str(a.reps)], capture_output=True,
                                text=True, env=env)
             if r.returncode != 0:
-                print("%7d %-12s failed: %s" % (T, mode, r.stderr.strip().splitlines()[-1:]))
+                print("%7d %-16s failed: %s" % (T, mode, r.stderr.strip().splitlines()[-1:]))
                 continue
             rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
         for s in ("full", "ckpt", "stream"):
             o = ours.get((T, s))
             if o:
-                print("%7d %-12s %10.3f %10.1f" % (T, "streambp " + s, float(o["median_s"]),
+                print("%7d %-16s %10.3f %10.1f" % (T, "streambp " + s, float(o["median_s"]),
                                                    int(o["rss_bytes"]) / 2**20))
         for row in rows:
             base = ours.get((T, "full" if row["mode"] == "torch" else "ckpt"))
-            ratio = "%.2fx time" % (row["median_s"] / float(base["median_s"])) if base else ""
-            print("%7d %-12s %10.3f %10.1f %12s" % (T, row["mode"], row["median_s"],
-                                                    row["rss_bytes"] / 2**20, ratio))
+            ratio = ("%.2fx time, %.2fx RSS" % (row["median_s"] / float(base["median_s"]),
+                                                 row["rss_bytes"] / float(base["rss_bytes"]))
+                     if base else "")
+            print("%7d %-16s %10.3f %10.1f  %s" % (T, row["mode"], row["median_s"],
+                                                   row["rss_bytes"] / 2**20, ratio))
     return 0
 
 
