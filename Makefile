@@ -158,8 +158,9 @@ plots: all
 	$(BIN) bench --csv > $(BENCH_DIR)/bench.csv
 	@for T in $(PLAN_T); do $(BIN) plan --config data/models/bench.json --seq $$T --csv | tail -n +2; done > $(BENCH_DIR)/plan-bench.csv
 	@for T in $(PLAN_T); do $(BIN) plan --config data/configs/qwen3-8b.json --storage bf16 --seq $$T --csv | tail -n +2; done > $(BENCH_DIR)/plan-qwen3-8b.csv
-	gnuplot -e "dir='$(BENCH_DIR)'; out='data/plots'" data/plots/plots.gp
-	@cp $(BENCH_DIR)/*.csv data/plots/ && echo "wrote data/plots/*.png and the CSV files they came from"
+	cp $(BENCH_DIR)/bench.csv $(BENCH_DIR)/plan-bench.csv $(BENCH_DIR)/plan-qwen3-8b.csv data/plots/
+	gnuplot -e "dir='data/plots'; out='data/plots'" data/plots/plots.gp
+	@echo "wrote data/plots/*.png from the CSV files beside them"
 
 # ---- housekeeping -------------------------------------------------------------------------------
 
