@@ -21,6 +21,7 @@
  * OpenMP build of OpenBLAS uses one thread, and each output has one owner, so the thread count
  * does not change any bit. */
 #include "kernels.h"
+#include "lanes.h"
 
 #include <omp.h>
 #include <string.h>
@@ -37,11 +38,20 @@ static int tile_end(int i, int e, int W) {
     return next < e ? next : e;
 }
 
-/* S[r][c] = −inf where key j0 + c is not visible from query i0 + r. */
+/* S[r][c] = −inf where key j0 + c is not visible from query i0 + r: past the diagonal
+ * (c > i0 + r − j0, a contiguous tail of the row) or a padded key. Most tiles have no padded
+ * key, and then only the tails are touched. */
 static void mask_tile(real *S, int i0, int nq, int j0, int nk, int ldS, const uint8_t *kmask) {
-    for (int r = 0; r < nq; r++)
-        for (int c = 0; c < nk; c++)
-            if (j0 + c > i0 + r || !kmask[j0 + c]) S[r * ldS + c] = -INFINITY;
+    int padded = 0;
+    for (int c = 0; c < nk; c++) padded |= !kmask[j0 + c];
+    for (int r = 0; r < nq; r++) {
+        real *S_r = S + (size_t)r * ldS;
+        const int last = i0 + r - j0; /* the last visible column */
+        for (int c = last < 0 ? 0 : last + 1; c < nk; c++) S_r[c] = -INFINITY;
+        if (padded)
+            for (int c = 0; c < nk && c <= last; c++)
+                if (!kmask[j0 + c]) S_r[c] = -INFINITY;
+    }
 }
 
 void attention_forward(real *o, real *lse, real *scratch, const real *q, const real *k,
@@ -68,16 +78,14 @@ void attention_forward(real *o, real *lse, real *scratch, const real *q, const r
                  W);
             mask_tile(S, i0, nq, j0, nk, W, kmask);
             for (int r = 0; r < nq; r++) {
-                real *S_r = S + (size_t)r * W, mt = -INFINITY;
-                for (int c = 0; c < nk; c++) mt = S_r[c] > mt ? S_r[c] : mt;
+                real *S_r = S + (size_t)r * W;
+                const real mt = lanes_max(S_r, nk);
                 if (mt == -INFINITY) { /* no visible key in this tile: the row adds nothing */
                     for (int c = 0; c < nk; c++) S_r[c] = 0;
                     continue;
                 }
                 const real mnew = m[r] > mt ? m[r] : mt, corr = rexp(m[r] - mnew);
-                real sum = 0;
-                for (int c = 0; c < nk; c++) S_r[c] = rexp(S_r[c] - mnew), sum += S_r[c];
-                l[r] = l[r] * corr + sum;
+                l[r] = l[r] * corr + lanes_exp_sum(S_r, nk, mnew);
                 for (int d = 0; d < HD; d++) acc[(size_t)r * HD + d] *= corr;
                 m[r] = mnew;
             }
