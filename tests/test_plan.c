@@ -151,15 +151,18 @@ START_TEST(budget_finds_the_boundary) {
         const char *name = cJSON_GetObjectItemCaseSensitive(row, "schedule")->valuestring;
         int T = (int)json_int(row, "T");
         const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(row, "bytes_at_peak");
-        sbp_plan_opts o = {.grad = {.block = 256, .chunk = 1024, .logit_chunk = 256},
-                           .B = 1,
-                           .storage_bytes = 4};
-        if (!strcmp(name, "full")) o.grad.schedule = SBP_FULL;
-        else if (!strcmp(name, "ckpt")) o.grad.schedule = SBP_CKPT;
+        sbp_plan_opts o = {
+            .grad = {.block = 256, .chunk = 1024, .logit_chunk = 256}, .B = 1, .storage_bytes = 4};
+        if (!strcmp(name, "full"))
+            o.grad.schedule = SBP_FULL;
+        else if (!strcmp(name, "ckpt"))
+            o.grad.schedule = SBP_CKPT;
         else if (!strcmp(name, "ckpt-chunked"))
             o.grad.schedule = SBP_CKPT, o.grad.chunked_logits = 1;
-        else if (!strcmp(name, "stream")) o.grad.schedule = SBP_STREAM;
-        else ck_abort_msg("unknown schedule %s", name);
+        else if (!strcmp(name, "stream"))
+            o.grad.schedule = SBP_STREAM;
+        else
+            ck_abort_msg("unknown schedule %s", name);
         sbp_ledger at = {0}, above;
         o.T = T;
         if (T > 0 && sbp_plan(&at, &c, &o, &err)) ck_abort_msg("%s", err.msg);

@@ -2,9 +2,9 @@
  * -ffast-math, which this project does not use). Measured error (tests/test_kernels.c, exp_ulp):
  * at most 0.91 ULP in float and 0.89 ULP in double at -O3 (1.22 and 1.16 at -O1, where GCC
  * fuses the multiply-adds differently), 1.73 ULP for double results below exp(−700), which are
- * subnormal before the final scaling; the test asserts 1.5 and 2.5. Outside the range the result is 0 below about
- * exp(−86.5) = 2.6e-38 in float (the subnormals are flushed; exp(−708) in double) and +inf above
- * overflow; NaN stays NaN.
+ * subnormal before the final scaling; the test asserts 1.5 and 2.5. Outside the range the result is
+ * 0 below about exp(−86.5) = 2.6e-38 in float (the subnormals are flushed; exp(−708) in double) and
+ * +inf above overflow; NaN stays NaN.
  *
  *   exp(x) = 2^n · exp(r),  n = round(x / ln 2),  r = x − n·ln 2 ∈ [−ln2/2, ln2/2]
  * with ln 2 split in a high part with few significant bits (so n·hi is exact) and a low part
