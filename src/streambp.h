@@ -209,6 +209,9 @@ sbp_status sbp_batch_load(sbp_batch *b, const char *path, const sbp_config *cfg,
 sbp_status sbp_batch_load_as(sbp_batch *b, const char *path, const sbp_config *cfg,
                              sbp_objective_kind kind, int scale_rewards, sbp_err *err);
 void sbp_batch_free(sbp_batch *b);
+/* Sets n_targets and n_pad_targets from labels and mask (the loaders do this); call it after
+ * building or editing a batch in memory. */
+void sbp_batch_count_targets(sbp_batch *b);
 
 /* ---------------------------------------------------------------------------------------------
  * Objectives. Every objective is a sum over target tokens of terms that depend on the token's

@@ -26,68 +26,15 @@
 /* ---------------------------------------------------------------------------------------------
  * Paths and files */
 
-static char *ring_slot(void) {
-    static char ring[32][700];
-    static int next;
-    return ring[next++ % 32];
-}
-
-/* A path under tu_tmpdir(), printf-style; a ring of buffers so a test can hold several. */
-static const char *tpath(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static const char *tpath(const char *fmt, ...) {
-    char *p = ring_slot(), name[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    snprintf(p, 700, "%s/%s", tu_tmpdir(), name);
-    return p;
-}
-
-static const char *join(const char *dir, const char *leaf) {
-    char *p = ring_slot();
-    snprintf(p, 700, "%s/%s", dir, leaf);
-    return p;
-}
-
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)len + 1);
-    ck_assert_ptr_nonnull(buf);
-    ck_assert_uint_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    buf[len] = '\0';
-    if (n) *n = (size_t)len;
-    return buf;
-}
-
-static void spit(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    ck_assert_msg(f != NULL, "cannot create %s", path);
-    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
-    ck_assert_int_eq(fclose(f), 0);
-}
-
 static void spit_text(const char *path, const char *text) {
-    spit(path, text, strlen(text));
+    tu_spit(path, text, strlen(text));
 }
 
 static void copy_file(const char *from, const char *to) {
     size_t n;
-    char *b = slurp(from, &n);
-    spit(to, b, n);
+    char *b = tu_slurp(from, &n);
+    tu_spit(to, b, n);
     free(b);
-}
-
-/* An empty directory tu_tmpdir()/name. */
-static const char *new_dir(const char *name) {
-    const char *d = tpath("%s", name);
-    ck_assert_int_eq(tu_sh("rm -rf '%s' && mkdir -p '%s'", d, d), 0);
-    return d;
 }
 
 /* A fresh empty directory for one command's output. */
@@ -95,18 +42,7 @@ static const char *fresh_dir(void) {
     static int n;
     char name[32];
     snprintf(name, sizeof name, "out-%d", n++);
-    return new_dir(name);
-}
-
-/* Nothing under dir whose name contains ".tmp": an interrupted atomic write leaves one. */
-static void assert_no_tmp(const char *dir) {
-    DIR *d = opendir(dir);
-    ck_assert_msg(d != NULL, "cannot list %s", dir);
-    struct dirent *de;
-    while ((de = readdir(d)))
-        ck_assert_msg(!strstr(de->d_name, ".tmp"), "temporary file %s/%s left behind", dir,
-                      de->d_name);
-    closedir(d);
+    return tu_new_dir(name);
 }
 
 static const char *good_model(void) {
@@ -114,20 +50,20 @@ static const char *good_model(void) {
 }
 
 static const char *good_st(void) {
-    return tpath("model-%s-1/model.safetensors", MODEL);
+    return tu_path("model-%s-1/model.safetensors", MODEL);
 }
 
 /* A copy of the good model (config.json + model.safetensors) under tu_tmpdir()/name. */
 static const char *copy_model(const char *name) {
-    const char *d = new_dir(name);
-    copy_file(tpath("model-%s-1/config.json", MODEL), tpath("%s/config.json", name));
-    copy_file(good_st(), tpath("%s/model.safetensors", name));
+    const char *d = tu_new_dir(name);
+    copy_file(tu_path("model-%s-1/config.json", MODEL), tu_path("%s/config.json", name));
+    copy_file(good_st(), tu_path("%s/model.safetensors", name));
     return d;
 }
 
 /* Sets field `key` of a config.json to v (removes it when v is NULL). */
 static void edit_config(const char *path, const char *key, cJSON *v) {
-    char *text = slurp(path, NULL);
+    char *text = tu_slurp(path, NULL);
     cJSON *o = cJSON_Parse(text);
     free(text);
     ck_assert_ptr_nonnull(o);
@@ -144,7 +80,7 @@ static void edit_config(const char *path, const char *key, cJSON *v) {
 /* A copy of the good model with config.json field `key` set to v (removed when v is NULL). */
 static const char *model_with_field(const char *name, const char *key, cJSON *v) {
     const char *d = copy_model(name);
-    edit_config(tpath("%s/config.json", name), key, v);
+    edit_config(tu_path("%s/config.json", name), key, v);
     return d;
 }
 
@@ -160,7 +96,7 @@ typedef struct {
 
 static st_raw raw_load(const char *path) {
     size_t n;
-    char *b = slurp(path, &n);
+    char *b = tu_slurp(path, &n);
     uint64_t h;
     memcpy(&h, b, 8);
     ck_assert_uint_le(8 + h, n);
@@ -209,61 +145,26 @@ static void raw_set_offsets(st_raw *r, const char *name, double b, double e) {
 /* A model directory: the good config.json and a header-edited copy of the good weights. */
 static const char *model_dir_for_raw(const char *name, st_raw *r, size_t ndata) {
     const char *d = copy_model(name);
-    raw_save(tpath("%s/model.safetensors", name), r, ndata);
+    raw_save(tu_path("%s/model.safetensors", name), r, ndata);
     return d;
 }
 
-typedef struct {
-    sbp_st_entry e[64];
-    char names[64][96];
-    void *data[64];
-    int n;
-} tensors;
-
-static void tensors_load(tensors *ts, const char *path) {
-    sbp_st_file sf;
-    sbp_err err = {0};
-    memset(ts, 0, sizeof *ts);
-    ck_assert_msg(sbp_st_open(&sf, path, &err) == SBP_OK, "%s", err.msg);
-    ck_assert_int_le(sf.n, 64);
-    for (int i = 0; i < sf.n; i++) {
-        const sbp_st_tensor *t = &sf.t[i];
-        snprintf(ts->names[i], sizeof ts->names[i], "%s", t->name);
-        ts->data[i] = malloc(t->end - t->begin + 8);
-        ck_assert_int_eq(sbp_st_read_raw(&sf, t, ts->data[i], &err), SBP_OK);
-        ts->e[i] = (sbp_st_entry){.name = ts->names[i],
-                                  .dtype = t->dtype,
-                                  .ndim = t->ndim,
-                                  .shape = {t->shape[0], t->shape[1]},
-                                  .data = ts->data[i]};
-    }
-    ts->n = sf.n;
-    sbp_st_close(&sf);
-}
-
-static int tensors_index(const tensors *ts, const char *name) {
-    for (int i = 0; i < ts->n; i++)
-        if (strcmp(ts->names[i], name) == 0) return i;
-    ck_abort_msg("no tensor %s in the good model", name);
-    return -1;
-}
-
 /* Writes the tensors as name/model.safetensors beside the good config.json; frees ts. */
-static const char *tensors_model(const char *name, tensors *ts) {
+static const char *tensors_model(const char *name, tu_tensors *ts) {
     const char *d = copy_model(name);
     sbp_err err = {0};
-    ck_assert_msg(sbp_st_write(tpath("%s/model.safetensors", name), ts->e, ts->n, NULL, &err) ==
+    ck_assert_msg(sbp_st_write(tu_path("%s/model.safetensors", name), ts->e, ts->n, NULL, &err) ==
                       SBP_OK,
                   "%s", err.msg);
-    for (int i = 0; i < ts->n; i++) free(ts->data[i]);
+    tu_tensors_free(ts);
     return d;
 }
 
 /* The good model with every element of one F32 tensor set to v. */
 static const char *model_with_const(const char *name, const char *tensor, float v) {
-    tensors ts;
-    tensors_load(&ts, good_st());
-    int i = tensors_index(&ts, tensor);
+    tu_tensors ts;
+    tu_tensors_load(&ts, good_st());
+    int i = tu_tensors_index(&ts, tensor);
     ck_assert_int_eq(ts.e[i].dtype, SBP_DT_F32);
     float *w = ts.data[i];
     int64_t n = ts.e[i].ndim == 2 ? ts.e[i].shape[0] * ts.e[i].shape[1] : ts.e[i].shape[0];
@@ -294,7 +195,7 @@ static sbp_st_entry bt_entry(const char *name, const int64_t *data) {
 }
 
 static const char *write_entries(const char *file, const sbp_st_entry *e, int n) {
-    const char *p = tpath("%s", file);
+    const char *p = tu_path("%s", file);
     sbp_err err = {0};
     ck_assert_msg(sbp_st_write(p, e, n, NULL, &err) == SBP_OK, "%s", err.msg);
     return p;
@@ -325,7 +226,7 @@ static int run_cli(const char *fmt, ...) {
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
     snprintf(last_cmd, sizeof last_cmd, "%s %s", tu_bin(), args);
-    const char *so = tpath("stdout.txt");
+    const char *so = tu_path("stdout.txt");
     int rc = tu_sh("%s >'%s'", last_cmd, so);
     FILE *f = fopen(so, "r");
     size_t n = f ? fread(last_stdout, 1, sizeof last_stdout - 1, f) : 0;
@@ -356,7 +257,7 @@ static void check_run(int rc, int want_rc, const char *const *want) {
 static void expect_grad_(const char *model, const char *batch, const char *extra, int want_rc,
                          const char *const *want) {
     const char *dir = fresh_dir();
-    const char *out = join(dir, "grad.safetensors");
+    const char *out = tu_join(dir, "grad.safetensors");
     char m[800] = "", b[800] = "";
     if (model) snprintf(m, sizeof m, "--model '%s'", model);
     if (batch) snprintf(b, sizeof b, "--batch '%s'", batch);
@@ -366,7 +267,7 @@ static void expect_grad_(const char *model, const char *batch, const char *extra
         ck_assert_msg(!tu_exists(out), "`%s` failed but left %s behind", last_cmd, out);
     else
         ck_assert_msg(tu_exists(out), "`%s` succeeded but wrote no %s", last_cmd, out);
-    assert_no_tmp(dir);
+    tu_assert_no_tmp(dir);
 }
 #define expect_grad(model, batch, extra, rc, ...)                                                  \
     expect_grad_(model, batch, extra, rc, (const char *const[]){__VA_ARGS__, NULL})
@@ -387,7 +288,7 @@ static void expect_init_(const char *args, int want_rc, const char *const *want)
 START_TEST(control_good_model_and_batch) {
     sbp_config cfg;
     sbp_err err = {0};
-    ck_assert_int_eq(sbp_config_load(&cfg, tpath("model-%s-1/config.json", MODEL), &err), SBP_OK);
+    ck_assert_int_eq(sbp_config_load(&cfg, tu_path("model-%s-1/config.json", MODEL), &err), SBP_OK);
     ck_assert_int_eq(cfg.vocab, V);
     expect_grad(good_model(), good_batch(), "", 0, NULL);
 }
@@ -397,13 +298,13 @@ END_TEST
  * Model directory and config.json */
 
 START_TEST(model_dir_missing) {
-    const char *d = tpath("no-such-model");
+    const char *d = tu_path("no-such-model");
     expect_bad_model(d, d, "does not exist");
 }
 END_TEST
 
 START_TEST(model_dir_is_a_file) {
-    const char *d = tpath("model-is-a-file");
+    const char *d = tu_path("model-is-a-file");
     spit_text(d, "not a directory\n");
     expect_bad_model(d, d, "not a directory");
 }
@@ -411,15 +312,15 @@ END_TEST
 
 START_TEST(model_without_config) {
     const char *d = copy_model("no-config");
-    remove(tpath("no-config/config.json"));
-    expect_bad_model(d, tpath("no-config/config.json"));
+    remove(tu_path("no-config/config.json"));
+    expect_bad_model(d, tu_path("no-config/config.json"));
 }
 END_TEST
 
 /* Tests run as root, so an unreadable config is a directory named config.json. */
 START_TEST(model_config_unreadable) {
     const char *d = copy_model("config-is-dir");
-    const char *cfg = tpath("config-is-dir/config.json");
+    const char *cfg = tu_path("config-is-dir/config.json");
     remove(cfg);
     ck_assert_int_eq(mkdir(cfg, 0755), 0);
     expect_bad_model(d, cfg);
@@ -428,7 +329,7 @@ END_TEST
 
 START_TEST(model_without_weights) {
     const char *d = copy_model("no-weights");
-    remove(tpath("no-weights/model.safetensors"));
+    remove(tu_path("no-weights/model.safetensors"));
     expect_bad_model(d, "model.safetensors");
 }
 END_TEST
@@ -477,14 +378,14 @@ END_TEST
 
 START_TEST(config_malformed_json) {
     const char *d = copy_model("cfg-json");
-    spit_text(tpath("cfg-json/config.json"), "{\"model_type\": \"qwen3\", \"vocab_size\": 200,");
+    spit_text(tu_path("cfg-json/config.json"), "{\"model_type\": \"qwen3\", \"vocab_size\": 200,");
     expect_bad_model(d, "cfg-json/config.json", "JSON");
 }
 END_TEST
 
 START_TEST(config_not_an_object) {
     const char *d = copy_model("cfg-array");
-    spit_text(tpath("cfg-array/config.json"), "[1, 2, 3]\n");
+    spit_text(tu_path("cfg-array/config.json"), "[1, 2, 3]\n");
     expect_bad_model(d, "cfg-array/config.json", "JSON object");
 }
 END_TEST
@@ -500,7 +401,7 @@ END_TEST
  * model: the mismatch is known from the header, before any weight is allocated. */
 START_TEST(config_huge_disagrees_with_weights) {
     const char *d = model_with_field("cfg-huge", "vocab_size", cJSON_CreateNumber(1e9));
-    edit_config(tpath("cfg-huge/config.json"), "hidden_size", cJSON_CreateNumber(1e9));
+    edit_config(tu_path("cfg-huge/config.json"), "hidden_size", cJSON_CreateNumber(1e9));
     expect_bad_model(d, "model.embed_tokens.weight");
 }
 END_TEST
@@ -518,7 +419,7 @@ END_TEST
 START_TEST(weights_trailing_bytes) {
     st_raw r = raw_load(good_st());
     const char *d = copy_model("st-trail");
-    const char *p = tpath("st-trail/model.safetensors");
+    const char *p = tu_path("st-trail/model.safetensors");
     raw_save(p, &r, r.ndata);
     FILE *f = fopen(p, "ab");
     fputs("trailing garbage", f);
@@ -535,7 +436,7 @@ START_TEST(weights_garbage) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         junk[i] = (unsigned char)(x >> 24);
     }
-    spit(tpath("st-garbage/model.safetensors"), junk, sizeof junk);
+    tu_spit(tu_path("st-garbage/model.safetensors"), junk, sizeof junk);
     expect_bad_model(d, "st-garbage/model.safetensors", "header");
 }
 END_TEST
@@ -547,7 +448,7 @@ START_TEST(weights_header_not_json) {
     uint64_t h = sizeof text - 1;
     memcpy(b, &h, 8);
     memcpy(b + 8, text, h);
-    spit(tpath("st-notjson/model.safetensors"), b, sizeof b);
+    tu_spit(tu_path("st-notjson/model.safetensors"), b, sizeof b);
     expect_bad_model(d, "st-notjson/model.safetensors", "JSON");
 }
 END_TEST
@@ -555,14 +456,14 @@ END_TEST
 START_TEST(weights_header_longer_than_file) {
     const char *d = copy_model("st-hlen");
     unsigned char b[10] = {0, 0, 0x10, 0, 0, 0, 0, 0, '{', '}'}; /* 1 MiB of header promised */
-    spit(tpath("st-hlen/model.safetensors"), b, sizeof b);
+    tu_spit(tu_path("st-hlen/model.safetensors"), b, sizeof b);
     expect_bad_model(d, "st-hlen/model.safetensors", "header length 1048576");
 }
 END_TEST
 
 START_TEST(weights_empty_file) {
     const char *d = copy_model("st-empty");
-    spit(tpath("st-empty/model.safetensors"), "", 0);
+    tu_spit(tu_path("st-empty/model.safetensors"), "", 0);
     expect_bad_model(d, "st-empty/model.safetensors", "0 bytes");
 }
 END_TEST
@@ -626,8 +527,8 @@ END_TEST
 
 START_TEST(weights_missing_index_shard) {
     const char *d = copy_model("st-shards");
-    remove(tpath("st-shards/model.safetensors"));
-    spit_text(tpath("st-shards/model.safetensors.index.json"),
+    remove(tu_path("st-shards/model.safetensors"));
+    spit_text(tu_path("st-shards/model.safetensors.index.json"),
               "{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00002.safetensors\"}}");
     expect_bad_model(d, "model-00001-of-00002.safetensors");
 }
@@ -635,8 +536,8 @@ END_TEST
 
 START_TEST(weights_index_escapes_dir) {
     const char *d = copy_model("st-escape");
-    remove(tpath("st-escape/model.safetensors"));
-    spit_text(tpath("st-escape/model.safetensors.index.json"),
+    remove(tu_path("st-escape/model.safetensors"));
+    spit_text(tu_path("st-escape/model.safetensors.index.json"),
               "{\"weight_map\": {\"model.norm.weight\": \"../good-batch.safetensors\"}}");
     expect_bad_model(d, "weight_map", "model.norm.weight");
 }
@@ -646,9 +547,9 @@ END_TEST
  * model.safetensors: well-formed but wrong */
 
 START_TEST(weights_missing_tensor) {
-    tensors ts;
-    tensors_load(&ts, good_st());
-    int i = tensors_index(&ts, "model.layers.1.mlp.up_proj.weight");
+    tu_tensors ts;
+    tu_tensors_load(&ts, good_st());
+    int i = tu_tensors_index(&ts, "model.layers.1.mlp.up_proj.weight");
     free(ts.data[i]);
     for (int j = i; j + 1 < ts.n; j++) {
         ts.e[j] = ts.e[j + 1];
@@ -661,9 +562,9 @@ END_TEST
 
 /* q_proj [128, 64] stored transposed: the element count matches, the shape does not. */
 START_TEST(weights_wrong_shape) {
-    tensors ts;
-    tensors_load(&ts, good_st());
-    sbp_st_entry *e = &ts.e[tensors_index(&ts, "model.layers.0.self_attn.q_proj.weight")];
+    tu_tensors ts;
+    tu_tensors_load(&ts, good_st());
+    sbp_st_entry *e = &ts.e[tu_tensors_index(&ts, "model.layers.0.self_attn.q_proj.weight")];
     int64_t t = e->shape[0];
     e->shape[0] = e->shape[1];
     e->shape[1] = t;
@@ -673,9 +574,9 @@ START_TEST(weights_wrong_shape) {
 END_TEST
 
 START_TEST(weights_nan) {
-    tensors ts;
-    tensors_load(&ts, good_st());
-    ((float *)ts.data[tensors_index(&ts, "model.layers.1.mlp.down_proj.weight")])[7] = NAN;
+    tu_tensors ts;
+    tu_tensors_load(&ts, good_st());
+    ((float *)ts.data[tu_tensors_index(&ts, "model.layers.1.mlp.down_proj.weight")])[7] = NAN;
     expect_bad_model(tensors_model("w-nan", &ts), "\"model.layers.1.mlp.down_proj.weight\"",
                      "not finite");
 }
@@ -683,9 +584,9 @@ END_TEST
 
 /* An F64 weight beyond float's range is finite on disk but not after conversion to fp32. */
 START_TEST(weights_f64_overflows_fp32) {
-    tensors ts;
-    tensors_load(&ts, good_st());
-    int i = tensors_index(&ts, "model.norm.weight");
+    tu_tensors ts;
+    tu_tensors_load(&ts, good_st());
+    int i = tu_tensors_index(&ts, "model.norm.weight");
     double *w = malloc(sizeof *w * (size_t)ts.e[i].shape[0]);
     for (int64_t j = 0; j < ts.e[i].shape[0]; j++) w[j] = ((float *)ts.data[i])[j];
     w[3] = 1e300;
@@ -701,19 +602,19 @@ END_TEST
  * Batch files */
 
 START_TEST(batch_missing) {
-    const char *p = tpath("no-such-batch.safetensors");
+    const char *p = tu_path("no-such-batch.safetensors");
     expect_bad_batch(p, p);
 }
 END_TEST
 
 START_TEST(batch_is_a_directory) {
-    const char *p = new_dir("batch-dir.safetensors");
+    const char *p = tu_new_dir("batch-dir.safetensors");
     expect_bad_batch(p, p);
 }
 END_TEST
 
 START_TEST(batch_not_safetensors) {
-    const char *p = tpath("batch.txt");
+    const char *p = tu_path("batch.txt");
     spit_text(p, "input_ids,labels\n1,2\n3,4\n");
     expect_bad_batch(p, p, "safetensors");
 }
@@ -833,7 +734,7 @@ START_TEST(batch_shape_overflow) {
     const double shape[2] = {4294967296.0, 4294967296.0};
     cJSON_ReplaceItemInObjectCaseSensitive(raw_tensor(&r, "input_ids"), "shape",
                                            cJSON_CreateDoubleArray(shape, 2));
-    const char *p = tpath("b-overflow.safetensors");
+    const char *p = tu_path("b-overflow.safetensors");
     raw_save(p, &r, r.ndata);
     expect_bad_batch(p, "\"input_ids\"");
 }
@@ -913,7 +814,7 @@ END_TEST
 /* A chunk beyond T is clamped to T, in the report and in the file's metadata. */
 START_TEST(option_chunk_clamped) {
     const char *dir = fresh_dir();
-    const char *out = join(dir, "grad.safetensors");
+    const char *out = tu_join(dir, "grad.safetensors");
     check_run(run_cli("grad --model '%s' --batch '%s' --chunk 100000 --logit-chunk 100000 --json "
                       "--out '%s'",
                       good_model(), good_batch(), out),
@@ -929,7 +830,7 @@ START_TEST(option_chunk_clamped) {
     ck_assert_msg(sbp_st_open(&sf, out, &err) == SBP_OK, "%s", err.msg);
     ck_assert_str_eq(sbp_st_meta(&sf, "chunk"), "8");
     sbp_st_close(&sf);
-    assert_no_tmp(dir);
+    tu_assert_no_tmp(dir);
 }
 END_TEST
 
@@ -938,35 +839,35 @@ END_TEST
 
 START_TEST(out_dir_missing) {
     const char *dir = fresh_dir();
-    const char *out = join(dir, "no-such-dir/grad.safetensors");
+    const char *out = tu_join(dir, "no-such-dir/grad.safetensors");
     check_run(run_cli("grad --model '%s' --batch '%s' --out '%s'", good_model(), good_batch(), out),
               2, (const char *const[]){out, NULL});
     ck_assert(!tu_exists(out));
-    assert_no_tmp(dir);
+    tu_assert_no_tmp(dir);
 }
 END_TEST
 
 START_TEST(out_parent_is_a_file) {
     const char *dir = fresh_dir();
-    const char *file = join(dir, "plain");
+    const char *file = tu_join(dir, "plain");
     spit_text(file, "x");
-    const char *out = join(dir, "plain/grad.safetensors");
+    const char *out = tu_join(dir, "plain/grad.safetensors");
     check_run(run_cli("grad --model '%s' --batch '%s' --out '%s'", good_model(), good_batch(), out),
               2, (const char *const[]){out, NULL});
-    assert_no_tmp(dir);
+    tu_assert_no_tmp(dir);
 }
 END_TEST
 
 START_TEST(out_is_a_directory) {
     const char *dir = fresh_dir();
-    const char *out = join(dir, "grad.safetensors");
+    const char *out = tu_join(dir, "grad.safetensors");
     ck_assert_int_eq(mkdir(out, 0755), 0);
     check_run(run_cli("grad --model '%s' --batch '%s' --out '%s'", good_model(), good_batch(), out),
               2, (const char *const[]){out, NULL});
     struct stat sb;
     ck_assert(stat(out, &sb) == 0 && S_ISDIR(sb.st_mode));
-    assert_no_tmp(dir);
-    assert_no_tmp(out);
+    tu_assert_no_tmp(dir);
+    tu_assert_no_tmp(out);
 }
 END_TEST
 
@@ -985,17 +886,17 @@ static void expect_out_checked_first(const char *out) {
 
 START_TEST(out_dir_missing_checked_first) {
     const char *dir = fresh_dir();
-    expect_out_checked_first(join(dir, "no-such-dir/g.safetensors"));
-    assert_no_tmp(dir);
+    expect_out_checked_first(tu_join(dir, "no-such-dir/g.safetensors"));
+    tu_assert_no_tmp(dir);
 }
 END_TEST
 
 START_TEST(out_is_a_directory_checked_first) {
     const char *dir = fresh_dir();
-    const char *out = join(dir, "grad.safetensors");
+    const char *out = tu_join(dir, "grad.safetensors");
     ck_assert_int_eq(mkdir(out, 0755), 0);
     expect_out_checked_first(out);
-    assert_no_tmp(dir);
+    tu_assert_no_tmp(dir);
 }
 END_TEST
 
@@ -1020,15 +921,15 @@ END_TEST
  * zero, so every activation is zero (logits too: the loss is ln V), and with rms_norm_eps 1e-30
  * each RMSNorm backward multiplies by 1/sqrt(eps) = 1e15, which overflows float by layer 0. */
 START_TEST(nonfinite_gradient) {
-    tensors ts;
-    tensors_load(&ts, good_st());
-    int e = tensors_index(&ts, "model.embed_tokens.weight");
+    tu_tensors ts;
+    tu_tensors_load(&ts, good_st());
+    int e = tu_tensors_index(&ts, "model.embed_tokens.weight");
     int64_t C = ts.e[e].shape[1];
     sft s = good_sft();
     for (int i = 0; i < SB * ST; i++)
         memset((float *)ts.data[e] + s.ids[i] * C, 0, sizeof(float) * (size_t)C);
     const char *d = tensors_model("zero-rows", &ts);
-    edit_config(tpath("zero-rows/config.json"), "rms_norm_eps", cJSON_CreateNumber(1e-30));
+    edit_config(tu_path("zero-rows/config.json"), "rms_norm_eps", cJSON_CreateNumber(1e-30));
     expect_grad(d, good_batch(), "", 1, "not finite", "gradient of \"model.embed_tokens.weight\"");
     /* 1e15 * 1e15 fits a double: the same model is fine in fp64. */
     expect_grad(d, good_batch(), "--precision fp64", 0, NULL);
@@ -1039,7 +940,7 @@ END_TEST
  * init */
 
 START_TEST(init_missing_config) {
-    const char *out = tpath("init-noconfig");
+    const char *out = tu_path("init-noconfig");
     char args[800];
     snprintf(args, sizeof args, "--out '%s'", out);
     expect_init(args, 2, "--config");
@@ -1053,8 +954,8 @@ START_TEST(init_missing_out) {
 END_TEST
 
 START_TEST(init_bad_config) {
-    const char *cfg = tpath("init-bad.json");
-    const char *out = tpath("init-bad-out");
+    const char *cfg = tu_path("init-bad.json");
+    const char *out = tu_path("init-bad-out");
     spit_text(cfg, "{\"model_type\": \"qwen3\",");
     char args[1600];
     snprintf(args, sizeof args, "--config '%s' --out '%s'", cfg, out);
@@ -1064,8 +965,8 @@ START_TEST(init_bad_config) {
 END_TEST
 
 START_TEST(init_inconsistent_config) {
-    const char *cfg = tpath("init-heads.json");
-    const char *out = tpath("init-heads-out");
+    const char *cfg = tu_path("init-heads.json");
+    const char *out = tu_path("init-heads-out");
     copy_file("data/models/qwen3-tiny.json", cfg);
     edit_config(cfg, "num_key_value_heads", cJSON_CreateNumber(3));
     char args[1600];
@@ -1076,7 +977,7 @@ START_TEST(init_inconsistent_config) {
 END_TEST
 
 START_TEST(init_seed_negative) {
-    const char *out = tpath("init-seed");
+    const char *out = tu_path("init-seed");
     char args[800];
     snprintf(args, sizeof args, "--config data/models/qwen3-tiny.json --seed -1 --out '%s'", out);
     expect_init(args, 2, "--seed", "\"-1\"");
@@ -1085,7 +986,7 @@ START_TEST(init_seed_negative) {
 END_TEST
 
 START_TEST(init_seed_not_a_number) {
-    const char *out = tpath("init-seed-abc");
+    const char *out = tu_path("init-seed-abc");
     char args[800];
     snprintf(args, sizeof args, "--config data/models/qwen3-tiny.json --seed 12abc --out '%s'",
              out);
@@ -1096,15 +997,15 @@ END_TEST
 
 START_TEST(init_out_is_a_file) {
     const char *dir = fresh_dir();
-    const char *out = join(dir, "model");
+    const char *out = tu_join(dir, "model");
     spit_text(out, "keep me\n");
     char args[800];
     snprintf(args, sizeof args, "--config data/models/qwen3-tiny.json --out '%s'", out);
     expect_init(args, 2, out);
-    char *text = slurp(out, NULL);
+    char *text = tu_slurp(out, NULL);
     ck_assert_str_eq(text, "keep me\n");
     free(text);
-    assert_no_tmp(dir);
+    tu_assert_no_tmp(dir);
 }
 END_TEST
 
@@ -1127,9 +1028,9 @@ static void expect_model_load(const char *dir, sbp_status want, const char *what
 }
 
 START_TEST(api_model_load) {
-    expect_model_load(tpath("no-such-model"), SBP_EIO, "no-such-model");
+    expect_model_load(tu_path("no-such-model"), SBP_EIO, "no-such-model");
     const char *d = copy_model("api-json");
-    spit_text(tpath("api-json/config.json"), "{\"model_type\":");
+    spit_text(tu_path("api-json/config.json"), "{\"model_type\":");
     expect_model_load(d, SBP_EFORMAT, "config.json");
     expect_model_load(model_with_field("api-heads", "num_key_value_heads", cJSON_CreateNumber(3)),
                       SBP_EINPUT, "num_key_value_heads");
@@ -1140,11 +1041,11 @@ START_TEST(api_model_load) {
     r = raw_load(good_st());
     expect_model_load(model_dir_for_raw("api-trunc", &r, r.ndata / 3), SBP_EFORMAT,
                       "model.safetensors");
-    tensors ts;
-    tensors_load(&ts, good_st());
-    ts.e[tensors_index(&ts, "model.norm.weight")].shape[0] = 16;
-    ts.e[tensors_index(&ts, "model.norm.weight")].ndim = 2;
-    ts.e[tensors_index(&ts, "model.norm.weight")].shape[1] = 4;
+    tu_tensors ts;
+    tu_tensors_load(&ts, good_st());
+    ts.e[tu_tensors_index(&ts, "model.norm.weight")].shape[0] = 16;
+    ts.e[tu_tensors_index(&ts, "model.norm.weight")].ndim = 2;
+    ts.e[tu_tensors_index(&ts, "model.norm.weight")].shape[1] = 4;
     expect_model_load(tensors_model("api-shape", &ts), SBP_EINPUT, "model.norm.weight");
 }
 END_TEST
@@ -1160,8 +1061,8 @@ static void expect_batch_load(const char *path, sbp_status want, const char *wha
 }
 
 START_TEST(api_batch_load) {
-    expect_batch_load(tpath("no-such-batch.safetensors"), SBP_EIO, "no-such-batch");
-    const char *txt = tpath("api-batch.txt");
+    expect_batch_load(tu_path("no-such-batch.safetensors"), SBP_EIO, "no-such-batch");
+    const char *txt = tu_path("api-batch.txt");
     spit_text(txt, "not a safetensors file at all");
     expect_batch_load(txt, SBP_EFORMAT, "api-batch.txt");
     sft s = good_sft();
@@ -1313,7 +1214,7 @@ int main(void) {
     sbp_config cfg;
     sbp_err err = {0};
     if (sbp_config_load(&cfg, "data/models/" MODEL ".json", &err) ||
-        sbp_model_init(&cfg, 1, tpath("model-%s-1", MODEL), &err)) {
+        sbp_model_init(&cfg, 1, tu_path("model-%s-1", MODEL), &err)) {
         fprintf(stderr, "test_badinput: cannot create the test model: %s\n", err.msg);
         return 1;
     }

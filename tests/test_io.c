@@ -29,67 +29,6 @@
 /* ---------------------------------------------------------------------------------------------
  * Files */
 
-/* A path under tu_tmpdir(), printf-style; a ring of buffers so a test can hold several. */
-static const char *tpath(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static const char *tpath(const char *fmt, ...) {
-    static char ring[32][700];
-    static int next;
-    char *p = ring[next++ % 32], name[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    snprintf(p, 700, "%s/%s", tu_tmpdir(), name);
-    return p;
-}
-
-/* dir/leaf (dir may be any path); a ring of buffers. */
-static const char *join(const char *dir, const char *leaf) {
-    static char ring[16][800];
-    static int next;
-    char *p = ring[next++ % 16];
-    snprintf(p, 800, "%s/%s", dir, leaf);
-    return p;
-}
-
-static void spit(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    require(f != NULL, "cannot create %s", path);
-    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
-    ck_assert_int_eq(fclose(f), 0);
-}
-
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    require(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)len + 1);
-    ck_assert_ptr_nonnull(buf);
-    ck_assert_uint_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    buf[len] = '\0';
-    if (n) *n = (size_t)len;
-    return buf;
-}
-
-static const char *new_dir(const char *name) {
-    const char *d = tpath("%s", name);
-    ck_assert_int_eq(tu_sh("rm -rf '%s' && mkdir -p '%s'", d, d), 0);
-    return d;
-}
-
-/* No name containing ".tmp." in dir: an atomic write that was not committed leaves one. */
-static void assert_no_tmp(const char *dir) {
-    DIR *d = opendir(dir);
-    require(d != NULL, "cannot list %s", dir);
-    struct dirent *de;
-    while ((de = readdir(d)))
-        require(!strstr(de->d_name, ".tmp."), "temporary file %s/%s left behind", dir, de->d_name);
-    closedir(d);
-}
-
 /* An error with the wanted status whose message contains `want`. */
 static void assert_err(sbp_status st, const sbp_err *err, sbp_status want, const char *want_msg,
                        const char *what) {
@@ -120,10 +59,10 @@ START_TEST(st_roundtrip) {
     };
     const int n = (int)(sizeof e / sizeof e[0]);
     const char *meta[] = {"format", "pt", "note", "a \"quoted\" value, ünïcode", NULL};
-    const char *dir = new_dir("st-roundtrip"), *path = tpath("st-roundtrip/t.safetensors");
+    const char *dir = tu_new_dir("st-roundtrip"), *path = tu_path("st-roundtrip/t.safetensors");
     sbp_err err = {0};
     require(sbp_st_write(path, e, n, meta, &err) == SBP_OK, "write: %s", err.msg);
-    assert_no_tmp(dir);
+    tu_assert_no_tmp(dir);
 
     sbp_st_file sf;
     require(sbp_st_open(&sf, path, &err) == SBP_OK, "open: %s", err.msg);
@@ -199,7 +138,7 @@ START_TEST(st_roundtrip) {
 
     /* the header length on disk: 8 + N is a multiple of 8 */
     size_t len;
-    char *bytes = slurp(path, &len);
+    char *bytes = tu_slurp(path, &len);
     uint64_t hlen;
     memcpy(&hlen, bytes, 8);
     require((8 + hlen) % 8 == 0 && 8 + hlen <= len, "header length %llu", (unsigned long long)hlen);
@@ -209,7 +148,7 @@ END_TEST
 
 /* No tensors and no metadata: a valid file of an empty header. */
 START_TEST(st_empty_file) {
-    const char *path = tpath("st-empty.safetensors");
+    const char *path = tu_path("st-empty.safetensors");
     sbp_err err = {0};
     ck_assert_int_eq(sbp_st_write(path, NULL, 0, NULL, &err), SBP_OK);
     sbp_st_file sf;
@@ -228,17 +167,17 @@ START_TEST(st_write_atomic) {
     const float x[2] = {1, 2}, y[3] = {3, 4, 5};
     sbp_st_entry e = {"x", SBP_DT_F32, 1, {2}, x};
     sbp_err err = {0};
-    const char *missing = tpath("no-such-dir/t.safetensors");
+    const char *missing = tu_path("no-such-dir/t.safetensors");
     assert_err(sbp_st_write(missing, &e, 1, NULL, &err), &err, SBP_EIO, "no-such-dir",
                "write into a missing directory");
-    require(!tu_exists(missing) && !tu_exists(tpath("no-such-dir")), "a failed write created %s",
+    require(!tu_exists(missing) && !tu_exists(tu_path("no-such-dir")), "a failed write created %s",
             missing);
 
-    const char *dir = new_dir("st-atomic"), *path = tpath("st-atomic/t.safetensors");
+    const char *dir = tu_new_dir("st-atomic"), *path = tu_path("st-atomic/t.safetensors");
     ck_assert_int_eq(sbp_st_write(path, &e, 1, NULL, &err), SBP_OK);
     e = (sbp_st_entry){"y", SBP_DT_F32, 1, {3}, y};
     ck_assert_int_eq(sbp_st_write(path, &e, 1, NULL, &err), SBP_OK);
-    assert_no_tmp(dir);
+    tu_assert_no_tmp(dir);
     sbp_st_file sf;
     ck_assert_int_eq(sbp_st_open(&sf, path, &err), SBP_OK);
     ck_assert_int_eq(sf.n, 1);
@@ -373,14 +312,14 @@ END_TEST
  * length is hlen when hlen >= 0, else the text's own length. */
 static const char *write_raw(const char *name, const char *header, size_t header_len, long hlen,
                              size_t ndata) {
-    const char *path = tpath("%s.safetensors", name);
+    const char *path = tu_path("%s.safetensors", name);
     size_t n = 8 + header_len + ndata;
     unsigned char *b = calloc(n, 1);
     ck_assert_ptr_nonnull(b);
     uint64_t h = hlen >= 0 ? (uint64_t)hlen : header_len;
     for (int i = 0; i < 8; i++) b[i] = (unsigned char)(h >> (8 * i));
     memcpy(b + 8, header, header_len);
-    spit(path, b, n);
+    tu_spit(path, b, n);
     free(b);
     return path;
 }
@@ -457,8 +396,8 @@ END_TEST
 
 START_TEST(st_bad_framing) {
     /* shorter than the 8-byte length */
-    const char *p = tpath("short.safetensors");
-    spit(p, "\x10\0\0\0\0", 5);
+    const char *p = tu_path("short.safetensors");
+    tu_spit(p, "\x10\0\0\0\0", 5);
     expect_open(p, SBP_EFORMAT, "shorter than the 8-byte header length");
     /* a header length beyond the end of the file */
     const char *h = "{" T4("a", 0, 4) "}";
@@ -472,9 +411,9 @@ START_TEST(st_bad_framing) {
     /* a header cut short by the end of the file: the JSON is incomplete */
     expect_open(write_raw("cut", h, 10, -1, 0), SBP_EFORMAT, "not a valid JSON object");
     /* no file */
-    expect_open(tpath("does-not-exist.safetensors"), SBP_EIO, "cannot open");
+    expect_open(tu_path("does-not-exist.safetensors"), SBP_EIO, "cannot open");
     /* a directory */
-    expect_open(new_dir("a-directory"), SBP_EIO, "not a regular file");
+    expect_open(tu_new_dir("a-directory"), SBP_EIO, "not a regular file");
 }
 END_TEST
 
@@ -674,13 +613,13 @@ START_TEST(config_save_roundtrip) {
         sbp_config c = load_cfg(files[i]);
         c.eps = 1.0 / 3 * 1e-5; /* a value that needs all 17 digits */
         c.rope_theta = 123456.789;
-        const char *path = tpath("cfg-%d.json", i);
+        const char *path = tu_path("cfg-%d.json", i);
         sbp_err err = {0};
         require(sbp_config_save(&c, path, &err) == SBP_OK, "%s", err.msg);
         sbp_config back = load_cfg(path);
         assert_config_eq(&back, &c, files[i]);
     }
-    assert_no_tmp(tu_tmpdir());
+    tu_assert_no_tmp(tu_tmpdir());
 }
 END_TEST
 
@@ -773,45 +712,6 @@ END_TEST
 /* ---------------------------------------------------------------------------------------------
  * Model loading */
 
-/* Every tensor of a safetensors file, raw, as entries to rewrite. */
-typedef struct {
-    sbp_st_entry e[80];
-    char names[80][96];
-    void *data[80];
-    int n;
-} tensors;
-
-static void tensors_load(tensors *ts, const char *path) {
-    sbp_st_file sf;
-    sbp_err err = {0};
-    memset(ts, 0, sizeof *ts);
-    require(sbp_st_open(&sf, path, &err) == SBP_OK, "%s", err.msg);
-    ck_assert_int_le(sf.n, 78);
-    for (int i = 0; i < sf.n; i++) {
-        const sbp_st_tensor *t = &sf.t[i];
-        snprintf(ts->names[i], sizeof ts->names[i], "%s", t->name);
-        ts->data[i] = malloc(t->end - t->begin + 8);
-        ck_assert_int_eq(sbp_st_read_raw(&sf, t, ts->data[i], &err), SBP_OK);
-        ts->e[i] = (sbp_st_entry){.name = ts->names[i], .dtype = t->dtype, .ndim = t->ndim};
-        for (int d = 0; d < t->ndim; d++) ts->e[i].shape[d] = t->shape[d];
-        ts->e[i].data = ts->data[i];
-    }
-    ts->n = sf.n;
-    sbp_st_close(&sf);
-}
-
-static void tensors_free(tensors *ts) {
-    for (int i = 0; i < ts->n; i++) free(ts->data[i]);
-    ts->n = 0;
-}
-
-static int tensors_index(const tensors *ts, const char *name) {
-    for (int i = 0; i < ts->n; i++)
-        if (strcmp(ts->names[i], name) == 0) return i;
-    ck_abort_msg("no tensor %s", name);
-    return -1;
-}
-
 static int64_t entry_numel(const sbp_st_entry *e) {
     int64_t n = 1;
     for (int d = 0; d < e->ndim; d++) n *= e->shape[d];
@@ -821,13 +721,13 @@ static int64_t entry_numel(const sbp_st_entry *e) {
 /* A model directory `name`: the config.json of `from` and the entries e[0..n) as
  * model.safetensors. */
 static const char *write_model(const char *name, const char *from, const sbp_st_entry *e, int n) {
-    const char *dir = new_dir(name);
+    const char *dir = tu_new_dir(name);
     size_t len;
-    char *cfg = slurp(join(from, "config.json"), &len);
-    spit(tpath("%s/config.json", name), cfg, len);
+    char *cfg = tu_slurp(tu_join(from, "config.json"), &len);
+    tu_spit(tu_path("%s/config.json", name), cfg, len);
     free(cfg);
     sbp_err err = {0};
-    require(sbp_st_write(tpath("%s/model.safetensors", name), e, n, NULL, &err) == SBP_OK, "%s",
+    require(sbp_st_write(tu_path("%s/model.safetensors", name), e, n, NULL, &err) == SBP_OK, "%s",
             err.msg);
     return dir;
 }
@@ -846,14 +746,14 @@ static void assert_same_weights(const sbp_model *a, const sbp_model *b, const ch
 /* Two shard files and model.safetensors.index.json load bit-identically to the single file. */
 START_TEST(model_sharded) {
     const char *src = tu_model(families[_i], 5);
-    tensors ts;
-    tensors_load(&ts, join(src, "model.safetensors"));
+    tu_tensors ts;
+    tu_tensors_load(&ts, tu_join(src, "model.safetensors"));
     char name[64];
     snprintf(name, sizeof name, "sharded-%s", families[_i]);
-    const char *dir = new_dir(name);
+    const char *dir = tu_new_dir(name);
     size_t len;
-    char *cfg = slurp(join(src, "config.json"), &len);
-    spit(tpath("%s/config.json", name), cfg, len);
+    char *cfg = tu_slurp(tu_join(src, "config.json"), &len);
+    tu_spit(tu_path("%s/config.json", name), cfg, len);
     free(cfg);
     /* the second shard takes the later tensors, in reverse order, to show order is free */
     const int half = ts.n / 2;
@@ -862,9 +762,10 @@ START_TEST(model_sharded) {
     static const char *shard[2] = {"model-00001-of-00002.safetensors",
                                    "model-00002-of-00002.safetensors"};
     sbp_err err = {0};
-    ck_assert_int_eq(sbp_st_write(tpath("%s/%s", name, shard[0]), ts.e, half, NULL, &err), SBP_OK);
-    ck_assert_int_eq(sbp_st_write(tpath("%s/%s", name, shard[1]), second, ts.n - half, NULL, &err),
+    ck_assert_int_eq(sbp_st_write(tu_path("%s/%s", name, shard[0]), ts.e, half, NULL, &err),
                      SBP_OK);
+    ck_assert_int_eq(
+        sbp_st_write(tu_path("%s/%s", name, shard[1]), second, ts.n - half, NULL, &err), SBP_OK);
     cJSON *idx = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(idx, "metadata"),
           *map = cJSON_AddObjectToObject(idx, "weight_map");
     int64_t total = 0;
@@ -872,10 +773,10 @@ START_TEST(model_sharded) {
     cJSON_AddNumberToObject(meta, "total_size", (double)total);
     for (int i = 0; i < ts.n; i++) cJSON_AddStringToObject(map, ts.names[i], shard[i >= half]);
     char *text = cJSON_Print(idx);
-    spit(tpath("%s/model.safetensors.index.json", name), text, strlen(text));
+    tu_spit(tu_path("%s/model.safetensors.index.json", name), text, strlen(text));
     free(text);
     cJSON_Delete(idx);
-    tensors_free(&ts);
+    tu_tensors_free(&ts);
 
     for (int p = 0; p < 2; p++) {
         sbp_model one, two;
@@ -894,8 +795,8 @@ END_TEST
 START_TEST(model_half_weights) {
     const int bf = _i == 0;
     const char *src = tu_model("llama3-tiny", 6);
-    tensors ts;
-    tensors_load(&ts, join(src, "model.safetensors"));
+    tu_tensors ts;
+    tu_tensors_load(&ts, tu_join(src, "model.safetensors"));
     for (int i = 0; i < ts.n; i++) {
         const float *f = ts.data[i];
         int64_t n = entry_numel(&ts.e[i]);
@@ -912,7 +813,7 @@ START_TEST(model_half_weights) {
         load_ok(&m, dir, p ? SBP_FP64 : SBP_FP32);
         for (int i = 0; i < m.params.n; i++) {
             const sbp_param *pr = &m.params.p[i];
-            const uint16_t *h = ts.data[tensors_index(&ts, pr->name)];
+            const uint16_t *h = ts.data[tu_tensors_index(&ts, pr->name)];
             for (int64_t j = 0; j < pr->numel; j++) {
                 double want = bf ? sbp_bf16_to_f32(h[j]) : sbp_f16_to_f32(h[j]);
                 double got = tu_at(&m, m.w, pr->offset + j);
@@ -922,7 +823,7 @@ START_TEST(model_half_weights) {
         }
         sbp_model_free(&m, NULL);
     }
-    tensors_free(&ts);
+    tu_tensors_free(&ts);
 }
 END_TEST
 
@@ -936,10 +837,10 @@ static void expect_load_fail(const char *dir, sbp_status want, const char *msg, 
 
 START_TEST(model_bad_tensors) {
     const char *src = tu_model("qwen2-tiny", 7);
-    tensors ts;
+    tu_tensors ts;
     /* a missing tensor */
-    tensors_load(&ts, join(src, "model.safetensors"));
-    int k = tensors_index(&ts, "model.layers.1.self_attn.k_proj.bias");
+    tu_tensors_load(&ts, tu_join(src, "model.safetensors"));
+    int k = tu_tensors_index(&ts, "model.layers.1.self_attn.k_proj.bias");
     sbp_st_entry e[80];
     int n = 0;
     for (int i = 0; i < ts.n; i++)
@@ -948,7 +849,7 @@ START_TEST(model_bad_tensors) {
                      "no tensor \"model.layers.1.self_attn.k_proj.bias\"", "missing tensor");
     /* the wrong shape: [C, F] for down_proj's [C, F] transposed, same element count */
     memcpy(e, ts.e, sizeof *e * (size_t)ts.n);
-    k = tensors_index(&ts, "model.layers.0.mlp.down_proj.weight");
+    k = tu_tensors_index(&ts, "model.layers.0.mlp.down_proj.weight");
     int64_t t0 = e[k].shape[0];
     e[k].shape[0] = e[k].shape[1], e[k].shape[1] = t0;
     expect_load_fail(write_model("bad-shape", src, e, ts.n), SBP_EINPUT,
@@ -956,7 +857,7 @@ START_TEST(model_bad_tensors) {
                      "transposed tensor");
     /* a 1-d tensor given as [1, C] */
     memcpy(e, ts.e, sizeof *e * (size_t)ts.n);
-    k = tensors_index(&ts, "model.norm.weight");
+    k = tu_tensors_index(&ts, "model.norm.weight");
     e[k].ndim = 2, e[k].shape[1] = e[k].shape[0], e[k].shape[0] = 1;
     expect_load_fail(write_model("bad-ndim", src, e, ts.n), SBP_EINPUT, "\"model.norm.weight\"",
                      "extra dimension");
@@ -964,7 +865,7 @@ START_TEST(model_bad_tensors) {
     const float bad[2] = {NAN, INFINITY};
     for (int b = 0; b < 2; b++) {
         memcpy(e, ts.e, sizeof *e * (size_t)ts.n);
-        k = tensors_index(&ts, "model.layers.1.mlp.up_proj.weight");
+        k = tu_tensors_index(&ts, "model.layers.1.mlp.up_proj.weight");
         float *w = ts.data[k], keep = w[17];
         w[17] = bad[b];
         expect_load_fail(write_model(b ? "bad-inf" : "bad-nan", src, e, ts.n), SBP_EINPUT,
@@ -972,13 +873,13 @@ START_TEST(model_bad_tensors) {
                          b ? "inf weight" : "NaN weight");
         w[17] = keep;
     }
-    tensors_free(&ts);
+    tu_tensors_free(&ts);
     /* no model directory; a directory without weights */
-    expect_load_fail(tpath("no-such-model"), SBP_EIO, "no-such-model", "missing directory");
-    const char *empty = new_dir("no-weights");
+    expect_load_fail(tu_path("no-such-model"), SBP_EIO, "no-such-model", "missing directory");
+    const char *empty = tu_new_dir("no-weights");
     size_t len;
-    char *cfg = slurp(join(src, "config.json"), &len);
-    spit(tpath("no-weights/config.json"), cfg, len);
+    char *cfg = tu_slurp(tu_join(src, "config.json"), &len);
+    tu_spit(tu_path("no-weights/config.json"), cfg, len);
     free(cfg);
     expect_load_fail(empty, SBP_EIO, "no model.safetensors", "no weights");
 }
@@ -988,11 +889,11 @@ END_TEST
  * embeddings. */
 START_TEST(model_extra_tensors) {
     const char *src = tu_model("qwen3-tiny", 8);
-    tensors ts;
-    tensors_load(&ts, join(src, "model.safetensors"));
+    tu_tensors ts;
+    tu_tensors_load(&ts, tu_join(src, "model.safetensors"));
     float inv_freq[16] = {1}, head[200 * 64];
     for (int i = 0; i < 200 * 64; i++) head[i] = (float)i;
-    sbp_st_entry e[80];
+    sbp_st_entry e[TU_MAX_TENSORS + 3];
     memcpy(e, ts.e, sizeof *e * (size_t)ts.n);
     e[ts.n] = (sbp_st_entry){"model.rotary_emb.inv_freq", SBP_DT_F32, 1, {16}, inv_freq};
     e[ts.n + 1] = (sbp_st_entry){"lm_head.weight", SBP_DT_F32, 2, {200, 64}, head};
@@ -1004,7 +905,7 @@ START_TEST(model_extra_tensors) {
     assert_same_weights(&a, &b, "with extra tensors");
     sbp_model_free(&a, NULL);
     sbp_model_free(&b, NULL);
-    tensors_free(&ts);
+    tu_tensors_free(&ts);
 }
 END_TEST
 

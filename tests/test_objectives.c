@@ -248,50 +248,26 @@ static int all_finite(const double *g, int64_t n) {
 /* ---------------------------------------------------------------------------------------------
  * 1. ref by finite differences */
 
+typedef struct {
+    const sbp_model *m;
+    const sbp_batch *b;
+    const sbp_objective *o;
+} loss_ctx;
+
+static double loss_at(const double *w, void *ctx) {
+    const loss_ctx *c = ctx;
+    return ref_loss_only(c->m, w, c->b, c->o);
+}
+
 /* Central differences of ref's loss against its gradient g on k random entries of every tensor
  * and the largest-|g| entry of each; fails outside FD_ATOL·max(1, |L|) + FD_RTOL·|g|. */
 static void fd_check(const sbp_model *m, const sbp_batch *b, const sbp_objective *o,
                      const double *g, double loss, int k, uint64_t seed, const char *what) {
-    const sbp_params *ps = &m->params;
-    double *w = alloc_doubles((size_t)ps->total);
-    memcpy(w, m->w, sizeof *w * (size_t)ps->total);
-    sbp_rng rng;
-    sbp_rng_seed(&rng, seed);
-    double atol = FD_ATOL * fmax(1, fabs(loss)), worst_abs = 0, worst_rel = 0, g_abs = 0;
-    char where_abs[160] = "";
-    int n = 0;
-    for (int i = 0; i < ps->n; i++) {
-        const sbp_param *p = &ps->p[i];
-        int64_t amax = 0;
-        for (int64_t j = 1; j < p->numel; j++)
-            if (fabs(g[p->offset + j]) > fabs(g[p->offset + amax])) amax = j;
-        for (int e = 0; e <= k; e++) {
-            int64_t j = e == k ? amax : (int64_t)(sbp_rng_uniform(&rng) * (double)p->numel);
-            double *wj = &w[p->offset + j], w0 = *wj;
-            *wj = w0 + FD_STEP;
-            double up = ref_loss_only(m, w, b, o);
-            *wj = w0 - FD_STEP;
-            double down = ref_loss_only(m, w, b, o);
-            *wj = w0;
-            double fd = (up - down) / (2 * FD_STEP), an = g[p->offset + j];
-            double err = fabs(fd - an);
-            ck_assert_msg(err <= atol + FD_RTOL * fabs(an),
-                          "%s: %s[%lld]: analytic %.12g, central difference %.12g (|diff| %.3g)",
-                          what, p->name, (long long)j, an, fd, err);
-            n++;
-            if (err > worst_abs) {
-                worst_abs = err;
-                g_abs = an;
-                snprintf(where_abs, sizeof where_abs, "%s[%lld]", p->name, (long long)j);
-            }
-            if (fabs(an) >= 1e-4) worst_rel = fmax(worst_rel, err / fabs(an));
-        }
-    }
-    printf("fd %-44s loss %9.4g, %2d entries: worst |fd-g| %.2e (%s, g %.2e); worst rel. "
-           "(|g|>=1e-4) %.2e\n",
-           what, loss, n, worst_abs, where_abs, g_abs, worst_rel);
-    fflush(stdout);
-    free(w);
+    char label[160];
+    snprintf(label, sizeof label, "%s loss %.4g", what, loss);
+    loss_ctx c = {m, b, o};
+    tu_fd_check(&m->params, m->w, g, loss_at, &c, FD_STEP, FD_ATOL * fmax(1, fabs(loss)), FD_RTOL,
+                k, seed, label);
 }
 
 /* GRPO's targets by branch of the clipped term (at w = the model's weights): ratio inside the
@@ -650,21 +626,11 @@ static void copy_row(sbp_batch *dst, int dr, const sbp_batch *src, int sr) {
     if (dst->ref_logps) memcpy(dst->ref_logps + o, src->ref_logps + i, sizeof(double) * T);
 }
 
-static void count_targets(sbp_batch *b) {
-    b->n_targets = b->n_pad_targets = 0;
-    for (int r = 0; r < b->B; r++)
-        for (int t = 0; t + 1 < b->T; t++)
-            if (b->labels[(size_t)r * b->T + t + 1] != SBP_IGNORE) {
-                b->n_targets++;
-                b->n_pad_targets += b->mask[(size_t)r * b->T + t] == 0;
-            }
-}
-
 /* dst = the rows `rows` (n) of src, cut to T tokens. */
 static void take_rows(sbp_batch *dst, const sbp_batch *src, const int *rows, int n, int T) {
     alloc_like(dst, src, n, T);
     for (int k = 0; k < n; k++) copy_row(dst, k, src, rows[k]);
-    count_targets(dst);
+    sbp_batch_count_targets(dst);
 }
 
 /* dst = a and b as one batch, padded on the right to the longer T (which changes nothing before
@@ -676,7 +642,7 @@ static void concat(sbp_batch *dst, const sbp_batch *a, const sbp_batch *b) {
         copy_row(dst, a->pairs && r >= a->pairs ? r + b->pairs : r, a, r);
     for (int r = 0; r < b->B; r++)
         copy_row(dst, b->pairs ? (r < b->pairs ? a->pairs + r : a->B + r) : a->B + r, b, r);
-    count_targets(dst);
+    sbp_batch_count_targets(dst);
 }
 
 static double rel_l2(const double *a, const double *b, int64_t n) {

@@ -89,55 +89,24 @@ static double *ref_grads(double *loss, const sbp_model *m, const sbp_batch *b) {
     return g;
 }
 
-/* Central differences of f (above) against g on k random entries of every tensor and on its
- * largest-|g| entry; fails on the first entry outside FD_ATOL + FD_RTOL·|g|. Prints the worst
- * absolute error and the worst relative one among entries with |g| ≥ 1e-4. */
+/* objective() at w, for tu_fd_check */
+typedef struct {
+    const sbp_model *m;
+    const sbp_batch *b;
+    const double *coef;
+    double tau;
+} objective_ctx;
+
+static double objective_at(const double *w, void *ctx) {
+    const objective_ctx *c = ctx;
+    return objective(c->m, c->b, w, c->coef, c->tau);
+}
+
+/* fd of objective() against g on k random entries of every tensor and the largest-|g| one */
 static void fd_check(const sbp_model *m, const sbp_batch *b, const double *coef, double tau,
                      const double *g /* (params.total) */, int k, uint64_t seed, const char *what) {
-    const sbp_params *ps = &m->params;
-    double *w = malloc(sizeof *w * (size_t)ps->total);
-    ck_assert_ptr_nonnull(w);
-    memcpy(w, m->w, sizeof *w * (size_t)ps->total);
-    sbp_rng rng;
-    sbp_rng_seed(&rng, seed);
-    double worst_abs = 0, worst_rel = 0, g_abs = 0;
-    char where_abs[160] = "", where_rel[160] = "";
-    int n = 0;
-    for (int i = 0; i < ps->n; i++) {
-        const sbp_param *p = &ps->p[i];
-        int64_t amax = 0;
-        for (int64_t j = 1; j < p->numel; j++)
-            if (fabs(g[p->offset + j]) > fabs(g[p->offset + amax])) amax = j;
-        for (int e = 0; e <= k; e++) {
-            int64_t j = e == k ? amax : (int64_t)(sbp_rng_uniform(&rng) * (double)p->numel);
-            double *wj = &w[p->offset + j], w0 = *wj;
-            *wj = w0 + FD_STEP;
-            double up = objective(m, b, w, coef, tau);
-            *wj = w0 - FD_STEP;
-            double down = objective(m, b, w, coef, tau);
-            *wj = w0;
-            double fd = (up - down) / (2 * FD_STEP), an = g[p->offset + j];
-            double abs_err = fabs(fd - an);
-            ck_assert_msg(abs_err <= FD_ATOL + FD_RTOL * fabs(an),
-                          "%s: %s[%lld]: analytic %.12g, central difference %.12g (|diff| %.3g)",
-                          what, p->name, (long long)j, an, fd, abs_err);
-            n++;
-            if (abs_err > worst_abs) {
-                worst_abs = abs_err;
-                g_abs = an;
-                snprintf(where_abs, sizeof where_abs, "%s[%lld]", p->name, (long long)j);
-            }
-            if (fabs(an) >= 1e-4 && abs_err / fabs(an) > worst_rel) {
-                worst_rel = abs_err / fabs(an);
-                snprintf(where_rel, sizeof where_rel, "%s[%lld]", p->name, (long long)j);
-            }
-        }
-    }
-    printf("fd %-30s %2d entries: worst |fd-g| %.2e (%s, g %.2e); worst rel. (|g|>=1e-4) "
-           "%.2e (%s)\n",
-           what, n, worst_abs, where_abs, g_abs, worst_rel, where_rel);
-    fflush(stdout);
-    free(w);
+    objective_ctx c = {m, b, coef, tau};
+    tu_fd_check(&m->params, m->w, g, objective_at, &c, FD_STEP, FD_ATOL, FD_RTOL, k, seed, what);
 }
 
 /* A hand-made batch (B = 4, T = PT) for the padding rules:

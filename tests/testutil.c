@@ -1,6 +1,8 @@
 /* testutil.c — shared helpers for the Check suites. */
 #include "testutil.h"
+#include "../src/core/rng.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -139,4 +141,147 @@ int tu_run_suite(Suite *s) {
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+void tu_tensors_load(tu_tensors *ts, const char *path) {
+    sbp_st_file sf;
+    sbp_err err = {0};
+    memset(ts, 0, sizeof *ts);
+    ck_assert_msg(sbp_st_open(&sf, path, &err) == SBP_OK, "%s", err.msg);
+    ck_assert_int_le(sf.n, TU_MAX_TENSORS);
+    for (int i = 0; i < sf.n; i++) {
+        const sbp_st_tensor *t = &sf.t[i];
+        snprintf(ts->names[i], sizeof ts->names[i], "%s", t->name);
+        ts->data[i] = malloc(t->end - t->begin + 8);
+        ck_assert_int_eq(sbp_st_read_raw(&sf, t, ts->data[i], &err), SBP_OK);
+        ts->e[i] = (sbp_st_entry){.name = ts->names[i], .dtype = t->dtype, .ndim = t->ndim};
+        for (int d = 0; d < t->ndim; d++) ts->e[i].shape[d] = t->shape[d];
+        ts->e[i].data = ts->data[i];
+    }
+    ts->n = sf.n;
+    sbp_st_close(&sf);
+}
+
+void tu_tensors_free(tu_tensors *ts) {
+    for (int i = 0; i < ts->n; i++) free(ts->data[i]);
+    ts->n = 0;
+}
+
+int tu_tensors_index(const tu_tensors *ts, const char *name) {
+    for (int i = 0; i < ts->n; i++)
+        if (strcmp(ts->names[i], name) == 0) return i;
+    ck_abort_msg("no tensor %s", name);
+    return -1;
+}
+
+void tu_fd_check(const sbp_params *ps, const double *w0, const double *g, tu_loss_fn f, void *ctx,
+                 double h, double atol, double rtol, int k, uint64_t seed, const char *what) {
+    double *w = malloc(sizeof *w * (size_t)ps->total);
+    ck_assert_ptr_nonnull(w);
+    memcpy(w, w0, sizeof *w * (size_t)ps->total);
+    sbp_rng rng;
+    sbp_rng_seed(&rng, seed);
+    double worst_abs = 0, worst_rel = 0, g_abs = 0;
+    char where_abs[160] = "", where_rel[160] = "";
+    int n = 0;
+    for (int i = 0; i < ps->n; i++) {
+        const sbp_param *p = &ps->p[i];
+        int64_t amax = 0;
+        for (int64_t j = 1; j < p->numel; j++)
+            if (fabs(g[p->offset + j]) > fabs(g[p->offset + amax])) amax = j;
+        for (int e = 0; e <= k; e++) {
+            int64_t j = e == k ? amax : (int64_t)(sbp_rng_uniform(&rng) * (double)p->numel);
+            double *wj = &w[p->offset + j], wj0 = *wj;
+            *wj = wj0 + h;
+            double up = f(w, ctx);
+            *wj = wj0 - h;
+            double down = f(w, ctx);
+            *wj = wj0;
+            double fd = (up - down) / (2 * h), an = g[p->offset + j], err = fabs(fd - an);
+            ck_assert_msg(err <= atol + rtol * fabs(an),
+                          "%s: %s[%lld]: analytic %.12g, central difference %.12g (|diff| %.3g)",
+                          what, p->name, (long long)j, an, fd, err);
+            n++;
+            if (err > worst_abs) {
+                worst_abs = err;
+                g_abs = an;
+                snprintf(where_abs, sizeof where_abs, "%s[%lld]", p->name, (long long)j);
+            }
+            if (fabs(an) >= 1e-4 && err / fabs(an) > worst_rel) {
+                worst_rel = err / fabs(an);
+                snprintf(where_rel, sizeof where_rel, "%s[%lld]", p->name, (long long)j);
+            }
+        }
+    }
+    printf("fd %-44s %2d entries: worst |fd-g| %.2e (%s, g %.2e); worst rel. (|g|>=1e-4) %.2e "
+           "(%s)\n",
+           what, n, worst_abs, where_abs, g_abs, worst_rel, where_rel);
+    fflush(stdout);
+    free(w);
+}
+
+/* Not a Check assertion: paths are also built before the suite runs. */
+static void path_too_long(const char *leaf) {
+    fprintf(stderr, "testutil: path too long (... %s)\n", leaf);
+    abort();
+}
+
+static char *ring_slot(void) {
+    static char ring[32][700];
+    static int next;
+    return ring[next++ % 32];
+}
+
+const char *tu_path(const char *fmt, ...) {
+    char *p = ring_slot(), name[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    if (snprintf(p, 700, "%s/%s", tu_tmpdir(), name) >= 700) path_too_long(name);
+    return p;
+}
+
+const char *tu_join(const char *dir, const char *leaf) {
+    char *p = ring_slot();
+    if (snprintf(p, 700, "%s/%s", dir, leaf) >= 700) path_too_long(leaf);
+    return p;
+}
+
+char *tu_slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)len + 1);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_uint_eq(fread(buf, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    buf[len] = '\0';
+    if (n) *n = (size_t)len;
+    return buf;
+}
+
+void tu_spit(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    ck_assert_msg(f != NULL, "cannot create %s", path);
+    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+const char *tu_new_dir(const char *name) {
+    const char *d = tu_path("%s", name);
+    ck_assert_int_eq(tu_sh("rm -rf '%s' && mkdir -p '%s'", d, d), 0);
+    return d;
+}
+
+void tu_assert_no_tmp(const char *dir) {
+    DIR *d = opendir(dir);
+    ck_assert_msg(d != NULL, "cannot list %s", dir);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        ck_assert_msg(!strstr(de->d_name, ".tmp"), "temporary file %s/%s left behind", dir,
+                      de->d_name);
+    closedir(d);
 }

@@ -2,6 +2,7 @@
 #ifndef SBP_TESTUTIL_H
 #define SBP_TESTUTIL_H
 
+#include "../src/io/safetensors.h"
 #include "../src/streambp.h"
 
 #include <check.h>
@@ -34,6 +35,42 @@ const char *tu_last_output(void);
 /* The streambp binary ($STREAMBP, default build/streambp). */
 const char *tu_bin(void);
 int tu_exists(const char *path);
+
+/* A path under tu_tmpdir(), printf-style, and dir/leaf; both return one of a ring of 32
+ * buffers, so a test can hold several at once. */
+const char *tu_path(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *tu_join(const char *dir, const char *leaf);
+/* A whole file, NUL-terminated (its length in *n unless n is NULL); fails the test if unreadable.
+ */
+char *tu_slurp(const char *path, size_t *n);
+/* Writes n bytes to path; fails the test if it cannot. */
+void tu_spit(const char *path, const void *data, size_t n);
+/* An empty directory tu_tmpdir()/name. */
+const char *tu_new_dir(const char *name);
+/* Fails if a name under dir contains ".tmp": an interrupted atomic write leaves one. */
+void tu_assert_no_tmp(const char *dir);
+
+/* Every tensor of a safetensors file, raw, as entries to edit and write back. */
+enum { TU_MAX_TENSORS = 80 };
+typedef struct {
+    sbp_st_entry e[TU_MAX_TENSORS];
+    char names[TU_MAX_TENSORS][96];
+    void *data[TU_MAX_TENSORS];
+    int n;
+} tu_tensors;
+void tu_tensors_load(tu_tensors *ts, const char *path);
+void tu_tensors_free(tu_tensors *ts);
+/* Index of the tensor called name; fails the test if there is none. */
+int tu_tensors_index(const tu_tensors *ts, const char *name);
+
+/* A loss as a function of every parameter, w (params.total doubles). */
+typedef double (*tu_loss_fn)(const double *w, void *ctx);
+/* Central differences (step h) of f at w against the analytic gradient g, on k random entries of
+ * every tensor and on its largest-|g| entry; fails on the first entry outside atol + rtol·|g|.
+ * Prints the worst absolute error and the worst relative one among entries with |g| ≥ 1e-4. */
+void tu_fd_check(const sbp_params *ps, const double *w /* (total) */, const double *g /* (total) */,
+                 tu_loss_fn f, void *ctx, double h, double atol, double rtol, int k, uint64_t seed,
+                 const char *what);
 
 /* Runs the suite with Check's default runner; returns the process exit status. */
 int tu_run_suite(Suite *s);

@@ -108,10 +108,7 @@ int verify_audit(int argc, char **argv) {
         }
         if (rep.extra[0]) cJSON_AddStringToObject(j, "extra_tensors", rep.extra);
         cJSON_AddBoolToObject(j, "pass", rep.failed == 0);
-        char *text = cJSON_Print(j);
-        puts(text);
-        free(text);
-        cJSON_Delete(j);
+        print_json(j);
     } else {
         printf("audit of %s (precision %s) against the %s, slack %g\n", o.grads, pname[o.precision],
                rep.truth, o.slack > 0 ? o.slack : 4);

@@ -78,7 +78,7 @@ static void print_details(const sbp_diff_row *r) {
                (long long)c->nonfinite_b, (long long)c->first_nonfinite_b);
 }
 
-static void print_json(const sbp_diff *d, const char *a, const char *b) {
+static void print_diff_json(const sbp_diff *d, const char *a, const char *b) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "a", a);
     cJSON_AddStringToObject(o, "b", b);
@@ -112,10 +112,7 @@ static void print_json(const sbp_diff *d, const char *a, const char *b) {
         }
         cJSON_AddItemToArray(rows, x);
     }
-    char *text = cJSON_Print(o);
-    puts(text);
-    free(text);
-    cJSON_Delete(o);
+    print_json(o);
 }
 
 int verify_diff(int argc, char **argv) {
@@ -167,7 +164,7 @@ int verify_diff(int argc, char **argv) {
     sbp_err err = {0};
     if (sbp_diff_files(&d, a, b, &p, &err)) return report_error("verify diff", &err);
     if (json) {
-        print_json(&d, a, b);
+        print_diff_json(&d, a, b);
     } else {
         printf("A = %s\nB = %s (reference)\n", a, b);
         if (d.loss_a[0] || d.loss_b[0])

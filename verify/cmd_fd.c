@@ -126,10 +126,7 @@ int verify_fd(int argc, char **argv) {
             cJSON_AddNumberToObject(x, "rel_err_four_point", rep.rows[i].err_four);
             cJSON_AddItemToArray(rows, x);
         }
-        char *text = cJSON_Print(o);
-        puts(text);
-        free(text);
-        cJSON_Delete(o);
+        print_json(o);
     } else {
         printf("finite differences in float64: %s schedule, step h = %g, direction seed %d, "
                "loss %.17g\n",

@@ -231,10 +231,7 @@ int verify_run(int argc, char **argv) {
         cJSON *gs = cJSON_AddArrayToObject(j, "groups");
         for (int gi = 0; gi < SBP_VG_N; gi++) cJSON_AddItemToArray(gs, group_json(&rep.g[gi]));
         cJSON_AddBoolToObject(j, "pass", rep.failed == 0);
-        char *text = cJSON_Print(j);
-        puts(text);
-        free(text);
-        cJSON_Delete(j);
+        print_json(j);
     } else {
         printf("streambp verify: %s (%s), batch %s (B=%d, T=%d), block %d\n", model, rep.model_type,
                o.batch, rep.B, rep.T, rep.block);

@@ -126,10 +126,7 @@ int verify_suite(int argc, char **argv) {
         cJSON_AddItemToObject(j, "cases", jcases);
         cJSON_AddNumberToObject(j, "failed", failed);
         cJSON_AddBoolToObject(j, "pass", failed == 0);
-        char *text = cJSON_Print(j);
-        puts(text);
-        free(text);
-        cJSON_Delete(j);
+        print_json(j);
     } else {
         cJSON_Delete(jcases);
         printf("%d cases, %d failed, %.1f s (streambp verify --model DIR --batch FILE shows the "

@@ -412,10 +412,7 @@ int cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "sgemm_gflops", sgemm);
         if (largest) cJSON_AddNumberToObject(o, "budget_bytes", (double)largest);
         cJSON_AddItemToObject(o, "rows", jrows);
-        char *text = cJSON_Print(o);
-        puts(text);
-        free(text);
-        cJSON_Delete(o);
+        print_json(o);
     } else {
         cJSON_Delete(jrows);
         if (!csv)

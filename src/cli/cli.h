@@ -28,5 +28,7 @@ double now_seconds(void);
 long long peak_rss_bytes(void);
 void print_ledger(FILE *f, const sbp_ledger *lg, const char *indent);
 cJSON *ledger_json(const sbp_ledger *lg);
+/* Prints o as indented JSON on stdout and deletes it. */
+void print_json(cJSON *o);
 
 #endif

@@ -181,8 +181,8 @@ static void print_text(const grad_args *a, const sbp_model *m, const sbp_batch *
     if (a->out) printf("wrote     %s (%d tensors)\n", a->out, m->params.n);
 }
 
-static void print_json(const grad_args *a, const sbp_model *m, const sbp_batch *b,
-                       const sbp_grad_result *r, const sbp_ledger *lg, double secs) {
+static void print_result_json(const grad_args *a, const sbp_model *m, const sbp_batch *b,
+                              const sbp_grad_result *r, const sbp_ledger *lg, double secs) {
     const batch_totals bt = totals(b, a->n_batches);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model", a->model);
@@ -209,10 +209,7 @@ static void print_json(const grad_args *a, const sbp_model *m, const sbp_batch *
     cJSON_AddItemToObject(o, "memory", ledger_json(lg));
     cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)peak_rss_bytes());
     if (a->out) cJSON_AddStringToObject(o, "out", a->out);
-    char *text = cJSON_Print(o);
-    puts(text);
-    free(text);
-    cJSON_Delete(o);
+    print_json(o);
 }
 
 /* __metadata__ of a gradient file: NULL-terminated key, value pairs; numbers are formatted
@@ -291,7 +288,7 @@ int cmd_grad(int argc, char **argv) {
     if (!st && a.out) st = save(&a, &m, b, &r, &err);
     if (!st) {
         if (a.json)
-            print_json(&a, &m, b, &r, &lg, secs);
+            print_result_json(&a, &m, b, &r, &lg, secs);
         else
             print_text(&a, &m, b, &r, &lg, secs);
     }

@@ -217,12 +217,10 @@ static int run_paper(int64_t budget, const char *data, int json) {
         printf("%-10s %9.1f %9.1f %9.1f %9.1f | %-24s %-24s | %.1fx, %.1fx\n", p->label, T[0] / 1e3,
                T[1] / 1e3, T[2] / 1e3, T[3] / 1e3, fig, tab, (double)T[3] / T[1], pr);
     }
-    if (json) {
-        char *text = cJSON_Print(arr);
-        puts(text);
-        free(text);
-    }
-    cJSON_Delete(arr);
+    if (json)
+        print_json(arr);
+    else
+        cJSON_Delete(arr);
     return 0;
 }
 
@@ -366,10 +364,7 @@ int cmd_plan(int argc, char **argv) {
         cJSON_AddBoolToObject(o, "optimizer", s.optimizer);
         if (budget) cJSON_AddNumberToObject(o, "budget_bytes", (double)budget);
         cJSON_AddItemToObject(o, "schedules", jrows);
-        char *text = cJSON_Print(o);
-        puts(text);
-        free(text);
-        cJSON_Delete(o);
+        print_json(o);
     } else {
         cJSON_Delete(jrows);
     }

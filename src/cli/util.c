@@ -98,3 +98,13 @@ cJSON *ledger_json(const sbp_ledger *lg) {
     }
     return o;
 }
+
+void print_json(cJSON *o) {
+    char *text = cJSON_Print(o);
+    if (text)
+        puts(text);
+    else
+        fputs("streambp: out of memory printing JSON\n", stderr);
+    free(text);
+    cJSON_Delete(o);
+}

@@ -116,7 +116,7 @@ static sbp_status put_rows(sbp_batch *b, int r0, int rows, int cols, const int64
     return SBP_OK;
 }
 
-static void count_targets(sbp_batch *b) {
+void sbp_batch_count_targets(sbp_batch *b) {
     b->n_targets = b->n_pad_targets = 0;
     for (int r = 0; r < b->B; r++)
         for (int t = 0; t + 1 < b->T; t++)
@@ -274,7 +274,7 @@ sbp_status sbp_batch_load_as(sbp_batch *b, const char *path, const sbp_config *c
     else
         st = load_sft(b, &sf, cfg, err);
     sbp_st_close(&sf);
-    if (!st) count_targets(b);
+    if (!st) sbp_batch_count_targets(b);
     if (st) sbp_batch_free(b);
     return st;
 }
