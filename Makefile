@@ -37,10 +37,10 @@ LDLIBS   := $(if $(HAVE_PKGS),$(shell pkg-config --libs openblas libcjson)) -Wl,
 CHECK_LIBS := $(if $(HAVE_PKGS),$(shell pkg-config --libs check))
 LDFLAGS  := -fopenmp $(if $(filter 1,$(SAN)),$(SANFLAGS))
 
-COMMON_SRC := $(wildcard src/core/*.c src/io/*.c)
+COMMON_SRC := $(wildcard src/core/*.c src/io/*.c src/api/*.c)
 NUM_SRC    := $(wildcard src/kernels/*.c src/engine/*.c)
-CLI_SRC    := $(wildcard src/cli/*.c verify/cmd_*.c)
-VERIFY_SRC := $(filter-out verify/cmd_%,$(wildcard verify/*.c))
+CLI_SRC    := $(wildcard src/cli/*.c src/cli/verify/*.c)
+VERIFY_SRC := $(wildcard verify/*.c)
 REF_SRC    := $(wildcard ref/*.c)
 TEST_SRC   := $(wildcard tests/test_*.c)
 

@@ -1,6 +1,6 @@
-/* cmd_diff.c — `streambp verify diff A B`: two gradient files compared by HF name. */
-#include "../src/cli/cli.h"
-#include "diff.h"
+/* cli/verify/diff.c — `streambp verify diff A B`: two gradient files compared by HF name. */
+#include "../cli.h"
+#include "../../../verify/diff.h"
 #include "verify.h"
 
 #include <getopt.h>

@@ -1,7 +1,7 @@
-/* cmd_suite.c — `streambp verify --suite`: every edge-case fixture through the full matrix. */
-#include "../src/cli/cli.h"
-#include "defaults.h"
-#include "suite.h"
+/* cli/verify/suite.c — `streambp verify --suite`: every edge-case fixture through the full matrix. */
+#include "../cli.h"
+#include "../../../verify/defaults.h"
+#include "../../../verify/suite.h"
 #include "verify.h"
 
 #include <getopt.h>

@@ -1,9 +1,9 @@
-/* cmd_run.c — `streambp verify [options]`: the full comparison matrix on one model and batch,
+/* cli/verify/run.c — `streambp verify [options]`: the full comparison matrix on one model and batch,
  * by default the bundled one. */
-#include "../src/cli/cli.h"
-#include "../src/cli/objopts.h"
-#include "defaults.h"
-#include "run.h"
+#include "../cli.h"
+#include "../objopts.h"
+#include "../../../verify/defaults.h"
+#include "../../../verify/run.h"
 #include "verify.h"
 
 #include <getopt.h>

@@ -1,7 +1,7 @@
-/* cmd_audit.c — `streambp verify audit`: another implementation's gradients, judged per tensor
+/* cli/verify/audit.c — `streambp verify audit`: another implementation's gradients, judged per tensor
  * against the float64 truth with a budget measured from our own run at their precision. */
-#include "../src/cli/cli.h"
-#include "audit.h"
+#include "../cli.h"
+#include "../../../verify/audit.h"
 #include "verify.h"
 
 #include <getopt.h>

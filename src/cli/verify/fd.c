@@ -1,7 +1,7 @@
-/* cmd_fd.c — `streambp verify fd`: finite-difference spot checks in float64. */
-#include "../src/cli/cli.h"
-#include "defaults.h"
-#include "fd.h"
+/* cli/verify/fd.c — `streambp verify fd`: finite-difference spot checks in float64. */
+#include "../cli.h"
+#include "../../../verify/defaults.h"
+#include "../../../verify/fd.h"
 #include "verify.h"
 
 #include <getopt.h>

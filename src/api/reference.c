@@ -1,6 +1,6 @@
 /* reference.c — a reference model's log-probs for DPO and GRPO (sbp_batch_set_reference). */
 #include "../streambp.h"
-#include "err.h"
+#include "../core/err.h"
 
 #include <stdlib.h>
 

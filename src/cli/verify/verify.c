@@ -1,5 +1,5 @@
-/* cmd_verify.c — `streambp verify <what>`: dispatch to the verifier's subcommands. */
-#include "../src/cli/cli.h"
+/* cli/verify/verify.c — `streambp verify <what>`: dispatch to the verifier's subcommands. */
+#include "../cli.h"
 #include "verify.h"
 
 #include <string.h>

@@ -7,7 +7,7 @@
  * AdamW's moments, when asked for, at 4 bytes each. */
 #include "../engine/entry.h"
 #include "../streambp.h"
-#include "err.h"
+#include "../core/err.h"
 
 #include <stdlib.h>
 #include <string.h>

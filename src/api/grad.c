@@ -2,7 +2,7 @@
  * float or double engine. */
 #include "../engine/entry.h"
 #include "../streambp.h"
-#include "err.h"
+#include "../core/err.h"
 
 #include <math.h>
 #include <omp.h>
