@@ -9,9 +9,9 @@
 # The numeric code (src/kernels, src/engine) is compiled twice, with real = float and with
 # real = double (-DSBP_REAL_F64). Each copy is linked into one relocatable object whose only
 # global symbol is its entry point (sbp_engine_grad_f32 / _f64), so both live in one binary.
-# No -ffast-math anywhere (no reassociation, NaN/Inf kept). GCC contracts a*b+c into FMA
-# (-ffp-contract=fast, its default): exact IEEE operations, so results depend on the compiler
-# and flags, but every schedule runs the same machine code and stays bit-identical.
+# No -ffast-math anywhere (no reassociation, NaN/Inf kept) and no contraction
+# (-ffp-contract=off): a fused multiply-add happens where the source writes fma() and nowhere
+# else, so the portable numerics give the same bits with any compiler (DESIGN §11).
 # -fno-trapping-math (no FP trap handlers are installed) lets GCC vectorize selects.
 
 CC       ?= gcc
@@ -30,7 +30,7 @@ HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
 SANFLAGS := -fsanitize=address -fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 OPT      := $(if $(filter 1,$(SAN)),-O1 $(SANFLAGS),-O3)
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter $(if $(filter 1,$(WERROR)),-Werror)
-CFLAGS   := -std=gnu11 -g -march=native -fopenmp -fno-trapping-math $(OPT) $(WARN) \
+CFLAGS   := -std=gnu11 -g -march=native -fopenmp -ffp-contract=off -fno-trapping-math $(OPT) $(WARN) \
             $(if $(HAVE_PKGS),$(shell pkg-config --cflags $(PKGS)))
 BLAS_DIR := $(if $(HAVE_PKGS),$(shell pkg-config --variable=libdir openblas))
 LDLIBS   := $(if $(HAVE_PKGS),$(shell pkg-config --libs openblas libcjson)) -Wl,-rpath,$(BLAS_DIR) -lm
@@ -38,7 +38,7 @@ CHECK_LIBS := $(if $(HAVE_PKGS),$(shell pkg-config --libs check))
 LDFLAGS  := -fopenmp $(if $(filter 1,$(SAN)),$(SANFLAGS))
 
 COMMON_SRC := $(wildcard src/core/*.c src/io/*.c src/api/*.c)
-NUM_SRC    := $(wildcard src/kernels/*.c src/engine/*.c)
+NUM_SRC    := $(wildcard src/kernels/*.c src/kernels/blas/*.c src/engine/*.c src/engine/*/*.c)
 CLI_SRC    := $(wildcard src/cli/*.c src/cli/verify/*.c)
 VERIFY_SRC := $(wildcard verify/*.c)
 REF_SRC    := $(wildcard ref/*.c)

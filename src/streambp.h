@@ -246,6 +246,17 @@ typedef enum { SBP_FULL, SBP_CKPT, SBP_STREAM } sbp_schedule;
 const char *sbp_schedule_name(sbp_schedule s);
 int sbp_schedule_parse(const char *s, sbp_schedule *out); /* 1 on success */
 
+/* How the arithmetic is done (README, "Exactness"; DESIGN §11):
+ *   FAST      products and attention tiles on OpenBLAS: the three schedules agree bit for bit
+ *             for chunks that are multiples of the block; the bits depend on the machine;
+ *   PORTABLE  every operation by the portable arithmetic contract: the bits of every gradient
+ *             and of the loss depend on (model, batch, objective, precision) only — not on the
+ *             schedule, the chunk sizes, the thread count, the machine or the compiler. */
+typedef enum { SBP_NUMERICS_FAST, SBP_NUMERICS_PORTABLE } sbp_numerics;
+
+const char *sbp_numerics_name(sbp_numerics n);
+int sbp_numerics_parse(const char *s, sbp_numerics *out); /* 1 on success */
+
 #define SBP_DEFAULT_BLOCK 256
 
 typedef struct {
@@ -255,6 +266,7 @@ typedef struct {
     int logit_chunk;         /* rows per logits pass; 0 = one block (stream) or T (full, ckpt) */
     int chunked_logits;      /* full/ckpt: use logit_chunk instead of materialising B*T*V logits */
     sbp_objective objective; /* zero-initialised: SFT */
+    sbp_numerics numerics;   /* zero-initialised: fast */
     int emulate_bf16;        /* float32 engine only: round every stored tensor and the gradients to
                               * bfloat16, as pure-bf16 training does (give it a model whose weights
                               * went through sbp_model_round_bf16); verify audit's bf16 yardstick */

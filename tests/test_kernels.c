@@ -145,20 +145,49 @@ static void fd_check(const char *what, fwd_fn f, void *ctx, double *x, size_t n,
 /* ---------------------------------------------------------------------------------------------
  * linear: y = x·Wᵀ + b over rows [s, e) cut into blocks of blk */
 
+/* Both implementations behind one signature: the portable product (portable = 1) or the fast
+ * mode's per-block BLAS calls (blk). */
+typedef struct {
+    int portable, blk;
+    double *ws; /* (pgemm_workspace()) */
+} lin_impl;
+
+static void lin_forward(const lin_impl *im, double *y, const double *x, const double *w,
+                        const double *b, int s, int e, int N, int K) {
+    if (im->portable)
+        linear_forward(y, im->ws, x, w, b, s, e, N, K);
+    else
+        blas_linear_forward(y, x, w, b, s, e, N, K, im->blk);
+}
+
+static void lin_backward(const lin_impl *im, double *dx, double *dw, double *db, const double *dy,
+                         const double *x, const double *w, int s, int e, int N, int K) {
+    if (im->portable)
+        linear_backward(dx, dw, db, im->ws, dy, x, w, s, e, N, K);
+    else
+        blas_linear_backward(dx, dw, db, dy, x, w, s, e, N, K, im->blk);
+}
+
+static lin_impl lin_impl_make(int portable, int blk) {
+    lin_impl im = {portable, blk, zeros(pgemm_workspace())};
+    return im;
+}
+
 typedef struct {
     double *x, *w, *b;
-    int s, e, N, K, blk;
+    int s, e, N, K;
+    lin_impl im;
 } lin_ctx;
 
 static void lin_fwd(void *c_, double *y) {
     const lin_ctx *c = c_;
-    linear_forward(y, c->x, c->w, c->b, c->s, c->e, c->N, c->K, c->blk);
+    lin_forward(&c->im, y, c->x, c->w, c->b, c->s, c->e, c->N, c->K);
 }
 
-/* _i = 0: with bias, 1: without. Rows [5, 18) with blk 4: a partial first block [5, 8), two
- * whole blocks and a partial last one [16, 18). */
+/* _i bit 0: without bias; bit 1: the portable product. Rows [5, 18) with blk 4: a partial first
+ * block [5, 8), two whole blocks and a partial last one [16, 18). */
 START_TEST(linear_fd) {
-    const int s = 5, e = 18, M = e - s, N = 6, K = 7, blk = 4, bias = _i == 0;
+    const int s = 5, e = 18, M = e - s, N = 6, K = 7, blk = 4, bias = (_i & 1) == 0;
     const uint64_t seed = 101;
     lin_ctx c = {randn((size_t)M * K, seed, 1, 0),
                  randn((size_t)N * K, seed + 1, 1, 0),
@@ -167,7 +196,8 @@ START_TEST(linear_fd) {
                  e,
                  N,
                  K,
-                 blk};
+                 lin_impl_make(_i >> 1, blk)};
+    const lin_impl *im = &c.im;
     double *r = randn((size_t)M * N, seed + 3, 1, 0), *y = zeros((size_t)M * N);
     lin_fwd(&c, y);
     double *want = zeros((size_t)M * N);
@@ -180,7 +210,7 @@ START_TEST(linear_fd) {
     assert_close("linear_forward y", y, want, (size_t)M * N, 1e-15, 1e-14);
 
     double *dx = zeros((size_t)M * K), *dw = zeros((size_t)N * K), *db = bias ? zeros(N) : NULL;
-    linear_backward(dx, dw, db, r, c.x, c.w, s, e, N, K, blk);
+    lin_backward(im, dx, dw, db, r, c.x, c.w, s, e, N, K);
     /* L is linear in each input: only rounding, measured max 1.2e-10 */
     fd_check("linear dx", lin_fwd, &c, c.x, (size_t)M * K, dx, r, (size_t)M * N, 1e-9, 1e-9, 0,
              seed);
@@ -190,7 +220,7 @@ START_TEST(linear_fd) {
 
     /* dx may be NULL; dw and db are then the very same */
     double *dw2 = zeros((size_t)N * K), *db2 = bias ? zeros(N) : NULL;
-    linear_backward(NULL, dw2, db2, r, c.x, c.w, s, e, N, K, blk);
+    lin_backward(im, NULL, dw2, db2, r, c.x, c.w, s, e, N, K);
     assert_bitwise("linear dw with dx NULL", dw2, dw, (size_t)N * K);
     if (bias) assert_bitwise("linear db with dx NULL", db2, db, N);
 
@@ -198,38 +228,40 @@ START_TEST(linear_fd) {
     double *px = randn((size_t)M * K, seed + 4, 1, 0), *pw = randn((size_t)N * K, seed + 5, 1, 0);
     double *pb = randn(N, seed + 6, 1, 0);
     double *ax = dup(px, (size_t)M * K), *aw = dup(pw, (size_t)N * K), *ab = dup(pb, N);
-    linear_backward(ax, aw, bias ? ab : NULL, r, c.x, c.w, s, e, N, K, blk);
+    lin_backward(im, ax, aw, bias ? ab : NULL, r, c.x, c.w, s, e, N, K);
     assert_accumulated("linear dx", ax, px, dx, (size_t)M * K);
     assert_accumulated("linear dw", aw, pw, dw, (size_t)N * K);
     if (bias) assert_accumulated("linear db", ab, pb, db, N);
 
     free(c.x), free(c.w), free(c.b), free(r), free(y), free(want), free(dx), free(dw), free(db);
-    free(dw2), free(db2), free(px), free(pw), free(pb), free(ax), free(aw), free(ab);
+    free(dw2), free(db2), free(px), free(pw), free(pb), free(ax), free(aw), free(ab), free(c.im.ws);
 }
 END_TEST
 
-/* The block contract: rows [5, 18) handed over as [5, 12) + [12, 18) (a split on a block
- * boundary) give bit-identical y, dx and dw to one call. */
+/* The split contract: rows [5, 18) handed over as [5, mid) + [mid, 18) give bit-identical y, dx,
+ * dw and db to one call — for the fast mode when mid is on a block boundary (12), for the
+ * portable product at any row (9: inside a block). _i: 0 fast, 1 portable. */
 START_TEST(linear_block_split) {
-    const int s = 5, e = 18, mid = 12, M = e - s, N = 6, K = 7, blk = 4;
+    const int s = 5, e = 18, mid = _i ? 9 : 12, M = e - s, N = 6, K = 7, blk = 4;
     const uint64_t seed = 111;
+    lin_impl im = lin_impl_make(_i, blk);
     double *x = randn((size_t)M * K, seed, 1, 0), *w = randn((size_t)N * K, seed + 1, 1, 0);
     double *b = randn(N, seed + 2, 1, 0), *dy = randn((size_t)M * N, seed + 3, 1, 0);
     double *y1 = zeros((size_t)M * N), *y2 = zeros((size_t)M * N);
-    linear_forward(y1, x, w, b, s, e, N, K, blk);
-    linear_forward(y2, x, w, b, s, mid, N, K, blk);
-    linear_forward(y2 + (mid - s) * N, x + (mid - s) * K, w, b, mid, e, N, K, blk);
-    assert_bitwise("linear y, split at 12", y2, y1, (size_t)M * N);
+    lin_forward(&im, y1, x, w, b, s, e, N, K);
+    lin_forward(&im, y2, x, w, b, s, mid, N, K);
+    lin_forward(&im, y2 + (mid - s) * N, x + (mid - s) * K, w, b, mid, e, N, K);
+    assert_bitwise("linear y, split", y2, y1, (size_t)M * N);
     double *dx1 = zeros((size_t)M * K), *dw1 = zeros((size_t)N * K), *db1 = zeros(N);
     double *dx2 = zeros((size_t)M * K), *dw2 = zeros((size_t)N * K), *db2 = zeros(N);
-    linear_backward(dx1, dw1, db1, dy, x, w, s, e, N, K, blk);
-    linear_backward(dx2, dw2, db2, dy, x, w, s, mid, N, K, blk);
-    linear_backward(dx2 + (mid - s) * K, dw2, db2, dy + (mid - s) * N, x + (mid - s) * K, w, mid, e,
-                    N, K, blk);
-    assert_bitwise("linear dx, split at 12", dx2, dx1, (size_t)M * K);
-    assert_bitwise("linear dw, split at 12", dw2, dw1, (size_t)N * K);
-    assert_bitwise("linear db, split at 12", db2, db1, N);
-    free(x), free(w), free(b), free(dy), free(y1), free(y2);
+    lin_backward(&im, dx1, dw1, db1, dy, x, w, s, e, N, K);
+    lin_backward(&im, dx2, dw2, db2, dy, x, w, s, mid, N, K);
+    lin_backward(&im, dx2 + (mid - s) * K, dw2, db2, dy + (mid - s) * N, x + (mid - s) * K, w, mid,
+                 e, N, K);
+    assert_bitwise("linear dx, split", dx2, dx1, (size_t)M * K);
+    assert_bitwise("linear dw, split", dw2, dw1, (size_t)N * K);
+    assert_bitwise("linear db, split", db2, db1, N);
+    free(x), free(w), free(b), free(dy), free(y1), free(y2), free(im.ws);
     free(dx1), free(dw1), free(db1), free(dx2), free(dw2), free(db2);
 }
 END_TEST
@@ -319,8 +351,9 @@ START_TEST(rope_table_formula) {
         long double f = inv_freq_ref(i, HD, theta, llama3, factor, low, high, O, &region);
         count[region]++;
         for (int t = 0; t < T; t++) {
-            /* the kernel forms f and t·f in double: angle error up to ~3 ulp of t·f */
-            long double a = t * f, tol = 1e-16L + 4 * DBL_EPSILON * a;
+            /* the kernel forms f (pmath's exp and log: ~2 ulp) and t·f in double, then sin and
+             * cos (2.4 ulp) */
+            long double a = t * f, tol = 4e-16L + 6 * DBL_EPSILON * a;
             require(fabsl(cs[t * half + i] - cosl(a)) <= tol &&
                         fabsl(sn[t * half + i] - sinl(a)) <= tol,
                     "rope_table (%s) t=%d i=%d: cos %.17g sin %.17g, want %.17Lg %.17Lg",
@@ -442,12 +475,13 @@ static void attn_naive(double *o, double *lse, const double *q, const double *k,
 /* Inputs, outputs and gradients of one attention problem over the whole sequence. */
 typedef struct {
     attn_cfg c;
+    int portable; /* the portable kernel (tiles of ATTN_TILE), else BLAS tiles of attention_tile(blk) */
     int Q, KV;
     double *q, *k, *v, *o, *lse, *r, *dq, *dk, *dv, *dsum, *scratch;
     uint8_t *kmask;
 } attn_prob;
 
-static void attn_init(attn_prob *p, attn_cfg c, uint64_t seed) {
+static void attn_init(attn_prob *p, attn_cfg c, uint64_t seed, int portable) {
     memset(p, 0, sizeof *p);
     p->c = c;
     p->Q = c.NH * c.HD;
@@ -463,7 +497,8 @@ static void attn_init(attn_prob *p, attn_cfg c, uint64_t seed) {
     p->dk = zeros(T * p->KV);
     p->dv = zeros(T * p->KV);
     p->dsum = zeros(T * c.NH);
-    p->scratch = zeros(attention_scratch(c.blk, c.HD));
+    p->portable = portable;
+    p->scratch = zeros(portable ? attention_workspace(c.HD) : blas_attention_workspace(c.blk, c.HD));
     p->kmask = make_mask(c.T, c.pad);
 }
 
@@ -475,17 +510,28 @@ static void attn_free(attn_prob *p) {
 /* Forward over [s, e) into o and lse at rows s.. of the whole-sequence buffers. */
 static void attn_fwd_range(attn_prob *p, double *o, double *lse, int s, int e) {
     const attn_cfg c = p->c;
-    attention_forward(o + (size_t)s * p->Q, lse + (size_t)s * c.NH, p->scratch,
-                      p->q + (size_t)s * p->Q, p->k, p->v, p->kmask, s, e - s, c.T, c.NH, c.NKV,
-                      c.HD, c.blk);
+    if (p->portable)
+        attention_forward(o + (size_t)s * p->Q, lse + (size_t)s * c.NH, p->scratch,
+                          p->q + (size_t)s * p->Q, p->k, p->v, p->kmask, s, e - s, c.T, c.NH,
+                          c.NKV, c.HD);
+    else
+        blas_attention_forward(o + (size_t)s * p->Q, lse + (size_t)s * c.NH, p->scratch,
+                               p->q + (size_t)s * p->Q, p->k, p->v, p->kmask, s, e - s, c.T, c.NH,
+                               c.NKV, c.HD, c.blk);
 }
 
 /* Backward over queries [s, e), with dO = r and the saved o, lse of those rows. */
 static void attn_bwd_range(attn_prob *p, double *dq, double *dk, double *dv, int s, int e) {
     const attn_cfg c = p->c;
     const size_t so = (size_t)s * p->Q, sl = (size_t)s * c.NH;
-    attention_backward(dq + so, dk, dv, p->dsum + sl, p->scratch, p->r + so, p->o + so, p->lse + sl,
-                       p->q + so, p->k, p->v, p->kmask, s, e - s, c.T, c.NH, c.NKV, c.HD, c.blk);
+    if (p->portable)
+        attention_backward(dq + so, dk, dv, p->dsum + sl, p->scratch, p->r + so, p->o + so,
+                           p->lse + sl, p->q + so, p->k, p->v, p->kmask, s, e - s, c.T, c.NH,
+                           c.NKV, c.HD);
+    else
+        blas_attention_backward(dq + so, dk, dv, p->dsum + sl, p->scratch, p->r + so, p->o + so,
+                                p->lse + sl, p->q + so, p->k, p->v, p->kmask, s, e - s, c.T, c.NH,
+                                c.NKV, c.HD, c.blk);
 }
 
 static void attn_fwd(void *p_, double *o) {
@@ -495,21 +541,23 @@ static void attn_fwd(void *p_, double *o) {
     free(lse);
 }
 
-static const char *cfg_name(const attn_cfg *c) {
-    static char buf[128];
-    snprintf(buf, sizeof buf, "NH %d NKV %d HD %d T %d blk %d (tile %d)%s", c->NH, c->NKV, c->HD,
-             c->T, c->blk, attention_tile(c->blk), c->pad ? " padded" : "");
+static const char *cfg_name(const attn_prob *p) {
+    static char buf[160];
+    const attn_cfg *c = &p->c;
+    snprintf(buf, sizeof buf, "%s NH %d NKV %d HD %d T %d, tile %d%s",
+             p->portable ? "portable" : "blas", c->NH, c->NKV, c->HD, c->T,
+             p->portable ? ATTN_TILE : attention_tile(c->blk), c->pad ? ", padded" : "");
     return buf;
 }
 
 /* Forward against attn_naive, the no-visible-key rows, FD of dq/dk/dv (every element when
  * nsample is 0), and the accumulation contract. */
-static void attn_check(attn_cfg c, int nsample, uint64_t seed) {
+static void attn_check(attn_cfg c, int nsample, uint64_t seed, int portable) {
     attn_prob p;
-    attn_init(&p, c, seed);
+    attn_init(&p, c, seed, portable);
     const size_t T = (size_t)c.T, nq = T * p.Q, nkv = T * p.KV;
     char what[200];
-    const char *name = cfg_name(&c);
+    const char *name = cfg_name(&p);
     attn_fwd_range(&p, p.o, p.lse, 0, c.T);
     double *want_o = zeros(nq), *want_lse = zeros(T * c.NH);
     attn_naive(want_o, want_lse, p.q, p.k, p.v, p.kmask, 0, c.T, c.NH, c.NKV, c.HD);
@@ -577,8 +625,9 @@ static const attn_cfg small_cfgs[] = {
     {4, 2, 16, 13, 4, 1}, {4, 1, 8, 13, 4, 1}, {4, 1, 16, 11, 8, 0},
 };
 
+/* _i / 2: the configuration; _i % 2: 0 BLAS tiles, 1 the portable kernel */
 START_TEST(attention_fd_small) {
-    attn_check(small_cfgs[_i], 0, 401 + 10 * (uint64_t)_i);
+    attn_check(small_cfgs[_i / 2], 0, 401 + 10 * (uint64_t)(_i / 2), _i % 2);
 }
 END_TEST
 
@@ -592,7 +641,7 @@ static const attn_cfg large_cfgs[] = {
 };
 
 START_TEST(attention_fd_large) {
-    attn_check(large_cfgs[_i], 100, 501 + 10 * (uint64_t)_i);
+    attn_check(large_cfgs[_i / 2], 100, 501 + 10 * (uint64_t)(_i / 2), _i % 2);
 }
 END_TEST
 
@@ -624,7 +673,7 @@ static double attn_chunked_vs_whole(attn_prob *p, const int *bounds, int nb, int
     double worst = 0;
     for (int i = 0; i < 5; i++) {
         snprintf(what, sizeof what, "chunked attention %s (%s, chunks from %d, %d, ...)", outs[i].n,
-                 cfg_name(&c), bounds[0], bounds[1]);
+                 cfg_name(p), bounds[0], bounds[1]);
         if (bitwise) assert_bitwise(what, outs[i].got, outs[i].want, outs[i].len);
         double mx = 0, d = 0;
         for (size_t j = 0; j < outs[i].len; j++) {
@@ -638,11 +687,12 @@ static double attn_chunked_vs_whole(attn_prob *p, const int *bounds, int nb, int
     return worst;
 }
 
-/* Chunks on multiples of blk (the engine's contract for bitwise results): bit-identical to one
- * call. Ragged chunks (0, 37, 64, 101, ...) cut tiles: with blk 16 the tile [32, 48) becomes
- * [32, 37) + [37, 48), so the tile products have other shapes (other bits from BLAS, even in
- * the forward) and the dK/dV sums over a tile's queries are grouped differently. They agree
- * within rounding: measured max difference 5.7e-16 relative to the largest value. */
+/* BLAS tiles: chunks on multiples of blk (the fast mode's contract for bitwise results) are
+ * bit-identical to one call. Ragged chunks (0, 37, 64, 101, ...) cut tiles: with blk 16 the tile
+ * [32, 48) becomes [32, 37) + [37, 48), so the tile products have other shapes (other bits from
+ * BLAS, even in the forward) and the dK/dV sums over a tile's queries are grouped differently.
+ * They agree within rounding: measured max difference 5.7e-16 relative to the largest value.
+ * The portable kernel: every split, ragged ones included, is bit-identical (_i >= 3). */
 static const struct {
     attn_cfg c;
     int aligned[8], naligned;
@@ -653,28 +703,31 @@ static const struct {
 };
 
 START_TEST(attention_chunk_invariance) {
+    const int n = (int)(sizeof chunk_cfgs / sizeof chunk_cfgs[0]), i = _i % n, portable = _i >= n;
     attn_prob p;
-    attn_init(&p, chunk_cfgs[_i].c, 601 + (uint64_t)_i);
-    static const int ragged[] = {0, 37, 64, 101, 149, 150};
-    attn_chunked_vs_whole(&p, chunk_cfgs[_i].aligned, chunk_cfgs[_i].naligned, 1);
-    double e = attn_chunked_vs_whole(&p, ragged, 6, 0);
+    attn_init(&p, chunk_cfgs[i].c, 601 + (uint64_t)i, portable);
+    static const int ragged[] = {0, 37, 64, 101, 149, 150}, single[] = {0, 1, 2, 3, 150};
+    attn_chunked_vs_whole(&p, chunk_cfgs[i].aligned, chunk_cfgs[i].naligned, 1);
+    double e = attn_chunked_vs_whole(&p, ragged, 6, portable);
+    if (portable) attn_chunked_vs_whole(&p, single, 5, 1);
     if (getenv("SBP_FD_REPORT"))
-        fprintf(stderr, "attention ragged chunks %s: relative max difference %.2e\n",
-                cfg_name(&p.c), e);
-    require(e <= 1e-14, "%s: ragged chunks differ from one call by %.3g (relative)", cfg_name(&p.c),
+        fprintf(stderr, "attention ragged chunks %s: relative max difference %.2e\n", cfg_name(&p),
+                e);
+    require(e <= 1e-14, "%s: ragged chunks differ from one call by %.3g (relative)", cfg_name(&p),
             e);
     attn_free(&p);
 }
 END_TEST
 
-/* 1 and 2 OpenMP threads give the same bits (every output has one owner). */
+/* 1 and 2 OpenMP threads give the same bits (every output has one owner). _i: 0 BLAS tiles,
+ * 1 the portable kernel. */
 START_TEST(attention_thread_invariance) {
     const attn_cfg c = {8, 2, 16, 150, 64, 1};
     double *res[2][5];
     for (int t = 0; t < 2; t++) {
         omp_set_num_threads(t + 1);
         attn_prob p;
-        attn_init(&p, c, 701); /* scratch sized for the thread count just set */
+        attn_init(&p, c, 701, _i); /* scratch sized for the thread count just set */
         attn_fwd_range(&p, p.o, p.lse, 0, c.T);
         attn_bwd_range(&p, p.dq, p.dk, p.dv, 0, 64);
         attn_bwd_range(&p, p.dq, p.dk, p.dv, 64, c.T);
@@ -851,60 +904,135 @@ START_TEST(round_to_bf16_matches_conversion) {
 END_TEST
 
 /* ---------------------------------------------------------------------------------------------
- * exp.h: the vectorizable exp under rexp, against libm (float: exp in double; double: expl in
- * 80-bit long double, 11 more bits). Errors in ULP of the exact result. */
+ * pmath.h: our own exp, log, log1p, sin and cos (explicit fma, no libm), against libm in long
+ * double (80-bit, 11 more bits than double). Errors in ULP of the exact result. */
 
 static double ulp_of(double x, int is_float) {
     int e;
     frexp(x, &e); /* |x| in [2^(e−1), 2^e) */
-    return ldexp(1.0, e - 1 - (is_float ? 23 : 52));
+    const double u = ldexp(1.0, e - 1 - (is_float ? 23 : 52)), sub = is_float ? 0x1p-149 : 0x1p-1074;
+    return u > sub ? u : sub; /* subnormal results: the spacing of the subnormals */
 }
 
-static double ulp_err_f(float x) {
-    double e = exp((double)x);
-    return fabs((double)sbp_expf(x) - e) / ulp_of(e, 1);
+enum { F_EXPF, F_EXP, F_LOGF, F_LOG, F_LOG1P, F_SIN, F_COS };
+
+static double ulp_err(int f, double x) {
+    long double want;
+    double got;
+    switch (f) {
+    case F_EXPF: want = expl((float)x), got = sbp_pexpf((float)x); break;
+    case F_EXP: want = expl(x), got = sbp_pexp(x); break;
+    case F_LOGF: want = logl((float)x), got = sbp_plogf((float)x); break;
+    case F_LOG: want = logl(x), got = sbp_plog(x); break;
+    case F_LOG1P: want = log1pl(x), got = sbp_plog1p(x); break;
+    case F_SIN: want = sinl(x), got = sbp_psin(x); break;
+    default: want = cosl(x), got = sbp_pcos(x); break;
+    }
+    const int is_float = f == F_EXPF || f == F_LOGF;
+    return (double)(fabsl((long double)got - want) / (long double)ulp_of((double)want, is_float));
 }
 
-static double ulp_err_d(double x) {
-    long double e = expl(x);
-    return (double)(fabsl((long double)sbp_exp(x) - e) / (long double)ulp_of((double)e, 0));
-}
-
-/* The largest error over n uniform points of [lo, hi) (seeded); *at gets its argument. */
-static double worst_ulp(int is_float, double lo, double hi, int n, uint64_t seed, double *at) {
+/* The largest error over n points (seeded), uniform in [lo, hi) or, with log_scale, in
+ * [exp(lo), exp(hi)); *at gets its argument. Results smaller than `floor` in magnitude are
+ * skipped (an absolute error near a zero of sin or log is not a relative one). */
+static double worst_ulp(int f, double lo, double hi, int log_scale, double floor, int n,
+                        uint64_t seed, double *at) {
     sbp_rng r;
     sbp_rng_seed(&r, seed);
     double worst = 0;
     for (int i = 0; i < n; i++) {
-        double x = lo + (hi - lo) * sbp_rng_uniform(&r);
-        double e = is_float ? ulp_err_f((float)x) : ulp_err_d(x);
-        if (e > worst) worst = e, *at = is_float ? (float)x : x;
+        double u = lo + (hi - lo) * sbp_rng_uniform(&r), x = log_scale ? exp(u) : u;
+        if (f == F_EXPF || f == F_LOGF) x = (float)x;
+        long double want = f == F_LOG || f == F_LOGF ? logl(x) : f == F_SIN ? sinl(x) : cosl(x);
+        if ((f == F_LOG || f == F_LOGF || f == F_SIN || f == F_COS) && fabsl(want) < floor) continue;
+        double e = ulp_err(f, x);
+        if (e > worst) worst = e, *at = x;
     }
     return worst;
 }
 
-/* Measured (-O3 and the sanitizer build's -O1, which contracts to FMA differently):
- *   float  over [−86.5, 88.7]: 0.91 ulp (-O3), 1.22 (-O1)
- *   double over [−700, 709.7]: 0.89 ulp (-O3), 1.16 (-O1)
- *   double over [−708, −700]:  1.73 ulp: exp(r)·2^(n−1) is subnormal there before the final ×2,
- *                              which drops one bit.
- * Bounds: 1.5 ulp, and 2.5 ulp at the bottom of the double range. */
-START_TEST(exp_ulp) {
-    double at, wf = worst_ulp(1, -86.5, 88.7, 300000, 1101, &at);
-    require(wf <= 1.5, "sbp_expf(%a): %.3f ulp > 1.5", at, wf);
-    double wd = worst_ulp(0, -700, 709.7, 300000, 1102, &at);
-    require(wd <= 1.5, "sbp_exp(%a): %.3f ulp > 1.5", at, wd);
-    double wb = worst_ulp(0, -708, -700, 100000, 1103, &at);
-    require(wb <= 2.5, "sbp_exp(%a): %.3f ulp > 2.5", at, wb);
-    if (getenv("SBP_FD_REPORT"))
-        fprintf(stderr, "exp: max error %.3f ulp (float), %.3f (double), %.3f (double < -700)\n",
-                wf, wd, wb);
-    ck_assert(sbp_exp(0) == 1 && sbp_expf(0) == 1);
-    ck_assert(sbp_exp(-INFINITY) == 0 && sbp_expf(-INFINITY) == 0);
-    ck_assert(sbp_exp(-1000) == 0 && sbp_expf(-100) == 0);
-    ck_assert(sbp_exp(INFINITY) == INFINITY && sbp_expf(INFINITY) == INFINITY);
-    ck_assert(sbp_exp(710) == INFINITY && sbp_expf(89) == INFINITY);
-    ck_assert(isnan(sbp_exp(NAN)) && isnan(sbp_expf(NAN)));
+/* Measured on 3·10^5 points each (the same at -O3 and -O1: nothing is contracted):
+ *   expf over [−87, 88.7] 0.91 ulp and over [−103, −87] (subnormal results) 0.83; exp over
+ *   [−700, 709.7] 0.85, [−708, −700] 0.84 and [−744, −708] (subnormal) 0.91; logf over
+ *   [e^−87, e^88] 0.75; log over [e^−700, e^700] 0.71; log1p over [0, 1e-3] 1.0; sin and cos
+ *   over [0, 10^6] 2.2.
+ * Bounds: 1.5 ulp (2.5 at the bottom of exp's normal range, 3 for sin and cos). */
+START_TEST(pmath_ulp) {
+    static const struct {
+        int f;
+        double lo, hi;
+        int log_scale;
+        double floor, bound;
+        const char *name;
+    } cases[] = {
+        {F_EXPF, -87, 88.7, 0, 0, 1.5, "expf"},       {F_EXP, -700, 709.7, 0, 0, 1.5, "exp"},
+        {F_EXP, -708, -700, 0, 0, 2.5, "exp (low)"},  {F_EXPF, -103, -87, 0, 0, 1.5, "expf (sub)"},
+        {F_EXP, -744, -708, 0, 0, 1.5, "exp (sub)"},  {F_LOGF, -87, 88, 1, 1e-3, 1.5, "logf"},
+        {F_LOG, -700, 700, 1, 1e-3, 1.5, "log"},      {F_LOG1P, 0, 1e-3, 0, 0, 1.5, "log1p"},
+        {F_SIN, 0, 1e6, 0, 1e-3, 3, "sin"},           {F_COS, 0, 1e6, 0, 1e-3, 3, "cos"},
+    };
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        double at = 0;
+        double w = worst_ulp(cases[i].f, cases[i].lo, cases[i].hi, cases[i].log_scale,
+                             cases[i].floor, 300000, 1101 + (uint64_t)i, &at);
+        if (getenv("SBP_FD_REPORT"))
+            fprintf(stderr, "pmath %-10s max error %.3f ulp\n", cases[i].name, w);
+        require(w <= cases[i].bound, "%s(%a): %.3f ulp > %.1f", cases[i].name, at, w,
+                cases[i].bound);
+    }
+    ck_assert(sbp_pexp(0) == 1 && sbp_pexpf(0) == 1 && sbp_plog(1) == 0 && sbp_plogf(1) == 0);
+    ck_assert(sbp_pexp(-INFINITY) == 0 && sbp_pexpf(-INFINITY) == 0);
+    ck_assert(sbp_pexp(-1000) == 0 && sbp_pexpf(-110) == 0);
+    ck_assert(sbp_pexp(-744.4) == 0x1p-1074 && sbp_pexpf(-103.2f) == 0x1p-149f); /* smallest */
+    ck_assert(sbp_pexp(INFINITY) == INFINITY && sbp_pexpf(INFINITY) == INFINITY);
+    ck_assert(sbp_pexp(710) == INFINITY && sbp_pexpf(89) == INFINITY);
+    ck_assert(isnan(sbp_pexp(NAN)) && isnan(sbp_pexpf(NAN)) && isnan(sbp_plog(-1)));
+    ck_assert(sbp_plog(0) == -INFINITY && sbp_plog(INFINITY) == INFINITY);
+    ck_assert(fabs(sbp_plog(0x1p-1074) - log(0x1p-1074)) < 1e-12); /* subnormal input */
+    ck_assert(sbp_psin(0) == 0 && sbp_pcos(0) == 1 && isnan(sbp_psin(INFINITY)));
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------
+ * The portable product: bit for bit the chain c ← fma(a(i,p), b(p,j), c), p ascending from the
+ * stored c, for shapes with partial register tiles, several k blocks (K > 256), transposed and
+ * strided operands, and 1 or 2 threads. */
+
+static void chain_ref(double *C, size_t ldc, const double *A, size_t rsa, size_t csa,
+                      const double *B, size_t rsb, size_t csb, int M, int N, int K) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double c = C[(size_t)i * ldc + j];
+            for (int p = 0; p < K; p++) c = fma(A[i * rsa + p * csa], B[p * rsb + j * csb], c);
+            C[(size_t)i * ldc + j] = c;
+        }
+}
+
+START_TEST(pgemm_chains) {
+    static const int shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {13, 37, 300}, {100, 70, 600}, {9, 33, 257}};
+    for (int t = 1; t <= 2; t++) {
+        omp_set_num_threads(t);
+        double *ws = zeros(pgemm_workspace());
+        for (int si = 0; si < 5; si++)
+            for (int tr = 0; tr < 4; tr++) { /* A and B each plain or transposed */
+                const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+                const size_t ldc = (size_t)N + 3; /* C rows with a gap */
+                double *A = randn((size_t)M * K, 1201 + (uint64_t)si, 1, 0);
+                double *B = randn((size_t)K * N, 1211 + (uint64_t)si, 1, 0);
+                double *C = randn((size_t)M * ldc, 1221 + (uint64_t)si, 1, 0);
+                double *R = dup(C, (size_t)M * ldc);
+                const size_t rsa = tr & 1 ? 1 : (size_t)K, csa = tr & 1 ? (size_t)M : 1;
+                const size_t rsb = tr & 2 ? 1 : (size_t)N, csb = tr & 2 ? (size_t)K : 1;
+                pgemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K);
+                chain_ref(R, ldc, A, rsa, csa, B, rsb, csb, M, N, K);
+                char what[96];
+                snprintf(what, sizeof what, "pgemm %dx%dx%d transposes %d, %d threads", M, N, K, tr, t);
+                assert_bitwise(what, C, R, (size_t)M * ldc);
+                free(A), free(B), free(C), free(R);
+            }
+        free(ws);
+    }
+    omp_set_num_threads(1);
 }
 END_TEST
 
@@ -920,24 +1048,27 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("fd");
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, one_thread, NULL);
-    tcase_add_loop_test(tc, linear_fd, 0, 2);
-    tcase_add_test(tc, linear_block_split);
+    tcase_add_loop_test(tc, linear_fd, 0, 4);
+    tcase_add_loop_test(tc, linear_block_split, 0, 2);
     tcase_add_test(tc, rmsnorm_fd);
     tcase_add_loop_test(tc, rope_table_formula, 0, 2);
     tcase_add_test(tc, rope_fd);
-    tcase_add_loop_test(tc, attention_fd_small, 0, (int)(sizeof small_cfgs / sizeof small_cfgs[0]));
-    tcase_add_loop_test(tc, attention_fd_large, 0, (int)(sizeof large_cfgs / sizeof large_cfgs[0]));
+    tcase_add_loop_test(tc, attention_fd_small, 0,
+                        2 * (int)(sizeof small_cfgs / sizeof small_cfgs[0]));
+    tcase_add_loop_test(tc, attention_fd_large, 0,
+                        2 * (int)(sizeof large_cfgs / sizeof large_cfgs[0]));
     tcase_add_test(tc, swiglu_fd);
     tcase_add_test(tc, embedding_fd);
     tcase_add_test(tc, logprob_fd);
     tcase_add_test(tc, round_to_bf16_matches_conversion);
-    tcase_add_test(tc, exp_ulp);
+    tcase_add_test(tc, pmath_ulp);
+    tcase_add_test(tc, pgemm_chains);
     suite_add_tcase(s, tc);
     TCase *inv = tcase_create("invariance");
     tcase_set_timeout(inv, 120);
     tcase_add_loop_test(inv, attention_chunk_invariance, 0,
-                        (int)(sizeof chunk_cfgs / sizeof chunk_cfgs[0]));
-    tcase_add_test(inv, attention_thread_invariance);
+                        2 * (int)(sizeof chunk_cfgs / sizeof chunk_cfgs[0]));
+    tcase_add_loop_test(inv, attention_thread_invariance, 0, 2);
     suite_add_tcase(s, inv);
     return s;
 }

@@ -32,6 +32,20 @@ int sbp_schedule_parse(const char *s, sbp_schedule *out) {
     return 1;
 }
 
+const char *sbp_numerics_name(sbp_numerics n) {
+    return n == SBP_NUMERICS_FAST ? "fast" : n == SBP_NUMERICS_PORTABLE ? "portable" : "?";
+}
+
+int sbp_numerics_parse(const char *s, sbp_numerics *out) {
+    if (strcmp(s, "fast") == 0)
+        *out = SBP_NUMERICS_FAST;
+    else if (strcmp(s, "portable") == 0)
+        *out = SBP_NUMERICS_PORTABLE;
+    else
+        return 0;
+    return 1;
+}
+
 static int clamp(int v, int hi) {
     return v < hi ? v : hi;
 }
@@ -44,10 +58,12 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
                         opts->block, opts->chunk, opts->logit_chunk);
     if ((unsigned)opts->schedule > SBP_STREAM)
         return sbp_fail(err, SBP_EUSAGE, "unknown schedule %d", (int)opts->schedule);
+    if ((unsigned)opts->numerics > SBP_NUMERICS_PORTABLE)
+        return sbp_fail(err, SBP_EUSAGE, "unknown numerics %d", (int)opts->numerics);
     if (T < 1) return sbp_fail(err, SBP_EINPUT, "the batch has T = 0 tokens");
     eo->schedule = opts->schedule;
+    eo->numerics = opts->numerics;
     eo->emulate_bf16 = opts->emulate_bf16;
-    eo->needs_logps = opts->objective.kind == SBP_OBJ_DPO;
     eo->block = opts->block ? opts->block : SBP_DEFAULT_BLOCK;
     eo->chunk = clamp(opts->chunk ? opts->chunk : 4 * eo->block, T);
     eo->materialise = opts->schedule != SBP_STREAM && !opts->chunked_logits;
@@ -77,6 +93,23 @@ static sbp_objective step_objective(const sbp_objective *o, const sbp_batch *bat
     for (int i = 0; i < n && s.kind == SBP_OBJ_GRPO && o->max_completion_length == 0; i++)
         if (batches[i].T > s.max_completion_length) s.max_completion_length = batches[i].T;
     return s;
+}
+
+/* NaN or Inf in the loss or a gradient, reported with the first parameter where it appears. */
+static sbp_status check_finite(double loss, const void *grads, const sbp_model *m, sbp_err *err) {
+    if (!isfinite(loss)) return sbp_fail(err, SBP_ENUMERIC, "the loss is not finite (%g)", loss);
+    for (int i = 0; i < m->params.n; i++) {
+        const sbp_param *p = &m->params.p[i];
+        for (int64_t j = 0; j < p->numel; j++) {
+            const double v = m->prec == SBP_FP64 ? ((const double *)grads)[p->offset + j]
+                                                 : ((const float *)grads)[p->offset + j];
+            if (!isfinite(v))
+                return sbp_fail(err, SBP_ENUMERIC,
+                                "the gradient of \"%s\" is not finite at element %lld (%g)",
+                                p->name, (long long)j, v);
+        }
+    }
+    return SBP_OK;
 }
 
 sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_batch *batches,
@@ -112,6 +145,7 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
         sbp_obj_end(&ev);
         res->n_targets += batches[i].n_targets;
     }
+    if (!st) st = check_finite(res->loss, res->grads, m, err);
     if (st) {
         sbp_grad_result_free(res, lg);
         return st;

@@ -2,9 +2,11 @@
  *
  * The float engine runs in planning mode over a batch of B zero-token rows: every buffer the
  * schedule allocates is reserved (never touched) and charged at storage_bytes per element, and
- * every arithmetic step returns at once, so the ledger sees exactly the allocations and frees of
- * a real run, in the same order. Weights and gradients are charged at the storage size too;
+ * every operation of the planning table does nothing, so the ledger sees exactly the allocations
+ * and frees of a real run, in the same order. The objective (SFT) runs on the host over the
+ * zeros it is handed, as it would over real log-probs. Weights and gradients are charged at the storage size too;
  * AdamW's moments, when asked for, at 4 bytes each. */
+#include "../core/objective.h"
 #include "../engine/entry.h"
 #include "../streambp.h"
 #include "../core/err.h"
@@ -28,7 +30,9 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
     sbp_model m = {.cfg = *cfg, .prec = SBP_FP32};
     if ((st = sbp_params_build(&m.params, cfg, err))) return st;
     size_t n = (size_t)o->B * (size_t)o->T;
-    sbp_batch b = {.B = o->B, .T = o->T, .n_targets = 1};
+    sbp_batch b = {.B = o->B, .T = o->T};
+    sbp_objective sft = {.kind = SBP_OBJ_SFT, .num_items = 1};
+    sbp_obj_eval ev = {0};
     b.ids = calloc(n, sizeof *b.ids);
     b.labels = calloc(n, sizeof *b.labels);
     b.mask = calloc(n, 1);
@@ -39,9 +43,11 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
     if (!b.ids || !b.labels || !b.mask || !m.w || !grads || (o->optimizer && !adam)) {
         st = sbp_fail(err, SBP_ENOMEM, "out of address space planning %lld parameters",
                       (long long)m.params.total);
-    } else {
-        double loss;
+    } else if (!(st = sbp_obj_begin(&ev, &sft, &b, err))) {
+        double loss = 0;
+        eo.ev = &ev;
         st = sbp_engine_grad_f32(&loss, grads, &m, &b, &eo, lg, err);
+        sbp_obj_end(&ev);
     }
     sbp_ledger_free(lg, adam);
     sbp_ledger_free(lg, grads);

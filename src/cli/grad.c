@@ -27,6 +27,9 @@ static const char usage[] =
     "                       ckpt and stream agree bit for bit when chunks are multiples of it\n"
     "  --precision P        fp32 | fp64 | bf16 (default fp32; bf16: the float32 engine rounding\n"
     "                       weights, every stored tensor and the gradients to bfloat16)\n"
+    "  --numerics N         fast | portable (default fast). fast: products on OpenBLAS, bits\n"
+    "                       depend on the machine; portable: the same bits on every machine,\n"
+    "                       for every schedule, chunk and thread count (README \"Exactness\")\n"
     "  --threads N          OpenMP/OpenBLAS threads (default: all cores)\n"
     "  --json               print a JSON object instead of the text report\n"
     "\n";
@@ -55,6 +58,7 @@ static int parse(grad_args *a, int argc, char **argv) {
                                          {"block", required_argument, 0, 'B'},
                                          {"precision", required_argument, 0, 'p'},
                                          {"threads", required_argument, 0, 't'},
+                                         {"numerics", required_argument, 0, 'n'},
                                          {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
@@ -100,6 +104,9 @@ static int parse(grad_args *a, int argc, char **argv) {
             break;
         case 't':
             if (!parse_pos_int("grad", "threads", optarg, &a->threads)) return EXIT_USAGE;
+            break;
+        case 'n':
+            if (!parse_numerics("grad", optarg, &a->g.numerics)) return EXIT_USAGE;
             break;
         case 'j': a->json = 1; break;
         case 'h': printf("%s%s", usage, obj_usage); return -1;
@@ -168,8 +175,9 @@ static void print_text(const grad_args *a, const sbp_model *m, const sbp_batch *
         printf(", loss %s, beta %g, epsilon [%g, %g], temperature %g", obj_loss_name(o), o->beta,
                o->epsilon_low, o->epsilon_high, o->temperature);
     if (a->obj.ref_model) printf(", reference model %s", a->obj.ref_model);
-    printf("\nschedule  %s, %s, block %d, chunk %d, logit chunk %d%s, %d threads\n",
-           sbp_schedule_name(a->g.schedule), prec_name(a), r->block,
+    printf("\nschedule  %s, %s, %s numerics, block %d, chunk %d, logit chunk %d%s, %d threads\n",
+           sbp_schedule_name(a->g.schedule), prec_name(a), sbp_numerics_name(a->g.numerics),
+           r->block,
            a->g.schedule == SBP_STREAM ? r->chunk : bt.T, r->logit_chunk,
            a->g.schedule != SBP_STREAM && !a->g.chunked_logits ? " (materialised B*T*V)" : "",
            a->threads);
@@ -196,6 +204,7 @@ static void print_result_json(const grad_args *a, const sbp_model *m, const sbp_
     cJSON_AddStringToObject(o, "loss_type", obj_loss_name(&a->g.objective));
     cJSON_AddStringToObject(o, "schedule", sbp_schedule_name(a->g.schedule));
     cJSON_AddStringToObject(o, "precision", prec_name(a));
+    cJSON_AddStringToObject(o, "numerics", sbp_numerics_name(a->g.numerics));
     cJSON_AddNumberToObject(o, "block", r->block);
     cJSON_AddNumberToObject(o, "chunk", a->g.schedule == SBP_STREAM ? r->chunk : bt.T);
     cJSON_AddNumberToObject(o, "logit_chunk", r->logit_chunk);
@@ -247,6 +256,7 @@ static sbp_status save(const grad_args *a, const sbp_model *m, const sbp_batch *
     meta_str(&l, "loss_type", obj_loss_name(o));
     meta_str(&l, "schedule", sbp_schedule_name(a->g.schedule));
     meta_str(&l, "precision", prec_name(a));
+    meta_str(&l, "numerics", sbp_numerics_name(a->g.numerics));
     meta_num(&l, "block", r->block);
     meta_num(&l, "chunk", a->g.schedule == SBP_STREAM ? r->chunk : totals(b, a->n_batches).T);
     meta_num(&l, "logit_chunk", r->logit_chunk);

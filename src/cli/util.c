@@ -33,6 +33,12 @@ int parse_number(const char *cmd, const char *opt, const char *text, double min,
     return 1;
 }
 
+int parse_numerics(const char *cmd, const char *text, sbp_numerics *out) {
+    if (sbp_numerics_parse(text, out)) return 1;
+    fprintf(stderr, "streambp %s: --numerics must be fast or portable, got \"%s\"\n", cmd, text);
+    return 0;
+}
+
 int parse_precision(const char *cmd, const char *text, sbp_precision *out) {
     if (strcmp(text, "fp32") == 0)
         *out = SBP_FP32;

@@ -1,6 +1,7 @@
 /* objective.c — SFT, DPO and GRPO as per-token terms (see objective.h, ref/SEMANTICS.md). */
 #include "objective.h"
 #include "err.h"
+#include "pmath.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -120,10 +121,10 @@ sbp_status sbp_obj_begin(sbp_obj_eval *ev, const sbp_objective *o, const sbp_bat
 }
 
 static double log_sigmoid(double x) {
-    return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x));
+    return x >= 0 ? -sbp_plog1p(sbp_pexp(-x)) : x - sbp_plog1p(sbp_pexp(x));
 }
 static double sigmoid(double x) {
-    return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x));
+    return x >= 0 ? 1 / (1 + sbp_pexp(-x)) : sbp_pexp(x) / (1 + sbp_pexp(x));
 }
 
 void sbp_obj_prepare(sbp_obj_eval *ev, double *loss, const double *logp_all) {
@@ -160,15 +161,15 @@ void sbp_obj_prepare(sbp_obj_eval *ev, double *loss, const double *logp_all) {
 /* GRPO's per-token loss ℓ and dℓ/dlogp (ref/SEMANTICS.md). */
 static double grpo_token(const sbp_objective *o, double logp, double old, double ref, double A,
                          double *dl) {
-    double ratio = exp(logp - old);
+    double ratio = sbp_pexp(logp - old);
     double clipped = fmin(fmax(ratio, 1 - o->epsilon_low), 1 + o->epsilon_high);
     double un = ratio * A, cl = clipped * A;
     double l = -(un <= cl ? un : cl);
     *dl = un <= cl ? -A * ratio : 0; /* a tie (inside the clip range) passes the full gradient */
     if (o->beta > 0) {
         double d = ref - logp;
-        l += o->beta * (exp(d) - d - 1);
-        *dl += o->beta * (1 - exp(d));
+        l += o->beta * (sbp_pexp(d) - d - 1);
+        *dl += o->beta * (1 - sbp_pexp(d));
     }
     return l;
 }

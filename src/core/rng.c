@@ -1,5 +1,6 @@
 /* rng.c — xoshiro256** (Blackman & Vigna) seeded through splitmix64. */
 #include "rng.h"
+#include "pmath.h"
 
 #include <math.h>
 
@@ -35,5 +36,6 @@ double sbp_rng_uniform(sbp_rng *r) {
 
 double sbp_rng_normal(sbp_rng *r) {
     double u1 = 1.0 - sbp_rng_uniform(r), u2 = sbp_rng_uniform(r); /* u1 in (0, 1] */
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    /* our own log and cos: a seeded model has the same weights on every machine */
+    return sqrt(-2.0 * sbp_plog(u1)) * sbp_pcos(6.283185307179586 * u2);
 }

@@ -1,24 +1,27 @@
-/* engine.h — the decoder layer, the LM head and the three schedules, in the working precision.
+/* engine.h — the run context, the buffers of a layer, and the steps every schedule is built from
+ * (internal; compiled once per precision).
  *
- * Every schedule is built from the same four layer steps (layer.c):
- *   kv_forward      input RMSNorm, K and V of all T tokens of one sequence (the part every chunk
- *                   attends to);
+ * Three rooms:
+ *   driver.c   the schedules as rows of one table (what the forward keeps, the chunk size) and
+ *              the one driver that runs any row;
+ *   steps/     the four layer steps and the head step, written against the op table;
+ *   ops.h      the op table; ops/ holds the CPU and planning tables (cuda/ the CUDA ones).
+ *
+ * The four layer steps (steps/layer.c), for one layer l and one sequence:
+ *   kv_forward      input RMSNorm, K and V of all T tokens (the part every chunk attends to);
  *   chunk_forward   queries, attention, o_proj, residual, post-norm and MLP of rows [s, e);
  *   chunk_backward  the backward of chunk_forward for rows [s, e): dX of the rows through the
  *                   residual and the query path, dK/dV of keys [0, e) accumulated;
- *   kv_backward     the backward of kv_forward for all T, adding the K/V path to dX.
- * full BP runs them once per layer over [0, T) and keeps everything; ckpt keeps layer inputs and
- * recomputes one layer over [0, T) during the backward; stream recomputes K/V once and loops over
- * chunks. Internal to the library. */
+ *   kv_backward     the backward of kv_forward for all T, adding the K/V path to dX. */
 #ifndef SBP_ENGINE_H
 #define SBP_ENGINE_H
 
 #include "../core/objective.h"
-#include "../kernels/kernels.h"
 #include "../streambp.h"
+#include "ops.h"
 
 /* The tensors of one layer: weights, or their gradients (same layout). NULL where the family has
- * no such tensor. */
+ * no such tensor. Backend memory. */
 typedef struct {
     real *wq, *bq;         /* (Q, C), (Q) */
     real *wk, *bk;         /* (KV, C), (KV) */
@@ -32,35 +35,36 @@ typedef struct {
 } layer_p;
 
 /* Everything a run needs that does not change while it runs. */
-typedef struct {
+struct eng {
+    const sbp_ops *ops;
     const sbp_config *cfg;
     int C, Q, KV, F, V, NH, NKV, HD, L;
-    int blk; /* token block */
-    int T;   /* tokens per sequence in this batch */
+    int blk;        /* token block (the fast mode's products run per block) */
+    int T;          /* tokens per sequence in this batch */
+    int elem_bytes; /* bytes charged per real: sizeof(real), or the planner's storage size */
+    int bf16;       /* round every stored tensor to bfloat16 (ops.h) */
+    int portable;   /* the numerics the table implements (the planning table needs to know) */
     sbp_ledger *lg;
+    int oom; /* set when an allocation fails; oom_what names the buffer */
+    char oom_what[64];
+    real *ws;              /* workspace of the products and attention (ops->workspace) */
     const real *cos, *sin; /* (T, HD/2) RoPE tables */
     layer_p *w, *g;        /* (L) weight and gradient views */
     real *emb, *gemb;      /* (V, C) */
     real *head, *ghead;    /* (V, C): lm_head, or the embedding when tied */
     real *fnorm, *gfnorm;  /* (C) final norm */
-    int plan;              /* planning run: buffers are reserved, never touched; steps return */
-    int elem_bytes;        /* bytes charged per real: sizeof(real), or the planner's storage size */
-    int bf16;              /* emulate pure-bf16 training: round every tensor an op writes to bf16 */
-    int oom;               /* set by ealloc when an allocation fails */
-    char oom_what[64];
-} eng;
+    const int32_t *ids;    /* (B, T) input ids */
+    const uint8_t *mask;   /* (B, T) attention mask */
+    const int32_t *tgt;    /* (B, T) the target predicted at t: labels[b][t+1], or −1 */
+};
 
-/* Allocates n reals (ealloc) or n bytes (ealloc_bytes) charged to cat, zero-filled; on failure
- * records `what` in e->oom_what and returns NULL. */
+/* n reals (ealloc) or bytes charged to cat, zero-filled, through the table; NULL when out of
+ * memory (e->oom set). */
 real *ealloc(eng *e, sbp_mem_cat cat, size_t n, const char *what);
 void *ealloc_bytes(eng *e, sbp_mem_cat cat, size_t bytes, const char *what);
 void efree(eng *e, void *p);
 
-/* In a bf16-emulating run, every tensor an op writes is rounded to bf16, as pure-bf16 training
- * stores it; the products themselves accumulate in float, as bf16 GEMMs do. */
-static inline void bf16(const eng *e, real *p, size_t n) {
-    if (e->bf16) round_to_bf16(p, n);
-}
+/* ---- the buffers of a layer (steps/buffers.c) ------------------------------------------------ */
 
 /* K/V side of one layer for one sequence: all T rows. The input-norm output xn = rmsnorm(x) is
  * not kept: it is formed again a block of rows at a time wherever it is needed (the K/V
@@ -73,23 +77,24 @@ typedef struct {
     real *v;     /* (T, KV) */
 } kv_acts;
 
-/* Activations of rows [s, e) of one layer for one sequence; c = capacity in rows. */
+/* Activations of `rows` consecutive rows of one layer for one sequence. */
 typedef struct {
-    real *xn;    /* (c, C) input RMSNorm output of the chunk */
-    real *rstd1; /* (c) */
-    real *qpre;  /* (c, Q) q before q_norm (Qwen3 only, else NULL) */
-    real *qrstd; /* (c, NH) (Qwen3 only) */
-    real *q;     /* (c, Q) after q_norm and RoPE */
-    real *o;     /* (c, Q) attention output */
-    real *lse;   /* (c, NH) */
-    real *x2;    /* (c, C) residual after attention */
-    real *xn2;   /* (c, C) post-attention RMSNorm output */
-    real *rstd2; /* (c) */
-    real *g, *u; /* (c, F) gate and up projections */
-    real *h;     /* (c, F) silu(g)·u */
+    int rows;    /* capacity */
+    real *xn;    /* (rows, C) input RMSNorm output */
+    real *rstd1; /* (rows) */
+    real *qpre;  /* (rows, Q) q before q_norm (Qwen3 only, else NULL) */
+    real *qrstd; /* (rows, NH) (Qwen3 only) */
+    real *q;     /* (rows, Q) after q_norm and RoPE */
+    real *o;     /* (rows, Q) attention output */
+    real *lse;   /* (rows, NH) */
+    real *x2;    /* (rows, C) residual after attention */
+    real *xn2;   /* (rows, C) post-attention RMSNorm output */
+    real *rstd2; /* (rows) */
+    real *g, *u; /* (rows, F) gate and up projections */
+    real *h;     /* (rows, F) silu(g)·u */
 } chunk_acts;
 
-/* Scratch gradients of one chunk; c = capacity in rows. */
+/* Gradients of one chunk's intermediate tensors; c = capacity in rows. */
 typedef struct {
     real *dh, *dg, *du;     /* (c, F) */
     real *dxn2, *dx2, *dxn; /* (c, C) */
@@ -104,89 +109,86 @@ typedef struct {
     real *dkpre;   /* (T, KV) (Qwen3 only) */
 } kv_work;
 
-/* Scratch every step may use: attention's, and one block of input-norm rows. */
+/* One block of input-norm rows, formed again wherever the K/V side needs it. */
 typedef struct {
-    real *attn;     /* (attention_scratch(blk, HD)) */
     real *xn, *dxn; /* (blk, C) */
     real *rstd;     /* (blk) */
-} layer_scratch;
+} norm_block;
 
 int kv_acts_alloc(eng *e, kv_acts *a, sbp_mem_cat cat);
 void kv_acts_free(eng *e, kv_acts *a);
-int chunk_acts_alloc(eng *e, chunk_acts *a, int c, sbp_mem_cat cat);
+int chunk_acts_alloc(eng *e, chunk_acts *a, int rows, sbp_mem_cat cat);
 void chunk_acts_free(eng *e, chunk_acts *a);
 int chunk_grads_alloc(eng *e, chunk_grads *d, int c);
 void chunk_grads_free(eng *e, chunk_grads *d);
 int kv_work_alloc(eng *e, kv_work *d);
 void kv_work_free(eng *e, kv_work *d);
-int layer_scratch_alloc(eng *e, layer_scratch *sc);
-void layer_scratch_free(eng *e, layer_scratch *sc);
+int norm_block_alloc(eng *e, norm_block *nb);
+void norm_block_free(eng *e, norm_block *nb);
 
-void kv_forward(const eng *e, kv_acts *a, layer_scratch *sc, const real *x /* (T, C) */,
-                const layer_p *w);
-/* y may be NULL (a recompute needs the activations, not the output). */
-void chunk_forward(const eng *e, chunk_acts *a, real *y /* (e-s, C) */, layer_scratch *sc,
-                   const real *x /* (e-s, C) rows s.. */, const kv_acts *kv, const layer_p *w,
-                   const uint8_t *kmask, int s, int end);
-/* Rows [s, e): dx ← the residual path, then += the query path through the input norm; dy is
- * read before dx is written, so dx may be dy (the gradient is updated in place). kvw->dk,
- * kvw->dv += keys [0, e). */
-void chunk_backward(const eng *e, real *dx /* (e-s, C) */, kv_work *kvw, layer_p *gw,
-                    chunk_grads *d, layer_scratch *sc, const real *dy /* (e-s, C) */,
-                    const chunk_acts *a, const kv_acts *kv, const real *x /* (e-s, C) */,
-                    const layer_p *w, const uint8_t *kmask, int s, int end);
-/* dx: (T, C) += the K/V path through the input norm; consumes kvw->dk, kvw->dv. */
-void kv_backward(const eng *e, real *dx, layer_p *gw, kv_work *kvw, layer_scratch *sc,
-                 const kv_acts *kv, const real *x /* (T, C) */, const layer_p *w);
+/* ---- the layer steps (steps/layer.c) --------------------------------------------------------- */
 
-/* ---- the LM head and the objective (head.c) ------------------------------------------------- */
+/* One layer of one sequence, as the steps see it. */
+typedef struct {
+    const layer_p *w;     /* the layer's weights */
+    layer_p *g;           /* their gradients */
+    const real *x;        /* (T, C) the layer's input */
+    real *y;              /* (T, C) its output; NULL when the forward is a recompute */
+    real *dx;             /* (T, C) dY when the backward starts, dX when it ends (in place) */
+    const uint8_t *kmask; /* (T) */
+    kv_acts *kv;          /* the K/V side */
+    chunk_acts *acts;     /* rows [0, T) when it holds T rows (full BP), else the current chunk */
+    chunk_grads *cg;      /* the chunk's gradients */
+    kv_work *kvw;         /* dK, dV accumulators */
+    norm_block *nb;
+} layer_run;
 
-/* Final norm, logits in passes of `rows` rows, the objective, and the backward down to dH.
- * For each sequence b: dh[b] (T, C) is written (+=), the head, final-norm (and tied embedding)
- * gradients accumulate, and the loss terms are added to *loss. logits: rows·V reals, or B·T·V
- * when materialised (`stride_b` apart per sequence; 0 reuses one buffer). needs_logps: run
- * DPO's forward-only first pass. */
-int head_step(eng *e, double *loss, real *dh /* (B, T, C) */, const real *hL /* (B, T, C) */,
-              const sbp_batch *b, real *logits, size_t stride_b, int rows, sbp_obj_eval *ev,
-              int needs_logps);
-/* Forward only: the log-prob of every target (B·T, by predicting position; 0 elsewhere). */
-int head_logprobs(eng *e, double *logp, const real *hL /* (B, T, C) */, const sbp_batch *b,
-                  int rows, double inv_tau);
+void kv_forward(const eng *e, layer_run *lr);
+void chunk_forward(const eng *e, layer_run *lr, int s, int end);
+/* Rows [s, e): dx ← the residual path, then += the query path through the input norm; dY is
+ * read before dX is written over it. kvw->dk, kvw->dv += keys [0, e). */
+void chunk_backward(const eng *e, layer_run *lr, int s, int end);
+/* Zeroes the dK, dV accumulators (before a layer's first chunk_backward). */
+void kv_begin_backward(const eng *e, layer_run *lr);
+/* dx (T, C) += the K/V path through the input norm; consumes kvw->dk, kvw->dv. */
+void kv_backward(const eng *e, layer_run *lr);
 
-/* ---- schedules (full.c, ckpt.c, stream.c) ---------------------------------------------------- */
+/* ---- the LM head and the objective (steps/head.c) -------------------------------------------- */
 
 typedef struct {
-    int chunk;        /* stream layer chunk */
-    int logit_rows;   /* rows per logits pass */
-    int materialise;  /* one B·T·V logits buffer */
-    sbp_obj_eval *ev; /* the objective (NULL when planning) */
-    int needs_logps;  /* DPO: the head's forward-only first pass */
-    double inv_tau;   /* forward-only runs: 1 / temperature */
-} sched_opts;
+    int rows;         /* rows per logits pass */
+    int materialise;  /* one B·T·V logits buffer, as the HF baseline keeps */
+    sbp_obj_eval *ev; /* the objective */
+    double inv_tau;   /* 1 / temperature */
+} head_opts;
 
-int schedule_full(eng *e, double *loss, const sbp_batch *b, const sched_opts *o);
-int schedule_ckpt(eng *e, double *loss, const sbp_batch *b, const sched_opts *o);
-int schedule_stream(eng *e, double *loss, const sbp_batch *b, const sched_opts *o);
-/* forward.c: forward only, streamed; logp as head_logprobs */
-int schedule_forward(eng *e, double *logp, const sbp_batch *b, const sched_opts *o);
+/* Final norm, logits in passes of rows, the objective, and the backward down to dH: for each
+ * sequence b, dh[b] (T, C) is written, the head, final-norm (and tied embedding) gradients
+ * accumulate, and the loss terms are added to *loss in ascending (sequence, token) order. DPO
+ * first runs the forward alone over every row to learn each pair's factor (objective.h). */
+int head_step(eng *e, double *loss, real *dh /* (B, T, C) */, const real *hL /* (B, T, C) */,
+              const sbp_batch *b, const head_opts *o);
+/* Forward only: logp (B·T, backend memory) = the log-prob of every target, 0 elsewhere. */
+int head_logprobs(eng *e, double *logp, const real *hL /* (B, T, C) */, const sbp_batch *b,
+                  const head_opts *o);
 
-/* Shared by the schedules (steps.c): embedding forward of all sequences, the head step with its
- * logits buffer, and the embedding backward. */
-void embed_forward(const eng *e, real *x0 /* (B, T, C) */, const sbp_batch *b);
-int run_head(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
-             const sched_opts *o);
-void embed_backward(eng *e, const real *dx0 /* (B, T, C) */, const sbp_batch *b);
-/* Before a layer's backward: zeroed dK, dV, dxn accumulators. */
-void kv_begin_backward(const eng *e, kv_work *kvw);
-void zero_reals(const eng *e, real *p, size_t n);
-/* A whole layer of one sequence as a single chunk [0, T): used by full and ckpt. */
-void layer_forward_whole(const eng *e, chunk_acts *a, kv_acts *kv, layer_scratch *sc,
-                         real *y /* (T, C) or NULL */, const real *x /* (T, C) */, const layer_p *w,
-                         const uint8_t *kmask);
-/* dx may be dy: the gradient is updated in place. */
-void layer_backward_whole(const eng *e, real *dx /* (T, C) */, kv_work *kvw, chunk_grads *cg,
-                          layer_scratch *sc, layer_p *gw, const real *dy /* (T, C) */,
-                          const chunk_acts *a, const kv_acts *kv, const real *x /* (T, C) */,
-                          const layer_p *w, const uint8_t *kmask);
+/* ---- the schedules (driver.c) ---------------------------------------------------------------- */
+
+/* What distinguishes the schedules, and nothing else (driver.c has the table). */
+typedef struct {
+    const char *name;
+    int keep_all;      /* the forward keeps every activation (else only the layer inputs) */
+    int chunked;       /* the layer runs in chunks of the user's size (else one chunk of T) */
+    int chunk_logits;  /* the logits run in passes of rows (else B·T·V materialised) */
+} sched_row;
+
+const sched_row *sched_row_of(sbp_schedule s);
+
+/* One step: forward, head (loss and dH), backward into the gradient views; chunk: rows per
+ * layer chunk when the row is chunked. */
+int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int chunk,
+          const head_opts *h);
+/* Forward only, streamed: logp (B·T, backend memory) as head_logprobs. */
+int drive_logprobs(eng *e, double *logp, const sbp_batch *b, int chunk, const head_opts *h);
 
 #endif

@@ -1,12 +1,12 @@
-/* entry.c — the engine's entry point for one precision: builds the run context (weight and
- * gradient views, RoPE tables), runs the chosen schedule, and checks the result is finite.
- * Compiled twice; SBP_ENTRY gives the float and double copies distinct names. */
+/* entry.c — the engine's entry point for one precision: picks the op table, puts the model, the
+ * gradients and the batch on the backend, builds the run context (weight and gradient views,
+ * RoPE tables, workspace), runs the driver and brings the gradients back. Compiled twice;
+ * SBP_ENTRY gives the float and double copies distinct names. */
+#include "../core/err.h"
 #include "engine.h"
 #include "entry.h"
-#include "../core/err.h"
 
-#include <math.h>
-#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A tensor of the slab; NULL when the family has none, or when there is no slab (a forward-only
@@ -28,11 +28,29 @@ static void layer_views(layer_p *lp, real *slab, const sbp_params *ps, int l) {
     lp->post_norm = view(slab, ps, SBP_P_POST_NORM, l);
 }
 
+static const sbp_ops *table_of(const sbp_engine_opts *o) {
+    if (o->plan) return &sbp_ops_plan;
+    return o->numerics == SBP_NUMERICS_PORTABLE ? &sbp_ops_cpu_portable : &sbp_ops_cpu_fast;
+}
+
+/* tgt[b·T + t] = labels[b][t+1] (HF shifts inside the loss), −1 where nothing is predicted. */
+static int32_t *targets(const sbp_batch *b) {
+    const int T = b->T;
+    int32_t *tgt = malloc(sizeof *tgt * (size_t)b->B * T);
+    for (int bi = 0; tgt && bi < b->B; bi++)
+        for (int t = 0; t < T; t++) {
+            const int32_t y = t + 1 < T ? b->labels[(size_t)bi * T + t + 1] : SBP_IGNORE;
+            tgt[(size_t)bi * T + t] = y == SBP_IGNORE ? -1 : y;
+        }
+    return tgt;
+}
+
 sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model *m,
                                       const sbp_batch *b, const sbp_engine_opts *o, sbp_ledger *lg,
                                       sbp_err *err) {
     const sbp_config *c = &m->cfg;
-    eng e = {.cfg = c,
+    eng e = {.ops = table_of(o),
+             .cfg = c,
              .C = c->hidden,
              .Q = c->heads * c->head_dim,
              .KV = c->kv_heads * c->head_dim,
@@ -44,12 +62,28 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
              .L = c->layers,
              .blk = o->block,
              .T = b->T,
-             .lg = lg,
-             .plan = o->plan,
              .elem_bytes = o->plan ? o->elem_bytes : (int)sizeof(real),
-             .bf16 = o->emulate_bf16};
-    real *w = m->w, *g = grads;
-    layer_p lw[c->layers], lgv[c->layers]; /* (L) weight and gradient views */
+             .bf16 = o->emulate_bf16,
+             .portable = o->numerics == SBP_NUMERICS_PORTABLE,
+             .lg = lg};
+    const sbp_ops *op = e.ops;
+    const size_t BT = (size_t)b->B * b->T, n_params = (size_t)m->params.total;
+    const size_t slab = (size_t)e.elem_bytes * n_params;
+    int32_t *h_tgt = targets(b);
+    /* the model, the gradients and the batch on the backend */
+    real *w = op->mirror(&e, SBP_MEM_WEIGHTS, m->w, slab, "weights");
+    real *g = grads ? op->mirror(&e, SBP_MEM_GRADS, grads, slab, "gradients") : NULL;
+    e.ids = op->mirror(&e, SBP_MEM_LOGITS, b->ids, sizeof(int32_t) * BT, "input ids");
+    e.mask = op->mirror(&e, SBP_MEM_LOGITS, b->mask, BT, "attention mask");
+    e.tgt = h_tgt ? op->mirror(&e, SBP_MEM_LOGITS, h_tgt, sizeof(int32_t) * BT, "targets") : NULL;
+    double *logp = o->logp_out ? op->mirror(&e, SBP_MEM_LOGITS, o->logp_out, sizeof(double) * BT,
+                                            "log-probs")
+                               : NULL;
+    layer_p *lw = calloc((size_t)c->layers, sizeof *lw), *lgv = calloc((size_t)c->layers, sizeof *lgv);
+    real *cos_t = NULL, *sin_t = NULL;
+    int ok = 0;
+    if (!h_tgt || !lw || !lgv) e.oom = 1;
+    if (e.oom) goto out;
     for (int l = 0; l < c->layers; l++) {
         layer_views(&lw[l], w, &m->params, l);
         layer_views(&lgv[l], g, &m->params, l);
@@ -61,44 +95,40 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
     e.head = c->tied ? e.emb : view(w, &m->params, SBP_P_LM_HEAD, -1);
     e.ghead = c->tied ? e.gemb : view(g, &m->params, SBP_P_LM_HEAD, -1);
 
-    size_t half = (size_t)b->T * (c->head_dim / 2);
-    real *cos_t = ealloc(&e, SBP_MEM_LAYER, half, "RoPE cos table");
-    real *sin_t = ealloc(&e, SBP_MEM_LAYER, half, "RoPE sin table");
-    int ok = 0;
-    if (!e.oom) {
-        if (!e.plan)
-            rope_table(cos_t, sin_t, b->T, c->head_dim, c->rope_theta, c->rope_llama3,
-                       c->rope_factor, c->rope_low_freq, c->rope_high_freq, c->rope_orig_max);
-        e.cos = cos_t, e.sin = sin_t;
-        sched_opts so = {.chunk = o->chunk,
-                         .logit_rows = o->logit_chunk,
-                         .materialise = o->materialise,
-                         .ev = o->ev,
-                         .needs_logps = o->needs_logps,
-                         .inv_tau = o->inv_tau};
-        if (o->logp_out)
-            ok = schedule_forward(&e, o->logp_out, b, &so);
-        else if (o->schedule == SBP_FULL)
-            ok = schedule_full(&e, loss, b, &so);
-        else if (o->schedule == SBP_CKPT)
-            ok = schedule_ckpt(&e, loss, b, &so);
-        else
-            ok = schedule_stream(&e, loss, b, &so);
+    e.ws = ealloc(&e, SBP_MEM_LAYER, op->workspace(&e), "product workspace");
+    const size_t half = (size_t)b->T * (c->head_dim / 2);
+    cos_t = ealloc(&e, SBP_MEM_LAYER, half, "RoPE cos table");
+    sin_t = ealloc(&e, SBP_MEM_LAYER, half, "RoPE sin table");
+    if (e.oom) goto out;
+    op->rope_table(&e, cos_t, sin_t);
+    e.cos = cos_t, e.sin = sin_t;
+    head_opts h = {.rows = o->logit_chunk,
+                   .materialise = o->materialise,
+                   .ev = o->ev,
+                   .inv_tau = o->logp_out ? o->inv_tau : o->ev->inv_tau};
+    if (logp) {
+        ok = drive_logprobs(&e, logp, b, o->chunk, &h);
+        if (ok) op->download(&e, o->logp_out, logp, sizeof(double) * BT);
+    } else {
+        ok = drive(&e, loss, b, sched_row_of(o->schedule), o->chunk, &h);
+        if (ok) {
+            op->store(&e, g, n_params); /* bf16 .grad tensors */
+            op->download(&e, grads, g, slab);
+        }
     }
-    efree(&e, cos_t), efree(&e, sin_t);
+out:
+    efree(&e, e.ws), efree(&e, cos_t), efree(&e, sin_t);
+    free(lw), free(lgv);
+    if (logp) op->unmirror(&e, logp, o->logp_out);
+    if (e.tgt) op->unmirror(&e, (void *)e.tgt, h_tgt);
+    if (e.mask) op->unmirror(&e, (void *)e.mask, b->mask);
+    if (e.ids) op->unmirror(&e, (void *)e.ids, b->ids);
+    if (g) op->unmirror(&e, g, grads);
+    if (w) op->unmirror(&e, w, m->w);
+    free(h_tgt);
     if (!ok)
         return sbp_fail(err, SBP_ENOMEM, "out of memory allocating the %s (%s schedule, T = %d)",
-                        e.oom_what, sbp_schedule_name(o->schedule), b->T);
-    if (e.plan || o->logp_out) return SBP_OK;
-    if (e.bf16) round_to_bf16(g, (size_t)m->params.total); /* bf16 .grad tensors */
-    if (!isfinite(*loss)) return sbp_fail(err, SBP_ENUMERIC, "the loss is not finite (%g)", *loss);
-    for (int i = 0; i < m->params.n; i++) {
-        const sbp_param *p = &m->params.p[i];
-        for (int64_t j = 0; j < p->numel; j++)
-            if (!isfinite(g[p->offset + j]))
-                return sbp_fail(err, SBP_ENUMERIC,
-                                "the gradient of \"%s\" is not finite at element %lld (%g)",
-                                p->name, (long long)j, (double)g[p->offset + j]);
-    }
+                        e.oom_what[0] ? e.oom_what : "engine's tables",
+                        sbp_schedule_name(o->schedule), b->T);
     return SBP_OK;
 }

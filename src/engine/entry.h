@@ -8,12 +8,12 @@
 
 typedef struct {
     sbp_schedule schedule;
+    sbp_numerics numerics;
     int block, chunk, logit_chunk; /* resolved: >= 1, chunk and logit_chunk <= T */
     int materialise;               /* full/ckpt: one B·T·V logits buffer */
     int plan;                      /* planning run: allocate only (the ledger must be planning) */
     int elem_bytes;                /* planning: bytes charged per stored element */
-    sbp_obj_eval *ev;              /* the objective (NULL when planning) */
-    int needs_logps;               /* DPO: the head's forward-only first pass */
+    sbp_obj_eval *ev;              /* the objective */
     int emulate_bf16;
     double *logp_out; /* non-NULL: forward only, every target's log-prob (B·T) */
     double inv_tau;   /* forward only: 1 / temperature */

@@ -1,136 +1,162 @@
-/* attention.c — causal grouped-query attention, tiled with an online softmax (FlashAttention's
- * scheme), with the tile products on BLAS.
+/* attention.c — causal grouped-query attention with an online softmax over key tiles at fixed
+ * absolute positions (the portable kernel; DESIGN §11).
  *
- * Queries and keys are cut into tiles of W rows on fixed global boundaries (multiples of W).
- * Forward, per head h (kv head g = h / (NH/NKV)) and query tile I:
- *   for each key tile J up to the diagonal:  S = Q_I·K_Jᵀ / sqrt(HD)  (masked: key j visible
- *   from query i iff j <= i and kmask[j]);  a running row max m and sum l rescale the
- *   accumulator:  O_I += exp(S − m)·V_J.   At the end O = O_I / l and lse = m + log l.
- * Backward, with P = exp(S − lse), D_i = dO_i·O_i, dP = dO·Vᵀ, dS = P ∘ (dP − D):
- *   dV_J += P ᵀ·dO_I,   dK_J += dSᵀ·Q_I / sqrt(HD),   dQ_I += dS·K_J / sqrt(HD).
- * Two passes give every output one owner: pass 1 over (kv head, key tile) forms dK and dV,
- * pass 2 over (query head, query tile) forms dQ; P and dS are recomputed in each.
+ * Keys are cut into tiles [j0, j0 + W) with j0 a multiple of W = ATTN_TILE. For query i of head
+ * h (kv head g = h / (NH/NKV)) and each key tile at or below the query, with n = min(W, i+1−j0)
+ * keys causally visible in the tile:
+ *   S_c  = (Σ_d q_d·k_{j0+c,d}) · scale        one fma chain over d, c < n;  −inf otherwise
+ *                                              and where kmask = 0
+ *   m_t  = max_c S_c                           the lane tree over W (lanes.h)
+ *   m'   = max(m, m_t),  corr = exp(m − m'),  P_c = exp(S_c − m')
+ *   l    = l·corr + Σ_c P_c                    the lane tree over W
+ *   acc_d = acc_d·corr, then acc_d ← fma(P_c, v_{j0+c,d}, acc_d) for c = 0 .. n−1
+ * and at the end O = acc / l, lse = m + log l (a query with no visible key: O = 0, lse = +inf).
+ * Backward, with P_c = exp(S_c − lse), D = Σ_d dO_d·O_d (one chain), dP_c = Σ_d dO_d·v_{c,d},
+ * dS_c = P_c·(dP_c − D) and dS'_c = dS_c·scale:
+ *   dV_{j,d} ← fma(P, dO_{i,h,d}, dV_{j,d}),  dK_{j,d} ← fma(dS', q_{i,h,d}, dK_{j,d})
+ *       over the queries i ≥ j in ascending order and, within a query, its heads h of group g
+ *       in ascending order — continuing from the stored dK, dV, so that chunks of queries
+ *       processed one after another continue the same chains;
+ *   dQ_{i,h,d} ← fma(dS', k_{j,d}, dQ_{i,h,d}) over the keys j ≤ i in ascending order.
+ * Everything a query computes depends on its position and the keys alone, never on the chunk it
+ * belongs to, so the schedules agree bit for bit for any chunk size; each output has one owner
+ * (no atomics, no split sums), so the thread count does not matter either. cuda/attention.cu
+ * runs the same chains.
  *
- * Why the result does not depend on the chunking: the caller picks W dividing the token block,
- * so chunks that are block multiples consist of whole query tiles. Each (query tile, key tile)
- * product is then the same BLAS call, on the same operands, in every schedule; dQ of a tile
- * sums its key tiles in ascending order; dK and dV of a key tile receive one beta = 1 product
- * per (query tile, head), in ascending query-tile order, straight into the caller's
- * whole-sequence accumulators, so processing queries chunk by chunk adds the same terms in the
- * same order as one pass over all queries. The BLAS calls run inside OpenMP tasks, where the
- * OpenMP build of OpenBLAS uses one thread, and each output has one owner, so the thread count
- * does not change any bit. */
+ * Layout for the CPU: a tile's keys (and values) are packed transposed, (HD, W), so that the
+ * scores of one query against the W keys form W independent chains over d that vectorize. */
 #include "kernels.h"
 #include "lanes.h"
 
 #include <omp.h>
 #include <string.h>
 
-size_t attention_scratch(int blk, int HD) {
-    size_t W = (size_t)attention_tile(blk);
-    /* per thread: S, P, dP tiles, the O accumulator, and m, l per row */
-    return (size_t)omp_get_max_threads() * (3 * W * W + W * (size_t)HD + 2 * W);
+enum { W = ATTN_TILE };
+
+/* One thread's workspace. */
+typedef struct {
+    real *kt, *vt;   /* (HD, W) a key tile's keys and values, transposed */
+    real *adk, *adv; /* (W, HD) dK, dV accumulators of a key tile */
+    real *acc;       /* (W, HD) O or dQ accumulators of a query tile */
+    real *S, *P;     /* (W) scores or probabilities; dP, then dS' */
+    real *m, *l;     /* (W) running max and sum of a query tile */
+} tile_ws;
+
+static size_t per_thread(int HD) {
+    return 5 * (size_t)W * HD + 4 * (size_t)W;
 }
 
-/* End of the tile that starts at i: the next multiple of W, or e. */
-static int tile_end(int i, int e, int W) {
-    int next = (i / W + 1) * W;
-    return next < e ? next : e;
+size_t attention_workspace(int HD) {
+    return (size_t)omp_get_max_threads() * per_thread(HD);
 }
 
-/* S[r][c] = −inf where key j0 + c is not visible from query i0 + r: past the diagonal
- * (c > i0 + r − j0, a contiguous tail of the row) or a padded key. Most tiles have no padded
- * key, and then only the tails are touched. */
-static void mask_tile(real *S, int i0, int nq, int j0, int nk, int ldS, const uint8_t *kmask) {
-    int padded = 0;
-    for (int c = 0; c < nk; c++) padded |= !kmask[j0 + c];
-    for (int r = 0; r < nq; r++) {
-        real *S_r = S + (size_t)r * ldS;
-        const int last = i0 + r - j0; /* the last visible column */
-        for (int c = last < 0 ? 0 : last + 1; c < nk; c++) S_r[c] = -INFINITY;
-        if (padded)
-            for (int c = 0; c < nk && c <= last; c++)
-                if (!kmask[j0 + c]) S_r[c] = -INFINITY;
+static tile_ws carve(real *ws, int HD) {
+    const size_t WH = (size_t)W * HD;
+    tile_ws t;
+    t.kt = ws + per_thread(HD) * (size_t)omp_get_thread_num();
+    t.vt = t.kt + WH, t.adk = t.vt + WH, t.adv = t.adk + WH, t.acc = t.adv + WH;
+    t.S = t.acc + WH, t.P = t.S + W, t.m = t.P + W, t.l = t.m + W;
+    return t;
+}
+
+/* kt (HD, W) = the keys [j0, j0 + nk) of kv head g, transposed; zero past nk */
+static void pack_t(real *kt, const real *k, int j0, int nk, int g, int KV, int HD) {
+    for (int d = 0; d < HD; d++) {
+        real *row = kt + (size_t)d * W;
+        for (int c = 0; c < nk; c++) row[c] = k[(size_t)(j0 + c) * KV + (size_t)g * HD + d];
+        for (int c = nk; c < W; c++) row[c] = 0;
     }
 }
 
-void attention_forward(real *o, real *lse, real *scratch, const real *q, const real *k,
-                       const real *v, const uint8_t *kmask, int s, int M, int T, int NH, int NKV,
-                       int HD, int blk) {
-    const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(blk), e = s + M;
+/* s[c] = Σ_d a_d·bt[d][c], one chain per c from 0 */
+static void dot_row(real *restrict s, const real *restrict a, const real *restrict bt, int HD) {
+    for (int c = 0; c < W; c++) s[c] = 0;
+    for (int d = 0; d < HD; d++) {
+        const real a_d = a[d];
+        const real *b = bt + (size_t)d * W;
+        for (int c = 0; c < W; c++) s[c] = rfma(a_d, b[c], s[c]);
+    }
+}
+
+/* S (scaled, −inf where invisible) of query i against the tile at j0 */
+static void scores(real *S, const real *q_i, const real *kt, const uint8_t *kmask, int i, int j0,
+                   int HD, real scale) {
+    const int n = i + 1 - j0 < W ? i + 1 - j0 : W;
+    dot_row(S, q_i, kt, HD);
+    for (int c = 0; c < W; c++) S[c] = c < n && kmask[j0 + c] ? S[c] * scale : -INFINITY;
+}
+
+/* The query tile of a chunk that holds row i0: [i0, i1) on the global W grid within [s, e). */
+static int tile_end(int i0, int e) {
+    const int next = (i0 / W + 1) * W;
+    return next < e ? next : e;
+}
+
+void attention_forward(real *o, real *lse, real *ws, const real *q, const real *k, const real *v,
+                       const uint8_t *kmask, int s, int M, int T, int NH, int NKV, int HD) {
+    const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, e = s + M;
     const real scale = 1 / sqrt((real)HD);
-    const size_t per_thread = attention_scratch(blk, HD) / (size_t)omp_get_max_threads();
-    /* query tiles of the chunk, each aligned to the global W grid */
     const int first = s / W, ntiles = (e - 1) / W - first + 1;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < NH * ntiles; task++) {
+        /* late query tiles see the most keys: they go first */
         const int h = task % NH, g = h / rep, tile = first + ntiles - 1 - task / NH;
-        const int i0 = tile * W > s ? tile * W : s, i1 = tile_end(i0, e, W), nq = i1 - i0;
-        real *S = scratch + per_thread * (size_t)omp_get_thread_num();
-        real *acc = S + 3 * (size_t)W * W, *m = acc + (size_t)W * HD, *l = m + W;
-        const real *q_I = q + (size_t)(i0 - s) * Q + (size_t)h * HD;
+        const int i0 = tile * W > s ? tile * W : s, i1 = tile_end(i0, e), nq = i1 - i0;
+        const tile_ws t = carve(ws, HD);
+        real *kt = t.kt, *acc = t.acc, *S = t.S, *m = t.m, *l = t.l;
         for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
         memset(acc, 0, sizeof(real) * (size_t)nq * HD);
         for (int j0 = 0; j0 < i1; j0 += W) {
-            const int nk = j0 + W < i1 ? W : i1 - j0;
-            const real *k_J = k + (size_t)j0 * KV + (size_t)g * HD;
-            gemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HD, scale, q_I, Q, k_J, KV, 0, S,
-                 W);
-            mask_tile(S, i0, nq, j0, nk, W, kmask);
-            for (int r = 0; r < nq; r++) {
-                real *S_r = S + (size_t)r * W;
-                const real mt = lanes_max(S_r, nk);
-                if (mt == -INFINITY) { /* no visible key in this tile: the row adds nothing */
-                    for (int c = 0; c < nk; c++) S_r[c] = 0;
-                    continue;
-                }
+            pack_t(kt, k, j0, i1 - j0 < W ? i1 - j0 : W, g, KV, HD);
+            for (int r = j0 > i0 ? j0 - i0 : 0; r < nq; r++) {
+                const int i = i0 + r, n = i + 1 - j0 < W ? i + 1 - j0 : W;
+                scores(S, q + (size_t)(i - s) * Q + (size_t)h * HD, kt, kmask, i, j0, HD, scale);
+                const real mt = lanes_max(S, W);
+                if (mt == -INFINITY) continue; /* no visible key in this tile */
                 const real mnew = m[r] > mt ? m[r] : mt, corr = rexp(m[r] - mnew);
-                l[r] = l[r] * corr + lanes_exp_sum(S_r, nk, mnew);
-                for (int d = 0; d < HD; d++) acc[(size_t)r * HD + d] *= corr;
+                for (int c = 0; c < W; c++) S[c] = rexp(S[c] - mnew);
+                l[r] = l[r] * corr + lanes_sum(S, W);
+                real *acc_r = acc + (size_t)r * HD;
+                for (int d = 0; d < HD; d++) acc_r[d] = acc_r[d] * corr;
+                for (int c = 0; c < n; c++) {
+                    const real *v_c = v + (size_t)(j0 + c) * KV + (size_t)g * HD;
+                    for (int d = 0; d < HD; d++) acc_r[d] = rfma(S[c], v_c[d], acc_r[d]);
+                }
                 m[r] = mnew;
             }
-            gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, HD, nk, 1, S, W,
-                 v + (size_t)j0 * KV + (size_t)g * HD, KV, 1, acc, HD);
         }
         for (int r = 0; r < nq; r++) {
             real *o_i = o + (size_t)(i0 - s + r) * Q + (size_t)h * HD;
+            const real *acc_r = acc + (size_t)r * HD;
             if (l[r] == 0) { /* no visible key at all (a left-padded query) */
                 for (int d = 0; d < HD; d++) o_i[d] = 0;
                 lse[(size_t)(i0 - s + r) * NH + h] = INFINITY;
             } else {
-                for (int d = 0; d < HD; d++) o_i[d] = acc[(size_t)r * HD + d] / l[r];
+                for (int d = 0; d < HD; d++) o_i[d] = acc_r[d] / l[r];
                 lse[(size_t)(i0 - s + r) * NH + h] = m[r] + rlog(l[r]);
             }
         }
     }
 }
 
-/* For query tile [i0, i0+nq) of head h against key tile [j0, j0+nk): P and dS (scaled by
- * 1/sqrt(HD) later, in the products that use it). dP is scratch. */
-static void tile_grads(real *P, real *dS, real *dP, const real *q_I, const real *do_I,
-                       const real *k_J, const real *v_J, const real *lse, const real *dsum,
-                       const uint8_t *kmask, int i0, int nq, int j0, int nk, int W, int s, int h,
-                       int NH, int Q, int KV, int HD, real scale) {
-    gemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HD, scale, q_I, Q, k_J, KV, 0, P, W);
-    gemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HD, 1, do_I, Q, v_J, KV, 0, dP, W);
-    mask_tile(P, i0, nq, j0, nk, W, kmask);
-    for (int r = 0; r < nq; r++) {
-        const real L = lse[(size_t)(i0 - s + r) * NH + h], D = dsum[(size_t)(i0 - s + r) * NH + h];
-        for (int c = 0; c < nk; c++) {
-            const size_t x = (size_t)r * W + c;
-            P[x] = rexp(P[x] - L); /* masked: exp(−inf) = 0; no visible key: L = +inf, P = 0 */
-            dS[x] = P[x] * (dP[x] - D);
-        }
+/* P and dS' of query i (head h) against the tile at j0, from its lse and D. */
+static void tile_grads(real *P, real *dSs, const real *q_i, const real *do_i, const real *kt,
+                       const real *vt, const uint8_t *kmask, int i, int j0, int HD, real scale,
+                       real L, real D) {
+    real *dP = dSs; /* dP is consumed where dS' is written */
+    scores(P, q_i, kt, kmask, i, j0, HD, scale);
+    dot_row(dP, do_i, vt, HD);
+    for (int c = 0; c < W; c++) {
+        P[c] = rexp(P[c] - L); /* invisible: exp(−inf) = 0; no visible key: L = +inf, P = 0 */
+        dSs[c] = (P[c] * (dP[c] - D)) * scale;
     }
 }
 
-void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scratch, const real *dout,
+void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, const real *dout,
                         const real *o, const real *lse, const real *q, const real *k, const real *v,
-                        const uint8_t *kmask, int s, int M, int T, int NH, int NKV, int HD,
-                        int blk) {
-    const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(blk), e = s + M;
+                        const uint8_t *kmask, int s, int M, int T, int NH, int NKV, int HD) {
+    const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, e = s + M;
     const real scale = 1 / sqrt((real)HD);
-    const size_t per_thread = attention_scratch(blk, HD) / (size_t)omp_get_max_threads();
     const int first = s / W, nqtiles = (e - 1) / W - first + 1, nktiles = (e + W - 1) / W;
 
 #pragma omp parallel for schedule(static)
@@ -139,54 +165,75 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scratch,
             const real *a = dout + (size_t)r * Q + (size_t)h * HD;
             const real *b = o + (size_t)r * Q + (size_t)h * HD;
             real D = 0;
-            for (int d = 0; d < HD; d++) D += a[d] * b[d];
+            for (int d = 0; d < HD; d++) D = rfma(a[d], b[d], D);
             dsum[(size_t)r * NH + h] = D;
         }
 
-        /* Pass 1: dK, dV of key tile J for kv head g; early tiles see the most queries: first. */
+        /* Pass 1: dK, dV of the key tile at j0 for kv head g; early tiles see the most queries. */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < nktiles * NKV; task++) {
         const int g = task % NKV, j0 = (task / NKV) * W, nk = j0 + W < e ? W : e - j0;
-        real *P = scratch + per_thread * (size_t)omp_get_thread_num();
-        real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W;
-        const real *k_J = k + (size_t)j0 * KV + (size_t)g * HD;
-        const real *v_J = v + (size_t)j0 * KV + (size_t)g * HD;
-        real *dk_J = dk + (size_t)j0 * KV + (size_t)g * HD;
-        real *dv_J = dv + (size_t)j0 * KV + (size_t)g * HD;
-        for (int i0 = j0 > s ? j0 : s, i1; i0 < e; i0 = i1) {
-            i1 = tile_end(i0, e, W);
-            const int nq = i1 - i0;
+        const tile_ws t = carve(ws, HD);
+        real *kt = t.kt, *vt = t.vt, *adk = t.adk, *adv = t.adv, *P = t.S, *dSs = t.P;
+        pack_t(kt, k, j0, nk, g, KV, HD);
+        pack_t(vt, v, j0, nk, g, KV, HD);
+        for (int c = 0; c < nk; c++) {
+            memcpy(adk + (size_t)c * HD, dk + (size_t)(j0 + c) * KV + (size_t)g * HD,
+                   sizeof(real) * HD);
+            memcpy(adv + (size_t)c * HD, dv + (size_t)(j0 + c) * KV + (size_t)g * HD,
+                   sizeof(real) * HD);
+        }
+        for (int i = j0 > s ? j0 : s; i < e; i++) {
+            const int n = i + 1 - j0 < W ? i + 1 - j0 : W;
             for (int h = g * rep; h < (g + 1) * rep; h++) {
-                const real *q_I = q + (size_t)(i0 - s) * Q + (size_t)h * HD;
-                const real *do_I = dout + (size_t)(i0 - s) * Q + (size_t)h * HD;
-                tile_grads(P, dS, dP, q_I, do_I, k_J, v_J, lse, dsum, kmask, i0, nq, j0, nk, W, s,
-                           h, NH, Q, KV, HD, scale);
-                gemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HD, nq, 1, P, W, do_I, Q, 1, dv_J,
-                     KV);
-                gemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HD, nq, scale, dS, W, q_I, Q, 1,
-                     dk_J, KV);
+                const size_t qo = (size_t)(i - s) * Q + (size_t)h * HD, ro = (size_t)(i - s) * NH + h;
+                const real *q_i = q + qo, *do_i = dout + qo;
+                tile_grads(P, dSs, q_i, do_i, kt, vt, kmask, i, j0, HD, scale, lse[ro], dsum[ro]);
+                for (int c = 0; c < n; c++) {
+                    real *adk_c = adk + (size_t)c * HD, *adv_c = adv + (size_t)c * HD;
+                    for (int d = 0; d < HD; d++) {
+                        adv_c[d] = rfma(P[c], do_i[d], adv_c[d]);
+                        adk_c[d] = rfma(dSs[c], q_i[d], adk_c[d]);
+                    }
+                }
             }
+        }
+        for (int c = 0; c < nk; c++) {
+            memcpy(dk + (size_t)(j0 + c) * KV + (size_t)g * HD, adk + (size_t)c * HD,
+                   sizeof(real) * HD);
+            memcpy(dv + (size_t)(j0 + c) * KV + (size_t)g * HD, adv + (size_t)c * HD,
+                   sizeof(real) * HD);
         }
     }
 
-    /* Pass 2: dQ of query tile I for head h, key tiles in ascending order. */
+    /* Pass 2: dQ of the query tile for head h, key tiles in ascending order. */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < NH * nqtiles; task++) {
         const int h = task % NH, g = h / rep, tile = first + nqtiles - 1 - task / NH;
-        const int i0 = tile * W > s ? tile * W : s, i1 = tile_end(i0, e, W), nq = i1 - i0;
-        real *P = scratch + per_thread * (size_t)omp_get_thread_num();
-        real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W;
-        const real *q_I = q + (size_t)(i0 - s) * Q + (size_t)h * HD;
-        const real *do_I = dout + (size_t)(i0 - s) * Q + (size_t)h * HD;
-        real *dq_I = dq + (size_t)(i0 - s) * Q + (size_t)h * HD;
+        const int i0 = tile * W > s ? tile * W : s, i1 = tile_end(i0, e), nq = i1 - i0;
+        const tile_ws t = carve(ws, HD);
+        real *kt = t.kt, *vt = t.vt, *adq = t.acc, *P = t.S, *dSs = t.P;
+        for (int r = 0; r < nq; r++)
+            memcpy(adq + (size_t)r * HD, dq + (size_t)(i0 - s + r) * Q + (size_t)h * HD,
+                   sizeof(real) * HD);
         for (int j0 = 0; j0 < i1; j0 += W) {
-            const int nk = j0 + W < i1 ? W : i1 - j0;
-            const real *k_J = k + (size_t)j0 * KV + (size_t)g * HD;
-            const real *v_J = v + (size_t)j0 * KV + (size_t)g * HD;
-            tile_grads(P, dS, dP, q_I, do_I, k_J, v_J, lse, dsum, kmask, i0, nq, j0, nk, W, s, h,
-                       NH, Q, KV, HD, scale);
-            gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, HD, nk, scale, dS, W, k_J, KV, 1,
-                 dq_I, Q);
+            const int nk = i1 - j0 < W ? i1 - j0 : W;
+            pack_t(kt, k, j0, nk, g, KV, HD);
+            pack_t(vt, v, j0, nk, g, KV, HD);
+            for (int r = j0 > i0 ? j0 - i0 : 0; r < nq; r++) {
+                const int i = i0 + r, n = i + 1 - j0 < W ? i + 1 - j0 : W;
+                const size_t qo = (size_t)(i - s) * Q + (size_t)h * HD, ro = (size_t)(i - s) * NH + h;
+                tile_grads(P, dSs, q + qo, dout + qo, kt, vt, kmask, i, j0, HD, scale, lse[ro],
+                           dsum[ro]);
+                real *adq_r = adq + (size_t)r * HD;
+                for (int c = 0; c < n; c++) {
+                    const real *k_c = k + (size_t)(j0 + c) * KV + (size_t)g * HD;
+                    for (int d = 0; d < HD; d++) adq_r[d] = rfma(dSs[c], k_c[d], adq_r[d]);
+                }
+            }
         }
+        for (int r = 0; r < nq; r++)
+            memcpy(dq + (size_t)(i0 - s + r) * Q + (size_t)h * HD, adq + (size_t)r * HD,
+                   sizeof(real) * HD);
     }
 }

@@ -4,14 +4,19 @@
  * parameter gradients and activation gradients; callers zero what must start at zero. Arguments
  * go outputs first, then inputs, then saved forward tensors, then weights, then sizes.
  *
- * Exactness rules these kernels keep (README, "Exactness"):
- *  - every sum over tokens runs in ascending token order, either sequentially into a persistent
- *    accumulator or as BLAS calls over fixed token blocks [kB, (k+1)B) in ascending order, so the
- *    sum is the same whichever rows a caller hands in one call;
- *  - row-wise products are also issued per token block, so every BLAS call has the same shape
- *    and operands whatever the chunking;
- *  - OpenMP loops run over independent outputs only, with a fixed order inside each output, so
- *    results do not depend on the thread count.
+ * Two families (DESIGN §5, §11):
+ *  - the portable kernels (this directory) follow the arithmetic contract of DESIGN §11: every
+ *    dot product and every sum over tokens is one fma chain in ascending order that continues
+ *    from the stored value, row reductions use the fixed tree of lanes.h, the transcendental
+ *    functions are our own (pmath.h), nothing is contracted or reassociated, threads split
+ *    outputs only. Their bits depend on the inputs alone: not on the machine, the compiler, the
+ *    thread count, or how the rows are split between calls. The CUDA kernels of cuda/ compute
+ *    the same chains.
+ *  - the BLAS kernels (blas/) are the fast mode's products: the linear layers and the attention
+ *    tiles on OpenBLAS, issued over fixed global token blocks [kB, (k+1)B) so that full BP,
+ *    checkpointing and StreamBP make the same calls whenever their chunks are multiples of B.
+ * The elementwise and row kernels (RMSNorm, RoPE, SwiGLU, embedding, log-prob) are the portable
+ * ones in both modes.
  * Row ranges are given as global token positions [s, e) within one sequence; pointers point at
  * row s. */
 #ifndef SBP_KERNELS_H
@@ -22,22 +27,41 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- linear layers (OpenBLAS) --------------------------------------------------------------- */
+/* ---- the portable matrix product (gemm.c) ---------------------------------------------------- */
 
-/* y = x·Wᵀ (+ b), rows [s, e). */
+/* Reals of workspace pgemm needs (for the current OpenMP thread count). */
+size_t pgemm_workspace(void);
+/* C (M, N; row stride ldc) += A·B, a(i,p) = A[i·rsa + p·csa], b(p,j) = B[p·rsb + j·csb]; each
+ * element one chain c ← fma(a(i,p), b(p,j), c), p ascending, from its stored value. */
+void pgemm(real *C, size_t ldc, real *ws /* (pgemm_workspace()) */, const real *A, size_t rsa,
+           size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K);
+
+/* ---- linear layers: y = x·Wᵀ + b, rows [s, e) ------------------------------------------------- */
+
+/* portable (linear.c): y = (Σ_k x·w, a chain from 0) + b */
 void linear_forward(real *y,       /* (e-s, N) */
+                    real *ws,      /* (pgemm_workspace()) */
                     const real *x, /* (e-s, K) */
                     const real *w, /* (N, K) */
                     const real *b, /* (N) or NULL */
-                    int s, int e, int N, int K, int blk);
-/* dx += dy·W, dw += dyᵀ·x, db += Σ_rows dy. */
+                    int s, int e, int N, int K);
+/* dx += dy·W (chains over N), dw += dyᵀ·x and db += Σ_rows dy (chains over the rows, in
+ * ascending order, continuing from what dw and db hold: calls over consecutive row ranges give
+ * the same bits as one call over their union). */
 void linear_backward(real *dx,       /* (e-s, K) or NULL */
                      real *dw,       /* (N, K) */
                      real *db,       /* (N) or NULL */
+                     real *ws,       /* (pgemm_workspace()) */
                      const real *dy, /* (e-s, N) */
                      const real *x,  /* (e-s, K) */
                      const real *w,  /* (N, K) */
-                     int s, int e, int N, int K, int blk);
+                     int s, int e, int N, int K);
+
+/* fast (blas/linear.c): the same on OpenBLAS, one call per global token block of blk rows */
+void blas_linear_forward(real *y, const real *x, const real *w, const real *b, int s, int e, int N,
+                         int K, int blk);
+void blas_linear_backward(real *dx, real *dw, real *db, const real *dy, const real *x,
+                          const real *w, int s, int e, int N, int K, int blk);
 
 /* ---- RMSNorm: out = (x · rsqrt(mean(x²) + eps)) · w, per row of C ---------------------------- */
 
@@ -47,7 +71,7 @@ void rmsnorm_forward(real *out,     /* (M, C) */
                      const real *w, /* (C) */
                      int M, int C, double eps);
 void rmsnorm_backward(real *dx,         /* (M, C) += */
-                      real *dw,         /* (C) += */
+                      real *dw,         /* (C) += , a chain over the rows */
                       const real *dout, /* (M, C) */
                       const real *x,    /* (M, C) */
                       const real *rstd, /* (M) */
@@ -56,7 +80,8 @@ void rmsnorm_backward(real *dx,         /* (M, C) += */
 
 /* ---- RoPE, rotate-half: (a, b) = (x[i], x[i+HD/2]) -> (a·cos − b·sin, b·cos + a·sin) -------- */
 
-/* cos/sin of position·inv_freq for positions [0, T), computed in double (see ref/SEMANTICS.md). */
+/* cos/sin of position·inv_freq for positions [0, T), computed in double with pmath.h's
+ * functions (see ref/SEMANTICS.md) and rounded to real. */
 void rope_table(real *cos, real *sin, /* (T, HD/2) each */
                 int T, int HD, double theta, int llama3, double factor, double low_freq,
                 double high_freq, double orig_max);
@@ -70,27 +95,25 @@ void rope_backward(real *dx,                        /* (M, H, HD), in place */
  * Query i (global position) sees key j iff j <= i and kmask[j] == 1; query head h reads kv head
  * h / (NH/NKV). Only O and the row log-sum-exp are kept; no T×T matrix exists. A query with no
  * visible key gets O = 0 and lse = +inf. K and V are given for the whole sequence (keys
- * 0..T-1). Tiles are attention_tile(blk) wide on the global grid, so chunks that are multiples
- * of blk make the same BLAS calls as one pass over all T. */
+ * 0..T-1); dK and dV are accumulated for keys 0 .. s+M-1. */
 
-/* The tile width: the largest divisor of blk that is at most 128 (src/core/tiles.c: one
- * definition for both precisions and the FLOP count). */
-int attention_tile(int blk);
-/* Reals of scratch the two functions below need (per thread, times the OpenMP thread count). */
-size_t attention_scratch(int blk, int HD);
+/* portable (attention.c): key tiles of ATTN_TILE keys at fixed absolute positions; a query's
+ * result depends on its position and the keys alone, never on the chunk it is computed in. */
+enum { ATTN_TILE = 64 };
+size_t attention_workspace(int HD); /* reals, for the current OpenMP thread count */
 void attention_forward(real *o,              /* (M, NH·HD) queries s .. s+M-1 */
                        real *lse,            /* (M, NH) */
-                       real *scratch,        /* (attention_scratch(blk, HD)) */
+                       real *ws,             /* (attention_workspace(HD)) */
                        const real *q,        /* (M, NH·HD) */
                        const real *k,        /* (T, NKV·HD) */
                        const real *v,        /* (T, NKV·HD) */
                        const uint8_t *kmask, /* (T) */
-                       int s, int M, int T, int NH, int NKV, int HD, int blk);
+                       int s, int M, int T, int NH, int NKV, int HD);
 void attention_backward(real *dq,             /* (M, NH·HD) += */
                         real *dk,             /* (T, NKV·HD) += keys 0 .. s+M-1 */
                         real *dv,             /* (T, NKV·HD) += */
                         real *dsum,           /* (M, NH) scratch: rowsum(dO ⊙ O) */
-                        real *scratch,        /* (attention_scratch(blk, HD)) */
+                        real *ws,             /* (attention_workspace(HD)) */
                         const real *dout,     /* (M, NH·HD) */
                         const real *o,        /* (M, NH·HD) */
                         const real *lse,      /* (M, NH) */
@@ -98,7 +121,18 @@ void attention_backward(real *dq,             /* (M, NH·HD) += */
                         const real *k,        /* (T, NKV·HD) */
                         const real *v,        /* (T, NKV·HD) */
                         const uint8_t *kmask, /* (T) */
-                        int s, int M, int T, int NH, int NKV, int HD, int blk);
+                        int s, int M, int T, int NH, int NKV, int HD);
+
+/* fast (blas/attention.c): tiles of attention_tile(blk) on the global grid, products on BLAS */
+int attention_tile(int blk); /* the largest divisor of blk up to 128 (src/core/tiles.c) */
+size_t blas_attention_workspace(int blk, int HD);
+void blas_attention_forward(real *o, real *lse, real *ws, const real *q, const real *k,
+                            const real *v, const uint8_t *kmask, int s, int M, int T, int NH,
+                            int NKV, int HD, int blk);
+void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, const real *dout,
+                             const real *o, const real *lse, const real *q, const real *k,
+                             const real *v, const uint8_t *kmask, int s, int M, int T, int NH,
+                             int NKV, int HD, int blk);
 
 /* ---- SwiGLU: h = silu(g) ⊙ u ----------------------------------------------------------------- */
 
@@ -122,7 +156,7 @@ void embedding_backward(real *demb,     /* (V, C) += rows of ids, in ascending t
                         const int32_t *ids, int T, int C);
 
 /* ---- log-probability of a target under softmax(logits) -------------------------------------- *
- * Rows with target < 0 are skipped (logp = lse = 0). Sums over V accumulate in double. */
+ * Rows with target < 0 are skipped (logp = lse = 0). The sum over V accumulates in double. */
 void logprob_forward(double *logp,          /* (M) logits[y] − logsumexp(logits) */
                      double *lse,           /* (M) */
                      const real *logits,    /* (M, V) */

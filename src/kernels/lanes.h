@@ -1,63 +1,74 @@
-/* lanes.h — row reductions that vectorize without -ffast-math and stay reproducible.
+/* lanes.h — row reductions in a fixed tree that depends on the row length alone (DESIGN §11).
  *
- * GCC may not reorder floating-point additions or max selections on its own, so a plain
- * `for (c) sum += x[c]` runs one element at a time. Here lane k takes the elements c ≡ k
- * (mod LANES), in order, and the lanes are combined in one fixed tree at the end: the order of
- * every operation depends only on n, never on the thread count, the schedule or where a buffer
- * sits, so a row gives the same bits wherever it is reduced. The first n − n % LANES elements
- * go through the lanes; the tail joins lanes 0, 1, ... in order. */
+ * Lane k (of LANES = 32) takes the elements whose index is ≡ k (mod 32), in ascending order,
+ * starting from the operation's identity; then a halving tree combines the lanes: for
+ * w = 16, 8, 4, 2, 1, lane k ← lane k ⊕ lane k + w (k < w). A CUDA warp computes exactly this
+ * with one thread per lane and __shfl_down_sync(w) (cuda/), and the CPU loops below vectorize
+ * without -ffast-math (the lanes are independent chains). The order of every operation depends
+ * only on n: never on the thread count, the schedule, or where a row is reduced.
+ *
+ * Used for reductions that are not sums over tokens: the softmax over the vocabulary, RMSNorm
+ * over C, attention over a key tile. Sums over tokens are single ascending chains instead. */
 #ifndef SBP_LANES_H
 #define SBP_LANES_H
 
 #include "real.h"
 
-enum { LANES = 8 };
+enum { LANES = 32 };
 
-static inline real lanes_combine(const real s[LANES]) {
-    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+static inline real lanes_tree_sum(real s[LANES]) {
+    for (int w = LANES / 2; w; w /= 2)
+        for (int k = 0; k < w; k++) s[k] = s[k] + s[k + w];
+    return s[0];
 }
 
-static inline double lanes_combine_d(const double s[LANES]) {
-    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+static inline double lanes_tree_sum_d(double s[LANES]) {
+    for (int w = LANES / 2; w; w /= 2)
+        for (int k = 0; k < w; k++) s[k] = s[k] + s[k + w];
+    return s[0];
 }
 
-/* max_c x[c], n ≥ 1 (a NaN in x[0] stays; later NaNs are skipped, as by `x > m ? x : m`) */
+/* max_c x[c] (−inf for n = 0); a NaN element is skipped, as by `x > m ? x : m` */
 static inline real lanes_max(const real *x, int n) {
-    const int nl = n - n % LANES;
-    real m[LANES];
-    for (int k = 0; k < LANES; k++) m[k] = x[0];
-    for (int c = 0; c < nl; c += LANES)
-        for (int k = 0; k < LANES; k++) m[k] = x[c + k] > m[k] ? x[c + k] : m[k];
-    real mx = x[0];
-    for (int k = 0; k < LANES; k++) mx = m[k] > mx ? m[k] : mx;
-    for (int c = nl; c < n; c++) mx = x[c] > mx ? x[c] : mx;
-    return mx;
+    real s[LANES];
+    for (int k = 0; k < LANES; k++) s[k] = -INFINITY;
+    int c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int k = 0; k < LANES; k++) s[k] = x[c + k] > s[k] ? x[c + k] : s[k];
+    for (int k = 0; c + k < n; k++) s[k] = x[c + k] > s[k] ? x[c + k] : s[k];
+    for (int w = LANES / 2; w; w /= 2)
+        for (int k = 0; k < w; k++) s[k] = s[k + w] > s[k] ? s[k + w] : s[k];
+    return s[0];
 }
 
-/* x[c] ← exp(x[c] − shift); returns Σ_c x[c] (the new values) */
-static inline real lanes_exp_sum(real *x, int n, real shift) {
-    const int nl = n - n % LANES;
+/* Σ_c a[c]·b[c], each lane a chain of fma */
+static inline real lanes_dot(const real *a, const real *b, int n) {
     real s[LANES] = {0};
-    for (int c = 0; c < nl; c += LANES)
-        for (int k = 0; k < LANES; k++) {
-            x[c + k] = rexp(x[c + k] - shift);
-            s[k] += x[c + k];
-        }
-    for (int c = nl; c < n; c++) {
-        x[c] = rexp(x[c] - shift);
-        s[c - nl] += x[c];
-    }
-    return lanes_combine(s);
+    int c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int k = 0; k < LANES; k++) s[k] = rfma(a[c + k], b[c + k], s[k]);
+    for (int k = 0; c + k < n; k++) s[k] = rfma(a[c + k], b[c + k], s[k]);
+    return lanes_tree_sum(s);
 }
 
-/* Σ_c exp(x[c] − shift), accumulated in double */
+/* Σ_c x[c] */
+static inline real lanes_sum(const real *x, int n) {
+    real s[LANES] = {0};
+    int c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int k = 0; k < LANES; k++) s[k] = s[k] + x[c + k];
+    for (int k = 0; c + k < n; k++) s[k] = s[k] + x[c + k];
+    return lanes_tree_sum(s);
+}
+
+/* Σ_c exp(x[c] − shift), the exps in the working precision, the sum in double */
 static inline double lanes_exp_sum_d(const real *x, int n, real shift) {
-    const int nl = n - n % LANES;
     double s[LANES] = {0};
-    for (int c = 0; c < nl; c += LANES)
-        for (int k = 0; k < LANES; k++) s[k] += rexp(x[c + k] - shift);
-    for (int c = nl; c < n; c++) s[c - nl] += rexp(x[c] - shift);
-    return lanes_combine_d(s);
+    int c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int k = 0; k < LANES; k++) s[k] = s[k] + (double)rexp(x[c + k] - shift);
+    for (int k = 0; c + k < n; k++) s[k] = s[k] + (double)rexp(x[c + k] - shift);
+    return lanes_tree_sum_d(s);
 }
 
 #endif

@@ -1,47 +1,32 @@
-/* linear.c — y = x·Wᵀ + b and its backward, on BLAS, one call per token block.
+/* linear.c — y = x·Wᵀ + b and its backward on the portable product (gemm.c).
  *
- * Why per block: OpenBLAS results depend on call shapes (its small-matrix path is not row
- * invariant, and a K dimension is split differently for different K). Issuing every product over
- * the fixed global blocks [kB, (k+1)B) ∩ [s, e) means full BP, checkpointing and StreamBP make
- * the very same calls on the very same rows whenever their chunks are multiples of B, so their
- * results agree bit for bit. The weight-gradient sum over tokens is accumulated block by block in
- * ascending order with beta = 1. B = 256 costs nothing measurable (notes/env.md). */
+ * Every output element is one fma chain: y over k (from 0, then + b), dx over n and dW, db over
+ * the rows in ascending order, continuing from what dx, dW and db hold. A sum over tokens split
+ * between calls (chunk after chunk, sequence after sequence) therefore continues the same chain
+ * whatever the split, so the schedules agree bit for bit for any chunk size. */
 #include "kernels.h"
 
 #include <string.h>
 
-/* End of the block that starts at row r: the next multiple of blk, or e. */
-static int block_end(int r, int e, int blk) {
-    int next = (r / blk + 1) * blk;
-    return next < e ? next : e;
-}
-
-void linear_forward(real *y, const real *x, const real *w, const real *b, int s, int e, int N,
-                    int K, int blk) {
-    for (int r0 = s, r1; r0 < e; r0 = r1) {
-        r1 = block_end(r0, e, blk);
-        real *y_r = y + (size_t)(r0 - s) * N;
-        gemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, N, K, 1, x + (size_t)(r0 - s) * K, K,
-             w, K, 0, y_r, N);
-    }
+void linear_forward(real *y, real *ws, const real *x, const real *w, const real *b, int s, int e,
+                    int N, int K) {
+    const int M = e - s;
+    memset(y, 0, sizeof(real) * (size_t)M * N);
+    /* y(t, n) = Σ_k x(t, k)·w(n, k): a = x (rows t), b(k, n) = w[n·K + k] */
+    pgemm(y, (size_t)N, ws, x, (size_t)K, 1, w, 1, (size_t)K, M, N, K);
     if (!b) return;
-    for (int r = 0; r < e - s; r++)
-        for (int n = 0; n < N; n++) y[(size_t)r * N + n] += b[n];
+    for (int r = 0; r < M; r++)
+        for (int n = 0; n < N; n++) y[(size_t)r * N + n] = y[(size_t)r * N + n] + b[n];
 }
 
-void linear_backward(real *dx, real *dw, real *db, const real *dy, const real *x, const real *w,
-                     int s, int e, int N, int K, int blk) {
-    for (int r0 = s, r1; r0 < e; r0 = r1) {
-        r1 = block_end(r0, e, blk);
-        const real *dy_r = dy + (size_t)(r0 - s) * N, *x_r = x + (size_t)(r0 - s) * K;
-        /* dW += dy_rᵀ·x_r: a sum over the block's tokens */
-        gemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, r1 - r0, 1, dy_r, N, x_r, K, 1, dw, K);
-        /* dx_r += dy_r·W */
-        if (dx)
-            gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, K, N, 1, dy_r, N, w, K, 1,
-                 dx + (size_t)(r0 - s) * K, K);
-    }
+void linear_backward(real *dx, real *dw, real *db, real *ws, const real *dy, const real *x,
+                     const real *w, int s, int e, int N, int K) {
+    const int M = e - s;
+    /* dW(n, k) += Σ_t dy(t, n)·x(t, k): a(n, t) = dy[t·N + n], b(t, k) = x[t·K + k] */
+    pgemm(dw, (size_t)K, ws, dy, 1, (size_t)N, x, (size_t)K, 1, N, K, M);
+    /* dx(t, k) += Σ_n dy(t, n)·w(n, k) */
+    if (dx) pgemm(dx, (size_t)K, ws, dy, (size_t)N, 1, w, (size_t)K, 1, M, K, N);
     if (!db) return;
-    for (int r = 0; r < e - s; r++) /* ascending tokens, straight into db */
-        for (int n = 0; n < N; n++) db[n] += dy[(size_t)r * N + n];
+    for (int r = 0; r < M; r++) /* ascending tokens, straight into db */
+        for (int n = 0; n < N; n++) db[n] = db[n] + dy[(size_t)r * N + n];
 }

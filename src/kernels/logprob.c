@@ -1,11 +1,9 @@
-/* logprob.c — log p(target) under softmax(logits) and its gradient, row by row. The sums over
- * the vocabulary accumulate in double: V is up to ~150k terms, and the float build should lose
- * no more than the logits themselves carry. */
+/* logprob.c — log p(target) under softmax(logits) and its gradient, row by row. The max and the
+ * sum over the vocabulary use the fixed lane tree (lanes.h); the sum accumulates in double: V is
+ * up to ~150k terms, and the float build should lose no more than the logits themselves carry. */
 #include "kernels.h"
 #include "lanes.h"
 
-/* The max and the sum over V run in fixed lanes (lanes.h): vectorized, and a row's bits do
- * not depend on the schedule or the thread count. */
 void logprob_forward(double *logp, double *lse, const real *logits, const int32_t *target, int M,
                      int V) {
 #pragma omp parallel for schedule(static)
@@ -16,8 +14,8 @@ void logprob_forward(double *logp, double *lse, const real *logits, const int32_
         }
         const real *z = logits + (size_t)r * V;
         const real mx = lanes_max(z, V);
-        lse[r] = mx + log(lanes_exp_sum_d(z, V, mx));
-        logp[r] = z[target[r]] - lse[r];
+        lse[r] = (double)mx + sbp_plog(lanes_exp_sum_d(z, V, mx));
+        logp[r] = (double)z[target[r]] - lse[r];
     }
 }
 
@@ -31,8 +29,7 @@ void logprob_backward(real *logits, const double *coef, const double *lse, const
             continue;
         }
         /* dL/dz_v = coef · (δ_vy − softmax_v) */
-        real c = (real)coef[r], l = (real)lse[r];
-        real zy = z[target[r]];
+        const real c = (real)coef[r], l = (real)lse[r], zy = z[target[r]];
         for (int v = 0; v < V; v++) z[v] = -c * rexp(z[v] - l);
         z[target[r]] = c * (1 - rexp(zy - l));
     }

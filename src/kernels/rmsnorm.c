@@ -1,5 +1,10 @@
-/* rmsnorm.c — RMSNorm as HF computes it: out = (x · rsqrt(mean(x²) + eps)) · w. */
+/* rmsnorm.c — RMSNorm as HF computes it: out = (x · rsqrt(mean(x²) + eps)) · w.
+ * The sums over C use the fixed lane tree (lanes.h); the weight gradient is a sum over rows
+ * (tokens), one fma chain per column in ascending row order. */
 #include "kernels.h"
+#include "lanes.h"
+
+#include <omp.h>
 
 void rmsnorm_forward(real *out, real *rstd, const real *x, const real *w, int M, int C,
                      double eps) {
@@ -7,9 +12,8 @@ void rmsnorm_forward(real *out, real *rstd, const real *x, const real *w, int M,
     for (int r = 0; r < M; r++) {
         const real *x_r = x + (size_t)r * C;
         real *out_r = out + (size_t)r * C;
-        real ss = 0;
-        for (int c = 0; c < C; c++) ss += x_r[c] * x_r[c];
-        real rs = rsqrt_(ss / C + (real)eps);
+        const real ss = lanes_dot(x_r, x_r, C);
+        const real rs = rsqrt_(ss / (real)C + (real)eps);
         rstd[r] = rs;
         for (int c = 0; c < C; c++) out_r[c] = (x_r[c] * rs) * w[c];
     }
@@ -19,18 +23,27 @@ void rmsnorm_forward(real *out, real *rstd, const real *x, const real *w, int M,
  *   dx = rstd · (g − xhat · mean(g·xhat)),   dw = Σ_rows dout·xhat. */
 void rmsnorm_backward(real *dx, real *dw, const real *dout, const real *x, const real *rstd,
                       const real *w, int M, int C) {
-#pragma omp parallel for schedule(static)
-    for (int r = 0; r < M; r++) {
-        const real *x_r = x + (size_t)r * C, *d_r = dout + (size_t)r * C;
-        real *dx_r = dx + (size_t)r * C, rs = rstd[r], dot = 0;
-        for (int c = 0; c < C; c++) dot += (d_r[c] * w[c]) * (x_r[c] * rs);
-        real m = dot / C;
-        for (int c = 0; c < C; c++) dx_r[c] += rs * (d_r[c] * w[c] - (x_r[c] * rs) * m);
+#pragma omp parallel
+    {
+        real g[C], xh[C]; /* one row; C is at most a few thousand */
+#pragma omp for schedule(static)
+        for (int r = 0; r < M; r++) {
+            const real *x_r = x + (size_t)r * C, *d_r = dout + (size_t)r * C;
+            real *dx_r = dx + (size_t)r * C;
+            const real rs = rstd[r];
+            for (int c = 0; c < C; c++) g[c] = d_r[c] * w[c], xh[c] = x_r[c] * rs;
+            const real m = lanes_dot(g, xh, C) / (real)C;
+            for (int c = 0; c < C; c++) dx_r[c] = dx_r[c] + rs * (g[c] - xh[c] * m);
+        }
     }
-    /* dw: a sum over rows, in ascending row order for every column. */
-    for (int r = 0; r < M; r++) {
-        const real *x_r = x + (size_t)r * C, *d_r = dout + (size_t)r * C;
-        real rs = rstd[r];
-        for (int c = 0; c < C; c++) dw[c] += d_r[c] * (x_r[c] * rs);
+    /* dw: threads own column ranges; rows ascending within each column */
+#pragma omp parallel if ((size_t)M * C > 65536)
+    {
+        const int nth = omp_get_num_threads(), id = omp_get_thread_num();
+        const int c0 = (int)((long)C * id / nth), c1 = (int)((long)C * (id + 1) / nth);
+        for (int r = 0; r < M; r++) {
+            const real *x_r = x + (size_t)r * C, *d_r = dout + (size_t)r * C, rs = rstd[r];
+            for (int c = c0; c < c1; c++) dw[c] = rfma(d_r[c], x_r[c] * rs, dw[c]);
+        }
     }
 }

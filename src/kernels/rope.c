@@ -3,21 +3,24 @@
 
 void rope_table(real *cos_t, real *sin_t, int T, int HD, double theta, int llama3, double factor,
                 double low_freq, double high_freq, double orig_max) {
-    int half = HD / 2;
+    const int half = HD / 2;
     for (int i = 0; i < half; i++) {
-        double f = pow(theta, -2.0 * i / HD);
+        double f = sbp_ppow_pos(theta, -2.0 * i / HD);
         if (llama3) { /* HF _compute_llama3_parameters */
-            double wavelen = 2 * M_PI / f;
+            const double wavelen = 2 * M_PI / f;
             if (wavelen > orig_max / low_freq) {
                 f = f / factor;
             } else if (wavelen >= orig_max / high_freq) {
-                double smooth = (orig_max / wavelen - low_freq) / (high_freq - low_freq);
+                const double smooth = (orig_max / wavelen - low_freq) / (high_freq - low_freq);
                 f = (1 - smooth) * f / factor + smooth * f;
             }
         }
+#pragma omp parallel for schedule(static) if (T > 4096)
         for (int t = 0; t < T; t++) {
-            cos_t[(size_t)t * half + i] = (real)cos(t * f);
-            sin_t[(size_t)t * half + i] = (real)sin(t * f);
+            double sn, cs;
+            sbp_psincos(t * f, &sn, &cs);
+            cos_t[(size_t)t * half + i] = (real)cs;
+            sin_t[(size_t)t * half + i] = (real)sn;
         }
     }
 }
@@ -25,14 +28,14 @@ void rope_table(real *cos_t, real *sin_t, int T, int HD, double theta, int llama
 /* The forward rotates by +angle; the backward is the transpose, a rotation by −angle. */
 static void rotate(real *x, const real *cos_t, const real *sin_t, int s, int M, int H, int HD,
                    real sign) {
-    int half = HD / 2;
+    const int half = HD / 2;
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < M; r++) {
         const real *c = cos_t + (size_t)(s + r) * half, *sn = sin_t + (size_t)(s + r) * half;
         for (int h = 0; h < H; h++) {
             real *x1 = x + ((size_t)r * H + h) * HD, *x2 = x1 + half;
             for (int i = 0; i < half; i++) {
-                real a = x1[i], b = x2[i], si = sign * sn[i];
+                const real a = x1[i], b = x2[i], si = sign * sn[i];
                 x1[i] = a * c[i] - b * si;
                 x2[i] = b * c[i] + a * si;
             }

@@ -4,8 +4,8 @@
 void swiglu_forward(real *h, const real *g, const real *u, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        real sg = 1 / (1 + rexp(-g[i]));
-        h[i] = g[i] * sg * u[i];
+        const real sg = 1 / (1 + rexp(-g[i]));
+        h[i] = (g[i] * sg) * u[i];
     }
 }
 
@@ -13,8 +13,8 @@ void swiglu_forward(real *h, const real *g, const real *u, size_t n) {
 void swiglu_backward(real *dg, real *du, const real *dh, const real *g, const real *u, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        real sg = 1 / (1 + rexp(-g[i]));
-        dg[i] += dh[i] * u[i] * (sg * (1 + g[i] * (1 - sg)));
-        du[i] += dh[i] * (g[i] * sg);
+        const real sg = 1 / (1 + rexp(-g[i]));
+        dg[i] = dg[i] + (dh[i] * u[i]) * (sg * (1 + g[i] * (1 - sg)));
+        du[i] = du[i] + dh[i] * (g[i] * sg);
     }
 }

@@ -1,0 +1,206 @@
+/* driver.c — the schedules as rows of one table, and the one driver that runs them.
+ *
+ * A schedule is what the forward keeps and how the layer is cut into chunks; everything else —
+ * the steps, their order, the buffers and when they live — is the same for every row:
+ *
+ *   row      keeps after the forward       layer chunk   logits
+ *   full     every activation              T             B·T·V materialised
+ *   ckpt     the layer inputs              T             B·T·V materialised
+ *   stream   the layer inputs              c             passes of rows
+ *
+ * (`--chunked-logits` switches full and ckpt to passes of rows; the planner lists ckpt so
+ * switched as "ckpt-chunked".) StreamBP (Luo et al., arXiv
+ * 2506.03077) is the last row: the backward of a layer recomputes its K/V side once for all T
+ * tokens, then walks the sequence in chunks [s, e) in ascending order, recomputing and
+ * backpropagating each chunk's queries, attention and MLP and accumulating dK/dV of keys [0, e);
+ * the K/V side is backpropagated once at the end. Checkpointing is the same loop with one chunk
+ * of T rows; full BP keeps what checkpointing recomputes.
+ *
+ * Buffer lifetimes, one rule for every row:
+ *   - the kept tensors (layer inputs, or every activation) live from the forward that writes
+ *     them to the backward that reads them; a layer's kept activations are freed when its
+ *     backward is done, as autograd frees a layer's saved tensors;
+ *   - the working set of a pass (the K/V side and the chunk's activations where they are not
+ *     kept, the norm block, the backward's gradient scratch) is allocated when the pass starts
+ *     and freed when it ends, so nothing of a layer lives while the head runs;
+ *   - the hidden-state gradient lives from the head to the embedding backward. */
+#include "engine.h"
+
+#include <stdlib.h>
+
+static const sched_row rows[] = {
+    [SBP_FULL] = {"full", .keep_all = 1, .chunked = 0, .chunk_logits = 0},
+    [SBP_CKPT] = {"ckpt", .keep_all = 0, .chunked = 0, .chunk_logits = 0},
+    [SBP_STREAM] = {"stream", .keep_all = 0, .chunked = 1, .chunk_logits = 1},
+};
+
+const sched_row *sched_row_of(sbp_schedule s) {
+    return &rows[s];
+}
+
+/* The buffers of one run of the driver. */
+typedef struct {
+    real *xs;        /* (L, B, T, C) layer inputs x_0 .. x_{L−1} */
+    real *xL;        /* (B, T, C) the last layer's output */
+    real *g;         /* (B, T, C) the hidden-state gradient, updated in place layer by layer */
+    kv_acts *kv;     /* (L·B) when every activation is kept, else (1) */
+    chunk_acts *ca;  /* the same */
+    int n_kept;      /* L·B or 1 */
+    norm_block nb;
+    chunk_grads cg;
+    kv_work kvw;
+} run_bufs;
+
+/* The working set of one pass (engine.h's rule): allocated at its start, freed at its end. */
+static int pass_begin(eng *e, run_bufs *r, const sched_row *row, int c, int backward) {
+    if (!norm_block_alloc(e, &r->nb)) return 0;
+    if (!row->keep_all &&
+        (!kv_acts_alloc(e, &r->kv[0], SBP_MEM_LAYER) ||
+         !chunk_acts_alloc(e, &r->ca[0], c, SBP_MEM_LAYER)))
+        return 0;
+    return !backward || (kv_work_alloc(e, &r->kvw) && chunk_grads_alloc(e, &r->cg, c));
+}
+
+static void pass_end(eng *e, run_bufs *r, const sched_row *row) {
+    norm_block_free(e, &r->nb);
+    if (!row->keep_all) kv_acts_free(e, &r->kv[0]), chunk_acts_free(e, &r->ca[0]);
+    kv_work_free(e, &r->kvw);
+    chunk_grads_free(e, &r->cg);
+}
+
+/* Layer l of sequence bi. */
+static layer_run layer_at(eng *e, run_bufs *r, const sched_row *row, const sbp_batch *b, int l,
+                          int bi) {
+    const size_t TC = (size_t)e->T * e->C, BTC = (size_t)b->B * TC;
+    const size_t k = row->keep_all ? (size_t)l * b->B + bi : 0;
+    layer_run lr = {.w = &e->w[l],
+                    .g = &e->g[l],
+                    .x = r->xs + (size_t)l * BTC + bi * TC,
+                    .y = (l + 1 < e->L ? r->xs + (size_t)(l + 1) * BTC : r->xL) + bi * TC,
+                    .dx = r->g ? r->g + bi * TC : NULL,
+                    .kmask = e->mask + (size_t)bi * e->T,
+                    .kv = &r->kv[k],
+                    .acts = &r->ca[k],
+                    .cg = &r->cg,
+                    .kvw = &r->kvw,
+                    .nb = &r->nb};
+    return lr;
+}
+
+static void free_bufs(eng *e, run_bufs *r) {
+    for (int i = 0; r->kv && r->ca && i < r->n_kept; i++)
+        kv_acts_free(e, &r->kv[i]), chunk_acts_free(e, &r->ca[i]);
+    free(r->kv), free(r->ca);
+    norm_block_free(e, &r->nb);
+    kv_work_free(e, &r->kvw);
+    chunk_grads_free(e, &r->cg);
+    efree(e, r->g), efree(e, r->xL), efree(e, r->xs);
+}
+
+int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int chunk,
+          const head_opts *h) {
+    const int B = b->B, L = e->L, T = e->T, c = row->chunked ? chunk : T;
+    const size_t BTC = (size_t)B * T * e->C;
+    const sbp_mem_cat kept = row->keep_all ? SBP_MEM_ACTIVATIONS : SBP_MEM_CHECKPOINTS;
+    run_bufs r = {.n_kept = row->keep_all ? L * B : 1};
+    int ok = 0;
+    r.kv = calloc((size_t)r.n_kept, sizeof *r.kv);
+    r.ca = calloc((size_t)r.n_kept, sizeof *r.ca);
+    r.xs = ealloc(e, kept, (size_t)L * BTC, "layer inputs");
+    r.xL = ealloc(e, kept, BTC, "final hidden state");
+    if (!r.kv || !r.ca) e->oom = 1;
+    if (e->oom) goto out;
+
+    /* forward */
+    for (int bi = 0; bi < B; bi++)
+        e->ops->embedding_forward(e, r.xs + bi * (size_t)T * e->C, e->ids + (size_t)bi * T, T);
+    if (!pass_begin(e, &r, row, c, 0)) goto out;
+    for (int l = 0; l < L; l++)
+        for (int bi = 0; bi < B; bi++) {
+            layer_run lr = layer_at(e, &r, row, b, l, bi);
+            if (row->keep_all && (!kv_acts_alloc(e, lr.kv, SBP_MEM_ACTIVATIONS) ||
+                                  !chunk_acts_alloc(e, lr.acts, T, SBP_MEM_ACTIVATIONS)))
+                goto out;
+            kv_forward(e, &lr);
+            for (int s = 0, end; s < T; s = end) {
+                end = s + c < T ? s + c : T;
+                chunk_forward(e, &lr, s, end);
+            }
+        }
+    pass_end(e, &r, row);
+
+    /* the head: the loss and dH */
+    r.g = ealloc(e, SBP_MEM_LAYER, BTC, "hidden-state gradient");
+    if (e->oom || !head_step(e, loss, r.g, r.xL, b, h)) goto out;
+    efree(e, r.xL);
+    r.xL = NULL;
+
+    /* backward */
+    if (!pass_begin(e, &r, row, c, 1)) goto out;
+    for (int l = L - 1; l >= 0; l--)
+        for (int bi = 0; bi < B; bi++) {
+            layer_run lr = layer_at(e, &r, row, b, l, bi);
+            lr.y = NULL;
+            if (!row->keep_all) kv_forward(e, &lr); /* K and V of all T tokens, once */
+            kv_begin_backward(e, &lr);
+            for (int s = 0, end; s < T; s = end) { /* chunks in ascending order */
+                end = s + c < T ? s + c : T;
+                if (!row->keep_all) chunk_forward(e, &lr, s, end);
+                chunk_backward(e, &lr, s, end);
+            }
+            kv_backward(e, &lr); /* the K/V side, for all T */
+            if (row->keep_all) kv_acts_free(e, lr.kv), chunk_acts_free(e, lr.acts);
+        }
+    pass_end(e, &r, row);
+    for (int bi = 0; bi < B; bi++)
+        e->ops->embedding_backward(e, e->gemb, r.g + bi * (size_t)T * e->C,
+                                   e->ids + (size_t)bi * T, T);
+    ok = 1;
+out:
+    free_bufs(e, &r);
+    return ok && !e->oom;
+}
+
+/* Forward only: only the current layer's input and output are kept (no checkpoints), plus the
+ * working set of one layer and one chunk, by the same rule. */
+int drive_logprobs(eng *e, double *logp, const sbp_batch *b, int chunk, const head_opts *h) {
+    const int B = b->B, L = e->L, T = e->T;
+    const size_t TC = (size_t)T * e->C, BTC = (size_t)B * TC;
+    const sched_row *row = sched_row_of(SBP_STREAM);
+    kv_acts kv = {0};
+    chunk_acts ca = {0};
+    run_bufs r = {.kv = &kv, .ca = &ca};
+    real *x = ealloc(e, SBP_MEM_LAYER, BTC, "layer input");
+    real *y = ealloc(e, SBP_MEM_LAYER, BTC, "layer output");
+    int ok = 0;
+    if (e->oom) goto out;
+    for (int bi = 0; bi < B; bi++)
+        e->ops->embedding_forward(e, x + bi * TC, e->ids + (size_t)bi * T, T);
+    if (!pass_begin(e, &r, row, chunk, 0)) goto out;
+    for (int l = 0; l < L; l++) {
+        for (int bi = 0; bi < B; bi++) {
+            layer_run lr = {.w = &e->w[l],
+                            .x = x + bi * TC,
+                            .y = y + bi * TC,
+                            .kmask = e->mask + (size_t)bi * T,
+                            .kv = &kv,
+                            .acts = &ca,
+                            .nb = &r.nb};
+            kv_forward(e, &lr);
+            for (int s = 0, end; s < T; s = end) {
+                end = s + chunk < T ? s + chunk : T;
+                chunk_forward(e, &lr, s, end);
+            }
+        }
+        real *t = x;
+        x = y, y = t;
+    }
+    pass_end(e, &r, row);
+    efree(e, y);
+    y = NULL;
+    ok = head_logprobs(e, logp, x, b, h);
+out:
+    pass_end(e, &r, row);
+    efree(e, x), efree(e, y);
+    return ok && !e->oom;
+}

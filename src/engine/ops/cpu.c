@@ -1,0 +1,221 @@
+/* cpu.c — the CPU op tables: fast (products and attention tiles on OpenBLAS) and portable (every
+ * operation by DESIGN §11). They share everything but those two kernels; the backend's memory is
+ * the host's, so mirroring is the identity and up/downloads are copies at most.
+ *
+ * The bf16 storage mode (e->bf16) lives here: each operation rounds what it produces. */
+#include "../../kernels/kernels.h"
+#include "../engine.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+
+void *sbp_cpu_alloc(eng *e, sbp_mem_cat cat, size_t bytes, const char *what) {
+    void *p = sbp_ledger_alloc(e->lg, cat, bytes ? bytes : 1);
+    if (!p && !e->oom) {
+        e->oom = 1;
+        snprintf(e->oom_what, sizeof e->oom_what, "%s", what);
+    }
+    return p;
+}
+
+void sbp_cpu_free(eng *e, void *p) {
+    sbp_ledger_free(e->lg, p);
+}
+
+void *sbp_cpu_mirror(eng *e, sbp_mem_cat cat, const void *host, size_t bytes, const char *what) {
+    return (void *)host;
+}
+
+void sbp_cpu_unmirror(eng *e, void *dev, const void *host) {}
+
+static void cpu_move(const eng *e, void *dst, const void *src, size_t bytes) {
+    if (dst != src) memcpy(dst, src, bytes);
+}
+
+static size_t fast_workspace(const eng *e) {
+    return blas_attention_workspace(e->blk, e->HD);
+}
+
+static size_t portable_workspace(const eng *e) {
+    const size_t a = attention_workspace(e->HD), g = pgemm_workspace();
+    return a > g ? a : g;
+}
+
+/* ---- elementwise ----------------------------------------------------------------------------- */
+
+static void store(const eng *e, real *x, size_t n) {
+    if (e->bf16) round_to_bf16(x, n);
+}
+
+static void cpu_zero(const eng *e, real *x, size_t n) {
+    memset(x, 0, sizeof(real) * n);
+}
+
+static void cpu_copy(const eng *e, real *y, const real *x, size_t n) {
+    memcpy(y, x, sizeof(real) * n);
+}
+
+static void cpu_add(const eng *e, real *y, const real *a, const real *b, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+    store(e, y, n);
+}
+
+/* not rounded: HF scales the logits after upcasting them to float */
+static void cpu_scale(const eng *e, real *x, real a, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = x[i] * a;
+}
+
+/* ---- kernels --------------------------------------------------------------------------------- */
+
+static void cpu_rope_table(const eng *e, real *cos, real *sin) {
+    const sbp_config *c = e->cfg;
+    rope_table(cos, sin, e->T, e->HD, c->rope_theta, c->rope_llama3, c->rope_factor,
+               c->rope_low_freq, c->rope_high_freq, c->rope_orig_max);
+}
+
+static void fast_linear_forward(const eng *e, real *y, const real *x, const real *w, const real *b,
+                                int s, int end, int N, int K) {
+    blas_linear_forward(y, x, w, b, s, end, N, K, e->blk);
+    store(e, y, (size_t)(end - s) * N);
+}
+
+static void portable_linear_forward(const eng *e, real *y, const real *x, const real *w,
+                                    const real *b, int s, int end, int N, int K) {
+    linear_forward(y, e->ws, x, w, b, s, end, N, K);
+    store(e, y, (size_t)(end - s) * N);
+}
+
+static void fast_linear_backward(const eng *e, real *dx, real *dw, real *db, const real *dy,
+                                 const real *x, const real *w, int s, int end, int N, int K) {
+    blas_linear_backward(dx, dw, db, dy, x, w, s, end, N, K, e->blk);
+    if (dx) store(e, dx, (size_t)(end - s) * K);
+}
+
+static void portable_linear_backward(const eng *e, real *dx, real *dw, real *db, const real *dy,
+                                     const real *x, const real *w, int s, int end, int N, int K) {
+    linear_backward(dx, dw, db, e->ws, dy, x, w, s, end, N, K);
+    if (dx) store(e, dx, (size_t)(end - s) * K);
+}
+
+static void cpu_rmsnorm_forward(const eng *e, real *out, real *rstd, const real *x, const real *w,
+                                int M, int C) {
+    rmsnorm_forward(out, rstd, x, w, M, C, e->cfg->eps);
+    store(e, out, (size_t)M * C);
+}
+
+static void cpu_rmsnorm_backward(const eng *e, real *dx, real *dw, const real *dout, const real *x,
+                                 const real *rstd, const real *w, int M, int C) {
+    rmsnorm_backward(dx, dw, dout, x, rstd, w, M, C);
+    store(e, dx, (size_t)M * C);
+}
+
+static void cpu_rope_forward(const eng *e, real *x, int s, int M, int H) {
+    rope_forward(x, e->cos, e->sin, s, M, H, e->HD);
+    store(e, x, (size_t)M * H * e->HD);
+}
+
+static void cpu_rope_backward(const eng *e, real *dx, int s, int M, int H) {
+    rope_backward(dx, e->cos, e->sin, s, M, H, e->HD);
+    store(e, dx, (size_t)M * H * e->HD);
+}
+
+static void fast_attention_forward(const eng *e, real *o, real *lse, const real *q, const real *k,
+                                   const real *v, const uint8_t *kmask, int s, int M) {
+    blas_attention_forward(o, lse, e->ws, q, k, v, kmask, s, M, e->T, e->NH, e->NKV, e->HD,
+                           e->blk);
+    store(e, o, (size_t)M * e->Q);
+}
+
+static void portable_attention_forward(const eng *e, real *o, real *lse, const real *q,
+                                       const real *k, const real *v, const uint8_t *kmask, int s,
+                                       int M) {
+    attention_forward(o, lse, e->ws, q, k, v, kmask, s, M, e->T, e->NH, e->NKV, e->HD);
+    store(e, o, (size_t)M * e->Q);
+}
+
+/* dK and dV accumulate over the chunks: they are stored once, complete (kv_backward) */
+static void fast_attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum,
+                                    const real *dout, const real *o, const real *lse,
+                                    const real *q, const real *k, const real *v,
+                                    const uint8_t *kmask, int s, int M) {
+    blas_attention_backward(dq, dk, dv, dsum, e->ws, dout, o, lse, q, k, v, kmask, s, M, e->T,
+                            e->NH, e->NKV, e->HD, e->blk);
+    store(e, dq, (size_t)M * e->Q);
+}
+
+static void portable_attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum,
+                                        const real *dout, const real *o, const real *lse,
+                                        const real *q, const real *k, const real *v,
+                                        const uint8_t *kmask, int s, int M) {
+    attention_backward(dq, dk, dv, dsum, e->ws, dout, o, lse, q, k, v, kmask, s, M, e->T, e->NH,
+                       e->NKV, e->HD);
+    store(e, dq, (size_t)M * e->Q);
+}
+
+static void cpu_swiglu_forward(const eng *e, real *h, const real *g, const real *u, size_t n) {
+    swiglu_forward(h, g, u, n);
+    store(e, h, n);
+}
+
+static void cpu_swiglu_backward(const eng *e, real *dg, real *du, const real *dh, const real *g,
+                                const real *u, size_t n) {
+    swiglu_backward(dg, du, dh, g, u, n);
+    store(e, dg, n), store(e, du, n);
+}
+
+static void cpu_embedding_forward(const eng *e, real *x, const int32_t *ids, int T) {
+    embedding_forward(x, ids, e->emb, T, e->C);
+}
+
+static void cpu_embedding_backward(const eng *e, real *demb, const real *dx, const int32_t *ids,
+                                   int T) {
+    embedding_backward(demb, dx, ids, T, e->C);
+}
+
+static void cpu_logprob_forward(const eng *e, double *logp, double *lse, const real *logits,
+                                const int32_t *target, int M) {
+    logprob_forward(logp, lse, logits, target, M, e->V);
+}
+
+static void cpu_logprob_backward(const eng *e, real *logits, const double *coef, const double *lse,
+                                 const int32_t *target, int M) {
+    logprob_backward(logits, coef, lse, target, M, e->V);
+    store(e, logits, (size_t)M * e->V);
+}
+
+#define CPU_COMMON                                                                                 \
+    .alloc = sbp_cpu_alloc, .free = sbp_cpu_free, .mirror = sbp_cpu_mirror,                  \
+    .unmirror = sbp_cpu_unmirror,          \
+    .download = cpu_move, .upload = cpu_move, .zero = cpu_zero, .copy = cpu_copy, .add = cpu_add,  \
+    .scale = cpu_scale, .store = store, .rope_table = cpu_rope_table,                             \
+    .rmsnorm_forward = cpu_rmsnorm_forward, .rmsnorm_backward = cpu_rmsnorm_backward,              \
+    .rope_forward = cpu_rope_forward, .rope_backward = cpu_rope_backward,                          \
+    .swiglu_forward = cpu_swiglu_forward, .swiglu_backward = cpu_swiglu_backward,                  \
+    .embedding_forward = cpu_embedding_forward, .embedding_backward = cpu_embedding_backward,      \
+    .logprob_forward = cpu_logprob_forward, .logprob_backward = cpu_logprob_backward
+
+const sbp_ops sbp_ops_cpu_fast = {
+    .name = "cpu-fast",
+    CPU_COMMON,
+    .workspace = fast_workspace,
+    .linear_forward = fast_linear_forward,
+    .linear_backward = fast_linear_backward,
+    .attention_forward = fast_attention_forward,
+    .attention_backward = fast_attention_backward,
+};
+
+const sbp_ops sbp_ops_cpu_portable = {
+    .name = "cpu-portable",
+    CPU_COMMON,
+    .workspace = portable_workspace,
+    .linear_forward = portable_linear_forward,
+    .linear_backward = portable_linear_backward,
+    .attention_forward = portable_attention_forward,
+    .attention_backward = portable_attention_backward,
+};
+
+size_t sbp_cpu_workspace(const eng *e) {
+    return e->portable ? portable_workspace(e) : fast_workspace(e);
+}

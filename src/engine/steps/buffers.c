@@ -1,0 +1,118 @@
+/* buffers.c — allocation of a layer's buffers through the op table, charged to the ledger. */
+#include "../engine.h"
+
+#include <stdio.h>
+#include <string.h>
+
+void *ealloc_bytes(eng *e, sbp_mem_cat cat, size_t bytes, const char *what) {
+    return e->ops->alloc(e, cat, bytes, what);
+}
+
+real *ealloc(eng *e, sbp_mem_cat cat, size_t n, const char *what) {
+    return ealloc_bytes(e, cat, (size_t)e->elem_bytes * n, what);
+}
+
+void efree(eng *e, void *p) {
+    if (p) e->ops->free(e, p);
+}
+
+int kv_acts_alloc(eng *e, kv_acts *a, sbp_mem_cat cat) {
+    const size_t T = (size_t)e->T;
+    memset(a, 0, sizeof *a);
+    if (e->cfg->qk_norm) {
+        a->kpre = ealloc(e, cat, T * e->KV, "k before k_norm");
+        a->krstd = ealloc(e, cat, T * e->NKV, "k_norm rstd");
+    }
+    a->k = ealloc(e, cat, T * e->KV, "keys");
+    a->v = ealloc(e, cat, T * e->KV, "values");
+    if (e->oom) kv_acts_free(e, a);
+    return !e->oom;
+}
+
+void kv_acts_free(eng *e, kv_acts *a) {
+    efree(e, a->kpre), efree(e, a->krstd), efree(e, a->k), efree(e, a->v);
+    memset(a, 0, sizeof *a);
+}
+
+int chunk_acts_alloc(eng *e, chunk_acts *a, int rows, sbp_mem_cat cat) {
+    const size_t n = (size_t)rows;
+    memset(a, 0, sizeof *a);
+    a->rows = rows;
+    a->xn = ealloc(e, cat, n * e->C, "input-norm output");
+    a->rstd1 = ealloc(e, cat, n, "input-norm rstd");
+    if (e->cfg->qk_norm) {
+        a->qpre = ealloc(e, cat, n * e->Q, "q before q_norm");
+        a->qrstd = ealloc(e, cat, n * e->NH, "q_norm rstd");
+    }
+    a->q = ealloc(e, cat, n * e->Q, "queries");
+    a->o = ealloc(e, cat, n * e->Q, "attention output");
+    a->lse = ealloc(e, cat, n * e->NH, "attention lse");
+    a->x2 = ealloc(e, cat, n * e->C, "attention residual");
+    a->xn2 = ealloc(e, cat, n * e->C, "post-norm output");
+    a->rstd2 = ealloc(e, cat, n, "post-norm rstd");
+    a->g = ealloc(e, cat, n * e->F, "gate projection");
+    a->u = ealloc(e, cat, n * e->F, "up projection");
+    a->h = ealloc(e, cat, n * e->F, "MLP activation");
+    if (e->oom) chunk_acts_free(e, a);
+    return !e->oom;
+}
+
+void chunk_acts_free(eng *e, chunk_acts *a) {
+    efree(e, a->xn), efree(e, a->rstd1), efree(e, a->qpre), efree(e, a->qrstd), efree(e, a->q);
+    efree(e, a->o), efree(e, a->lse), efree(e, a->x2), efree(e, a->xn2), efree(e, a->rstd2);
+    efree(e, a->g), efree(e, a->u), efree(e, a->h);
+    memset(a, 0, sizeof *a);
+}
+
+int chunk_grads_alloc(eng *e, chunk_grads *d, int c) {
+    const size_t n = (size_t)c;
+    memset(d, 0, sizeof *d);
+    d->dh = ealloc(e, SBP_MEM_LAYER, n * e->F, "MLP activation gradient");
+    d->dg = ealloc(e, SBP_MEM_LAYER, n * e->F, "gate gradient");
+    d->du = ealloc(e, SBP_MEM_LAYER, n * e->F, "up gradient");
+    d->dxn2 = ealloc(e, SBP_MEM_LAYER, n * e->C, "post-norm output gradient");
+    d->dx2 = ealloc(e, SBP_MEM_LAYER, n * e->C, "attention residual gradient");
+    d->dxn = ealloc(e, SBP_MEM_LAYER, n * e->C, "input-norm output gradient");
+    d->dout = ealloc(e, SBP_MEM_LAYER, n * e->Q, "attention output gradient");
+    d->dq = ealloc(e, SBP_MEM_LAYER, n * e->Q, "query gradient");
+    if (e->cfg->qk_norm) d->dqpre = ealloc(e, SBP_MEM_LAYER, n * e->Q, "q_norm input gradient");
+    d->dsum = ealloc(e, SBP_MEM_LAYER, n * e->NH, "attention dO·O");
+    if (e->oom) chunk_grads_free(e, d);
+    return !e->oom;
+}
+
+void chunk_grads_free(eng *e, chunk_grads *d) {
+    efree(e, d->dh), efree(e, d->dg), efree(e, d->du), efree(e, d->dxn2), efree(e, d->dx2);
+    efree(e, d->dxn), efree(e, d->dout), efree(e, d->dq), efree(e, d->dqpre), efree(e, d->dsum);
+    memset(d, 0, sizeof *d);
+}
+
+int kv_work_alloc(eng *e, kv_work *d) {
+    const size_t T = (size_t)e->T;
+    memset(d, 0, sizeof *d);
+    d->dk = ealloc(e, SBP_MEM_LAYER, T * e->KV, "key gradient");
+    d->dv = ealloc(e, SBP_MEM_LAYER, T * e->KV, "value gradient");
+    if (e->cfg->qk_norm) d->dkpre = ealloc(e, SBP_MEM_LAYER, T * e->KV, "k_norm input gradient");
+    if (e->oom) kv_work_free(e, d);
+    return !e->oom;
+}
+
+void kv_work_free(eng *e, kv_work *d) {
+    efree(e, d->dk), efree(e, d->dv), efree(e, d->dkpre);
+    memset(d, 0, sizeof *d);
+}
+
+int norm_block_alloc(eng *e, norm_block *nb) {
+    const size_t b = (size_t)(e->blk < e->T ? e->blk : e->T);
+    memset(nb, 0, sizeof *nb);
+    nb->xn = ealloc(e, SBP_MEM_LAYER, b * e->C, "input-norm block");
+    nb->dxn = ealloc(e, SBP_MEM_LAYER, b * e->C, "input-norm block gradient");
+    nb->rstd = ealloc(e, SBP_MEM_LAYER, b, "input-norm block rstd");
+    if (e->oom) norm_block_free(e, nb);
+    return !e->oom;
+}
+
+void norm_block_free(eng *e, norm_block *nb) {
+    efree(e, nb->xn), efree(e, nb->dxn), efree(e, nb->rstd);
+    memset(nb, 0, sizeof *nb);
+}

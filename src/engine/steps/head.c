@@ -1,0 +1,134 @@
+/* head.c — final RMSNorm, LM head and the objective, in passes of rows, with the backward done
+ * pass by pass so that only `rows`·V logits exist at a time (unless the logits are
+ * materialised, as HF's baseline keeps them).
+ *
+ * For rows [s, e) of sequence b:
+ *   hn     = rmsnorm(hL[s:e], w_final)
+ *   logits = hn·W_headᵀ / τ                                  (τ: GRPO's temperature)
+ *   logp_t = log softmax(logits_t)[labels[t+1]]              (targets shifted inside, as HF)
+ *   loss  += the objective's terms, coef_t = dL/dlogp_t      (on the host: objective.c)
+ * and back: dlogits = coef·(onehot − softmax)/τ, dhn = dlogits·W_head, dW_head += dlogitsᵀ·hn,
+ * then the final-norm backward into dh. The per-row log-probs go down to the host and the
+ * coefficients come back up: the only traffic between the objective and the backend. The loss
+ * is summed term by term in ascending (sequence, token) order, the same in every schedule. */
+#include "../engine.h"
+
+#include <stdlib.h>
+
+typedef struct {
+    real *logits;              /* (rows or T·B, V) */
+    real *hn, *dhn, *rstd;     /* (rows, C), (rows, C), (rows) */
+    double *logp, *lse, *coef; /* (rows) each */
+    double *h_logp, *h_coef;   /* (rows) each, on the host */
+} head_work;
+
+static void work_free(eng *e, head_work *w) {
+    efree(e, w->logits), efree(e, w->hn), efree(e, w->dhn), efree(e, w->rstd);
+    efree(e, w->logp), efree(e, w->lse), efree(e, w->coef);
+    free(w->h_logp), free(w->h_coef);
+}
+
+static int work_alloc(eng *e, head_work *w, const sbp_batch *b, const head_opts *o, int backward) {
+    const size_t rows = (size_t)o->rows, V = (size_t)e->V;
+    const size_t nz = o->materialise ? (size_t)b->B * e->T * V : rows * V;
+    *w = (head_work){0};
+    w->logits = ealloc(e, SBP_MEM_LOGITS, nz, o->materialise ? "logits (B·T·V)" : "logits chunk");
+    w->hn = ealloc(e, SBP_MEM_LOGITS, rows * e->C, "final-norm output");
+    w->rstd = ealloc(e, SBP_MEM_LOGITS, rows, "final-norm rstd");
+    w->lse = ealloc_bytes(e, SBP_MEM_LOGITS, sizeof(double) * rows, "per-row lse");
+    if (backward) {
+        w->dhn = ealloc(e, SBP_MEM_LOGITS, rows * e->C, "final-norm output gradient");
+        w->logp = ealloc_bytes(e, SBP_MEM_LOGITS, sizeof(double) * rows, "per-row log-probs");
+        w->coef = ealloc_bytes(e, SBP_MEM_LOGITS, sizeof(double) * rows, "per-row dL/dlogp");
+        w->h_logp = malloc(sizeof(double) * rows);
+        w->h_coef = malloc(sizeof(double) * rows);
+        if (!w->h_logp || !w->h_coef) e->oom = 1;
+    }
+    if (e->oom) work_free(e, w);
+    return !e->oom;
+}
+
+/* The logits of rows [s, ...) of sequence bi. */
+static real *logits_at(const eng *e, const head_work *w, const head_opts *o, int bi, int s) {
+    return w->logits + (o->materialise ? ((size_t)bi * e->T + s) * e->V : 0);
+}
+
+/* hn, the (temperature-scaled) logits and the log-probs of rows [s, end) of sequence bi. */
+static void head_forward(const eng *e, head_work *w, double *logp, real *z, const real *h_s,
+                         int bi, int s, int end, double inv_tau) {
+    const sbp_ops *op = e->ops;
+    const int M = end - s;
+    op->rmsnorm_forward(e, w->hn, w->rstd, h_s, e->fnorm, M, e->C);
+    op->linear_forward(e, z, w->hn, e->head, NULL, s, end, e->V, e->C);
+    if (inv_tau != 1) op->scale(e, z, (real)inv_tau, (size_t)M * e->V);
+    op->logprob_forward(e, logp, w->lse, z, e->tgt + (size_t)bi * e->T + s, M);
+}
+
+/* DPO's first pass: forward only over every row, each target's log-prob down to the host, and
+ * the pair factors from them. */
+static int first_pass(eng *e, double *loss, head_work *w, const real *hL, const sbp_batch *b,
+                      const head_opts *o) {
+    const size_t BT = (size_t)b->B * e->T;
+    double *logp = ealloc_bytes(e, SBP_MEM_LOGITS, sizeof(double) * BT, "log-probs of every target");
+    double *h_logp = malloc(sizeof(double) * BT);
+    if (!logp || !h_logp) {
+        e->oom = 1;
+        efree(e, logp), free(h_logp);
+        return 0;
+    }
+    for (int bi = 0; bi < b->B; bi++)
+        for (int s = 0, end; s < e->T; s = end) {
+            end = s + o->rows < e->T ? s + o->rows : e->T;
+            head_forward(e, w, logp + (size_t)bi * e->T + s, logits_at(e, w, o, bi, s),
+                         hL + ((size_t)bi * e->T + s) * e->C, bi, s, end, o->inv_tau);
+        }
+    e->ops->download(e, h_logp, logp, sizeof(double) * BT);
+    sbp_obj_prepare(o->ev, loss, h_logp);
+    efree(e, logp), free(h_logp);
+    return 1;
+}
+
+int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
+              const head_opts *o) {
+    const sbp_ops *op = e->ops;
+    const int T = e->T, C = e->C, V = e->V;
+    head_work w;
+    if (!work_alloc(e, &w, b, o, 1)) return 0;
+    if (o->ev->needs_logps && !first_pass(e, loss, &w, hL, b, o)) {
+        work_free(e, &w);
+        return 0;
+    }
+    for (int bi = 0; bi < b->B; bi++)
+        for (int s = 0, end; s < T; s = end) {
+            end = s + o->rows < T ? s + o->rows : T;
+            const int M = end - s;
+            const real *h_s = hL + ((size_t)bi * T + s) * C;
+            real *z = logits_at(e, &w, o, bi, s);
+            head_forward(e, &w, w.logp, z, h_s, bi, s, end, o->inv_tau);
+            op->download(e, w.h_logp, w.logp, sizeof(double) * M);
+            sbp_obj_terms(o->ev, loss, w.h_coef, bi, s, M, w.h_logp);
+            /* the gradient of the scaled logits, then through the scaling by 1/τ */
+            for (int r = 0; r < M; r++) w.h_coef[r] *= o->inv_tau;
+            op->upload(e, w.coef, w.h_coef, sizeof(double) * M);
+            op->logprob_backward(e, z, w.coef, w.lse, e->tgt + (size_t)bi * T + s, M);
+            op->zero(e, w.dhn, (size_t)M * C);
+            op->linear_backward(e, w.dhn, e->ghead, NULL, z, w.hn, e->head, s, end, V, C);
+            op->rmsnorm_backward(e, dh + ((size_t)bi * T + s) * C, e->gfnorm, w.dhn, h_s, w.rstd,
+                                 e->fnorm, M, C);
+        }
+    work_free(e, &w);
+    return 1;
+}
+
+int head_logprobs(eng *e, double *logp, const real *hL, const sbp_batch *b, const head_opts *o) {
+    head_work w;
+    if (!work_alloc(e, &w, b, o, 0)) return 0;
+    for (int bi = 0; bi < b->B; bi++)
+        for (int s = 0, end; s < e->T; s = end) {
+            end = s + o->rows < e->T ? s + o->rows : e->T;
+            head_forward(e, &w, logp + (size_t)bi * e->T + s, w.logits,
+                         hL + ((size_t)bi * e->T + s) * e->C, bi, s, end, o->inv_tau);
+        }
+    work_free(e, &w);
+    return 1;
+}

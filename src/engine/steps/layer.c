@@ -1,0 +1,167 @@
+/* layer.c — one decoder layer as the four steps every schedule is built from (engine.h).
+ *
+ * Forward of rows [s, e) given the K/V side of all T rows:
+ *   xn  = rmsnorm(x, w_in)                          (also formed block by block for K and V)
+ *   q   = rope(q_norm(xn·Wqᵀ + bq))                 (q_norm: Qwen3)
+ *   o   = attention(q, K[0:e], V[0:e])
+ *   x2  = x + o·Woᵀ
+ *   xn2 = rmsnorm(x2, w_post)
+ *   h   = silu(xn2·Wgᵀ) ⊙ (xn2·Wuᵀ)
+ *   y   = x2 + h·Wdᵀ
+ * The backward walks the same lines in reverse; each step names the line it differentiates.
+ * The input norm's backward is linear in its output gradient, so it is applied in two parts,
+ * the query path per chunk and the K/V path at the end, in the same order in every schedule.
+ * Every operation goes through the op table (ops.h). */
+#include "../engine.h"
+
+/* End of the token block that starts at row r: the next multiple of blk, or e. */
+static int block_end(int r, int e, int blk) {
+    int next = (r / blk + 1) * blk;
+    return next < e ? next : e;
+}
+
+/* The activations of rows [s, ...): a buffer of all T rows holds row s at offset s, a chunk's
+ * buffer at offset 0. */
+static chunk_acts rows_from(const eng *e, const chunk_acts *a, int s) {
+    const size_t r = a->rows >= e->T ? (size_t)s : 0;
+    chunk_acts v = *a;
+    v.xn += r * e->C, v.rstd1 += r, v.q += r * e->Q, v.o += r * e->Q, v.lse += r * e->NH;
+    v.x2 += r * e->C, v.xn2 += r * e->C, v.rstd2 += r;
+    v.g += r * e->F, v.u += r * e->F, v.h += r * e->F;
+    if (v.qpre) v.qpre += r * e->Q, v.qrstd += r * e->NH;
+    return v;
+}
+
+/* ---- forward --------------------------------------------------------------------------------- */
+
+void kv_forward(const eng *e, layer_run *lr) {
+    const sbp_ops *op = e->ops;
+    const int T = e->T, C = e->C, KV = e->KV;
+    const layer_p *w = lr->w;
+    kv_acts *a = lr->kv;
+    norm_block *nb = lr->nb;
+    real *k = a->kpre ? a->kpre : a->k;
+    for (int b0 = 0, b1; b0 < T; b0 = b1) { /* xn = rmsnorm(x, w_in), a block at a time */
+        b1 = block_end(b0, T, e->blk);
+        op->rmsnorm_forward(e, nb->xn, nb->rstd, lr->x + (size_t)b0 * C, w->in_norm, b1 - b0, C);
+        op->linear_forward(e, k + (size_t)b0 * KV, nb->xn, w->wk, w->bk, b0, b1, KV, C);
+        op->linear_forward(e, a->v + (size_t)b0 * KV, nb->xn, w->wv, w->bv, b0, b1, KV, C);
+    }
+    if (a->kpre) op->rmsnorm_forward(e, a->k, a->krstd, a->kpre, w->k_norm, T * e->NKV, e->HD);
+    op->rope_forward(e, a->k, 0, T, e->NKV);
+}
+
+void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
+    const sbp_ops *op = e->ops;
+    const int M = end - s, C = e->C, Q = e->Q, F = e->F;
+    const size_t MC = (size_t)M * C;
+    const layer_p *w = lr->w;
+    const real *x = lr->x + (size_t)s * C;
+    const chunk_acts a = rows_from(e, lr->acts, s);
+    op->rmsnorm_forward(e, a.xn, a.rstd1, x, w->in_norm, M, C);
+    real *q = a.qpre ? a.qpre : a.q;
+    op->linear_forward(e, q, a.xn, w->wq, w->bq, s, end, Q, C);
+    if (a.qpre) op->rmsnorm_forward(e, a.q, a.qrstd, a.qpre, w->q_norm, M * e->NH, e->HD);
+    op->rope_forward(e, a.q, s, M, e->NH);
+    op->attention_forward(e, a.o, a.lse, a.q, lr->kv->k, lr->kv->v, lr->kmask, s, M);
+    /* x2 = x + o·Woᵀ */
+    op->linear_forward(e, a.x2, a.o, w->wo, NULL, s, end, C, Q);
+    op->add(e, a.x2, x, a.x2, MC);
+    op->rmsnorm_forward(e, a.xn2, a.rstd2, a.x2, w->post_norm, M, C);
+    op->linear_forward(e, a.g, a.xn2, w->wg, NULL, s, end, F, C);
+    op->linear_forward(e, a.u, a.xn2, w->wu, NULL, s, end, F, C);
+    op->swiglu_forward(e, a.h, a.g, a.u, (size_t)M * F);
+    if (!lr->y) return; /* a recompute needs the activations, not the output */
+    /* y = x2 + h·Wdᵀ */
+    real *y = lr->y + (size_t)s * C;
+    op->linear_forward(e, y, a.h, w->wd, NULL, s, end, C, F);
+    op->add(e, y, a.x2, y, MC);
+}
+
+/* ---- backward -------------------------------------------------------------------------------- */
+
+void kv_begin_backward(const eng *e, layer_run *lr) {
+    const size_t TKV = (size_t)e->T * e->KV;
+    e->ops->zero(e, lr->kvw->dk, TKV);
+    e->ops->zero(e, lr->kvw->dv, TKV);
+}
+
+void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
+    const sbp_ops *op = e->ops;
+    const int M = end - s, C = e->C, Q = e->Q, F = e->F;
+    const size_t MC = (size_t)M * C, MF = (size_t)M * F, MQ = (size_t)M * Q;
+    const layer_p *w = lr->w;
+    layer_p *gw = lr->g;
+    chunk_grads *d = lr->cg;
+    const chunk_acts a = rows_from(e, lr->acts, s);
+    const real *x = lr->x + (size_t)s * C;
+    real *dx = lr->dx + (size_t)s * C; /* dY on entry */
+    op->zero(e, d->dh, MF), op->zero(e, d->dg, MF), op->zero(e, d->du, MF);
+    op->zero(e, d->dxn2, MC), op->zero(e, d->dxn, MC), op->zero(e, d->dout, MQ);
+    op->zero(e, d->dq, MQ);
+    if (d->dqpre) op->zero(e, d->dqpre, MQ);
+    /* y = x2 + h·Wdᵀ: dx2 = dy, dh = dy·Wd (the last reads of dy: dx is dy) */
+    op->copy(e, d->dx2, dx, MC);
+    op->linear_backward(e, d->dh, gw->wd, NULL, dx, a.h, w->wd, s, end, C, F);
+    /* h = silu(g) ⊙ u */
+    op->swiglu_backward(e, d->dg, d->du, d->dh, a.g, a.u, MF);
+    /* g = xn2·Wgᵀ, u = xn2·Wuᵀ */
+    op->linear_backward(e, d->dxn2, gw->wg, NULL, d->dg, a.xn2, w->wg, s, end, F, C);
+    op->linear_backward(e, d->dxn2, gw->wu, NULL, d->du, a.xn2, w->wu, s, end, F, C);
+    /* xn2 = rmsnorm(x2, w_post) */
+    op->rmsnorm_backward(e, d->dx2, gw->post_norm, d->dxn2, a.x2, a.rstd2, w->post_norm, M, C);
+    /* x2 = x + o·Woᵀ: the residual path is dx's first term, and dO */
+    op->copy(e, dx, d->dx2, MC);
+    op->linear_backward(e, d->dout, gw->wo, NULL, d->dx2, a.o, w->wo, s, end, C, Q);
+    /* o = attention(q, K, V) */
+    op->attention_backward(e, d->dq, lr->kvw->dk, lr->kvw->dv, d->dsum, d->dout, a.o, a.lse, a.q,
+                           lr->kv->k, lr->kv->v, lr->kmask, s, M);
+    /* q = rope(q_norm(qpre)) */
+    op->rope_backward(e, d->dq, s, M, e->NH);
+    real *dqpre = d->dq;
+    if (a.qpre) {
+        op->rmsnorm_backward(e, d->dqpre, gw->q_norm, d->dq, a.qpre, a.qrstd, w->q_norm,
+                             M * e->NH, e->HD);
+        dqpre = d->dqpre;
+    }
+    /* qpre = xn·Wqᵀ + bq, xn = rmsnorm(x, w_in): the query path into dx */
+    op->linear_backward(e, d->dxn, gw->wq, gw->bq, dqpre, a.xn, w->wq, s, end, Q, C);
+    op->rmsnorm_backward(e, dx, gw->in_norm, d->dxn, x, a.rstd1, w->in_norm, M, C);
+}
+
+void kv_backward(const eng *e, layer_run *lr) {
+    const sbp_ops *op = e->ops;
+    const int T = e->T, C = e->C, KV = e->KV, blk = e->blk;
+    const size_t TKV = (size_t)T * KV;
+    const layer_p *w = lr->w;
+    layer_p *gw = lr->g;
+    kv_work *kvw = lr->kvw;
+    const kv_acts *kv = lr->kv;
+    norm_block *nb = lr->nb;
+    /* dK and dV were accumulated over every chunk: complete now */
+    op->store(e, kvw->dk, TKV), op->store(e, kvw->dv, TKV);
+    /* k = rope(k_norm(kpre)) */
+    op->rope_backward(e, kvw->dk, 0, T, e->NKV);
+    real *dkpre = kvw->dk;
+    if (kv->kpre) {
+        op->zero(e, kvw->dkpre, TKV);
+        op->rmsnorm_backward(e, kvw->dkpre, gw->k_norm, kvw->dk, kv->kpre, kv->krstd, w->k_norm,
+                             T * e->NKV, e->HD);
+        dkpre = kvw->dkpre;
+    }
+    /* kpre = xn·Wkᵀ + bk, v = xn·Wvᵀ + bv, xn = rmsnorm(x, w_in): a block at a time, xn formed
+     * again, the K/V path into dx */
+    for (int b0 = 0, b1; b0 < T; b0 = b1) {
+        b1 = block_end(b0, T, blk);
+        const size_t n = (size_t)(b1 - b0) * C;
+        const real *x_b = lr->x + (size_t)b0 * C;
+        op->rmsnorm_forward(e, nb->xn, nb->rstd, x_b, w->in_norm, b1 - b0, C);
+        op->zero(e, nb->dxn, n);
+        op->linear_backward(e, nb->dxn, gw->wk, gw->bk, dkpre + (size_t)b0 * KV, nb->xn, w->wk, b0,
+                            b1, KV, C);
+        op->linear_backward(e, nb->dxn, gw->wv, gw->bv, kvw->dv + (size_t)b0 * KV, nb->xn, w->wv,
+                            b0, b1, KV, C);
+        op->rmsnorm_backward(e, lr->dx + (size_t)b0 * C, gw->in_norm, nb->dxn, x_b, nb->rstd,
+                             w->in_norm, b1 - b0, C);
+    }
+}

@@ -1,0 +1,193 @@
+/* blas/attention.c — causal grouped-query attention, tiled with an online softmax (FlashAttention's
+ * scheme), with the tile products on BLAS.
+ *
+ * Queries and keys are cut into tiles of W rows on fixed global boundaries (multiples of W).
+ * Forward, per head h (kv head g = h / (NH/NKV)) and query tile I:
+ *   for each key tile J up to the diagonal:  S = Q_I·K_Jᵀ / sqrt(HD)  (masked: key j visible
+ *   from query i iff j <= i and kmask[j]);  a running row max m and sum l rescale the
+ *   accumulator:  O_I += exp(S − m)·V_J.   At the end O = O_I / l and lse = m + log l.
+ * Backward, with P = exp(S − lse), D_i = dO_i·O_i, dP = dO·Vᵀ, dS = P ∘ (dP − D):
+ *   dV_J += P ᵀ·dO_I,   dK_J += dSᵀ·Q_I / sqrt(HD),   dQ_I += dS·K_J / sqrt(HD).
+ * Two passes give every output one owner: pass 1 over (kv head, key tile) forms dK and dV,
+ * pass 2 over (query head, query tile) forms dQ; P and dS are recomputed in each.
+ *
+ * Why the result does not depend on the chunking: the caller picks W dividing the token block,
+ * so chunks that are block multiples consist of whole query tiles. Each (query tile, key tile)
+ * product is then the same BLAS call, on the same operands, in every schedule; dQ of a tile
+ * sums its key tiles in ascending order; dK and dV of a key tile receive one beta = 1 product
+ * per (query tile, head), in ascending query-tile order, straight into the caller's
+ * whole-sequence accumulators, so processing queries chunk by chunk adds the same terms in the
+ * same order as one pass over all queries. The BLAS calls run inside OpenMP tasks, where the
+ * OpenMP build of OpenBLAS uses one thread, and each output has one owner, so the thread count
+ * does not change any bit. */
+#include "../lanes.h"
+#include "blas.h"
+
+#include <omp.h>
+#include <string.h>
+
+size_t blas_attention_workspace(int blk, int HD) {
+    size_t W = (size_t)attention_tile(blk);
+    /* per thread: S, P, dP tiles, the O accumulator, and m, l per row */
+    return (size_t)omp_get_max_threads() * (3 * W * W + W * (size_t)HD + 2 * W);
+}
+
+/* End of the tile that starts at i: the next multiple of W, or e. */
+static int tile_end(int i, int e, int W) {
+    int next = (i / W + 1) * W;
+    return next < e ? next : e;
+}
+
+/* S[r][c] = −inf where key j0 + c is not visible from query i0 + r: past the diagonal
+ * (c > i0 + r − j0, a contiguous tail of the row) or a padded key. Most tiles have no padded
+ * key, and then only the tails are touched. */
+static void mask_tile(real *S, int i0, int nq, int j0, int nk, int ldS, const uint8_t *kmask) {
+    int padded = 0;
+    for (int c = 0; c < nk; c++) padded |= !kmask[j0 + c];
+    for (int r = 0; r < nq; r++) {
+        real *S_r = S + (size_t)r * ldS;
+        const int last = i0 + r - j0; /* the last visible column */
+        for (int c = last < 0 ? 0 : last + 1; c < nk; c++) S_r[c] = -INFINITY;
+        if (padded)
+            for (int c = 0; c < nk && c <= last; c++)
+                if (!kmask[j0 + c]) S_r[c] = -INFINITY;
+    }
+}
+
+void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, const real *k,
+                       const real *v, const uint8_t *kmask, int s, int M, int T, int NH, int NKV,
+                       int HD, int blk) {
+    const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(blk), e = s + M;
+    const real scale = 1 / sqrt((real)HD);
+    const size_t per_thread = blas_attention_workspace(blk, HD) / (size_t)omp_get_max_threads();
+    /* query tiles of the chunk, each aligned to the global W grid */
+    const int first = s / W, ntiles = (e - 1) / W - first + 1;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int task = 0; task < NH * ntiles; task++) {
+        const int h = task % NH, g = h / rep, tile = first + ntiles - 1 - task / NH;
+        const int i0 = tile * W > s ? tile * W : s, i1 = tile_end(i0, e, W), nq = i1 - i0;
+        real *S = scratch + per_thread * (size_t)omp_get_thread_num();
+        real *acc = S + 3 * (size_t)W * W, *m = acc + (size_t)W * HD, *l = m + W;
+        const real *q_I = q + (size_t)(i0 - s) * Q + (size_t)h * HD;
+        for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
+        memset(acc, 0, sizeof(real) * (size_t)nq * HD);
+        for (int j0 = 0; j0 < i1; j0 += W) {
+            const int nk = j0 + W < i1 ? W : i1 - j0;
+            const real *k_J = k + (size_t)j0 * KV + (size_t)g * HD;
+            gemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HD, scale, q_I, Q, k_J, KV, 0, S,
+                 W);
+            mask_tile(S, i0, nq, j0, nk, W, kmask);
+            for (int r = 0; r < nq; r++) {
+                real *S_r = S + (size_t)r * W;
+                const real mt = lanes_max(S_r, nk);
+                if (mt == -INFINITY) { /* no visible key in this tile: the row adds nothing */
+                    for (int c = 0; c < nk; c++) S_r[c] = 0;
+                    continue;
+                }
+                const real mnew = m[r] > mt ? m[r] : mt, corr = rexp(m[r] - mnew);
+                for (int c = 0; c < nk; c++) S_r[c] = rexp(S_r[c] - mnew);
+                l[r] = l[r] * corr + lanes_sum(S_r, nk);
+                for (int d = 0; d < HD; d++) acc[(size_t)r * HD + d] *= corr;
+                m[r] = mnew;
+            }
+            gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, HD, nk, 1, S, W,
+                 v + (size_t)j0 * KV + (size_t)g * HD, KV, 1, acc, HD);
+        }
+        for (int r = 0; r < nq; r++) {
+            real *o_i = o + (size_t)(i0 - s + r) * Q + (size_t)h * HD;
+            if (l[r] == 0) { /* no visible key at all (a left-padded query) */
+                for (int d = 0; d < HD; d++) o_i[d] = 0;
+                lse[(size_t)(i0 - s + r) * NH + h] = INFINITY;
+            } else {
+                for (int d = 0; d < HD; d++) o_i[d] = acc[(size_t)r * HD + d] / l[r];
+                lse[(size_t)(i0 - s + r) * NH + h] = m[r] + rlog(l[r]);
+            }
+        }
+    }
+}
+
+/* For query tile [i0, i0+nq) of head h against key tile [j0, j0+nk): P and dS (scaled by
+ * 1/sqrt(HD) later, in the products that use it). dP is scratch. */
+static void tile_grads(real *P, real *dS, real *dP, const real *q_I, const real *do_I,
+                       const real *k_J, const real *v_J, const real *lse, const real *dsum,
+                       const uint8_t *kmask, int i0, int nq, int j0, int nk, int W, int s, int h,
+                       int NH, int Q, int KV, int HD, real scale) {
+    gemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HD, scale, q_I, Q, k_J, KV, 0, P, W);
+    gemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HD, 1, do_I, Q, v_J, KV, 0, dP, W);
+    mask_tile(P, i0, nq, j0, nk, W, kmask);
+    for (int r = 0; r < nq; r++) {
+        const real L = lse[(size_t)(i0 - s + r) * NH + h], D = dsum[(size_t)(i0 - s + r) * NH + h];
+        for (int c = 0; c < nk; c++) {
+            const size_t x = (size_t)r * W + c;
+            P[x] = rexp(P[x] - L); /* masked: exp(−inf) = 0; no visible key: L = +inf, P = 0 */
+            dS[x] = P[x] * (dP[x] - D);
+        }
+    }
+}
+
+void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scratch, const real *dout,
+                        const real *o, const real *lse, const real *q, const real *k, const real *v,
+                        const uint8_t *kmask, int s, int M, int T, int NH, int NKV, int HD,
+                        int blk) {
+    const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(blk), e = s + M;
+    const real scale = 1 / sqrt((real)HD);
+    const size_t per_thread = blas_attention_workspace(blk, HD) / (size_t)omp_get_max_threads();
+    const int first = s / W, nqtiles = (e - 1) / W - first + 1, nktiles = (e + W - 1) / W;
+
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < M; r++)
+        for (int h = 0; h < NH; h++) {
+            const real *a = dout + (size_t)r * Q + (size_t)h * HD;
+            const real *b = o + (size_t)r * Q + (size_t)h * HD;
+            real D = 0;
+            for (int d = 0; d < HD; d++) D += a[d] * b[d];
+            dsum[(size_t)r * NH + h] = D;
+        }
+
+        /* Pass 1: dK, dV of key tile J for kv head g; early tiles see the most queries: first. */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int task = 0; task < nktiles * NKV; task++) {
+        const int g = task % NKV, j0 = (task / NKV) * W, nk = j0 + W < e ? W : e - j0;
+        real *P = scratch + per_thread * (size_t)omp_get_thread_num();
+        real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W;
+        const real *k_J = k + (size_t)j0 * KV + (size_t)g * HD;
+        const real *v_J = v + (size_t)j0 * KV + (size_t)g * HD;
+        real *dk_J = dk + (size_t)j0 * KV + (size_t)g * HD;
+        real *dv_J = dv + (size_t)j0 * KV + (size_t)g * HD;
+        for (int i0 = j0 > s ? j0 : s, i1; i0 < e; i0 = i1) {
+            i1 = tile_end(i0, e, W);
+            const int nq = i1 - i0;
+            for (int h = g * rep; h < (g + 1) * rep; h++) {
+                const real *q_I = q + (size_t)(i0 - s) * Q + (size_t)h * HD;
+                const real *do_I = dout + (size_t)(i0 - s) * Q + (size_t)h * HD;
+                tile_grads(P, dS, dP, q_I, do_I, k_J, v_J, lse, dsum, kmask, i0, nq, j0, nk, W, s,
+                           h, NH, Q, KV, HD, scale);
+                gemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HD, nq, 1, P, W, do_I, Q, 1, dv_J,
+                     KV);
+                gemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HD, nq, scale, dS, W, q_I, Q, 1,
+                     dk_J, KV);
+            }
+        }
+    }
+
+    /* Pass 2: dQ of query tile I for head h, key tiles in ascending order. */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int task = 0; task < NH * nqtiles; task++) {
+        const int h = task % NH, g = h / rep, tile = first + nqtiles - 1 - task / NH;
+        const int i0 = tile * W > s ? tile * W : s, i1 = tile_end(i0, e, W), nq = i1 - i0;
+        real *P = scratch + per_thread * (size_t)omp_get_thread_num();
+        real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W;
+        const real *q_I = q + (size_t)(i0 - s) * Q + (size_t)h * HD;
+        const real *do_I = dout + (size_t)(i0 - s) * Q + (size_t)h * HD;
+        real *dq_I = dq + (size_t)(i0 - s) * Q + (size_t)h * HD;
+        for (int j0 = 0; j0 < i1; j0 += W) {
+            const int nk = j0 + W < i1 ? W : i1 - j0;
+            const real *k_J = k + (size_t)j0 * KV + (size_t)g * HD;
+            const real *v_J = v + (size_t)j0 * KV + (size_t)g * HD;
+            tile_grads(P, dS, dP, q_I, do_I, k_J, v_J, lse, dsum, kmask, i0, nq, j0, nk, W, s, h,
+                       NH, Q, KV, HD, scale);
+            gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, HD, nk, scale, dS, W, k_J, KV, 1,
+                 dq_I, Q);
+        }
+    }
+}

@@ -1,0 +1,137 @@
+/* gemm.c — the portable matrix product: C += A·B with every element of C one chain of fused
+ * multiply-adds in ascending k, continuing from the value C already holds (DESIGN §11).
+ *
+ * The blocking is Goto's: column blocks of NC, k blocks of KC (ascending), row blocks of MC;
+ * B packed into KC×NR panels, A into MR×KC panels, and an MR×NR register tile per micro-kernel
+ * call that loads C, runs its k loop and stores C. Splitting k into blocks stores the running
+ * value in C and reloads it, which changes nothing in any element's chain; neither do the tile
+ * sizes (chosen per instruction set), the SIMD lanes (over j, i.e. over outputs) or the threads
+ * (each owns whole tiles of C). So the result is the same on every machine, for every thread
+ * count and for every split of the rows between calls — the properties StreamBP's bitwise
+ * promise needs — and a CUDA kernel with the same chains reproduces it (cuda/).
+ *
+ * The micro-kernel is plain C over a fixed MR×NR tile: GCC turns its fma calls into vector FMA
+ * instructions where the target has them, and into calls to the (exact) software fma where it
+ * does not (-march=x86-64), with the same bits. */
+#include "kernels.h"
+
+#include <omp.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#define VEC_BYTES 64
+#elif defined(__AVX__)
+#define VEC_BYTES 32
+#else
+#define VEC_BYTES 16
+#endif
+
+enum {
+    NR = 2 * VEC_BYTES / (int)sizeof(real), /* two vectors of outputs per row of the tile */
+    MR = VEC_BYTES == 64 ? 8 : 6,           /* rows: MR·2 accumulators + B + broadcast fit */
+    KC = 256,
+    MC = 96,
+    NC = 4096,
+    NCHUNK = 256 /* columns per task: the unit of work handed to a thread */
+};
+
+/* c (MR×NR, row stride ldc) += a_panel·b_panel over kc: a (kc, MR) and b (kc, NR), packed. */
+static void micro_kernel(real *restrict c, size_t ldc, const real *restrict a,
+                         const real *restrict b, int kc) {
+    real acc[MR][NR];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] = c[i * ldc + j];
+    for (int p = 0; p < kc; p++) {
+        const real *a_p = a + (size_t)p * MR, *b_p = b + (size_t)p * NR;
+        for (int i = 0; i < MR; i++) {
+            const real a_ip = a_p[i];
+            for (int j = 0; j < NR; j++) acc[i][j] = rfma(a_ip, b_p[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) c[i * ldc + j] = acc[i][j];
+}
+
+/* A partial tile (mr < MR or nr < NR) goes through a full-size copy: the extra rows and
+ * columns compute on zero padding and are dropped. */
+static void edge_kernel(real *c, size_t ldc, const real *a, const real *b, int kc, int mr,
+                        int nr) {
+    real tile[MR * NR] = {0};
+    for (int i = 0; i < mr; i++) memcpy(tile + i * NR, c + i * ldc, sizeof(real) * (size_t)nr);
+    micro_kernel(tile, NR, a, b, kc);
+    for (int i = 0; i < mr; i++) memcpy(c + i * ldc, tile + i * NR, sizeof(real) * (size_t)nr);
+}
+
+/* b(p, j) for p in [pc, pc+kc), j in [jc, jc+nc) into panels of NR columns: (npanels, kc, NR),
+ * zero past column N. */
+static void pack_b(real *dst, const real *B, size_t rsb, size_t csb, int pc, int kc, int jc,
+                   int nc) {
+    const int npanels = (nc + NR - 1) / NR;
+#pragma omp parallel for schedule(static)
+    for (int q = 0; q < npanels; q++) {
+        real *d = dst + (size_t)q * kc * NR;
+        const int j0 = jc + q * NR, nr = nc - q * NR < NR ? nc - q * NR : NR;
+        for (int p = 0; p < kc; p++) {
+            const real *src = B + (size_t)(pc + p) * rsb + (size_t)j0 * csb;
+            for (int j = 0; j < nr; j++) d[p * NR + j] = src[(size_t)j * csb];
+            for (int j = nr; j < NR; j++) d[p * NR + j] = 0;
+        }
+    }
+}
+
+/* a(i, p) for i in [ic, ic+mc), p in [pc, pc+kc) into panels of MR rows: (npanels, kc, MR). */
+static void pack_a(real *dst, const real *A, size_t rsa, size_t csa, int ic, int mc, int pc,
+                   int kc) {
+    for (int ir = 0; ir < mc; ir += MR) {
+        real *d = dst + (size_t)ir * kc;
+        const int mr = mc - ir < MR ? mc - ir : MR;
+        for (int p = 0; p < kc; p++) {
+            const real *src = A + (size_t)(ic + ir) * rsa + (size_t)(pc + p) * csa;
+            for (int i = 0; i < mr; i++) d[p * MR + i] = src[(size_t)i * rsa];
+            for (int i = mr; i < MR; i++) d[p * MR + i] = 0;
+        }
+    }
+}
+
+size_t pgemm_workspace(void) {
+    return (size_t)KC * (NC + NR) + (size_t)omp_get_max_threads() * KC * (MC + MR);
+}
+
+void pgemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa, const real *B,
+           size_t rsb, size_t csb, int M, int N, int K) {
+    if (M <= 0 || N <= 0 || K <= 0) return;
+    real *bpack = ws; /* (KC, NC + NR), then (KC, MC + MR) per thread */
+    for (int jc = 0; jc < N; jc += NC) {
+        const int nc = N - jc < NC ? N - jc : NC;
+        for (int pc = 0; pc < K; pc += KC) { /* ascending k: each chain continues from C */
+            const int kc = K - pc < KC ? K - pc : KC;
+            pack_b(bpack, B, rsb, csb, pc, kc, jc, nc);
+            const int nrow = (M + MC - 1) / MC, ncol = (nc + NCHUNK - 1) / NCHUNK;
+#pragma omp parallel
+            {
+                real *apack = ws + (size_t)KC * (NC + NR) +
+                              (size_t)omp_get_thread_num() * KC * (MC + MR);
+                int packed_ic = -1;
+#pragma omp for schedule(dynamic, 1)
+                for (int task = 0; task < nrow * ncol; task++) {
+                    const int ic = task / ncol * MC, mc = M - ic < MC ? M - ic : MC;
+                    const int j0 = task % ncol * NCHUNK, j1 = j0 + NCHUNK < nc ? j0 + NCHUNK : nc;
+                    if (ic != packed_ic) pack_a(apack, A, rsa, csa, ic, mc, pc, kc);
+                    packed_ic = ic;
+                    for (int jr = j0; jr < j1; jr += NR) {
+                        const real *b = bpack + (size_t)(jr / NR) * kc * NR;
+                        const int nr = j1 - jr < NR ? j1 - jr : NR;
+                        for (int ir = 0; ir < mc; ir += MR) {
+                            const int mr = mc - ir < MR ? mc - ir : MR;
+                            real *c = C + (size_t)(ic + ir) * ldc + (size_t)(jc + jr);
+                            if (mr == MR && nr == NR)
+                                micro_kernel(c, ldc, apack + (size_t)ir * kc, b, kc);
+                            else
+                                edge_kernel(c, ldc, apack + (size_t)ir * kc, b, kc, mr, nr);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
