@@ -20,20 +20,21 @@ CC       := gcc
 endif
 SAN      ?= 0
 WERROR   ?= 0
-BUILD    := $(if $(filter 1,$(SAN)),build-san,build)
+ARCH     ?= native
+BUILD    ?= $(if $(filter 1,$(SAN)),build-san,build)
 
-PKGS     := openblas check libcjson
-DEB_PKGS := libopenblas-openmp-dev check libcjson-dev pkg-config
+PKGS     := openblas check libcjson libcrypto
+DEB_PKGS := libopenblas-openmp-dev check libcjson-dev libssl-dev pkg-config
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
 
 SANFLAGS := -fsanitize=address -fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 OPT      := $(if $(filter 1,$(SAN)),-O1 $(SANFLAGS),-O3)
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter $(if $(filter 1,$(WERROR)),-Werror)
-CFLAGS   := -std=gnu11 -g -march=native -fopenmp -ffp-contract=off -fno-trapping-math $(OPT) $(WARN) \
+CFLAGS   := -std=gnu11 -g -march=$(ARCH) -fopenmp -ffp-contract=off -fno-trapping-math $(OPT) $(WARN) \
             $(if $(HAVE_PKGS),$(shell pkg-config --cflags $(PKGS)))
 BLAS_DIR := $(if $(HAVE_PKGS),$(shell pkg-config --variable=libdir openblas))
-LDLIBS   := $(if $(HAVE_PKGS),$(shell pkg-config --libs openblas libcjson)) -Wl,-rpath,$(BLAS_DIR) -lm
+LDLIBS   := $(if $(HAVE_PKGS),$(shell pkg-config --libs openblas libcjson libcrypto)) -Wl,-rpath,$(BLAS_DIR) -lm
 CHECK_LIBS := $(if $(HAVE_PKGS),$(shell pkg-config --libs check))
 LDFLAGS  := -fopenmp $(if $(filter 1,$(SAN)),$(SANFLAGS))
 
@@ -54,7 +55,7 @@ TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIB        := $(BUILD)/libstreambp.a
 BIN        := $(BUILD)/streambp
 
-.PHONY: all deps demo test format clean check-deps bench bench-torch plots
+.PHONY: all deps demo test format clean check-deps bench bench-torch plots portable-builds golden
 all: deps
 	@$(MAKE) --no-print-directory $(BIN) $(LIB)
 
@@ -116,6 +117,28 @@ $(BUILD)/tests/test_%: $(BUILD)/tests/test_%.o $(BUILD)/tests/testutil.o $(F64_O
 test: deps
 	@$(MAKE) --no-print-directory $(BIN) $(TESTS)
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(TESTS)
+ifneq ($(SAN),1)
+	@$(MAKE) --no-print-directory portable-builds
+	@for b in $(PORTABLE_BUILDS); do \
+	  STREAMBP=$$b/streambp tests/run.sh $(BUILD)/tests/test_golden || exit 1; done
+endif
+
+# ---- portable numerics: the same digests from other compilers and instruction sets --------------
+# The sources built a second time with clang and a third time for baseline x86-64 (SSE2 only:
+# no AVX, no hardware FMA, so fma() runs in software); `make test` checks that both give the
+# golden digests of data/golden/. `make golden` rewrites those (a deliberate change of the
+# portable arithmetic only).
+
+PORTABLE_BUILDS := build-clang build-x86-64
+
+portable-builds:
+	@command -v clang >/dev/null || { $(SUDO) apt-get install -y -q --no-install-recommends clang libomp-dev; }
+	@$(MAKE) --no-print-directory BUILD=build-clang CC=clang build-clang/streambp
+	@$(MAKE) --no-print-directory BUILD=build-x86-64 ARCH=x86-64 build-x86-64/streambp
+
+golden: all
+	@$(MAKE) --no-print-directory $(BUILD)/tests/test_golden
+	SBP_GOLDEN_UPDATE=1 STREAMBP=$(BIN) tests/run.sh $(BUILD)/tests/test_golden
 
 # ---- demo ---------------------------------------------------------------------------------------
 # The bundled default: a seeded random Qwen3-tiny (tied embeddings, GQA 2:1, head_dim != C/NH)
@@ -169,6 +192,6 @@ format:
 	clang-format -i $(FORMAT_SRC)
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san $(PORTABLE_BUILDS)
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -328,37 +328,40 @@ static void run_against_ref(const char *family, const char *model_dir, const sbp
     tu_load(&m64, NULL, model_dir, NULL, SBP_FP64);
     tu_load(&m32, NULL, model_dir, NULL, SBP_FP32);
     double ref_loss, *g = ref_grads(&ref_loss, &m64, b);
-    for (int prec = 0; prec < 2; prec++) {
-        const sbp_model *m = prec ? &m32 : &m64;
-        worst_seen *ws = prec ? w32 : w64;
-        for (int i = 0; i < nss; i++) {
-            const sched *c = &ss[i];
-            char what[200];
-            snprintf(what, sizeof what, "%s %s %s %s block %d chunk %d logit chunk %d%s", family,
-                     batch_name, prec ? "fp32" : "fp64", sbp_schedule_name(c->s), c->block,
-                     c->chunk, c->logit_chunk, c->chunked_logits ? " (chunked logits)" : "");
-            sbp_grad_result r;
-            tu_grad(&r, m, b, c->s, c->block, c->chunk, c->logit_chunk, c->chunked_logits);
-            ck_assert_int_eq(r.n_targets, count_targets(b));
-            double tol = prec ? SRC_TOL_FP32 : SRC_TOL_FP64;
-            double ltol = prec ? SRC_TOL_FP32 : SRC_LOSS_TOL_FP64, le;
-            const char *where = "";
-            double e = compare(m, &r, &m64, g, ref_loss, tol, ltol, &le, what, &where);
-            if (e > ws->grad) {
-                ws->grad = e;
-                snprintf(ws->where, sizeof ws->where, "%s, %s", what, where);
+    for (int prec = 0; prec < 2; prec++)
+        for (int num = 0; num < 2; num++) {
+            const sbp_model *m = prec ? &m32 : &m64;
+            worst_seen *ws = prec ? w32 : w64;
+            for (int i = 0; i < nss; i++) {
+                const sched *c = &ss[i];
+                char what[240];
+                snprintf(what, sizeof what, "%s %s %s %s %s block %d chunk %d logit chunk %d%s",
+                         family, batch_name, prec ? "fp32" : "fp64", num ? "portable" : "fast",
+                         sbp_schedule_name(c->s), c->block, c->chunk, c->logit_chunk,
+                         c->chunked_logits ? " (chunked logits)" : "");
+                sbp_grad_result r;
+                tu_grad_n(&r, m, b, (sbp_numerics)num, c->s, c->block, c->chunk, c->logit_chunk,
+                          c->chunked_logits);
+                ck_assert_int_eq(r.n_targets, count_targets(b));
+                double tol = prec ? SRC_TOL_FP32 : SRC_TOL_FP64;
+                double ltol = prec ? SRC_TOL_FP32 : SRC_LOSS_TOL_FP64, le;
+                const char *where = "";
+                double e = compare(m, &r, &m64, g, ref_loss, tol, ltol, &le, what, &where);
+                if (e > ws->grad) {
+                    ws->grad = e;
+                    snprintf(ws->where, sizeof ws->where, "%s, %s", what, where);
+                }
+                if (le > ws->loss) ws->loss = le;
+                sbp_grad_result_free(&r, NULL);
             }
-            if (le > ws->loss) ws->loss = le;
-            sbp_grad_result_free(&r, NULL);
         }
-    }
     free(g);
     sbp_model_free(&m64, NULL);
     sbp_model_free(&m32, NULL);
 }
 
 /* Every family × both batches × full, ckpt (materialised and chunked logits) and stream with a
- * block-multiple chunk and a ragged one, float64 and float32. One test, so that the worst values
+ * block-multiple chunk and a ragged one, float64 and float32, fast and portable numerics. One test, so that the worst values
  * over all of it are printed once. */
 START_TEST(src_against_ref) {
     /* sft-tiny: T = 24, block 4; sft-demo: T = 96, block 16 */

@@ -65,17 +65,23 @@ void tu_load(sbp_model *m, sbp_batch *b, const char *model_dir, const char *batc
     if (b && sbp_batch_load(b, batch_path, &m->cfg, &err)) ck_abort_msg("batch: %s", err.msg);
 }
 
-void tu_grad(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b, sbp_schedule s, int block,
-             int chunk, int logit_chunk, int chunked_logits) {
+void tu_grad_n(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b, sbp_numerics n,
+               sbp_schedule s, int block, int chunk, int logit_chunk, int chunked_logits) {
     sbp_grad_opts o = {.schedule = s,
                        .block = block,
                        .chunk = chunk,
                        .logit_chunk = logit_chunk,
-                       .chunked_logits = chunked_logits};
+                       .chunked_logits = chunked_logits,
+                       .numerics = n};
     sbp_err err = {0};
     if (sbp_grad(r, m, b, &o, NULL, &err))
-        ck_abort_msg("sbp_grad (%s, block %d, chunk %d): %s", sbp_schedule_name(s), block, chunk,
-                     err.msg);
+        ck_abort_msg("sbp_grad (%s, %s, block %d, chunk %d): %s", sbp_numerics_name(n),
+                     sbp_schedule_name(s), block, chunk, err.msg);
+}
+
+void tu_grad(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b, sbp_schedule s, int block,
+             int chunk, int logit_chunk, int chunked_logits) {
+    tu_grad_n(r, m, b, SBP_NUMERICS_FAST, s, block, chunk, logit_chunk, chunked_logits);
 }
 
 size_t tu_grad_bytes(const sbp_model *m) {

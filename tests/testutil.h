@@ -15,9 +15,12 @@ const char *tu_model(const char *name, uint64_t seed);
 /* Loads model + batch; fails the test on error. */
 void tu_load(sbp_model *m, sbp_batch *b, const char *model_dir, const char *batch_path,
              sbp_precision prec);
-/* Runs sbp_grad and fails the test on error. */
+/* Runs sbp_grad (fast numerics) and fails the test on error. */
 void tu_grad(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b, sbp_schedule s, int block,
              int chunk, int logit_chunk, int chunked_logits);
+/* The same with the numerics given. */
+void tu_grad_n(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b, sbp_numerics n,
+               sbp_schedule s, int block, int chunk, int logit_chunk, int chunked_logits);
 /* Bytes of the gradient slab. */
 size_t tu_grad_bytes(const sbp_model *m);
 /* Gradient element i as a double. */

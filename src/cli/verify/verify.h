@@ -8,5 +8,6 @@ int verify_fd(int argc, char **argv);
 int verify_run(int argc, char **argv); /* no subcommand: the full matrix */
 int verify_audit(int argc, char **argv);
 int verify_suite(int argc, char **argv);
+int verify_digest(int argc, char **argv);
 
 #endif

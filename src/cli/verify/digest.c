@@ -1,0 +1,31 @@
+/* cli/verify/digest.c — `streambp verify digest FILE`: the fingerprint of a gradient file. */
+#include "../../../verify/digest.h"
+#include "../cli.h"
+#include "verify.h"
+
+#include <string.h>
+
+static const char usage[] =
+    "usage: streambp verify digest FILE\n"
+    "\n"
+    "Prints the fingerprint of a gradient file: the loss of its __metadata__ as exact hex, then\n"
+    "one line per tensor: name, dtype and the SHA-256 of its stored bytes. Runs with --numerics\n"
+    "portable give the same fingerprint on every machine (data/golden/ holds the committed\n"
+    "ones).\n";
+
+int verify_digest(int argc, char **argv) {
+    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    if (argc != 2 || argv[1][0] == '-') {
+        fputs(usage, stderr);
+        return EXIT_USAGE;
+    }
+    sbp_file_digest d;
+    sbp_err err = {0};
+    if (sbp_digest_file(&d, argv[1], &err)) return report_error("verify digest", &err);
+    sbp_digest_print(stdout, &d);
+    sbp_file_digest_free(&d);
+    return 0;
+}

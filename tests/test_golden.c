@@ -1,0 +1,119 @@
+/* test_golden.c — the portable numerics against the committed golden digests (data/golden/).
+ *
+ * For every family, objective and precision, a seeded model written by `streambp init` and a
+ * B = 2 padded batch go through `streambp grad --numerics portable` in three configurations
+ * that share nothing but the arithmetic contract: full BP on one thread, StreamBP with ragged
+ * layer and logits chunks on two threads, checkpointing with chunked logits and another token
+ * block. Each gradient file's fingerprint (`streambp verify digest`: SHA-256 per tensor and the
+ * loss's bits) must equal the committed one; a mismatch names the first differing tensor.
+ *
+ * The binary under test is $STREAMBP (default build/streambp): `make test` runs this test again
+ * against the same sources built with clang and with -march=x86-64 (no AVX, no hardware FMA),
+ * and the digests must not change. SBP_GOLDEN_UPDATE=1 rewrites the golden files instead
+ * (`make golden`): only for a deliberate change of the portable arithmetic, with the reason in
+ * the commit message. */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *families[] = {"qwen3-tiny", "qwen2-tiny", "llama3-tiny"};
+
+static const struct {
+    const char *name, *batch, *options;
+} objectives[] = {
+    {"sft", "data/batches/sft-tiny.safetensors", ""},
+    {"dpo", "data/batches/dpo-tiny.safetensors", "--objective dpo --beta 0.1"},
+    {"grpo", "data/batches/grpo-tiny.safetensors",
+     "--objective grpo --loss-type bnpo --beta 0.04 --temperature 0.7 --epsilon-high 0.28"},
+};
+
+static const char *runs[] = {
+    "--schedule full --threads 1",
+    "--schedule stream --chunk 7 --logit-chunk 5 --block 4 --threads 2",
+    "--schedule ckpt --chunked-logits --logit-chunk 3 --block 16 --threads 2",
+};
+
+/* The model of a family, written by the binary under test. */
+static const char *model_dir(const char *family) {
+    const char *dir = tu_path("golden-model-%s", family);
+    if (!tu_exists(dir) &&
+        tu_sh("'%s' init --config data/models/%s.json --seed 1 --out '%s'", tu_bin(), family, dir))
+        ck_abort_msg("streambp init %s: %s", family, tu_last_output());
+    return dir;
+}
+
+/* The fingerprint of one run, as text (allocated). */
+static char *fingerprint(const char *family, int obj, const char *prec, int run) {
+    const char *out = tu_path("golden-%s-%s-%s-%d.safetensors", family, objectives[obj].name,
+                              prec, run);
+    if (tu_sh("'%s' grad --model '%s' --batch %s %s --precision %s --numerics portable %s "
+              "--out '%s'",
+              tu_bin(), model_dir(family), objectives[obj].batch, objectives[obj].options, prec,
+              runs[run], out))
+        ck_abort_msg("grad %s %s %s (%s): %s", family, objectives[obj].name, prec, runs[run],
+                     tu_last_output());
+    if (tu_sh("'%s' verify digest '%s'", tu_bin(), out))
+        ck_abort_msg("verify digest: %s", tu_last_output());
+    return strdup(tu_last_output());
+}
+
+/* The first line where a and b differ, named by its first word (the tensor, or "loss"). */
+static void assert_same(const char *got, const char *want, const char *what) {
+    const char *g = got, *w = want;
+    int line = 1;
+    while (*g && *w) {
+        const char *ge = strchr(g, '\n'), *we = strchr(w, '\n');
+        size_t gl = ge ? (size_t)(ge - g) : strlen(g), wl = we ? (size_t)(we - w) : strlen(w);
+        if (gl != wl || memcmp(g, w, gl) != 0) {
+            int nl = (int)strcspn(w, " \n");
+            ck_abort_msg("%s: line %d differs: %.*s (got \"%.*s\", golden \"%.*s\")", what, line,
+                         nl, w, (int)gl, g, (int)wl, w);
+        }
+        g += gl + (ge != NULL), w += wl + (we != NULL), line++;
+    }
+    ck_assert_msg(!*g && !*w, "%s: %s has more lines than %s", what, *g ? "the run" : "golden",
+                  *g ? "golden" : "the run");
+}
+
+/* _i: family (_i / 6), objective (_i / 2 % 3), precision (_i % 2). */
+START_TEST(golden_digests) {
+    const char *family = families[_i / 6], *prec = _i % 2 ? "fp64" : "fp32";
+    const int obj = _i / 2 % 3;
+    char golden[256], what[256];
+    snprintf(golden, sizeof golden, "data/golden/%s-%s-%s.txt", family, objectives[obj].name,
+             prec);
+    char *first = fingerprint(family, obj, prec, 0);
+    for (int r = 1; r < 3; r++) {
+        char *other = fingerprint(family, obj, prec, r);
+        snprintf(what, sizeof what, "%s: \"%s\" against \"%s\"", golden, runs[r], runs[0]);
+        assert_same(other, first, what);
+        free(other);
+    }
+    if (getenv("SBP_GOLDEN_UPDATE")) {
+        tu_spit(golden, first, strlen(first));
+        printf("wrote %s\n", golden);
+    } else {
+        snprintf(what, sizeof what, "%s with %s", golden, tu_bin());
+        char *want = tu_slurp(golden, NULL);
+        assert_same(first, want, what);
+        free(want);
+    }
+    free(first);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("golden");
+    TCase *tc = tcase_create("portable");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, golden_digests, 0, 18);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    printf("golden digests of the portable numerics, binary %s\n", tu_bin());
+    return tu_run_suite(suite());
+}
