@@ -1,4 +1,5 @@
-/* test_schedules.c — the exactness promises of README "Exactness":
+/* test_schedules.c — the exactness promises of README "Exactness" (fast numerics, then the
+ * portable numerics at the end):
  *  - full, ckpt and stream give bit-identical gradients and loss whenever the chunk (and logits
  *    chunk) is a multiple of the token block, in float32 and float64, on every bundled family;
  *  - the result does not depend on the thread count (1 vs 2);
@@ -158,6 +159,76 @@ START_TEST(ragged_chunks_within_tolerance) {
 }
 END_TEST
 
+/* Portable numerics (DESIGN §11): every run is bit-identical to full BP on one thread — every
+ * schedule, layer chunks and logits chunks of 1, 7, T − 1, T + 5 and block multiples, other
+ * token blocks, 2 threads — for every family, both precisions and every objective. _i: family
+ * (_i / 6), objective (_i / 2 % 3), precision (_i % 2). */
+START_TEST(portable_every_run) {
+    static const struct {
+        const char *batch;
+        sbp_objective o;
+    } objs[] = {
+        {"data/batches/sft-tiny.safetensors", {.kind = SBP_OBJ_SFT}},
+        {"data/batches/dpo-tiny.safetensors", {.kind = SBP_OBJ_DPO, .beta = 0.1}},
+        {"data/batches/grpo-tiny.safetensors",
+         {.kind = SBP_OBJ_GRPO,
+          .grpo_loss = SBP_GRPO_GRPO,
+          .beta = 0.04,
+          .epsilon_low = 0.2,
+          .epsilon_high = 0.28,
+          .temperature = 0.7}},
+    };
+    const char *family = families[_i / 6];
+    const int k = _i / 2 % 3;
+    const sbp_precision prec = _i % 2 ? SBP_FP64 : SBP_FP32;
+    sbp_model m;
+    sbp_batch b;
+    sbp_err err = {0};
+    tu_load(&m, NULL, tu_model(family, 7), NULL, prec);
+    if (sbp_batch_load_as(&b, objs[k].batch, &m.cfg, objs[k].o.kind, 1, &err))
+        ck_abort_msg("%s: %s", objs[k].batch, err.msg);
+    const int T = b.T, sizes[] = {1, 7, T - 1, T + 5, 4, 8};
+    sbp_grad_opts op = {.schedule = SBP_FULL,
+                        .block = 4,
+                        .objective = objs[k].o,
+                        .numerics = SBP_NUMERICS_PORTABLE};
+    sbp_grad_result ref, r;
+    sbp_set_threads(1);
+    if (sbp_grad(&ref, &m, &b, &op, NULL, &err)) ck_abort_msg("full: %s", err.msg);
+    int runs = 0;
+    for (int threads = 1; threads <= 2; threads++) {
+        sbp_set_threads(threads);
+        for (int i = 0; i < 6; i++)
+            for (int j = 0; j < 6; j++)
+                for (int v = 0; v < 4; v++) {     /* stream; ckpt, full with chunked logits */
+                    if (v > 0 && i > 0) continue; /* their layer chunk is T: vary logits only */
+                    if (threads == 2 && j != i) continue; /* 2 threads: a diagonal */
+                    sbp_grad_opts o = op;
+                    o.schedule = v == 0 ? SBP_STREAM : v == 1 ? SBP_CKPT : SBP_FULL;
+                    o.chunk = sizes[i], o.logit_chunk = sizes[j];
+                    o.chunked_logits = v > 0;
+                    o.block = v == 3 ? 16 : 4; /* another token block changes nothing either */
+                    if (sbp_grad(&r, &m, &b, &o, NULL, &err)) ck_abort_msg("%s", err.msg);
+                    char what[160];
+                    snprintf(what, sizeof what,
+                             "portable %s %s %s %s chunk %d logit chunk %d, "
+                             "block %d, %d threads",
+                             family, prec == SBP_FP64 ? "fp64" : "fp32", objs[k].batch + 13,
+                             sbp_schedule_name(o.schedule), o.chunk, o.logit_chunk, o.block,
+                             threads);
+                    assert_bitwise(&m, &ref, &r, what);
+                    sbp_grad_result_free(&r, NULL);
+                    runs++;
+                }
+    }
+    ck_assert_int_eq(runs, 36 + 3 * 6 + 6 + 3);
+    sbp_set_threads(1);
+    sbp_grad_result_free(&ref, NULL);
+    sbp_batch_free(&b);
+    sbp_model_free(&m, NULL);
+}
+END_TEST
+
 /* A chunk larger than T is clamped, and the result is then identical to chunk = T. */
 START_TEST(chunk_clamped_to_T) {
     sbp_model m;
@@ -187,6 +258,10 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, thread_count_invariance, 0, 2);
     tcase_add_test(tc, chunk_clamped_to_T);
     suite_add_tcase(s, tc);
+    TCase *pt = tcase_create("portable");
+    tcase_set_timeout(pt, 300);
+    tcase_add_loop_test(pt, portable_every_run, 0, 18);
+    suite_add_tcase(s, pt);
     TCase *tol = tcase_create("tolerance");
     tcase_set_timeout(tol, 120);
     tcase_add_loop_test(tol, ragged_chunks_within_tolerance, 0, 6);

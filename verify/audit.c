@@ -23,7 +23,7 @@ const char *sbp_audit_status_name(int status) {
 static sbp_status truth_and_ours(sbp_audit_report *rep, double *truth, double *ours,
                                  const sbp_audit_opts *o, sbp_model *m64, const sbp_batch *b,
                                  sbp_err *err) {
-    sbp_grad_opts g = {.schedule = SBP_FULL, .block = o->block};
+    sbp_grad_opts g = {.schedule = SBP_FULL, .block = o->block, .numerics = o->numerics};
     sbp_grad_result r;
     sbp_status st;
     const int64_t n = m64->params.total;

@@ -20,6 +20,7 @@ typedef struct {
     double slack; /* 0: 4 */
     int no_ref;
     int block; /* 0: 256 */
+    sbp_numerics numerics; /* of our runs (the yardstick, and the truth with no_ref) */
 } sbp_audit_opts;
 
 typedef struct {

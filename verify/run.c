@@ -24,17 +24,20 @@ typedef struct {
 
 typedef struct {
     const sbp_verify_opts *o;
+    sbp_numerics numerics; /* of the runs being made */
     sbp_verify_report *rep;
     const sbp_model *m32, *m64;
     const sbp_batch *b;
     double *truth;    /* (params.total) */
     double *budget32; /* (params.n) relative-L2 budget per tensor */
+    int have_budget32;
     double *ta, *tb;  /* scratch: one tensor as doubles */
 } ctx;
 
-static void label(char *buf, size_t n, sbp_precision p, const run_cfg *c, int threads) {
-    int len =
-        snprintf(buf, n, "%s %s", p == SBP_FP64 ? "fp64" : "fp32", sbp_schedule_name(c->schedule));
+static void label(char *buf, size_t n, sbp_numerics num, sbp_precision p, const run_cfg *c,
+                  int threads) {
+    int len = snprintf(buf, n, "%s%s %s", num == SBP_NUMERICS_PORTABLE ? "portable " : "",
+                       p == SBP_FP64 ? "fp64" : "fp32", sbp_schedule_name(c->schedule));
     if (c->schedule == SBP_STREAM) len += snprintf(buf + len, n - len, " chunk %d", c->chunk);
     if (c->chunked_logits) len += snprintf(buf + len, n - len, " logit chunk %d", c->logit_chunk);
     snprintf(buf + len, n - len, ", %d thread%s", threads, threads > 1 ? "s" : "");
@@ -46,7 +49,8 @@ static sbp_status run(sbp_grad_result *r, ctx *x, sbp_precision p, const run_cfg
                        .chunk = c->chunk,
                        .logit_chunk = c->logit_chunk,
                        .chunked_logits = c->chunked_logits,
-                       .objective = x->o->objective};
+                       .objective = x->o->objective,
+                       .numerics = x->numerics};
     x->rep->n_runs++;
     return sbp_grad(r, p == SBP_FP64 ? x->m64 : x->m32, x->b, &g, NULL, err);
 }
@@ -104,20 +108,24 @@ static void loss_dev(ctx *x, sbp_precision p, double loss) {
     *m = fmax(*m, d);
 }
 
-/* Every configuration of one precision: against the truth, against full BP, and across
- * thread counts. base is full BP at the first thread count. */
+/* Every configuration of one precision in the current numerics: against the truth, against
+ * full BP, and across thread counts. base is full BP at the first thread count. In portable
+ * numerics every run is compared bitwise with base (group "portable"). */
 static sbp_status run_precision(ctx *x, sbp_precision p, const run_cfg *cfgs, int n, sbp_err *err) {
     const sbp_verify_opts *o = x->o;
     const sbp_params *ps = &x->m64->params;
+    const int portable = x->numerics == SBP_NUMERICS_PORTABLE;
     int gtruth = p == SBP_FP64 ? SBP_VG_TRUTH64 : SBP_VG_TRUTH32;
     sbp_grad_result base, r0, rt;
-    char what[96];
+    char what[128];
     sbp_set_threads(o->threads[0]);
     run_cfg full = {.schedule = SBP_FULL, .aligned = 1};
     sbp_status st = run(&base, x, p, &full, err);
     if (st) return st;
     loss_dev(x, p, base.loss);
-    if (p == SBP_FP32) { /* the float32 budget: what float32 full BP achieves, with slack */
+    if (p == SBP_FP32 && !x->have_budget32) {
+        /* the float32 budget: what float32 full BP achieves, with slack */
+        x->have_budget32 = 1;
         for (int i = 0; i < ps->n; i++) {
             const sbp_param *pa = &ps->p[i];
             to_double(x->ta, base.grads, p, pa->offset, pa->numel);
@@ -132,20 +140,23 @@ static sbp_status run_precision(ctx *x, sbp_precision p, const run_cfg *cfgs, in
         sbp_set_threads(o->threads[0]);
         if (k >= 0 && (st = run(&r0, x, p, c, err))) break;
         const sbp_grad_result *a = k < 0 ? &base : &r0;
-        label(what, sizeof what, p, c, o->threads[0]);
+        label(what, sizeof what, x->numerics, p, c, o->threads[0]);
         if (k >= 0) loss_dev(x, p, a->loss);
         compare(x, gtruth, what, a->grads, NULL, p, TRUTH64_TOL,
                 p == SBP_FP32 ? x->budget32 : NULL);
-        if (k >= 0 && c->aligned)
+        if (k >= 0 && portable)
+            compare(x, SBP_VG_PORTABLE, what, a->grads, base.grads, p, 0, NULL);
+        else if (k >= 0 && c->aligned)
             compare(x, SBP_VG_SCHEDULES, what, a->grads, base.grads, p, 0, NULL);
-        if (k >= 0 && !c->aligned)
+        else if (k >= 0)
             compare(x, SBP_VG_RAGGED, what, a->grads, base.grads, p,
                     p == SBP_FP64 ? RAGGED_TOL_FP64 : RAGGED_TOL_FP32, NULL);
         for (int t = 1; t < o->n_threads && !st; t++) {
             sbp_set_threads(o->threads[t]);
             if ((st = run(&rt, x, p, c, err))) break;
-            label(what, sizeof what, p, c, o->threads[t]);
-            compare(x, SBP_VG_THREADS, what, rt.grads, a->grads, p, 0, NULL);
+            label(what, sizeof what, x->numerics, p, c, o->threads[t]);
+            compare(x, portable ? SBP_VG_PORTABLE : SBP_VG_THREADS, what, rt.grads, a->grads, p,
+                    0, NULL);
             sbp_grad_result_free(&rt, NULL);
         }
         if (k >= 0) sbp_grad_result_free(&r0, NULL);
@@ -170,6 +181,7 @@ static sbp_status truth_of(ctx *x, sbp_err *err) {
     x->rep->truth = "float64 full BP";
     sbp_grad_result r;
     run_cfg full = {.schedule = SBP_FULL};
+    x->numerics = SBP_NUMERICS_FAST;
     sbp_status st = run(&r, x, SBP_FP64, &full, err);
     if (st) return st;
     memcpy(x->truth, r.grads, sizeof(double) * (size_t)ps->total);
@@ -207,7 +219,7 @@ static void default_chunks(sbp_verify_report *rep) {
 }
 
 static const char *group_titles[SBP_VG_N] = {"fp64 vs truth", "fp32 vs truth", "schedules",
-                                             "threads", "ragged chunks"};
+                                             "threads",       "ragged chunks", "portable"};
 
 sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, sbp_err *err) {
     memset(rep, 0, sizeof *rep);
@@ -271,8 +283,16 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
              "chunks that are not block multiples against full BP: relative L2 <= %g (fp32), "
              "%g (fp64)",
              RAGGED_TOL_FP32, RAGGED_TOL_FP64);
-    if (!st && (precs & (1 << SBP_FP64))) st = run_precision(&x, SBP_FP64, cfgs, ncfg, err);
-    if (!st && (precs & (1 << SBP_FP32))) st = run_precision(&x, SBP_FP32, cfgs, ncfg, err);
+    snprintf(rep->g[SBP_VG_PORTABLE].promise, sizeof rep->g[0].promise,
+             "portable numerics: every run (every schedule and chunk, ragged ones included, every "
+             "thread count) against portable full BP: bitwise");
+    const int nums = o.numerics ? o.numerics : 3;
+    for (int num = 0; num < 2 && !st; num++) {
+        if (!(nums & (1 << num))) continue;
+        x.numerics = (sbp_numerics)num;
+        if (!st && (precs & (1 << SBP_FP64))) st = run_precision(&x, SBP_FP64, cfgs, ncfg, err);
+        if (!st && (precs & (1 << SBP_FP32))) st = run_precision(&x, SBP_FP32, cfgs, ncfg, err);
+    }
     for (int gi = 0; gi < SBP_VG_N && !st; gi++)
         for (int i = 0; i < ps->n; i++) {
             rep->g[gi].failed += rep->g[gi].rows[i].failed > 0;

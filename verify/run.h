@@ -13,7 +13,12 @@
  *                      thread count: bitwise;
  *   ragged chunks      chunks that are not block multiples against full BP of the same
  *                      precision: relative L2 <= 1e-5 (fp32) or 2e-14 (fp64), the bounds measured
- *                      on the bundled models (README, "Exactness").
+ *                      on the bundled models (README, "Exactness");
+ *   portable           the portable numerics (DESIGN §11): every run — every schedule and chunk,
+ *                      ragged ones included, every thread count — against portable full BP of
+ *                      the same precision at the first thread count: bitwise. Portable runs are
+ *                      also judged against the truth in the first two groups.
+ * schedules, threads and ragged chunks hold the fast numerics' runs; --numerics picks which run.
  * Each group reports one row per tensor: the worst case over its runs. */
 #ifndef SBP_RUN_H
 #define SBP_RUN_H
@@ -29,6 +34,7 @@ typedef struct {
     int n_chunks;   /* 0: block multiples B, 2B, 4B, T and ragged 1, 7, T−1, T+5 */
     int schedules;  /* bit set of 1 << sbp_schedule; 0: all three */
     int precisions; /* bit set of 1 << sbp_precision; 0: both */
+    int numerics;   /* bit set of 1 << sbp_numerics; 0: both */
     int threads[4];
     int n_threads;           /* 0: 1 and 2 */
     int no_ref;              /* truth from float64 full BP instead of ref/ */
@@ -57,7 +63,15 @@ typedef struct {
     int runs, failed; /* comparisons made, and failed (tensor level) */
 } sbp_verify_group;
 
-enum { SBP_VG_TRUTH64, SBP_VG_TRUTH32, SBP_VG_SCHEDULES, SBP_VG_THREADS, SBP_VG_RAGGED, SBP_VG_N };
+enum {
+    SBP_VG_TRUTH64,
+    SBP_VG_TRUTH32,
+    SBP_VG_SCHEDULES,
+    SBP_VG_THREADS,
+    SBP_VG_RAGGED,
+    SBP_VG_PORTABLE,
+    SBP_VG_N
+};
 
 typedef struct {
     sbp_verify_group g[SBP_VG_N];

@@ -18,6 +18,7 @@ static const char usage[] =
     "relative L2 error against the truth is within slack x our error (with a floor). Tensors are\n"
     "matched by HF name; missing tensors, shape mismatches and NaN/Inf fail.\n"
     "\n"
+    "  --numerics N             fast | portable: the numerics of our own runs (default fast)\n"
     "  --precision-of-theirs P  fp32 | bf16 | fp64 (default fp32); bf16 is measured with our\n"
     "                           float32 engine emulating pure-bf16 training\n"
     "  --slack X                budget factor (default 4)\n"
@@ -30,6 +31,7 @@ int verify_audit(int argc, char **argv) {
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'}, {"batch", required_argument, 0, 'b'},
         {"grads", required_argument, 0, 'g'}, {"precision-of-theirs", required_argument, 0, 'p'},
+        {"numerics", required_argument, 0, 'N'},
         {"slack", required_argument, 0, 's'}, {"block", required_argument, 0, 'B'},
         {"no-ref", no_argument, 0, 'n'},      {"json", no_argument, 0, 'j'},
         {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
@@ -63,6 +65,9 @@ int verify_audit(int argc, char **argv) {
             if (!parse_pos_int("verify audit", "block", optarg, &o.block)) return EXIT_USAGE;
             break;
         case 'n': o.no_ref = 1; break;
+        case 'N':
+            if (!parse_numerics("verify audit", optarg, &o.numerics)) return EXIT_USAGE;
+            break;
         case 'j': json = 1; break;
         case 'h': fputs(usage, stdout); return 0;
         default: fputs(usage, stderr); return EXIT_USAGE;

@@ -16,10 +16,11 @@ static const char usage[] =
     "       streambp verify diff A B | fd | --suite      (see `streambp verify help`)\n"
     "\n"
     "Runs every schedule (full, ckpt, stream) at several chunk sizes, in float32 and float64, at\n"
-    "1 and 2 threads, and the ref/ float64 oracle, and compares every parameter gradient in five\n"
-    "groups: fp64 vs the float64 truth (<= 1e-10), fp32 vs the truth (within a budget measured in\n"
-    "the same run: slack x the error of fp32 full BP), schedules (bitwise at block-multiple\n"
-    "chunks), threads (bitwise), ragged chunks (within the measured tolerance). One row per\n"
+    "1 and 2 threads, in fast and portable numerics, and the ref/ float64 oracle, and compares\n"
+    "every parameter gradient in six groups: fp64 vs the float64 truth (<= 1e-10), fp32 vs the\n"
+    "truth (within a budget measured in the same run: slack x the error of fp32 full BP),\n"
+    "schedules (fast: bitwise at block-multiple chunks), threads (fast: bitwise), ragged chunks\n"
+    "(fast: within the measured tolerance), portable (every portable run bitwise). One row per\n"
     "tensor and group: bitwise runs, max ULP, max abs, relative L2, cosine and the norm ratio\n"
     "(cosine alone misses a scale error), the budget and the verdict. Without --model/--batch it\n"
     "runs on the bundled default (Qwen3-tiny, seed 1, data/batches/sft-demo.safetensors).\n"
@@ -27,6 +28,7 @@ static const char usage[] =
     "  --schedules LIST   subset of full,ckpt,stream (default all)\n"
     "  --chunks LIST      stream chunks, e.g. 16,32,7 (default B,2B,4B,T and 1,7,T-1,T+5)\n"
     "  --precisions LIST  subset of fp32,fp64 (default both)\n"
+    "  --numerics LIST    subset of fast,portable (default both)\n"
     "  --threads LIST     thread counts, e.g. 1,2 (default 1,2; the first is the reference)\n"
     "  --block N          token block (default 16 when T < 1024, else 256)\n"
     "  --no-ref           take float64 full BP as the truth (ref/ is naive: use for large models)\n"
@@ -73,6 +75,13 @@ static int item_prec(const char *s, int *v) {
         *v = 1 << SBP_FP64;
     else
         return 0;
+    return 1;
+}
+
+static int item_numerics(const char *s, int *v) {
+    sbp_numerics num;
+    if (!sbp_numerics_parse(s, &num)) return 0;
+    *v = 1 << num;
     return 1;
 }
 
@@ -141,6 +150,7 @@ int verify_run(int argc, char **argv) {
                                          {"schedules", required_argument, 0, 's'},
                                          {"chunks", required_argument, 0, 'c'},
                                          {"precisions", required_argument, 0, 'p'},
+                                         {"numerics", required_argument, 0, 'N'},
                                          {"threads", required_argument, 0, 't'},
                                          {"block", required_argument, 0, 'B'},
                                          {"no-ref", no_argument, 0, 'n'},
@@ -171,6 +181,14 @@ int verify_run(int argc, char **argv) {
         case 'p':
             if (!parse_list(optarg, "precisions", item_prec, list, 2, &n)) return EXIT_USAGE;
             o.precisions = bits(list, n);
+            break;
+        case 'N':
+            if (!parse_list(optarg, "numerics", item_numerics, list, 2, &n)) {
+                fprintf(stderr, "streambp verify: --numerics takes fast, portable or both "
+                                "(fast,portable)\n");
+                return EXIT_USAGE;
+            }
+            o.numerics = bits(list, n);
             break;
         case 't':
             if (!parse_list(optarg, "threads", item_int, o.threads, 4, &o.n_threads))
