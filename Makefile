@@ -8,7 +8,8 @@
 #
 # The numeric code (src/kernels, src/engine) is compiled twice, with real = float and with
 # real = double (-DSBP_REAL_F64). Each copy is linked into one relocatable object whose only
-# global symbol is its entry point (sbp_engine_grad_f32 / _f64), so both live in one binary.
+# global symbols are its entry points (sbp_engine_grad_f32 / _f64 and the portable product), so
+# both live in one binary.
 # No -ffast-math anywhere (no reassociation, NaN/Inf kept) and no contraction
 # (-ffp-contract=off): a fused multiply-add happens where the source writes fma() and nowhere
 # else, so the portable numerics give the same bits with any compiler (DESIGN §11).
@@ -88,12 +89,12 @@ $(BUILD)/f64/%.o: %.c | check-deps
 # One relocatable object per precision; everything but the entry point becomes local.
 $(BUILD)/engine_f32.o: $(F32_OBJ)
 	$(LD) -r -o $@.tmp $^
-	objcopy --keep-global-symbol=sbp_engine_grad_f32 $@.tmp $@
+	objcopy --keep-global-symbol=sbp_engine_grad_f32 --keep-global-symbol=sbp_portable_gemm_f32 $@.tmp $@
 	@rm -f $@.tmp
 
 $(BUILD)/engine_f64.o: $(F64_OBJ)
 	$(LD) -r -o $@.tmp $^
-	objcopy --keep-global-symbol=sbp_engine_grad_f64 $@.tmp $@
+	objcopy --keep-global-symbol=sbp_engine_grad_f64 --keep-global-symbol=sbp_portable_gemm_f64 $@.tmp $@
 	@rm -f $@.tmp
 
 $(LIB): $(COMMON_OBJ) $(BUILD)/engine_f32.o $(BUILD)/engine_f64.o

@@ -331,6 +331,13 @@ sbp_status sbp_check_writable(const char *path, sbp_err *err);
  * recomputation included (src/core/flops.c gives the formula). */
 double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o);
 
+/* C (M, N) = A (M, K) · Bᵀ (B: (N, K)), all row-major, with the portable product of the
+ * portable numerics: every element one chain of fused multiply-adds in ascending k, so the bits
+ * are the same on every machine and thread count (DESIGN §11). 0 on success, -1 when out of
+ * memory for its packing buffers. */
+int sbp_portable_gemm_f32(float *C, const float *A, const float *B, int M, int N, int K);
+int sbp_portable_gemm_f64(double *C, const double *A, const double *B, int M, int N, int K);
+
 /* Sets OpenMP and OpenBLAS to n threads (process-wide; see the header comment). */
 void sbp_set_threads(int n);
 

@@ -16,6 +16,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+char *openblas_get_corename(void); /* from OpenBLAS; not in every cblas.h */
+char *openblas_get_config(void);
+
 static const char usage[] =
     "usage: streambp bench [--model DIR | --config FILE] [--seq T ...] [options]\n"
     "\n"
@@ -27,6 +30,8 @@ static const char usage[] =
     "\n"
     "  --seq T            a sequence length (repeatable; default 512 1024 2048 4096 8192 16384)\n"
     "  --schedules LIST   of full, ckpt, ckpt-chunked, stream (default full,ckpt,stream)\n"
+    "  --numerics LIST    of fast, portable (default: both up to T = 4096, fast above); the\n"
+    "                     portable product's rate is measured beside sgemm's at the same shapes\n"
     "  --threads N        default 2\n"
     "  --reps N           timed rounds per T (default 3 up to T = 4096, then 1); a round runs\n"
     "                     every schedule once, in one process, after an untimed warm-up round\n"
@@ -40,7 +45,7 @@ static const char usage[] =
 typedef struct {
     int ok;
     char err[800];
-    double times[PLAN_N_SCHEDULES][16]; /* step times per schedule and round */
+    double times[2 * PLAN_N_SCHEDULES][16]; /* step times per configuration and round */
     int n_times;                        /* rounds timed */
     double loss;
     sbp_ledger lg;
@@ -103,20 +108,27 @@ static void sgemm_child(child_result *r, const void *p) {
         }
         for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)((i * 7 % 13) - 6) * 0.01f;
         for (size_t i = 0; i < (size_t)N * K; i++) B[i] = (float)((i * 5 % 11) - 5) * 0.01f;
-        double best[7];
-        for (int rep = 0; rep < 8; rep++) {
-            double t0 = now_seconds();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, A, K, B, K, 0, C, N);
-            double t = now_seconds() - t0;
-            if (rep) best[rep - 1] = 2.0 * M * N * K / t / 1e9; /* the first call warms up */
+        for (int portable = 0; portable < 2; portable++) {
+            double best[7];
+            for (int rep = 0; rep < 8; rep++) { /* interleaved with nothing: one product each */
+                double t0 = now_seconds();
+                if (portable)
+                    sbp_portable_gemm_f32(C, A, B, M, N, K);
+                else
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, A, K, B, K, 0,
+                                C, N);
+                double t = now_seconds() - t0;
+                if (rep) best[rep - 1] = 2.0 * M * N * K / t / 1e9; /* the first call warms up */
+            }
+            for (int i = 0; i < 7; i++) /* median of 7 */
+                for (int j = i + 1; j < 7; j++)
+                    if (best[j] < best[i]) {
+                        double t = best[i];
+                        best[i] = best[j], best[j] = t;
+                    }
+            r->times[portable][s] = best[3];
         }
-        for (int i = 0; i < 7; i++) /* median of 7 */
-            for (int j = i + 1; j < 7; j++)
-                if (best[j] < best[i]) {
-                    double t = best[i];
-                    best[i] = best[j], best[j] = t;
-                }
-        r->times[0][r->n_times++] = best[3];
+        r->n_times++;
         free(A), free(B), free(C);
     }
     r->ok = 1;
@@ -130,7 +142,7 @@ static void sgemm_child(child_result *r, const void *p) {
 typedef struct {
     const char *model;
     int T, reps, warmup, threads, n;
-    sbp_grad_opts g[PLAN_N_SCHEDULES];
+    sbp_grad_opts g[2 * PLAN_N_SCHEDULES];
 } step_arg;
 
 static void step_child(child_result *r, const void *p) {
@@ -199,13 +211,14 @@ int cmd_bench(int argc, char **argv) {
                                          {"chunk", required_argument, 0, 'C'},
                                          {"logit-chunk", required_argument, 0, 'l'},
                                          {"largest", required_argument, 0, 'L'},
+                                         {"numerics", required_argument, 0, 'N'},
                                          {"csv", no_argument, 0, 'v'},
                                          {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *model = NULL, *config = NULL, *sched = "full,ckpt,stream";
     int seqs[32], n_seqs = 0, threads = 2, reps = 0, block = 256, chunk = 1024, lchunk = 256;
-    int csv = 0, json = 0, c;
+    int csv = 0, json = 0, c, numerics = 0; /* bit set of 1 << sbp_numerics; 0: the default */
     int64_t largest = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -239,6 +252,17 @@ int cmd_bench(int argc, char **argv) {
         case 'L':
             if (!plan_parse_size("bench", optarg, &largest)) return EXIT_USAGE;
             break;
+        case 'N': {
+            char buf[64];
+            snprintf(buf, sizeof buf, "%s", optarg);
+            for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+                 tok = strtok_r(NULL, ",", &save)) {
+                sbp_numerics nm;
+                if (!parse_numerics("bench", tok, &nm)) return EXIT_USAGE;
+                numerics |= 1 << nm;
+            }
+            break;
+        }
         case 'v': csv = 1; break;
         case 'j': json = 1; break;
         case 'h': fputs(usage, stdout); return 0;
@@ -292,31 +316,36 @@ int cmd_bench(int argc, char **argv) {
     fprintf(stderr, "streambp bench: measuring the sgemm rate...\n");
     in_child(&sg, sgemm_child, &sa);
     double sgemm = sg.ok ? (sg.times[0][0] + sg.times[0][1] + sg.times[0][2]) / 3 : NAN;
+    double pgemm = sg.ok ? (sg.times[1][0] + sg.times[1][1] + sg.times[1][2]) / 3 : NAN;
 
     if (!json && !csv) {
         printf("streambp bench: %s (%s, C=%d, L=%d, heads %d/%d, F=%d, V=%d, %.1fM parameters), "
                "B = 1, fp32, %d threads, block %d, stream chunk %d, logit chunk %d\n",
                cfgpath, cfg.model_type, cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.ffn,
                cfg.vocab, nparam / 1e6, threads, block, chunk, lchunk);
+        printf("BLAS: %s, kernels %s\n", openblas_get_config(), openblas_get_corename());
         printf("sgemm rate in this run: %.1f GFLOP/s (mean of the medians of %dx%dx%d, %dx%dx%d, "
                "%dx%dx%d)\n",
                sgemm, 2048, cfg.hidden, cfg.ffn, 2048, cfg.ffn, cfg.hidden, 2048, cfg.hidden,
                cfg.vocab);
+        printf("portable product at the same shapes: %.1f GFLOP/s, %.0f%% of sgemm (%.1f, %.1f, "
+               "%.1f)\n",
+               pgemm, 100 * pgemm / sgemm, sg.times[1][0], sg.times[1][1], sg.times[1][2]);
     }
     if (csv)
-        printf("T,schedule,runs,median_s,gflop,gflops,pct_sgemm,tokens_per_s,ledger_peak_bytes,"
+        printf("T,schedule,numerics,runs,median_s,gflop,gflops,pct_sgemm,tokens_per_s,ledger_peak_bytes,"
                "planned_peak_bytes,rss_bytes,loss\n");
     cJSON *jrows = cJSON_CreateArray();
     int budget_rows = largest ? 1 : n_seqs;
     if (!json && !csv)
-        printf("%7s %-13s %4s %9s %9s %8s %7s %9s %10s %10s %9s %8s\n", "T", "schedule", "runs",
+        printf("%7s %-22s %4s %9s %9s %8s %7s %9s %10s %10s %9s %8s\n", "T", "schedule", "runs",
                "median s", "GFLOP", "GFLOP/s", "%sgemm", "tokens/s", "peak MiB", "plan MiB",
                "RSS MiB", "RSS/peak");
     int failures = 0;
     for (int si = 0; si < budget_rows; si++) {
         /* memory: each schedule alone in a process (its own peak RSS), one step */
-        child_result mem[PLAN_N_SCHEDULES];
-        sbp_ledger plan[PLAN_N_SCHEDULES];
+        child_result mem[2 * PLAN_N_SCHEDULES];
+        sbp_ledger plan[2 * PLAN_N_SCHEDULES];
         step_arg timing = {.model = mdir,
                            .T = seqs[si],
                            .threads = threads,
@@ -324,18 +353,22 @@ int cmd_bench(int argc, char **argv) {
                                    : seqs[si] <= 4096 ? 3
                                                       : 1,
                            .warmup = seqs[si] <= 4096 && !largest};
-        int kidx[PLAN_N_SCHEDULES], Ts[PLAN_N_SCHEDULES];
-        for (int k = 0; k < PLAN_N_SCHEDULES; k++) {
-            mem[k].ok = 0;
-            if (!use[k]) continue;
+        /* configuration q: schedule q % PLAN_N_SCHEDULES in numerics q / PLAN_N_SCHEDULES */
+        const int nums = numerics ? numerics : seqs[si] <= 4096 && !largest ? 3 : 1;
+        int kidx[2 * PLAN_N_SCHEDULES], Ts[2 * PLAN_N_SCHEDULES];
+        for (int q = 0; q < 2 * PLAN_N_SCHEDULES; q++) {
+            const int k = q % PLAN_N_SCHEDULES, num = q / PLAN_N_SCHEDULES;
+            mem[q].ok = 0;
+            if (!use[k] || !(nums & (1 << num))) continue;
             sbp_grad_opts g = {.schedule = kinds[k].schedule,
                                .block = block,
                                .chunk = chunk,
                                .logit_chunk = lchunk,
-                               .chunked_logits = kinds[k].chunked_logits};
+                               .chunked_logits = kinds[k].chunked_logits,
+                               .numerics = (sbp_numerics)num};
             int T = seqs[si];
             if (largest) {
-                T = plan_largest_T(&cfg, 1, 4, 0, &g, largest, &plan[k]);
+                T = plan_largest_T(&cfg, 1, 4, 0, &g, largest, &plan[q]);
                 if (T == 0) {
                     printf("%-13s does not fit in %.0f MiB at any T\n", kinds[k].name,
                            mib(largest));
@@ -343,18 +376,19 @@ int cmd_bench(int argc, char **argv) {
                 }
             } else {
                 sbp_plan_opts po = {.grad = g, .B = 1, .T = T, .storage_bytes = 4};
-                if (sbp_plan(&plan[k], &cfg, &po, &err)) memset(&plan[k], 0, sizeof plan[k]);
+                if (sbp_plan(&plan[q], &cfg, &po, &err)) memset(&plan[q], 0, sizeof plan[q]);
             }
-            Ts[k] = T;
+            Ts[q] = T;
             step_arg a = {.model = mdir, .T = T, .threads = threads, .reps = 1, .n = 1, .g = {g}};
-            fprintf(stderr, "  T = %d, %s: memory...\n", T, kinds[k].name);
-            in_child(&mem[k], step_child, &a);
-            if (!mem[k].ok) {
-                fprintf(stderr, "streambp bench: T = %d, %s: %s\n", T, kinds[k].name, mem[k].err);
+            fprintf(stderr, "  T = %d, %s, %s numerics: memory...\n", T, kinds[k].name,
+                    sbp_numerics_name(g.numerics));
+            in_child(&mem[q], step_child, &a);
+            if (!mem[q].ok) {
+                fprintf(stderr, "streambp bench: T = %d, %s: %s\n", T, kinds[k].name, mem[q].err);
                 failures++;
                 continue;
             }
-            kidx[k] = timing.n;
+            kidx[q] = timing.n;
             timing.g[timing.n++] = g;
         }
         /* time: every schedule in one process, interleaved (unless one step is all there is) */
@@ -371,22 +405,28 @@ int cmd_bench(int argc, char **argv) {
                 continue;
             }
         }
-        for (int k = 0; k < PLAN_N_SCHEDULES; k++) {
-            if (!use[k] || !mem[k].ok) continue;
-            const child_result *r = &mem[k];
-            double *tv = timed ? tr.times[kidx[k]] : mem[k].times[0];
-            int nt = timed ? tr.n_times : 1, T = Ts[k];
-            sbp_grad_opts g = timing.g[kidx[k]];
+        for (int q = 0; q < 2 * PLAN_N_SCHEDULES; q++) {
+            const int k = q % PLAN_N_SCHEDULES;
+            if (!use[k] || !mem[q].ok) continue;
+            const child_result *r = &mem[q];
+            double *tv = timed ? tr.times[kidx[q]] : mem[q].times[0];
+            int nt = timed ? tr.n_times : 1, T = Ts[q];
+            sbp_grad_opts g = timing.g[kidx[q]];
+            const char *num = sbp_numerics_name(g.numerics);
             double t = median(tv, nt), flop = sbp_step_flops(&cfg, 1, T, &g);
             double gfs = flop / t / 1e9, peak = (double)r->lg.peak_total;
+            char name[40];
+            snprintf(name, sizeof name, "%s%s", kinds[k].name,
+                     g.numerics == SBP_NUMERICS_PORTABLE ? " (portable)" : "");
             if (csv) {
-                printf("%d,%s,%d,%.6f,%.3f,%.3f,%.2f,%.1f,%lld,%lld,%lld,%.17g\n", T, kinds[k].name,
-                       nt, t, flop / 1e9, gfs, 100 * gfs / sgemm, T / t,
-                       (long long)r->lg.peak_total, (long long)plan[k].peak_total, r->rss, r->loss);
+                printf("%d,%s,%s,%d,%.6f,%.3f,%.3f,%.2f,%.1f,%lld,%lld,%lld,%.17g\n", T,
+                       kinds[k].name, num, nt, t, flop / 1e9, gfs, 100 * gfs / sgemm, T / t,
+                       (long long)r->lg.peak_total, (long long)plan[q].peak_total, r->rss, r->loss);
             } else if (json) {
                 cJSON *o = cJSON_CreateObject();
                 cJSON_AddNumberToObject(o, "T", T);
                 cJSON_AddStringToObject(o, "schedule", kinds[k].name);
+                cJSON_AddStringToObject(o, "numerics", num);
                 cJSON_AddNumberToObject(o, "runs", nt);
                 cJSON_AddNumberToObject(o, "median_seconds", t);
                 cJSON_AddNumberToObject(o, "gflop", flop / 1e9);
@@ -394,13 +434,13 @@ int cmd_bench(int argc, char **argv) {
                 cJSON_AddNumberToObject(o, "fraction_of_sgemm", gfs / sgemm);
                 cJSON_AddNumberToObject(o, "tokens_per_second", T / t);
                 cJSON_AddItemToObject(o, "memory", ledger_json(&r->lg));
-                cJSON_AddNumberToObject(o, "planned_peak_bytes", (double)plan[k].peak_total);
+                cJSON_AddNumberToObject(o, "planned_peak_bytes", (double)plan[q].peak_total);
                 cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)r->rss);
                 cJSON_AddItemToArray(jrows, o);
             } else {
-                printf("%7d %-13s %4d %9.3f %9.1f %8.1f %6.1f%% %9.0f %10.1f %10.1f %9.1f %8.2f\n",
-                       T, kinds[k].name, nt, t, flop / 1e9, gfs, 100 * gfs / sgemm, T / t,
-                       mib(r->lg.peak_total), mib(plan[k].peak_total), mib(r->rss), r->rss / peak);
+                printf("%7d %-22s %4d %9.3f %9.1f %8.1f %6.1f%% %9.0f %10.1f %10.1f %9.1f %8.2f\n",
+                       T, name, nt, t, flop / 1e9, gfs, 100 * gfs / sgemm, T / t,
+                       mib(r->lg.peak_total), mib(plan[q].peak_total), mib(r->rss), r->rss / peak);
             }
         }
         fflush(stdout);
@@ -410,6 +450,9 @@ int cmd_bench(int argc, char **argv) {
         cJSON_AddStringToObject(o, "config", cfgpath);
         cJSON_AddNumberToObject(o, "threads", threads);
         cJSON_AddNumberToObject(o, "sgemm_gflops", sgemm);
+        cJSON_AddNumberToObject(o, "portable_gemm_gflops", pgemm);
+        cJSON_AddStringToObject(o, "blas", openblas_get_config());
+        cJSON_AddStringToObject(o, "blas_kernels", openblas_get_corename());
         if (largest) cJSON_AddNumberToObject(o, "budget_bytes", (double)largest);
         cJSON_AddItemToObject(o, "rows", jrows);
         print_json(o);

@@ -16,6 +16,7 @@
 #include "kernels.h"
 
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX512F__)
@@ -134,4 +135,13 @@ void pgemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa,
             }
         }
     }
+}
+
+int SBP_ENTRY(sbp_portable_gemm)(real *C, const real *A, const real *B, int M, int N, int K) {
+    real *ws = malloc(sizeof(real) * pgemm_workspace());
+    if (!ws) return -1;
+    memset(C, 0, sizeof(real) * (size_t)M * N);
+    pgemm(C, (size_t)N, ws, A, (size_t)K, 1, B, 1, (size_t)K, M, N, K);
+    free(ws);
+    return 0;
 }
