@@ -21,10 +21,13 @@ static void assert_same_ledger(const sbp_ledger *plan, const sbp_ledger *real, c
                   (long long)plan->n_allocs, (long long)real->n_allocs);
 }
 
+/* _i: family (_i % 3), schedule (_i / 3 % 3), numerics (_i / 9): every row of the driver's
+ * table, in both numerics (their workspaces differ). */
 START_TEST(plan_equals_measured) {
     static const char *families[] = {"qwen3-tiny", "qwen2-tiny", "llama3-tiny"};
     const char *family = families[_i % 3];
-    sbp_schedule s = (sbp_schedule)(_i / 3);
+    sbp_schedule s = (sbp_schedule)(_i / 3 % 3);
+    sbp_numerics num = (sbp_numerics)(_i / 9);
     for (int chunked = 0; chunked <= (s == SBP_STREAM ? 0 : 1); chunked++) {
         sbp_ledger real = {0}, plan;
         sbp_model m;
@@ -34,15 +37,19 @@ START_TEST(plan_equals_measured) {
             ck_abort_msg("%s", err.msg);
         if (sbp_batch_load(&b, "data/batches/sft-demo.safetensors", &m.cfg, &err))
             ck_abort_msg("%s", err.msg);
-        sbp_grad_opts o = {
-            .schedule = s, .block = 16, .chunk = 32, .logit_chunk = 16, .chunked_logits = chunked};
+        sbp_grad_opts o = {.schedule = s,
+                           .block = 16,
+                           .chunk = 32,
+                           .logit_chunk = 16,
+                           .chunked_logits = chunked,
+                           .numerics = num};
         sbp_grad_result r;
         if (sbp_grad(&r, &m, &b, &o, &real, &err)) ck_abort_msg("%s", err.msg);
         sbp_plan_opts po = {.grad = o, .B = b.B, .T = b.T, .storage_bytes = 4};
         if (sbp_plan(&plan, &m.cfg, &po, &err)) ck_abort_msg("plan: %s", err.msg);
         char what[96];
-        snprintf(what, sizeof what, "%s %s%s", family, sbp_schedule_name(s),
-                 chunked ? " chunked logits" : "");
+        snprintf(what, sizeof what, "%s %s%s, %s numerics", family, sbp_schedule_name(s),
+                 chunked ? " chunked logits" : "", sbp_numerics_name(num));
         /* the real ledger still holds weights and grads; the planner has freed everything */
         ck_assert_int_eq(plan.cur_total, 0);
         assert_same_ledger(&plan, &real, what);
@@ -189,7 +196,7 @@ static Suite *suite(void) {
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("plan");
     tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, plan_equals_measured, 0, 9);
+    tcase_add_loop_test(tc, plan_equals_measured, 0, 18);
     tcase_add_test(tc, plan_large_model);
     tcase_add_loop_test(tc, categories_sum_to_total, 0, 6);
     tcase_add_loop_test(tc, budget_finds_the_boundary, 0, 3);
