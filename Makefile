@@ -186,6 +186,67 @@ plots: all
 	gnuplot -e "dir='data/plots'; out='data/plots'" data/plots/plots.gp
 	@echo "wrote data/plots/*.png from the CSV files beside them"
 
+# ==== CUDA: nvcc compile check and the SIMT emulator (cuda/) =====================================
+# Self-contained: everything CUDA lives in this section.
+#   make, make test   also compile every cuda/**/*.cu with nvcc (compile only, no GPU needed: sm_80
+#                     code and compute_80 PTX) when nvcc is on the PATH (or in /usr/local/cuda);
+#                     CUDA=0 skips nvcc. Objects go to build/nvcc whatever SAN is.
+#   make test         also builds and runs $(BUILD)/emu/test_emu: the same .cu sources compiled by
+#                     g++ as host C++ against the emulator in cuda/emu (under ASan with SAN=1).
+# Numerics as DESIGN.md §11: nvcc -fmad=false (no contraction; IEEE division, square root and
+# subnormals are nvcc's defaults, spelled out), g++ -ffp-contract=off, never fast-math.
+
+ifeq ($(origin CXX),default)
+CXX        := g++
+endif
+NVCC       ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
+CUDA       ?= $(if $(NVCC),1,0)
+NVCC_FLAGS := -std=c++17 -fmad=false -prec-div=true -prec-sqrt=true -ftz=false \
+              -gencode arch=compute_80,code=[sm_80,compute_80] -Icuda \
+              $(if $(filter 1,$(WERROR)),-Werror all-warnings)
+EMU_CXXFLAGS := -std=c++17 -g -ffp-contract=off -fno-fast-math \
+              $(if $(filter 1,$(SAN)),-O1 $(SANFLAGS),-O2) \
+              -Wall -Wextra -Wshadow -Wno-unused-parameter $(if $(filter 1,$(WERROR)),-Werror) \
+              -Icuda $(if $(HAVE_PKGS),$(shell pkg-config --cflags check))
+
+CUDA_SRC     := $(shell find cuda -name '*.cu' 2>/dev/null)
+NVCC_OBJ     := $(CUDA_SRC:%.cu=build/nvcc/%.o)
+EMU_TEST_OBJ := $(BUILD)/emu/cuda/emu/cuda_emu.o $(BUILD)/emu/tests/test_emu.o \
+                $(patsubst %.cu,$(BUILD)/emu/%.o,$(wildcard cuda/emu/tests/*.cu))
+EMU_TEST     := $(BUILD)/emu/test_emu
+TESTS        += $(EMU_TEST)
+
+.PHONY: cuda cxx-deps format-cuda
+all test: cuda
+cuda: $(if $(filter 1,$(CUDA)),$(NVCC_OBJ))
+
+build/nvcc/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
+
+# g++ is not in every minimal image (gcc is); installed like the other dependencies.
+cxx-deps:
+	@command -v $(CXX) >/dev/null || { echo "streambp: installing g++"; \
+	  $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -q --no-install-recommends g++; }
+
+$(BUILD)/emu/%.o: %.cu | cxx-deps
+	@mkdir -p $(dir $@)
+	$(CXX) -x c++ $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/emu/%.o: %.cc | cxx-deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
+
+$(EMU_TEST): $(EMU_TEST_OBJ)
+	$(CXX) $(if $(filter 1,$(SAN)),$(SANFLAGS)) -o $@ $^ $(CHECK_LIBS)
+
+format: format-cuda
+format-cuda:
+	clang-format -i $(shell find cuda tests -name '*.cc' -o -name '*.cu' 2>/dev/null)
+
+-include $(shell find build/nvcc -name '*.d' 2>/dev/null)
+
 # ---- housekeeping -------------------------------------------------------------------------------
 
 FORMAT_SRC := $(shell find src ref tests verify cuda -name '*.[ch]' 2>/dev/null)
