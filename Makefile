@@ -216,6 +216,38 @@ EMU_TEST_OBJ := $(BUILD)/emu/cuda/emu/cuda_emu.o $(BUILD)/emu/tests/test_emu.o \
 EMU_TEST     := $(BUILD)/emu/test_emu
 TESTS        += $(EMU_TEST)
 
+# The CUDA op tables (cuda/*.cu) in the library: built against the emulator always (g++ is
+# enough), for the GPU when nvcc is there; each in float and double (-DSBP_REAL_F64), each build
+# in a namespace of its own (cuda/cuda.cuh). cuda/registry.cc hands them to src/api.
+BACKEND_SRC  := $(wildcard cuda/*.cu)
+BACKEND_OBJ  := $(BACKEND_SRC:%.cu=$(BUILD)/emu32/%.o) $(BACKEND_SRC:%.cu=$(BUILD)/emu64/%.o) \
+                $(BUILD)/emu/cuda/emu/cuda_emu.o $(BUILD)/cuda/registry.o \
+                $(if $(filter 1,$(CUDA)),$(BACKEND_SRC:%.cu=build/nvcc32/%.o) \
+                                         $(BACKEND_SRC:%.cu=build/nvcc64/%.o))
+CUDA_HOME    := $(patsubst %/bin/nvcc,%,$(NVCC))
+$(LIB): $(BACKEND_OBJ)
+LDLIBS       += -lstdc++ $(if $(filter 1,$(CUDA)),-L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread)
+
+$(BUILD)/emu32/%.o: %.cu | cxx-deps
+	@mkdir -p $(dir $@)
+	$(CXX) -x c++ $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/emu64/%.o: %.cu | cxx-deps
+	@mkdir -p $(dir $@)
+	$(CXX) -x c++ $(EMU_CXXFLAGS) -DSBP_REAL_F64 -MMD -MP -c $< -o $@
+
+build/nvcc32/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
+
+build/nvcc64/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -DSBP_REAL_F64 -MMD -MP -c $< -o $@
+
+$(BUILD)/cuda/registry.o: cuda/registry.cc | cxx-deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -DSBP_HAVE_NVCC=$(CUDA) -MMD -MP -c $< -o $@
+
 .PHONY: cuda cxx-deps format-cuda
 all test: cuda
 cuda: $(if $(filter 1,$(CUDA)),$(NVCC_OBJ))
@@ -245,7 +277,7 @@ format: format-cuda
 format-cuda:
 	clang-format -i $(shell find cuda tests -name '*.cc' -o -name '*.cu' 2>/dev/null)
 
--include $(shell find build/nvcc -name '*.d' 2>/dev/null)
+-include $(shell find build/nvcc build/nvcc32 build/nvcc64 -name '*.d' 2>/dev/null)
 
 # ---- housekeeping -------------------------------------------------------------------------------
 

@@ -21,6 +21,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define SBP_VERSION "0.1.0"
 
 /* ---------------------------------------------------------------------------------------------
@@ -152,6 +156,8 @@ const char *sbp_mem_cat_name(sbp_mem_cat c);
  * address space (nothing is charged then). */
 void *sbp_ledger_alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes);
 void sbp_ledger_free(sbp_ledger *lg, void *p);
+/* Records memory allocated elsewhere (a GPU's): bytes > 0 when it is allocated, < 0 when freed. */
+void sbp_ledger_charge(sbp_ledger *lg, sbp_mem_cat cat, int64_t bytes);
 
 /* The training objectives (details below, with sbp_objective). */
 typedef enum { SBP_OBJ_SFT, SBP_OBJ_DPO, SBP_OBJ_GRPO } sbp_objective_kind;
@@ -257,6 +263,17 @@ typedef enum { SBP_NUMERICS_FAST, SBP_NUMERICS_PORTABLE } sbp_numerics;
 const char *sbp_numerics_name(sbp_numerics n);
 int sbp_numerics_parse(const char *s, sbp_numerics *out); /* 1 on success */
 
+/* Where the arithmetic runs: the CPU, a CUDA GPU, or the CUDA kernels on the CPU through the
+ * SIMT emulator of cuda/emu (a test harness: exact, slow). The CUDA backends implement the
+ * portable numerics, so they give the portable CPU run's bits. */
+typedef enum { SBP_DEVICE_CPU, SBP_DEVICE_CUDA, SBP_DEVICE_CUDA_EMU } sbp_device;
+
+const char *sbp_device_name(sbp_device d);
+int sbp_device_parse(const char *s, sbp_device *out); /* 1 on success */
+/* 1 when this build has the backend (for cuda: built with nvcc; whether a GPU is present is
+ * known when a run starts). */
+int sbp_device_built(sbp_device d);
+
 #define SBP_DEFAULT_BLOCK 256
 
 typedef struct {
@@ -267,6 +284,7 @@ typedef struct {
     int chunked_logits;      /* full/ckpt: use logit_chunk instead of materialising B*T*V logits */
     sbp_objective objective; /* zero-initialised: SFT */
     sbp_numerics numerics;   /* zero-initialised: fast */
+    sbp_device device;       /* zero-initialised: the CPU; cuda devices need portable numerics */
     int emulate_bf16;        /* float32 engine only: round every stored tensor and the gradients to
                               * bfloat16, as pure-bf16 training does (give it a model whose weights
                               * went through sbp_model_round_bf16); verify audit's bf16 yardstick */
@@ -340,5 +358,9 @@ int sbp_portable_gemm_f64(double *C, const double *A, const double *B, int M, in
 
 /* Sets OpenMP and OpenBLAS to n threads (process-wide; see the header comment). */
 void sbp_set_threads(int n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* STREAMBP_H */

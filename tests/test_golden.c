@@ -9,7 +9,8 @@
  *
  * The binary under test is $STREAMBP (default build/streambp): `make test` runs this test again
  * against the same sources built with clang and with -march=x86-64 (no AVX, no hardware FMA),
- * and the digests must not change. SBP_GOLDEN_UPDATE=1 rewrites the golden files instead
+ * and with SBP_GOLDEN_DEVICE=cuda-emu (the CUDA kernels in the SIMT emulator; `make gpu-check`
+ * sets cuda), and the digests must not change. SBP_GOLDEN_UPDATE=1 rewrites the golden files instead
  * (`make golden`): only for a deliberate change of the portable arithmetic, with the reason in
  * the commit message. */
 #include "testutil.h"
@@ -48,10 +49,11 @@ static const char *model_dir(const char *family) {
 static char *fingerprint(const char *family, int obj, const char *prec, int run) {
     const char *out = tu_path("golden-%s-%s-%s-%d.safetensors", family, objectives[obj].name,
                               prec, run);
+    const char *device = getenv("SBP_GOLDEN_DEVICE") ? getenv("SBP_GOLDEN_DEVICE") : "cpu";
     if (tu_sh("'%s' grad --model '%s' --batch %s %s --precision %s --numerics portable %s "
-              "--out '%s'",
+              "--device %s --out '%s'",
               tu_bin(), model_dir(family), objectives[obj].batch, objectives[obj].options, prec,
-              runs[run], out))
+              runs[run], device, out))
         ck_abort_msg("grad %s %s %s (%s): %s", family, objectives[obj].name, prec, runs[run],
                      tu_last_output());
     if (tu_sh("'%s' verify digest '%s'", tu_bin(), out))
@@ -81,7 +83,7 @@ static void assert_same(const char *got, const char *want, const char *what) {
 START_TEST(golden_digests) {
     const char *family = families[_i / 6], *prec = _i % 2 ? "fp64" : "fp32";
     const int obj = _i / 2 % 3;
-    char golden[256], what[256];
+    char golden[256], what[640];
     snprintf(golden, sizeof golden, "data/golden/%s-%s-%s.txt", family, objectives[obj].name,
              prec);
     char *first = fingerprint(family, obj, prec, 0);
@@ -95,7 +97,8 @@ START_TEST(golden_digests) {
         tu_spit(golden, first, strlen(first));
         printf("wrote %s\n", golden);
     } else {
-        snprintf(what, sizeof what, "%s with %s", golden, tu_bin());
+        snprintf(what, sizeof what, "%s with %s on %s", golden, tu_bin(),
+                 getenv("SBP_GOLDEN_DEVICE") ? getenv("SBP_GOLDEN_DEVICE") : "cpu");
         char *want = tu_slurp(golden, NULL);
         assert_same(first, want, what);
         free(want);
@@ -114,6 +117,7 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-    printf("golden digests of the portable numerics, binary %s\n", tu_bin());
+    printf("golden digests of the portable numerics, binary %s, device %s\n", tu_bin(),
+           getenv("SBP_GOLDEN_DEVICE") ? getenv("SBP_GOLDEN_DEVICE") : "cpu");
     return tu_run_suite(suite());
 }

@@ -532,16 +532,19 @@ int resolve_warps(Sched &s, std::string *fault) {
         bool ready = true;
         for (unsigned j = 0; j < 32 && ready; j++) {
             if (!(f->mask >> j & 1)) continue;
-            std::string who = format("%s (warp %u lane %u) at %s(mask 0x%08x) at %s: lane %u ",
-                                     thread_name(f).c_str(), i / 32, f->lane, op_name(f->op, false),
-                                     f->mask, where(f->site).c_str(), j);
+            /* the message is formatted only for a fault: this loop is the emulator's hot path */
+            auto who = [&] {
+                return format("%s (warp %u lane %u) at %s(mask 0x%08x) at %s: lane %u ",
+                              thread_name(f).c_str(), i / 32, f->lane, op_name(f->op, false),
+                              f->mask, where(f->site).c_str(), j);
+            };
             if (j >= lanes) {
-                *fault = who + format("does not exist (the block has %u threads)", s.n);
+                *fault = who() + format("does not exist (the block has %u threads)", s.n);
                 return -1;
             }
             Fiber *o = s.fibers[base + j];
             if (o->state == DONE || o->state == AT_BARRIER) {
-                *fault = who + "(" + thread_name(o) + ") " + waits_at(o) +
+                *fault = who() + "(" + thread_name(o) + ") " + waits_at(o) +
                          (o->state == DONE ? " before reaching it" : ": they wait for each other");
                 return -1;
             }

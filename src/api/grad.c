@@ -46,6 +46,25 @@ int sbp_numerics_parse(const char *s, sbp_numerics *out) {
     return 1;
 }
 
+const char *sbp_device_name(sbp_device d) {
+    return d == SBP_DEVICE_CPU        ? "cpu"
+           : d == SBP_DEVICE_CUDA     ? "cuda"
+           : d == SBP_DEVICE_CUDA_EMU ? "cuda-emu"
+                                      : "?";
+}
+
+int sbp_device_parse(const char *s, sbp_device *out) {
+    for (int d = SBP_DEVICE_CPU; d <= SBP_DEVICE_CUDA_EMU; d++)
+        if (strcmp(s, sbp_device_name((sbp_device)d)) == 0) {
+            *out = (sbp_device)d;
+            return 1;
+        }
+    return 0;
+}
+
+/* The op table of a CUDA device (cuda/registry.cc). */
+const void *sbp_cuda_ops(sbp_device d, sbp_precision p);
+
 static int clamp(int v, int hi) {
     return v < hi ? v : hi;
 }
@@ -60,6 +79,18 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
         return sbp_fail(err, SBP_EUSAGE, "unknown schedule %d", (int)opts->schedule);
     if ((unsigned)opts->numerics > SBP_NUMERICS_PORTABLE)
         return sbp_fail(err, SBP_EUSAGE, "unknown numerics %d", (int)opts->numerics);
+    if ((unsigned)opts->device > SBP_DEVICE_CUDA_EMU)
+        return sbp_fail(err, SBP_EUSAGE, "unknown device %d", (int)opts->device);
+    if (opts->device != SBP_DEVICE_CPU && opts->numerics != SBP_NUMERICS_PORTABLE)
+        return sbp_fail(err, SBP_EUSAGE,
+                        "the %s backend computes the portable numerics only (--numerics portable)",
+                        sbp_device_name(opts->device));
+    if (opts->device != SBP_DEVICE_CPU && opts->emulate_bf16)
+        return sbp_fail(err, SBP_EUSAGE, "bf16 storage runs on the CPU only");
+    if (!sbp_device_built(opts->device))
+        return sbp_fail(err, SBP_EUSAGE,
+                        "this build has no %s backend (nvcc was not found when it was built)",
+                        sbp_device_name(opts->device));
     if (T < 1) return sbp_fail(err, SBP_EINPUT, "the batch has T = 0 tokens");
     eo->schedule = opts->schedule;
     eo->numerics = opts->numerics;
@@ -73,7 +104,8 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
 }
 
 static sbp_status engine(double *loss, void *grads, const sbp_model *m, const sbp_batch *b,
-                         const sbp_engine_opts *eo, sbp_ledger *lg, sbp_err *err) {
+                         sbp_engine_opts *eo, sbp_device device, sbp_ledger *lg, sbp_err *err) {
+    eo->device_ops = device == SBP_DEVICE_CPU ? NULL : sbp_cuda_ops(device, m->prec);
     return m->prec == SBP_FP64 ? sbp_engine_grad_f64(loss, grads, m, b, eo, lg, err)
                                : sbp_engine_grad_f32(loss, grads, m, b, eo, lg, err);
 }
@@ -141,7 +173,7 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
         sbp_engine_resolve(&eo, opts, batches[i].T, err);
         if ((st = sbp_obj_begin(&ev, &so, &batches[i], err))) break;
         eo.ev = &ev;
-        st = engine(&res->loss, res->grads, m, &batches[i], &eo, lg, err);
+        st = engine(&res->loss, res->grads, m, &batches[i], &eo, opts->device, lg, err);
         sbp_obj_end(&ev);
         res->n_targets += batches[i].n_targets;
     }
@@ -179,5 +211,5 @@ sbp_status sbp_logprobs(double *logp, const sbp_model *m, const sbp_batch *b,
     eo.inv_tau = 1 / tau;
     memset(logp, 0, sizeof(double) * (size_t)b->B * b->T);
     double unused = 0;
-    return engine(&unused, NULL, m, b, &eo, lg, err);
+    return engine(&unused, NULL, m, b, &eo, opts->device, lg, err);
 }

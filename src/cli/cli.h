@@ -20,6 +20,7 @@ int cmd_bench(int argc, char **argv);
 int parse_pos_int(const char *cmd, const char *opt, const char *text, int *out);
 int parse_precision(const char *cmd, const char *text, sbp_precision *out);
 int parse_numerics(const char *cmd, const char *text, sbp_numerics *out);
+int parse_device(const char *cmd, const char *text, sbp_device *out);
 /* A finite number >= min for option opt; prints an error naming cmd and returns 0 if bad. */
 int parse_number(const char *cmd, const char *opt, const char *text, double min, double *out);
 /* Prints "streambp CMD: <message>" to stderr and returns the exit code for st. */

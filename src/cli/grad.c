@@ -30,6 +30,9 @@ static const char usage[] =
     "  --numerics N         fast | portable (default fast). fast: products on OpenBLAS, bits\n"
     "                       depend on the machine; portable: the same bits on every machine,\n"
     "                       for every schedule, chunk and thread count (README \"Exactness\")\n"
+    "  --device D           cpu | cuda | cuda-emu (default cpu): the CUDA kernels on a GPU, or on\n"
+    "                       the CPU through the SIMT emulator (exact, slow: tiny models); both\n"
+    "                       compute the portable numerics, bit for bit the CPU's\n"
     "  --threads N          OpenMP/OpenBLAS threads (default: all cores)\n"
     "  --json               print a JSON object instead of the text report\n"
     "\n";
@@ -59,11 +62,13 @@ static int parse(grad_args *a, int argc, char **argv) {
                                          {"precision", required_argument, 0, 'p'},
                                          {"threads", required_argument, 0, 't'},
                                          {"numerics", required_argument, 0, 'n'},
+                                         {"device", required_argument, 0, 'D'},
                                          {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
     memset(a, 0, sizeof *a);
+    int numerics_set = 0;
     obj_args_init(&a->obj);
     a->g.schedule = SBP_STREAM;
     a->threads = omp_get_num_procs();
@@ -107,6 +112,10 @@ static int parse(grad_args *a, int argc, char **argv) {
             break;
         case 'n':
             if (!parse_numerics("grad", optarg, &a->g.numerics)) return EXIT_USAGE;
+            numerics_set = 1;
+            break;
+        case 'D':
+            if (!parse_device("grad", optarg, &a->g.device)) return EXIT_USAGE;
             break;
         case 'j': a->json = 1; break;
         case 'h': printf("%s%s", usage, obj_usage); return -1;
@@ -128,6 +137,8 @@ static int parse(grad_args *a, int argc, char **argv) {
         return EXIT_USAGE;
     }
     if (!obj_args_finish(&a->obj, "grad")) return EXIT_USAGE;
+    /* the CUDA backends compute the portable numerics: that is the default there */
+    if (a->g.device != SBP_DEVICE_CPU && !numerics_set) a->g.numerics = SBP_NUMERICS_PORTABLE;
     a->g.objective = a->obj.obj;
     a->g.emulate_bf16 = a->bf16;
     return 0;
@@ -175,9 +186,10 @@ static void print_text(const grad_args *a, const sbp_model *m, const sbp_batch *
         printf(", loss %s, beta %g, epsilon [%g, %g], temperature %g", obj_loss_name(o), o->beta,
                o->epsilon_low, o->epsilon_high, o->temperature);
     if (a->obj.ref_model) printf(", reference model %s", a->obj.ref_model);
-    printf("\nschedule  %s, %s, %s numerics, block %d, chunk %d, logit chunk %d%s, %d threads\n",
+    printf("\nschedule  %s, %s, %s numerics on %s, block %d, chunk %d, logit chunk %d%s, %d "
+           "threads\n",
            sbp_schedule_name(a->g.schedule), prec_name(a), sbp_numerics_name(a->g.numerics),
-           r->block,
+           sbp_device_name(a->g.device), r->block,
            a->g.schedule == SBP_STREAM ? r->chunk : bt.T, r->logit_chunk,
            a->g.schedule != SBP_STREAM && !a->g.chunked_logits ? " (materialised B*T*V)" : "",
            a->threads);
@@ -205,6 +217,7 @@ static void print_result_json(const grad_args *a, const sbp_model *m, const sbp_
     cJSON_AddStringToObject(o, "schedule", sbp_schedule_name(a->g.schedule));
     cJSON_AddStringToObject(o, "precision", prec_name(a));
     cJSON_AddStringToObject(o, "numerics", sbp_numerics_name(a->g.numerics));
+    cJSON_AddStringToObject(o, "device", sbp_device_name(a->g.device));
     cJSON_AddNumberToObject(o, "block", r->block);
     cJSON_AddNumberToObject(o, "chunk", a->g.schedule == SBP_STREAM ? r->chunk : bt.T);
     cJSON_AddNumberToObject(o, "logit_chunk", r->logit_chunk);
@@ -257,6 +270,7 @@ static sbp_status save(const grad_args *a, const sbp_model *m, const sbp_batch *
     meta_str(&l, "schedule", sbp_schedule_name(a->g.schedule));
     meta_str(&l, "precision", prec_name(a));
     meta_str(&l, "numerics", sbp_numerics_name(a->g.numerics));
+    meta_str(&l, "device", sbp_device_name(a->g.device));
     meta_num(&l, "block", r->block);
     meta_num(&l, "chunk", a->g.schedule == SBP_STREAM ? r->chunk : totals(b, a->n_batches).T);
     meta_num(&l, "logit_chunk", r->logit_chunk);

@@ -39,6 +39,12 @@ int parse_numerics(const char *cmd, const char *text, sbp_numerics *out) {
     return 0;
 }
 
+int parse_device(const char *cmd, const char *text, sbp_device *out) {
+    if (sbp_device_parse(text, out)) return 1;
+    fprintf(stderr, "streambp %s: --device must be cpu, cuda or cuda-emu, got \"%s\"\n", cmd, text);
+    return 0;
+}
+
 int parse_precision(const char *cmd, const char *text, sbp_precision *out) {
     if (strcmp(text, "fp32") == 0)
         *out = SBP_FP32;

@@ -79,6 +79,10 @@ static char *map_huge(size_t bytes, void **raw, size_t *mapped) {
     return p;
 }
 
+void sbp_ledger_charge(sbp_ledger *lg, sbp_mem_cat cat, int64_t bytes) {
+    if ((unsigned)cat < SBP_MEM_NCATS) charge(lg, cat, bytes);
+}
+
 void *sbp_ledger_alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes) {
     char *p;
     void *raw = NULL;

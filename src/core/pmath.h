@@ -26,11 +26,18 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Callable from CUDA kernels too (cuda/): the device computes the very same operations. */
+#ifdef __CUDACC__
+#define SBP_HD __host__ __device__
+#else
+#define SBP_HD
+#endif
+
 /* ---- exp ------------------------------------------------------------------------------------ */
 
 /* The result 2^n·exp(r) is assembled as (exp(r)·2^(n−1))·2, or for very small results as
  * (exp(r)·2^(n+64))·2^−64, so that a subnormal result is rounded once, correctly. */
-static inline float sbp_pexpf(float x) {
+static inline SBP_HD float sbp_pexpf(float x) {
     float xc = x < -104.0f ? -104.0f : x;
     xc = xc > 88.7f ? 88.7f : xc;
     xc = xc == xc ? xc : 0.0f; /* NaN: computed on 0, replaced below */
@@ -56,7 +63,7 @@ static inline float sbp_pexpf(float x) {
     return x == x ? y : x;
 }
 
-static inline double sbp_pexp(double x) {
+static inline SBP_HD double sbp_pexp(double x) {
     double xc = x < -746.0 ? -746.0 : x;
     xc = xc > 709.7 ? 709.7 : xc;
     xc = xc == xc ? xc : 0.0;
@@ -90,7 +97,7 @@ static inline double sbp_pexp(double x) {
 
 /* ---- log ------------------------------------------------------------------------------------ */
 
-static inline float sbp_plogf(float x) {
+static inline SBP_HD float sbp_plogf(float x) {
     if (!(x > 0.0f)) return x == 0.0f ? -INFINITY : NAN; /* also NaN for NaN */
     if (x == INFINITY) return x;
     int k = 0;
@@ -115,7 +122,7 @@ static inline float sbp_plogf(float x) {
                 f - (hfsq - fmaf(s, hfsq + R, kf * 1.42860682030941723212e-6f)));
 }
 
-static inline double sbp_plog(double x) {
+static inline SBP_HD double sbp_plog(double x) {
     if (!(x > 0.0)) return x == 0.0 ? -INFINITY : NAN;
     if (x == INFINITY) return x;
     int k = 0;
@@ -146,7 +153,7 @@ static inline double sbp_plog(double x) {
 
 /* log(1 + x), accurate for small x: log(u) with u = 1 + x rounded, corrected by the rounding
  * error of u to first order: log(1 + x) ≈ log(u) + (x − (u − 1)) / u. */
-static inline double sbp_plog1p(double x) {
+static inline SBP_HD double sbp_plog1p(double x) {
     double u = 1.0 + x;
     if (u == 1.0) return x;
     if (!(u > 0.0) || u == INFINITY) return sbp_plog(u);
@@ -156,7 +163,7 @@ static inline double sbp_plog1p(double x) {
 /* ---- sin and cos ---------------------------------------------------------------------------- */
 
 /* sin(r), cos(r) for |r| ≤ π/4 + a little; Taylor to r^17 and r^16. */
-static inline double sbp_psin_kernel(double r) {
+static inline SBP_HD double sbp_psin_kernel(double r) {
     const double z = r * r;
     double p = -1.0 / 355687428096000.0; /* −1/17! */
     p = fma(p, z, 1.0 / 1307674368000.0);
@@ -169,7 +176,7 @@ static inline double sbp_psin_kernel(double r) {
     return fma(-(r * z), p, r); /* r − r³·(1/6 − r²/120 + …) */
 }
 
-static inline double sbp_pcos_kernel(double r) {
+static inline SBP_HD double sbp_pcos_kernel(double r) {
     const double z = r * r;
     double p = 1.0 / 20922789888000.0; /* 1/16! */
     p = fma(p, z, -1.0 / 87178291200.0);
@@ -184,7 +191,7 @@ static inline double sbp_pcos_kernel(double r) {
 }
 
 /* sin(x) and cos(x) together (the RoPE tables need both). */
-static inline void sbp_psincos(double x, double *sn, double *cs) {
+static inline SBP_HD void sbp_psincos(double x, double *sn, double *cs) {
     if (!(fabs(x) < INFINITY)) {
         *sn = *cs = x - x; /* NaN for ±inf and NaN */
         return;
@@ -200,21 +207,35 @@ static inline void sbp_psincos(double x, double *sn, double *cs) {
     *cs = q == 0 ? c : q == 1 ? -s : q == 2 ? -c : s;
 }
 
-static inline double sbp_psin(double x) {
+static inline SBP_HD double sbp_psin(double x) {
     double s, c;
     sbp_psincos(x, &s, &c);
     return s;
 }
 
-static inline double sbp_pcos(double x) {
+static inline SBP_HD double sbp_pcos(double x) {
     double s, c;
     sbp_psincos(x, &s, &c);
     return c;
 }
 
 /* theta^y for theta > 0, as exp(y·log(theta)). */
-static inline double sbp_ppow_pos(double theta, double y) {
+static inline SBP_HD double sbp_ppow_pos(double theta, double y) {
     return sbp_pexp(y * sbp_plog(theta));
+}
+
+/* RoPE's inverse frequency of pair i (of HD/2): theta^(−2i/HD), with HF's llama3 scaling
+ * (_compute_llama3_parameters) when llama3 is set. Shared by the CPU and CUDA tables. */
+static inline SBP_HD double sbp_rope_inv_freq(int i, int HD, double theta, int llama3,
+                                              double factor, double low_freq, double high_freq,
+                                              double orig_max) {
+    double f = sbp_ppow_pos(theta, -2.0 * i / HD);
+    if (!llama3) return f;
+    const double wavelen = 2 * 3.14159265358979323846 / f;
+    if (wavelen > orig_max / low_freq) return f / factor;
+    if (wavelen < orig_max / high_freq) return f;
+    const double smooth = (orig_max / wavelen - low_freq) / (high_freq - low_freq);
+    return (1 - smooth) * f / factor + smooth * f;
 }
 
 #endif

@@ -45,7 +45,8 @@ struct eng {
     int bf16;       /* round every stored tensor to bfloat16 (ops.h) */
     int portable;   /* the numerics the table implements (the planning table needs to know) */
     sbp_ledger *lg;
-    int oom; /* set when an allocation fails; oom_what names the buffer */
+    void *backend; /* the backend's state of this run (CUDA: its allocations and errors) */
+    int oom;       /* set when an allocation fails; oom_what names the buffer */
     char oom_what[64];
     real *ws;              /* workspace of the products and attention (ops->workspace) */
     const real *cos, *sin; /* (T, HD/2) RoPE tables */

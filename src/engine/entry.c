@@ -30,6 +30,7 @@ static void layer_views(layer_p *lp, real *slab, const sbp_params *ps, int l) {
 
 static const sbp_ops *table_of(const sbp_engine_opts *o) {
     if (o->plan) return &sbp_ops_plan;
+    if (o->device_ops) return o->device_ops;
     return o->numerics == SBP_NUMERICS_PORTABLE ? &sbp_ops_cpu_portable : &sbp_ops_cpu_fast;
 }
 
@@ -69,6 +70,9 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
     const sbp_ops *op = e.ops;
     const size_t BT = (size_t)b->B * b->T, n_params = (size_t)m->params.total;
     const size_t slab = (size_t)e.elem_bytes * n_params;
+    char msg[640] = "";
+    if (!op->begin(&e, msg, sizeof msg))
+        return sbp_fail(err, SBP_EUSAGE, "%s: %s", op->name, msg);
     int32_t *h_tgt = targets(b);
     /* the model, the gradients and the batch on the backend */
     real *w = op->mirror(&e, SBP_MEM_WEIGHTS, m->w, slab, "weights");
@@ -126,6 +130,8 @@ out:
     if (g) op->unmirror(&e, g, grads);
     if (w) op->unmirror(&e, w, m->w);
     free(h_tgt);
+    if (!op->end(&e, msg, sizeof msg))
+        return sbp_fail(err, SBP_EIO, "%s: %s", op->name, msg);
     if (!ok)
         return sbp_fail(err, SBP_ENOMEM, "out of memory allocating the %s (%s schedule, T = %d)",
                         e.oom_what[0] ? e.oom_what : "engine's tables",

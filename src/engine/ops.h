@@ -30,6 +30,13 @@ typedef struct eng eng;
 typedef struct sbp_ops {
     const char *name;
 
+    /* ---- the run ---- */
+    /* before anything else: 0 (and a message in msg) when the backend cannot run, e.g. no GPU */
+    int (*begin)(eng *e, char *msg, size_t n);
+    /* after everything else, buffers freed or not: 0 (and a message) when an operation of the
+     * run failed on the backend (a kernel fault, a lost device) */
+    int (*end)(eng *e, char *msg, size_t n);
+
     /* ---- memory ---- */
     /* bytes of backend memory charged to cat in the ledger, zero-filled; NULL (and e->oom set,
      * naming `what`) when it cannot be had */
@@ -82,7 +89,9 @@ typedef struct sbp_ops {
 /* The tables of this precision (ops/cpu.c, ops/plan.c). */
 extern const sbp_ops sbp_ops_cpu_fast, sbp_ops_cpu_portable, sbp_ops_plan;
 
-/* The CPU's memory, shared by the CPU and planning tables (ops/cpu.c). */
+/* The CPU's run and memory, shared by the CPU and planning tables (ops/cpu.c). */
+int sbp_cpu_begin(eng *e, char *msg, size_t n);
+int sbp_cpu_end(eng *e, char *msg, size_t n);
 void *sbp_cpu_alloc(eng *e, sbp_mem_cat cat, size_t bytes, const char *what);
 void sbp_cpu_free(eng *e, void *p);
 void *sbp_cpu_mirror(eng *e, sbp_mem_cat cat, const void *host, size_t bytes, const char *what);

@@ -5,16 +5,8 @@ void rope_table(real *cos_t, real *sin_t, int T, int HD, double theta, int llama
                 double low_freq, double high_freq, double orig_max) {
     const int half = HD / 2;
     for (int i = 0; i < half; i++) {
-        double f = sbp_ppow_pos(theta, -2.0 * i / HD);
-        if (llama3) { /* HF _compute_llama3_parameters */
-            const double wavelen = 2 * M_PI / f;
-            if (wavelen > orig_max / low_freq) {
-                f = f / factor;
-            } else if (wavelen >= orig_max / high_freq) {
-                const double smooth = (orig_max / wavelen - low_freq) / (high_freq - low_freq);
-                f = (1 - smooth) * f / factor + smooth * f;
-            }
-        }
+        const double f = sbp_rope_inv_freq(i, HD, theta, llama3, factor, low_freq, high_freq,
+                                           orig_max);
 #pragma omp parallel for schedule(static) if (T > 4096)
         for (int t = 0; t < T; t++) {
             double sn, cs;

@@ -9,7 +9,16 @@
 #include <stdio.h>
 #include <string.h>
 
-/* ---- memory ---------------------------------------------------------------------------------- */
+/* ---- the run and its memory -------------------------------------------------------------------
+ */
+
+int sbp_cpu_begin(eng *e, char *msg, size_t n) {
+    return 1;
+}
+
+int sbp_cpu_end(eng *e, char *msg, size_t n) {
+    return 1;
+}
 
 void *sbp_cpu_alloc(eng *e, sbp_mem_cat cat, size_t bytes, const char *what) {
     void *p = sbp_ledger_alloc(e->lg, cat, bytes ? bytes : 1);
@@ -123,8 +132,7 @@ static void cpu_rope_backward(const eng *e, real *dx, int s, int M, int H) {
 
 static void fast_attention_forward(const eng *e, real *o, real *lse, const real *q, const real *k,
                                    const real *v, const uint8_t *kmask, int s, int M) {
-    blas_attention_forward(o, lse, e->ws, q, k, v, kmask, s, M, e->T, e->NH, e->NKV, e->HD,
-                           e->blk);
+    blas_attention_forward(o, lse, e->ws, q, k, v, kmask, s, M, e->T, e->NH, e->NKV, e->HD, e->blk);
     store(e, o, (size_t)M * e->Q);
 }
 
@@ -137,9 +145,9 @@ static void portable_attention_forward(const eng *e, real *o, real *lse, const r
 
 /* dK and dV accumulate over the chunks: they are stored once, complete (kv_backward) */
 static void fast_attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum,
-                                    const real *dout, const real *o, const real *lse,
-                                    const real *q, const real *k, const real *v,
-                                    const uint8_t *kmask, int s, int M) {
+                                    const real *dout, const real *o, const real *lse, const real *q,
+                                    const real *k, const real *v, const uint8_t *kmask, int s,
+                                    int M) {
     blas_attention_backward(dq, dk, dv, dsum, e->ws, dout, o, lse, q, k, v, kmask, s, M, e->T,
                             e->NH, e->NKV, e->HD, e->blk);
     store(e, dq, (size_t)M * e->Q);
@@ -186,15 +194,15 @@ static void cpu_logprob_backward(const eng *e, real *logits, const double *coef,
 }
 
 #define CPU_COMMON                                                                                 \
-    .alloc = sbp_cpu_alloc, .free = sbp_cpu_free, .mirror = sbp_cpu_mirror,                  \
-    .unmirror = sbp_cpu_unmirror,          \
-    .download = cpu_move, .upload = cpu_move, .zero = cpu_zero, .copy = cpu_copy, .add = cpu_add,  \
-    .scale = cpu_scale, .store = store, .rope_table = cpu_rope_table,                             \
-    .rmsnorm_forward = cpu_rmsnorm_forward, .rmsnorm_backward = cpu_rmsnorm_backward,              \
-    .rope_forward = cpu_rope_forward, .rope_backward = cpu_rope_backward,                          \
-    .swiglu_forward = cpu_swiglu_forward, .swiglu_backward = cpu_swiglu_backward,                  \
-    .embedding_forward = cpu_embedding_forward, .embedding_backward = cpu_embedding_backward,      \
-    .logprob_forward = cpu_logprob_forward, .logprob_backward = cpu_logprob_backward
+    .begin = sbp_cpu_begin, .end = sbp_cpu_end, .alloc = sbp_cpu_alloc, .free = sbp_cpu_free,      \
+    .mirror = sbp_cpu_mirror, .unmirror = sbp_cpu_unmirror, .download = cpu_move,                  \
+    .upload = cpu_move, .zero = cpu_zero, .copy = cpu_copy, .add = cpu_add, .scale = cpu_scale,    \
+    .store = store, .rope_table = cpu_rope_table, .rmsnorm_forward = cpu_rmsnorm_forward,          \
+    .rmsnorm_backward = cpu_rmsnorm_backward, .rope_forward = cpu_rope_forward,                    \
+    .rope_backward = cpu_rope_backward, .swiglu_forward = cpu_swiglu_forward,                      \
+    .swiglu_backward = cpu_swiglu_backward, .embedding_forward = cpu_embedding_forward,            \
+    .embedding_backward = cpu_embedding_backward, .logprob_forward = cpu_logprob_forward,          \
+    .logprob_backward = cpu_logprob_backward
 
 const sbp_ops sbp_ops_cpu_fast = {
     .name = "cpu-fast",

@@ -38,6 +38,8 @@ static void no_logprob_backward(const eng *e, real *logits, const double *coef, 
 
 const sbp_ops sbp_ops_plan = {
     .name = "plan",
+    .begin = sbp_cpu_begin,
+    .end = sbp_cpu_end,
     .alloc = sbp_cpu_alloc,
     .free = sbp_cpu_free,
     .mirror = sbp_cpu_mirror,

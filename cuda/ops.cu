@@ -1,0 +1,202 @@
+/* ops.cu — the CUDA op table (src/engine/ops.h): device memory charged to the ledger, transfers,
+ * the elementwise operations, and the kernel pairs of the other files. The schedule driver and
+ * the steps run unchanged on top of it; the host sees the weights and the batch going up, the
+ * gradients and the per-row log-probs coming down.
+ *
+ * The table implements the portable numerics only (DESIGN §11): the same bits as the portable
+ * CPU table, on a GPU or in the emulator. */
+#include "cuda.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+namespace SBP_CUDA_NS {
+
+static device_state *state(const eng *e) {
+    return (device_state *)e->backend;
+}
+
+static void fail(const eng *e, const char *fmt, const char *a, const char *b) {
+    device_state *d = state(e);
+    if (d->failed) return;
+    d->failed = 1;
+    snprintf(d->msg, sizeof d->msg, fmt, a, b);
+}
+
+void check(const eng *e, const char *what) {
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) fail(e, "%s: %s", what, cudaGetErrorString(err));
+}
+
+/* ---- the run --------------------------------------------------------------------------------- */
+
+static int dev_begin(eng *e, char *msg, size_t n) {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        snprintf(msg, n, "no CUDA device (%s)",
+                 err != cudaSuccess ? cudaGetErrorString(err) : "none found");
+        return 0;
+    }
+    device_state *d = (device_state *)calloc(1, sizeof *d);
+    if (!d) {
+        snprintf(msg, n, "out of host memory");
+        return 0;
+    }
+    e->backend = d;
+    return 1;
+}
+
+static int dev_end(eng *e, char *msg, size_t n) {
+    device_state *d = state(e);
+    if (!d) return 1;
+    for (int i = 0; i < d->n; i++) { /* what a failed run left behind */
+        cudaFree(d->blocks[i].p);
+        sbp_ledger_charge(e->lg, (sbp_mem_cat)d->blocks[i].cat, -(int64_t)d->blocks[i].bytes);
+    }
+    const cudaError_t err = cudaDeviceSynchronize();
+    if (err != cudaSuccess && !d->failed)
+        d->failed = 1, snprintf(d->msg, sizeof d->msg, "%s", cudaGetErrorString(err));
+    const int ok = !d->failed;
+    if (!ok) snprintf(msg, n, "%s", d->msg);
+    free(d->blocks);
+    free(d);
+    e->backend = NULL;
+    return ok;
+}
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+
+static void *dev_alloc(eng *e, sbp_mem_cat cat, size_t bytes, const char *what) {
+    device_state *d = state(e);
+    void *p = NULL;
+    if (d->n == d->cap) {
+        const int cap = d->cap ? 2 * d->cap : 64;
+        void *nb = realloc(d->blocks, sizeof *d->blocks * (size_t)cap);
+        if (!nb) goto oom;
+        d->blocks = (device_state::block *)nb, d->cap = cap;
+    }
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError(); /* an allocation failure is not sticky */
+        goto oom;
+    }
+    if (cudaMemset(p, 0, bytes ? bytes : 1) != cudaSuccess) {
+        cudaFree(p);
+        goto oom;
+    }
+    d->blocks[d->n++] = {p, bytes, (int)cat};
+    sbp_ledger_charge(e->lg, cat, (int64_t)bytes);
+    return p;
+oom:
+    if (!e->oom) e->oom = 1, snprintf(e->oom_what, sizeof e->oom_what, "%s (device)", what);
+    return NULL;
+}
+
+static void dev_free(eng *e, void *p) {
+    device_state *d = state(e);
+    for (int i = 0; i < d->n; i++)
+        if (d->blocks[i].p == p) {
+            sbp_ledger_charge(e->lg, (sbp_mem_cat)d->blocks[i].cat, -(int64_t)d->blocks[i].bytes);
+            cudaFree(p);
+            d->blocks[i] = d->blocks[--d->n];
+            return;
+        }
+    fail(e, "%s%s", "free of a pointer the device table did not allocate", "");
+}
+
+static void *dev_mirror(eng *e, sbp_mem_cat cat, const void *host, size_t bytes, const char *what) {
+    void *p = dev_alloc(e, cat, bytes, what);
+    if (p && cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess) check(e, what);
+    return p;
+}
+
+static void dev_unmirror(eng *e, void *dev, const void *host) {
+    dev_free(e, dev);
+}
+
+static void dev_download(const eng *e, void *host, const void *dev, size_t bytes) {
+    cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost);
+    check(e, "download");
+}
+
+static void dev_upload(const eng *e, void *dev, const void *host, size_t bytes) {
+    cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice);
+    check(e, "upload");
+}
+
+static size_t dev_workspace(const eng *e) {
+    return 0; /* the kernels stage in shared memory and registers */
+}
+
+/* ---- elementwise ----------------------------------------------------------------------------- */
+
+__global__ void add_kernel(real *y, const real *a, const real *b, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a[i] + b[i];
+}
+
+__global__ void scale_kernel(real *x, real a, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] * a;
+}
+
+static void dev_zero(const eng *e, real *x, size_t n) {
+    cudaMemset(x, 0, sizeof(real) * n);
+    check(e, "cudaMemset");
+}
+
+static void dev_copy(const eng *e, real *y, const real *x, size_t n) {
+    cudaMemcpy(y, x, sizeof(real) * n, cudaMemcpyDeviceToDevice);
+    check(e, "cudaMemcpy");
+}
+
+static void dev_add(const eng *e, real *y, const real *a, const real *b, size_t n) {
+    SBP_LAUNCH(add_kernel, blocks_for(n, THREADS), THREADS, 0, y, a, b, n);
+    check(e, "add_kernel");
+}
+
+static void dev_scale(const eng *e, real *x, real a, size_t n) {
+    SBP_LAUNCH(scale_kernel, blocks_for(n, THREADS), THREADS, 0, x, a, n);
+    check(e, "scale_kernel");
+}
+
+static void dev_store(const eng *e, real *x, size_t n) {} /* no bf16 storage on the device */
+
+static const sbp_ops table = {
+    .name = SBP_EMULATED ? "cuda-emu" : "cuda",
+    .begin = dev_begin,
+    .end = dev_end,
+    .alloc = dev_alloc,
+    .free = dev_free,
+    .mirror = dev_mirror,
+    .unmirror = dev_unmirror,
+    .download = dev_download,
+    .upload = dev_upload,
+    .workspace = dev_workspace,
+    .zero = dev_zero,
+    .copy = dev_copy,
+    .add = dev_add,
+    .scale = dev_scale,
+    .store = dev_store,
+    .rope_table = rope_table,
+    .linear_forward = linear_forward,
+    .linear_backward = linear_backward,
+    .rmsnorm_forward = rmsnorm_forward,
+    .rmsnorm_backward = rmsnorm_backward,
+    .rope_forward = rope_forward,
+    .rope_backward = rope_backward,
+    .attention_forward = attention_forward,
+    .attention_backward = attention_backward,
+    .swiglu_forward = swiglu_forward,
+    .swiglu_backward = swiglu_backward,
+    .embedding_forward = embedding_forward,
+    .embedding_backward = embedding_backward,
+    .logprob_forward = logprob_forward,
+    .logprob_backward = logprob_backward,
+};
+
+} // namespace SBP_CUDA_NS
+
+extern "C" const void *SBP_CUDA_TABLE(void) {
+    return &SBP_CUDA_NS::table;
+}
