@@ -37,7 +37,7 @@ LDLIBS   := $(if $(HAVE_PKGS),$(shell pkg-config --libs openblas libcjson)) -Wl,
 CHECK_LIBS := $(if $(HAVE_PKGS),$(shell pkg-config --libs check))
 LDFLAGS  := -fopenmp $(if $(filter 1,$(SAN)),$(SANFLAGS))
 
-COMMON_SRC := $(wildcard src/core/*.c src/io/*.c src/api/*.c)
+COMMON_SRC := $(wildcard src/core/*.c src/io/*.c src/api/*.c src/train/*.c)
 NUM_SRC    := $(wildcard src/kernels/*.c src/engine/*.c)
 CLI_SRC    := $(wildcard src/cli/*.c src/cli/verify/*.c)
 VERIFY_SRC := $(wildcard verify/*.c)
