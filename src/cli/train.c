@@ -28,6 +28,7 @@
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -80,6 +81,18 @@ static const char usage[] =
     "  --plot               draw OUT/loss.png with gnuplot (skipped when it is not installed)\n"
     "  --json               print the summary as JSON\n"
     "\n";
+
+/* snprintf for paths. Every path option is at most PATH_OPT_MAX characters (checked when
+ * parsing) and every buffer leaves room for what is appended, so nothing is cut; going through
+ * vsnprintf keeps the compiler from warning about lengths it cannot see. */
+#define PATH_OPT_MAX 3000
+static void pathf(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void pathf(char *buf, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+}
 
 #define MAX_DATA 64
 
@@ -294,6 +307,14 @@ static int parse(train_args *a, int argc, char **argv) {
                 usage);
         return EXIT_USAGE;
     }
+    const char *paths[MAX_DATA + 5] = {a->model, a->out, a->resume, a->jsonl, a->obj.ref_model};
+    for (int i = 0; i < a->n_data; i++) paths[5 + i] = a->data[i];
+    for (int i = 0; i < 5 + a->n_data; i++)
+        if (paths[i] && strlen(paths[i]) > PATH_OPT_MAX) {
+            fprintf(stderr, "streambp train: a path longer than %d characters: %.60s...\n",
+                    PATH_OPT_MAX, paths[i]);
+            return EXIT_USAGE;
+        }
     if (a->n_data && a->jsonl) {
         fprintf(stderr, "streambp train: give --data or --jsonl, not both\n");
         return EXIT_USAGE;
@@ -496,7 +517,7 @@ static const char *holds_run(const char *dir) {
                                         "trainer_state.json"};
     char p[4200];
     for (int i = 0; i < 4; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        pathf(p, sizeof p, "%s/%s", dir, files[i]);
         if (is_file(p)) return files[i];
     }
     DIR *dp = opendir(dir);
@@ -513,9 +534,9 @@ static const char *holds_run(const char *dir) {
 /* The checkpoint to resume from: PATH itself, or PATH's newest complete checkpoint-N. */
 static int find_checkpoint(char *out, size_t n, const char *path) {
     char p[4200];
-    snprintf(p, sizeof p, "%s/trainer_state.json", path);
+    pathf(p, sizeof p, "%s/trainer_state.json", path);
     if (is_file(p)) {
-        snprintf(out, n, "%s", path);
+        pathf(out, n, "%s", path);
         return 1;
     }
     DIR *dp = opendir(path);
@@ -524,12 +545,12 @@ static int find_checkpoint(char *out, size_t n, const char *path) {
     struct dirent *e;
     while ((e = readdir(dp))) {
         long k = checkpoint_number(e->d_name);
-        snprintf(p, sizeof p, "%s/%s/trainer_state.json", path, e->d_name);
+        pathf(p, sizeof p, "%s/%s/trainer_state.json", path, e->d_name);
         if (k > best && is_file(p)) best = k;
     }
     closedir(dp);
     if (best < 0) return 0;
-    snprintf(out, n, "%s/checkpoint-%ld", path, best);
+    pathf(out, n, "%s/checkpoint-%ld", path, best);
     return 1;
 }
 
@@ -549,7 +570,7 @@ static void remove_stale(const char *dir) {
             kill((pid_t)pid, 0) == 0)
             continue;
         char p[4200];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        pathf(p, sizeof p, "%s/%s", dir, e->d_name);
         if (is_dir(p)) {
             DIR *inner = opendir(p);
             if (inner) {
@@ -557,7 +578,7 @@ static void remove_stale(const char *dir) {
                 while ((f = readdir(inner))) {
                     if (strcmp(f->d_name, ".") == 0 || strcmp(f->d_name, "..") == 0) continue;
                     char q[8400];
-                    snprintf(q, sizeof q, "%s/%s", p, f->d_name);
+                    pathf(q, sizeof q, "%s/%s", p, f->d_name);
                     unlink(q);
                 }
                 closedir(inner);
@@ -572,7 +593,7 @@ static void remove_stale(const char *dir) {
 
 static int mkdir_p(const char *dir) {
     char p[4096];
-    snprintf(p, sizeof p, "%s", dir);
+    pathf(p, sizeof p, "%s", dir);
     for (char *s = p + 1; *s; s++)
         if (*s == '/') {
             *s = '\0';
@@ -622,7 +643,7 @@ static cJSON *state_json(const train_args *a, const run_state *rs, const setting
 static sbp_status save_checkpoint(const train_args *a, const run_state *rs, const settings *s,
                                   const sbp_model *m, const char *config_json, const sbp_adamw *opt,
                                   char *where, size_t where_n, sbp_err *err) {
-    snprintf(where, where_n, "%s/checkpoint-%lld", a->out, (long long)rs->step);
+    pathf(where, where_n, "%s/checkpoint-%lld", a->out, (long long)rs->step);
     sbp_outdir d;
     sbp_status st = sbp_outdir_open(&d, where, err);
     if (st) return st;
@@ -663,7 +684,7 @@ static sbp_status save_checkpoint(const train_args *a, const run_state *rs, cons
 static sbp_status read_checkpoint(run_state *rs, const char *ckpt, const settings *s,
                                   sbp_err *err) {
     char p[4300], *text = NULL;
-    snprintf(p, sizeof p, "%s/trainer_state.json", ckpt);
+    pathf(p, sizeof p, "%s/trainer_state.json", ckpt);
     sbp_status st = sbp_read_text(&text, p, 16u << 20, err);
     if (st) return st;
     cJSON *o = cJSON_Parse(text);
@@ -721,7 +742,7 @@ static sbp_status read_checkpoint(run_state *rs, const char *ckpt, const setting
     /* the logs up to this step */
     char *csv = NULL;
     if (!st) {
-        snprintf(p, sizeof p, "%s/loss.csv", ckpt);
+        pathf(p, sizeof p, "%s/loss.csv", ckpt);
         if (!(st = sbp_read_text(&csv, p, 1u << 30, err))) {
             rs->loss_len = rs->loss_cap = 0;
             free(rs->loss_csv);
@@ -732,7 +753,7 @@ static sbp_status read_checkpoint(run_state *rs, const char *ckpt, const setting
         }
     }
     if (!st) {
-        snprintf(p, sizeof p, "%s/timing.csv", ckpt);
+        pathf(p, sizeof p, "%s/timing.csv", ckpt);
         if (!(st = sbp_read_text(&csv, p, 1u << 30, err))) {
             rs->timing_len = rs->timing_cap = 0;
             free(rs->timing_csv);
@@ -789,10 +810,15 @@ static void draw_plot(const char *out) {
             "set title 'streambp train: training loss'\n"
             "set xlabel 'optimizer step'\n"
             "set ylabel 'loss'\n"
+            "set y2label 'learning rate'\n"
+            "set ytics nomirror\n"
+            "set y2tics\n"
             "set grid\n"
             "set key top right\n"
-            "plot '%s/loss.csv' every ::1 using 1:3 with lines lw 2 title 'loss'\n",
-            out, out);
+            "plot '%s/loss.csv' every ::1 using 1:3 with lines lw 2 title 'loss', \\\n"
+            "     '%s/loss.csv' every ::1 using 1:4 axes x1y2 with lines dt 2 lc rgb 'gray40' "
+            "title 'learning rate'\n",
+            out, out, out);
     int rc = pclose(g);
     if (rc != 0)
         fprintf(stderr, "streambp train: gnuplot failed (status %d); no plot\n", rc);
@@ -864,7 +890,7 @@ static sbp_status prepare(train_run *r, const train_args *a, settings *s, char *
                         a->out, found, a->out);
     if (found) { /* only the checkpoint's own run directory may be continued in place */
         char parent[4200], rp_out[PATH_MAX], rp_parent[PATH_MAX];
-        snprintf(parent, sizeof parent, "%s/..", ckpt);
+        pathf(parent, sizeof parent, "%s/..", ckpt);
         if (!realpath(a->out, rp_out) || !realpath(parent, rp_parent) ||
             strcmp(rp_out, rp_parent) != 0)
             return sbp_fail(err, SBP_EINPUT,
@@ -873,7 +899,7 @@ static sbp_status prepare(train_run *r, const train_args *a, settings *s, char *
                             a->out, found, ckpt);
     }
     char p[4200];
-    snprintf(p, sizeof p, "%s/config.json", a->model);
+    pathf(p, sizeof p, "%s/config.json", a->model);
     sbp_status st = sbp_model_load(&r->m, a->model, a->prec, lg, err);
     if (!st) st = sbp_read_text(&r->config_json, p, 16u << 20, err);
     if (st) return st;
@@ -935,7 +961,7 @@ static sbp_status prepare(train_run *r, const train_args *a, settings *s, char *
                         "%s: the checkpoint's model has %lld parameters, this "
                         "run's %lld",
                         ckpt, (long long)r->m.params.total, (long long)r->opt.n);
-    snprintf(p, sizeof p, "%s/optimizer.safetensors", ckpt);
+    pathf(p, sizeof p, "%s/optimizer.safetensors", ckpt);
     if ((st = sbp_adamw_load(&r->opt, p, &r->m.params, err))) return st;
     if (r->opt.step != r->rs.step)
         return sbp_fail(err, SBP_EINPUT,
@@ -952,11 +978,11 @@ static sbp_status open_logs(train_run *r, const train_args *a, sbp_err *err) {
                         strerror(errno));
     remove_stale(a->out);
     char p[4200];
-    snprintf(p, sizeof p, "%s/loss.csv", a->out);
+    pathf(p, sizeof p, "%s/loss.csv", a->out);
     sbp_status st = sbp_write_atomic(p, r->rs.loss_csv, r->rs.loss_len, err);
     if (!st && !(r->loss_f = fopen(p, "ab")))
         st = sbp_fail(err, SBP_EIO, "%s: cannot open for appending: %s", p, strerror(errno));
-    snprintf(p, sizeof p, "%s/timing.csv", a->out);
+    pathf(p, sizeof p, "%s/timing.csv", a->out);
     if (!st) st = sbp_write_atomic(p, r->rs.timing_csv, r->rs.timing_len, err);
     if (!st && !(r->timing_f = fopen(p, "ab")))
         st = sbp_fail(err, SBP_EIO, "%s: cannot open for appending: %s", p, strerror(errno));
