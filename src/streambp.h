@@ -425,7 +425,8 @@ int sbp_data_items_per_batch(const sbp_data *d); /* 1 (files) or B (jsonl) */
 uint64_t sbp_data_hash(const sbp_data *d);       /* of the contents, in order */
 int64_t sbp_data_truncated(const sbp_data *d);   /* jsonl records cut to T */
 int64_t sbp_data_skipped(const sbp_data *d);     /* jsonl records without a target within T */
-const char *sbp_data_item_name(const sbp_data *d, int64_t i); /* a file path, or "FILE:LINE" */
+/* A file path, or "FILE:LINE"; valid until the next call. */
+const char *sbp_data_item_name(sbp_data *d, int64_t i);
 /* The micro-batch of items[0..n): a batch file (n = 1), or n records, one a row. */
 sbp_status sbp_data_batch(sbp_batch *b, const sbp_data *d, const int64_t *items, int n,
                           sbp_err *err);

@@ -441,6 +441,17 @@ START_TEST(stop_and_resume_is_bitwise) {
                   tu_last_output());
     ck_assert(!tu_exists(tu_join(parts, "model.safetensors")));
     ck_assert(tu_exists(tu_join(parts, "checkpoint-25/optimizer.safetensors")));
+    /* leftovers of a writer that died: the run removes its own kinds, and nothing else */
+    pid_t dead = fork();
+    if (dead == 0) _exit(0);
+    ck_assert_int_eq(waitpid(dead, NULL, 0), dead);
+    const char *left_dir = tu_path("parts/checkpoint-30.tmp.%ld", (long)dead);
+    const char *left_csv = tu_path("parts/loss.csv.tmp.%ld", (long)dead);
+    const char *foreign = tu_path("parts/notes.tmp.%ld", (long)dead);
+    ck_assert_int_eq(mkdir(left_dir, 0755), 0);
+    tu_spit(tu_join(left_dir, "model.safetensors"), "half", 4);
+    tu_spit(left_csv, "x", 1);
+    tu_spit(foreign, "mine", 4);
     int rc = tu_sh("%s train --model %s " DEMO_DATA " --steps 50 --schedule ckpt --threads 2 "
                    "--out %s --save-every 10 --resume %s",
                    tu_bin(), model(), parts, parts);
@@ -449,6 +460,9 @@ START_TEST(stop_and_resume_is_bitwise) {
     ck_assert_ptr_nonnull(strstr(tu_last_output(), "checkpoint-25"));
     assert_same_file(tu_join(whole, "model.safetensors"), tu_join(parts, "model.safetensors"));
     assert_same_file(tu_join(whole, "loss.csv"), tu_join(parts, "loss.csv"));
+    ck_assert(!tu_exists(left_dir) && !tu_exists(left_csv));
+    ck_assert(tu_exists(foreign));
+    unlink(foreign);
     /* the checkpoints the resumed run wrote again are those of the uninterrupted run */
     ck_assert_msg(tu_sh("%s train --model %s " DEMO_DATA " --steps 50 --threads 1 --out %s "
                         "--save-every 10",

@@ -554,21 +554,25 @@ static int find_checkpoint(char *out, size_t n, const char *path) {
     return 1;
 }
 
-/* Leftovers of a process that was killed while writing: "NAME.tmp.PID" and "NAME.old.PID" whose
- * process no longer exists. */
+/* Leftovers of a process that was killed while writing: "NAME.tmp.PID" and "NAME.old.PID",
+ * for the names a run writes, whose process no longer exists. */
 static void remove_stale(const char *dir) {
+    static const char *const ours[] = {"checkpoint-", "loss.csv.", "timing.csv.",
+                                       "model.safetensors.", "config.json."};
     DIR *dp = opendir(dir);
     if (!dp) return;
     struct dirent *e;
     while ((e = readdir(dp))) {
+        int mine = 0;
+        for (int i = 0; i < 5 && !mine; i++)
+            mine = strncmp(e->d_name, ours[i], strlen(ours[i])) == 0;
         const char *t = strstr(e->d_name, ".tmp.");
         if (!t) t = strstr(e->d_name, ".old.");
-        if (!t || strchr(t + 5, '.')) continue;
+        if (!mine || !t || strchr(t + 5, '.')) continue;
         char *end;
         long pid = strtol(t + 5, &end, 10);
-        if (*end || pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno != ESRCH) ||
-            kill((pid_t)pid, 0) == 0)
-            continue;
+        if (*end || pid <= 0) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to tell */
         char p[4200];
         pathf(p, sizeof p, "%s/%s", dir, e->d_name);
         if (is_dir(p)) {
@@ -832,13 +836,18 @@ static int64_t real_tokens(const sbp_batch *b) {
     return n;
 }
 
-/* The loss of the first row of a loss log, or NaN. */
-static double first_loss(const char *csv) {
+/* The loss of the first (last = 0) or last row of a loss log, or NaN. */
+static double logged_loss(const char *csv, int last) {
     const char *row = csv ? strchr(csv, '\n') : NULL;
+    double found = NAN;
     long long step;
     double epoch, loss;
-    if (row && sscanf(row + 1, "%lld,%lf,%lf", &step, &epoch, &loss) == 3) return loss;
-    return NAN;
+    for (; row && row[1]; row = strchr(row + 1, '\n')) {
+        if (sscanf(row + 1, "%lld,%lf,%lf", &step, &epoch, &loss) != 3) break;
+        found = loss;
+        if (!last) break;
+    }
+    return found;
 }
 
 /* ---- the command ----------------------------------------------------------------------------- */
@@ -1106,7 +1115,8 @@ int cmd_train(int argc, char **argv) {
     }
     if (!st && a.plot) draw_plot(a.out);
     if (!st) {
-        double l0 = first_loss(r.rs.loss_csv);
+        double l0 = logged_loss(r.rs.loss_csv, 0);
+        if (!isfinite(last_loss)) last_loss = logged_loss(r.rs.loss_csv, 1); /* no step now */
         if (a.json) {
             cJSON *o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "out", a.out);

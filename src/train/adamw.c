@@ -126,20 +126,27 @@ void sbp_adamw_free(sbp_adamw *a, sbp_ledger *lg) {
     memset(a, 0, sizeof *a);
 }
 
-/* Whether element i is decayed, and where its decay status next changes. */
+/* Whether element i is decayed, and where its decay status next changes (the ranges are sorted:
+ * a binary search for the first range that ends after i). */
 static int decayed_until(const sbp_adamw *a, int64_t i, int64_t *until) {
-    for (int k = 0; k < a->n_no_decay; k++) {
-        if (i < a->no_decay[k].begin) {
-            *until = a->no_decay[k].begin;
-            return 1;
-        }
-        if (i < a->no_decay[k].end) {
-            *until = a->no_decay[k].end;
-            return 0;
-        }
+    int lo = 0, hi = a->n_no_decay;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (a->no_decay[mid].end <= i)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
-    *until = a->n;
-    return 1;
+    if (lo == a->n_no_decay) {
+        *until = a->n;
+        return 1;
+    }
+    if (i < a->no_decay[lo].begin) {
+        *until = a->no_decay[lo].begin;
+        return 1;
+    }
+    *until = a->no_decay[lo].end;
+    return 0;
 }
 
 void sbp_adamw_step(sbp_adamw *a, void *p, const void *g, double lr) {

@@ -331,12 +331,11 @@ int64_t sbp_data_skipped(const sbp_data *d) {
     return d->skipped;
 }
 
-const char *sbp_data_item_name(const sbp_data *d, int64_t i) {
-    sbp_data *w = (sbp_data *)d; /* the name buffer only */
+const char *sbp_data_item_name(sbp_data *d, int64_t i) {
     if (i < 0 || i >= sbp_data_items(d)) return "?";
     if (!d->o.jsonl) return d->files[i];
-    snprintf(w->name, sizeof w->name, "%s:%d", d->o.jsonl, d->line[i]);
-    return w->name;
+    snprintf(d->name, sizeof d->name, "%s:%d", d->o.jsonl, d->line[i]);
+    return d->name;
 }
 
 sbp_status sbp_data_batch(sbp_batch *b, const sbp_data *d, const int64_t *items, int n,
