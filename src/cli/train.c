@@ -960,23 +960,20 @@ static sbp_status prepare(train_run *r, const train_args *a, settings *s, char *
     if ((st = read_checkpoint(&r->rs, ckpt, s, err))) return st;
     if (r->rs.step > a->steps)
         return sbp_fail(err, SBP_EINPUT,
-                        "--resume %s: the checkpoint is at step %lld, after "
-                        "--steps %d",
-                        ckpt, (long long)r->rs.step, a->steps);
+                        "--resume %s: the checkpoint is at step %lld, after --steps %d", ckpt,
+                        (long long)r->rs.step, a->steps);
     sbp_model_free(&r->m, lg);
     if ((st = sbp_model_load(&r->m, ckpt, a->prec, lg, err))) return st;
     if (r->m.params.total != r->opt.n)
         return sbp_fail(err, SBP_EINPUT,
-                        "%s: the checkpoint's model has %lld parameters, this "
-                        "run's %lld",
-                        ckpt, (long long)r->m.params.total, (long long)r->opt.n);
+                        "%s: the checkpoint's model has %lld parameters, this run's %lld", ckpt,
+                        (long long)r->m.params.total, (long long)r->opt.n);
     pathf(p, sizeof p, "%s/optimizer.safetensors", ckpt);
     if ((st = sbp_adamw_load(&r->opt, p, &r->m.params, err))) return st;
     if (r->opt.step != r->rs.step)
         return sbp_fail(err, SBP_EINPUT,
-                        "%s: the optimizer is at step %lld, the trainer state at "
-                        "%lld",
-                        ckpt, (long long)r->opt.step, (long long)r->rs.step);
+                        "%s: the optimizer is at step %lld, the trainer state at %lld", ckpt,
+                        (long long)r->opt.step, (long long)r->rs.step);
     return SBP_OK;
 }
 
