@@ -2,6 +2,7 @@
 #
 #   make            build/streambp and build/libstreambp.a (float32 and float64 engines)
 #   make demo       the three schedules on the bundled tiny Qwen3 model and batch
+#   make train-demo 50 training steps with full, ckpt and stream, and a kill + resume: byte for byte
 #   make test       the Check suite (make test SAN=1: the same under ASan + UBSan)
 #   make format     clang-format every C file
 #   make deps       install missing build dependencies with apt-get (done by the targets above)
@@ -39,7 +40,7 @@ LDLIBS   := $(if $(HAVE_PKGS),$(shell pkg-config --libs openblas libcjson libcry
 CHECK_LIBS := $(if $(HAVE_PKGS),$(shell pkg-config --libs check))
 LDFLAGS  := -fopenmp $(if $(filter 1,$(SAN)),$(SANFLAGS))
 
-COMMON_SRC := $(wildcard src/core/*.c src/io/*.c src/api/*.c)
+COMMON_SRC := $(wildcard src/core/*.c src/io/*.c src/api/*.c src/train/*.c)
 NUM_SRC    := $(wildcard src/kernels/*.c src/kernels/blas/*.c src/engine/*.c src/engine/*/*.c)
 CLI_SRC    := $(wildcard src/cli/*.c src/cli/verify/*.c)
 VERIFY_SRC := $(wildcard verify/*.c)
@@ -56,7 +57,8 @@ TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIB        := $(BUILD)/libstreambp.a
 BIN        := $(BUILD)/streambp
 
-.PHONY: all deps demo test format clean check-deps bench bench-torch plots portable-builds golden
+.PHONY: all deps demo train-demo test format clean check-deps bench bench-torch plots \
+        portable-builds golden
 all: deps
 	@$(MAKE) --no-print-directory $(BIN) $(LIB)
 
@@ -160,6 +162,37 @@ demo: all
 	@for s in ckpt stream; do printf '%-7s ' "$$s:"; \
 	  $(BIN) verify diff --bitwise $(DEMO_DIR)/grad-$$s.safetensors \
 	    $(DEMO_DIR)/grad-full.safetensors | tail -2 | tr '\n' ' '; echo; done
+
+# ---- training demo -------------------------------------------------------------------------------
+# 50 AdamW steps of the tiny Qwen3 on data/train/counting.jsonl with each schedule, then a stream
+# run killed with SIGKILL after its checkpoint at step 20 and resumed with ckpt: the weights and the
+# loss log must be the same bytes every time.
+
+TRAIN_DIR  := $(BUILD)/train-demo
+TRAIN_OPTS := --model $(TRAIN_DIR)/model --jsonl data/train/counting.jsonl --seq 64 --batch-size 4 \
+              --steps 50 --lr 1e-2 --warmup-steps 5 --shuffle --weight-decay 0.01 --block 16 \
+              --chunk 32 --logit-chunk 16 --threads 2
+
+train-demo: all
+	@rm -rf $(TRAIN_DIR)
+	@$(BIN) init --config data/models/qwen3-tiny.json --seed 1 --out $(TRAIN_DIR)/model >/dev/null
+	@for s in full ckpt stream; do echo "== $(BIN) train --schedule $$s --out $(TRAIN_DIR)/$$s"; \
+	  $(BIN) train $(TRAIN_OPTS) --schedule $$s --out $(TRAIN_DIR)/$$s --log-every 10 \
+	    $$([ $$s = full ] && echo --plot) >/dev/null || exit 1; done
+	@echo "== stream with --save-every 5, killed (SIGKILL) after checkpoint-20, resumed with ckpt"
+	@d=$(TRAIN_DIR)/killed; $(BIN) train $(TRAIN_OPTS) --schedule stream --out $$d --save-every 5 \
+	  >/dev/null 2>&1 & pid=$$!; \
+	while [ ! -f $$d/checkpoint-20/trainer_state.json ] && kill -0 $$pid 2>/dev/null; do sleep 0.01; done; \
+	kill -9 $$pid 2>/dev/null; wait $$pid 2>/dev/null; \
+	echo "   killed after $$(($$(wc -l < $$d/loss.csv) - 1)) logged steps; resuming"; \
+	$(BIN) train $(TRAIN_OPTS) --schedule ckpt --out $$d --save-every 5 --resume $$d >/dev/null 2>&1 || exit 1
+	@echo "== byte-identical to full (cmp model.safetensors, loss.csv)"
+	@for r in ckpt stream killed; do \
+	  if cmp -s $(TRAIN_DIR)/full/model.safetensors $(TRAIN_DIR)/$$r/model.safetensors && \
+	     cmp -s $(TRAIN_DIR)/full/loss.csv $(TRAIN_DIR)/$$r/loss.csv; \
+	  then echo "   $$r: identical"; else echo "   $$r: DIFFERENT"; exit 1; fi; done
+	@awk -F, 'NR == 2 {a = $$3} END {printf "   loss %.4f at step 1, %.4f at step %d\n", a, $$3, $$1}' \
+	  $(TRAIN_DIR)/full/loss.csv
 
 # ---- benchmarks (not part of `make test`; they take minutes) -------------------------------------
 

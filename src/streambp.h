@@ -359,6 +359,174 @@ int sbp_portable_gemm_f64(double *C, const double *A, const double *B, int M, in
 /* Sets OpenMP and OpenBLAS to n threads (process-wide; see the header comment). */
 void sbp_set_threads(int n);
 
+/* =============================================================================================
+ * Training (src/train): AdamW, gradient clipping, learning-rate schedules, data sources and
+ * checkpoints, used by `streambp train`. The optimizer and the clipping work on any trainable
+ * slab — a pointer, an element count and a precision — so that the full weights today and LoRA
+ * adapters later are trained by the same code. */
+
+/* ---- AdamW: torch.optim.AdamW (decoupled weight decay, bias correction), single-tensor
+ * implementation, in torch 2.x's operation order (src/train/adamw.c quotes it). The moments have
+ * the slab's precision, as PyTorch keeps them for float32 and float64 parameters. */
+
+typedef struct {
+    double beta1, beta2; /* 0 <= beta < 1 (defaults 0.9, 0.999) */
+    double eps;          /* >= 0 (default 1e-8) */
+    double weight_decay; /* >= 0 (default 0, as HF TrainingArguments) */
+} sbp_adamw_opts;
+
+typedef struct {
+    int64_t begin, end; /* elements [begin, end) */
+} sbp_range;
+
+typedef struct {
+    sbp_adamw_opts o;
+    sbp_precision prec;
+    int64_t n;           /* elements of the trainable slab */
+    void *exp_avg;       /* (n) first moments, in prec; charged to SBP_MEM_OPTIMIZER */
+    void *exp_avg_sq;    /* (n) second moments, in prec; charged to SBP_MEM_OPTIMIZER */
+    int64_t step;        /* steps taken (torch's state["step"]) */
+    sbp_range *no_decay; /* (n_no_decay) ascending, disjoint ranges without weight decay */
+    int n_no_decay;
+} sbp_adamw;
+
+/* Checks the hyper-parameters as torch.optim.AdamW does; the message names the bad one. */
+sbp_status sbp_adamw_check(const sbp_adamw_opts *o, sbp_err *err);
+/* Zero moments for a slab of n elements in prec, step 0. */
+sbp_status sbp_adamw_init(sbp_adamw *a, const sbp_adamw_opts *o, sbp_precision prec, int64_t n,
+                          sbp_ledger *lg, sbp_err *err);
+/* Excludes ranges of the slab from weight decay (a second parameter group with weight_decay 0,
+ * as HF Trainer makes for norms and biases); the ranges are copied. */
+sbp_status sbp_adamw_exclude_decay(sbp_adamw *a, const sbp_range *r /* (n) */, int n, sbp_err *err);
+void sbp_adamw_free(sbp_adamw *a, sbp_ledger *lg);
+/* One optimizer step at learning rate lr: p ← p·(1 − lr·wd), moments, p ← p − lr/bc1 · m /
+ * (sqrt(v)/sqrt(bc2) + eps). Every element's arithmetic is the same whatever the thread count. */
+void sbp_adamw_step(sbp_adamw *a, void *p /* (n) */, const void *g /* (n) */, double lr);
+/* The ranges of a parameter table that HF Trainer keeps out of weight decay: every norm weight
+ * and every bias. *out is malloc'd (free it); *n may be 0. */
+sbp_status sbp_params_no_decay(sbp_range **out, int *n, const sbp_params *ps, sbp_err *err);
+/* The moments as safetensors ("<name>.exp_avg", "<name>.exp_avg_sq" per tensor of ps, in the
+ * slab's precision; "step" and the hyper-parameters in __metadata__), and back. Load checks
+ * every name, shape and dtype and fills a, which must have been initialised for ps. */
+sbp_status sbp_adamw_save(const char *path, const sbp_adamw *a, const sbp_params *ps, sbp_err *err);
+sbp_status sbp_adamw_load(sbp_adamw *a, const char *path, const sbp_params *ps, sbp_err *err);
+
+/* ---- Gradient clipping: torch.nn.utils.clip_grad_norm_ */
+
+/* The L2 norm of the slab, accumulated in float64 in a fixed order (blocks of 4096 elements in
+ * ascending order), so it is the same for every thread count. */
+double sbp_grad_norm(const void *g /* (n) */, int64_t n, sbp_precision prec);
+/* Scales g by min(1, max_norm · 1/(norm + 1e-6)) in the slab's precision, as torch does, and
+ * returns the norm before clipping, rounded to the slab's precision (torch's total_norm).
+ * max_norm 0: no clipping, the norm is still returned. */
+double sbp_clip_grad_norm(void *g /* (n) */, int64_t n, sbp_precision prec, double max_norm);
+
+/* ---- Learning-rate schedules: transformers.get_{cosine,linear,constant}_schedule_with_warmup */
+
+typedef enum { SBP_LR_COSINE, SBP_LR_LINEAR, SBP_LR_CONSTANT } sbp_lr_kind;
+
+typedef struct {
+    sbp_lr_kind kind;
+    double lr;      /* the peak learning rate */
+    int64_t warmup; /* steps of linear warm-up from 0 */
+    int64_t total;  /* optimizer steps of the run (num_training_steps) */
+} sbp_lr_sched;
+
+const char *sbp_lr_kind_name(sbp_lr_kind k);
+int sbp_lr_kind_parse(const char *s, sbp_lr_kind *out); /* 1 on success */
+/* The learning rate of optimizer step `step` (0-based; HF: lr_lambda(step), so a run with
+ * warm-up takes its first step at lr 0). */
+double sbp_lr_at(const sbp_lr_sched *s, int64_t step);
+
+/* ---- Data: batch files, or token-id records from a JSONL file padded into batches */
+
+typedef struct {
+    const char *const *paths; /* (n_paths) batch files or directories of them (*.safetensors,
+                               * in name order); files named directly keep the order given */
+    int n_paths;
+    const char *jsonl; /* instead: one record {"input_ids": [...], "labels": [...]} a line */
+    int T;             /* jsonl: tokens per row; longer records are truncated, shorter padded */
+    int B;             /* jsonl: records per micro-batch */
+    sbp_objective objective; /* every batch is checked against it before training starts */
+    int scale_rewards;       /* GRPO rewards: as sbp_batch_load_as */
+    int reference_model;     /* reference log-probs will come from a model, not the files */
+} sbp_data_opts;
+
+typedef struct sbp_data sbp_data;
+
+/* Opens and checks every batch file, or reads and checks every record, before anything runs. */
+sbp_status sbp_data_open(sbp_data **d, const sbp_data_opts *o, const sbp_config *cfg, sbp_err *err);
+void sbp_data_free(sbp_data *d);
+int64_t sbp_data_items(const sbp_data *d);       /* items of an epoch: files, or records */
+int sbp_data_items_per_batch(const sbp_data *d); /* 1 (files) or B (jsonl) */
+uint64_t sbp_data_hash(const sbp_data *d);       /* of the contents, in order */
+int64_t sbp_data_truncated(const sbp_data *d);   /* jsonl records cut to T */
+int64_t sbp_data_skipped(const sbp_data *d);     /* jsonl records without a target within T */
+/* A file path, or "FILE:LINE"; valid until the next call. */
+const char *sbp_data_item_name(sbp_data *d, int64_t i);
+/* The micro-batch of items[0..n): a batch file (n = 1), or n records, one a row. */
+sbp_status sbp_data_batch(sbp_batch *b, const sbp_data *d, const int64_t *items, int n,
+                          sbp_err *err);
+
+/* The order of the items: epochs in sequence, each in file order or in a seeded random
+ * permutation (Fisher-Yates on xoshiro256**); the whole state is a few integers, so a
+ * checkpoint restores it exactly. */
+typedef struct {
+    int64_t n;     /* items per epoch */
+    int per_batch; /* items per micro-batch; the last one of an epoch may have fewer */
+    int shuffle;
+    uint64_t seed;
+    uint64_t rng[4];    /* the generator's state at the start of the current epoch */
+    int64_t epoch, pos; /* the next item is order[pos] of epoch `epoch` */
+    int64_t *order;     /* (n) the current epoch's order */
+} sbp_sampler;
+
+sbp_status sbp_sampler_init(sbp_sampler *s, int64_t n, int per_batch, int shuffle, uint64_t seed,
+                            sbp_err *err);
+/* Restores a state saved from epoch, pos and rng (as a checkpoint holds them). */
+sbp_status sbp_sampler_restore(sbp_sampler *s, int64_t epoch, int64_t pos, const uint64_t rng[4],
+                               sbp_err *err);
+/* The items of the next micro-batch into items (per_batch of room); returns how many. */
+int sbp_sampler_next(sbp_sampler *s, int64_t *items);
+void sbp_sampler_free(sbp_sampler *s);
+
+/* ---- One training step and checkpoints */
+
+typedef struct {
+    double loss;      /* of the step's micro-batches taken together */
+    double grad_norm; /* before clipping */
+    double lr;
+    int64_t n_targets;
+} sbp_step_result;
+
+/* Gradient of the micro-batches (sbp_grad_batches), clipping to max_grad_norm (0: none), one
+ * AdamW step of the model's weights at learning rate lr. The gradient slab lives only inside. */
+sbp_status sbp_train_step(sbp_step_result *r, sbp_model *m, sbp_adamw *a, const sbp_batch *b, int n,
+                          const sbp_grad_opts *g, double lr, double max_grad_norm, sbp_ledger *lg,
+                          sbp_err *err);
+
+/* A 64-bit hash of bytes, continuing from h (start with 0), for recognising a run's model and
+ * data again; not cryptographic. */
+uint64_t sbp_hash64(const void *data, size_t n, uint64_t h);
+
+/* A directory that appears under its final name only when complete: files go into
+ * "<path>.tmp.<pid>"; commit fsyncs every file and the directory, renames it into place
+ * (replacing an older directory of that name) and fsyncs the parent. */
+typedef struct {
+    char path[4096];
+    char tmp[4200];
+} sbp_outdir;
+
+sbp_status sbp_outdir_open(sbp_outdir *d, const char *path, sbp_err *err);
+/* The path of a file inside the directory being written (buf of n bytes). */
+const char *sbp_outdir_file(const sbp_outdir *d, const char *name, char *buf, size_t n);
+sbp_status sbp_outdir_commit(sbp_outdir *d, sbp_err *err);
+void sbp_outdir_abort(sbp_outdir *d);
+/* Writes a model directory's two files into dir: config.json (config_json verbatim) and
+ * model.safetensors (the weights under their HF names, F32 or F64 as m holds them). */
+sbp_status sbp_model_save_files(const char *dir, const sbp_model *m, const char *config_json,
+                                const char *const *meta, sbp_err *err);
+
 #ifdef __cplusplus
 }
 #endif

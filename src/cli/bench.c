@@ -40,13 +40,16 @@ static const char usage[] =
     "  --block N, --chunk N, --logit-chunk N   as for grad (defaults 256, 1024, 256)\n"
     "  --largest SIZE     instead: the largest T of each schedule under SIZE (e.g. 512M), found\n"
     "                     with the planner and confirmed by a real step\n"
+    "  --no-train         leave out the training-step row (train-stream: a stream step, the\n"
+    "                     gradient clipped and an AdamW update of every weight, its memory\n"
+    "                     with the optimizer's two moments, timed like the schedules)\n"
     "  --csv | --json     machine-readable output\n";
 
 typedef struct {
     int ok;
     char err[800];
     double times[2 * PLAN_N_SCHEDULES][16]; /* step times per configuration and round */
-    int n_times;                        /* rounds timed */
+    int n_times;                            /* rounds timed */
     double loss;
     sbp_ledger lg;
     long long rss;
@@ -142,6 +145,7 @@ static void sgemm_child(child_result *r, const void *p) {
 typedef struct {
     const char *model;
     int T, reps, warmup, threads, n;
+    int train; /* whole training steps: gradient, clipping, AdamW (n = 1) */
     sbp_grad_opts g[2 * PLAN_N_SCHEDULES];
 } step_arg;
 
@@ -165,25 +169,31 @@ static void step_child(child_result *r, const void *p) {
         b.mask[t] = 1;
     }
     b.n_targets = a->T - 1;
-    for (int i = 0; i < a->warmup + a->reps; i++) {
-        for (int k = 0; k < a->n; k++) {
+    /* a training step: HF's defaults (lr 5e-5, max_grad_norm 1) on the model's weights */
+    const sbp_adamw_opts ao = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+    sbp_adamw opt = {0};
+    int ok = !a->train || sbp_adamw_init(&opt, &ao, m.prec, m.params.total, &r->lg, &err) == 0;
+    for (int i = 0; ok && i < a->warmup + a->reps; i++) {
+        for (int k = 0; ok && k < a->n; k++) {
             sbp_grad_result res;
+            sbp_step_result sr;
             double t0 = now_seconds();
-            if (sbp_grad(&res, &m, &b, &a->g[k], &r->lg, &err)) {
-                snprintf(r->err, sizeof r->err, "%s", err.msg);
-                sbp_batch_free(&b);
-                sbp_model_free(&m, &r->lg);
-                return;
-            }
+            if (a->train)
+                ok = sbp_train_step(&sr, &m, &opt, &b, 1, &a->g[k], 5e-5, 1.0, &r->lg, &err) == 0;
+            else
+                ok = sbp_grad(&res, &m, &b, &a->g[k], &r->lg, &err) == 0;
+            if (!ok) break;
             if (i >= a->warmup) r->times[k][i - a->warmup] = now_seconds() - t0;
-            r->loss = res.loss;
-            sbp_grad_result_free(&res, &r->lg);
+            r->loss = a->train ? sr.loss : res.loss;
+            if (!a->train) sbp_grad_result_free(&res, &r->lg);
         }
-        if (i >= a->warmup) r->n_times++;
+        if (ok && i >= a->warmup) r->n_times++;
     }
+    if (!ok) snprintf(r->err, sizeof r->err, "%s", err.msg);
+    sbp_adamw_free(&opt, &r->lg);
     sbp_batch_free(&b);
     sbp_model_free(&m, &r->lg);
-    r->ok = 1;
+    r->ok = ok;
 }
 
 static double median(double *v, int n) {
@@ -200,6 +210,48 @@ static double mib(int64_t b) {
     return (double)b / 1048576.0;
 }
 
+/* Where rows go: text, CSV, or JSON objects collected in rows. */
+typedef struct {
+    int csv, json;
+    double sgemm;
+    cJSON *rows;
+} row_out;
+
+/* One row of the table: a step of T tokens that took t seconds (median of nt runs). */
+static void emit(row_out *o, const sbp_config *cfg, const char *name, int T, const sbp_grad_opts *g,
+                 double t, int nt, const child_result *r, const sbp_ledger *plan) {
+    double flop = sbp_step_flops(cfg, 1, T, g), gfs = flop / t / 1e9;
+    double peak = (double)r->lg.peak_total;
+    const char *num = sbp_numerics_name(g->numerics);
+    if (o->csv) {
+        printf("%d,%s,%s,%d,%.6f,%.3f,%.3f,%.2f,%.1f,%lld,%lld,%lld,%.17g\n", T, name, num, nt, t,
+               flop / 1e9, gfs, 100 * gfs / o->sgemm, T / t, (long long)r->lg.peak_total,
+               (long long)plan->peak_total, r->rss, r->loss);
+    } else if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "T", T);
+        cJSON_AddStringToObject(j, "schedule", name);
+        cJSON_AddStringToObject(j, "numerics", num);
+        cJSON_AddNumberToObject(j, "runs", nt);
+        cJSON_AddNumberToObject(j, "median_seconds", t);
+        cJSON_AddNumberToObject(j, "gflop", flop / 1e9);
+        cJSON_AddNumberToObject(j, "gflops", gfs);
+        cJSON_AddNumberToObject(j, "fraction_of_sgemm", gfs / o->sgemm);
+        cJSON_AddNumberToObject(j, "tokens_per_second", T / t);
+        cJSON_AddItemToObject(j, "memory", ledger_json(&r->lg));
+        cJSON_AddNumberToObject(j, "planned_peak_bytes", (double)plan->peak_total);
+        cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)r->rss);
+        cJSON_AddItemToArray(o->rows, j);
+    } else {
+        char label[48];
+        snprintf(label, sizeof label, "%s%s", name,
+                 g->numerics == SBP_NUMERICS_PORTABLE ? " (portable)" : "");
+        printf("%7d %-22s %4d %9.3f %9.1f %8.1f %6.1f%% %9.0f %10.1f %10.1f %9.1f %8.2f\n", T,
+               label, nt, t, flop / 1e9, gfs, 100 * gfs / o->sgemm, T / t, mib(r->lg.peak_total),
+               mib(plan->peak_total), mib(r->rss), r->rss / peak);
+    }
+}
+
 int cmd_bench(int argc, char **argv) {
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"config", required_argument, 0, 'c'},
@@ -212,13 +264,15 @@ int cmd_bench(int argc, char **argv) {
                                          {"logit-chunk", required_argument, 0, 'l'},
                                          {"largest", required_argument, 0, 'L'},
                                          {"numerics", required_argument, 0, 'N'},
+                                         {"no-train", no_argument, 0, 'X'},
                                          {"csv", no_argument, 0, 'v'},
                                          {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *model = NULL, *config = NULL, *sched = "full,ckpt,stream";
     int seqs[32], n_seqs = 0, threads = 2, reps = 0, block = 256, chunk = 1024, lchunk = 256;
-    int csv = 0, json = 0, c, numerics = 0; /* bit set of 1 << sbp_numerics; 0: the default */
+    int csv = 0, json = 0, train = 1, c;
+    int numerics = 0; /* bit set of 1 << sbp_numerics; 0: the default */
     int64_t largest = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -263,6 +317,7 @@ int cmd_bench(int argc, char **argv) {
             }
             break;
         }
+        case 'X': train = 0; break;
         case 'v': csv = 1; break;
         case 'j': json = 1; break;
         case 'h': fputs(usage, stdout); return 0;
@@ -333,9 +388,11 @@ int cmd_bench(int argc, char **argv) {
                pgemm, 100 * pgemm / sgemm, sg.times[1][0], sg.times[1][1], sg.times[1][2]);
     }
     if (csv)
-        printf("T,schedule,numerics,runs,median_s,gflop,gflops,pct_sgemm,tokens_per_s,ledger_peak_bytes,"
+        printf("T,schedule,numerics,runs,median_s,gflop,gflops,pct_sgemm,tokens_per_s,ledger_peak_"
+               "bytes,"
                "planned_peak_bytes,rss_bytes,loss\n");
     cJSON *jrows = cJSON_CreateArray();
+    row_out out = {.csv = csv, .json = json, .sgemm = sgemm, .rows = jrows};
     int budget_rows = largest ? 1 : n_seqs;
     if (!json && !csv)
         printf("%7s %-22s %4s %9s %9s %8s %7s %9s %10s %10s %9s %8s\n", "T", "schedule", "runs",
@@ -408,39 +465,36 @@ int cmd_bench(int argc, char **argv) {
         for (int q = 0; q < 2 * PLAN_N_SCHEDULES; q++) {
             const int k = q % PLAN_N_SCHEDULES;
             if (!use[k] || !mem[q].ok) continue;
-            const child_result *r = &mem[q];
             double *tv = timed ? tr.times[kidx[q]] : mem[q].times[0];
-            int nt = timed ? tr.n_times : 1, T = Ts[q];
+            int nt = timed ? tr.n_times : 1;
             sbp_grad_opts g = timing.g[kidx[q]];
-            const char *num = sbp_numerics_name(g.numerics);
-            double t = median(tv, nt), flop = sbp_step_flops(&cfg, 1, T, &g);
-            double gfs = flop / t / 1e9, peak = (double)r->lg.peak_total;
-            char name[40];
-            snprintf(name, sizeof name, "%s%s", kinds[k].name,
-                     g.numerics == SBP_NUMERICS_PORTABLE ? " (portable)" : "");
-            if (csv) {
-                printf("%d,%s,%s,%d,%.6f,%.3f,%.3f,%.2f,%.1f,%lld,%lld,%lld,%.17g\n", T,
-                       kinds[k].name, num, nt, t, flop / 1e9, gfs, 100 * gfs / sgemm, T / t,
-                       (long long)r->lg.peak_total, (long long)plan[q].peak_total, r->rss, r->loss);
-            } else if (json) {
-                cJSON *o = cJSON_CreateObject();
-                cJSON_AddNumberToObject(o, "T", T);
-                cJSON_AddStringToObject(o, "schedule", kinds[k].name);
-                cJSON_AddStringToObject(o, "numerics", num);
-                cJSON_AddNumberToObject(o, "runs", nt);
-                cJSON_AddNumberToObject(o, "median_seconds", t);
-                cJSON_AddNumberToObject(o, "gflop", flop / 1e9);
-                cJSON_AddNumberToObject(o, "gflops", gfs);
-                cJSON_AddNumberToObject(o, "fraction_of_sgemm", gfs / sgemm);
-                cJSON_AddNumberToObject(o, "tokens_per_second", T / t);
-                cJSON_AddItemToObject(o, "memory", ledger_json(&r->lg));
-                cJSON_AddNumberToObject(o, "planned_peak_bytes", (double)plan[q].peak_total);
-                cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)r->rss);
-                cJSON_AddItemToArray(jrows, o);
+            emit(&out, &cfg, kinds[k].name, Ts[q], &g, median(tv, nt), nt, &mem[q], &plan[q]);
+        }
+        if (train && !largest) { /* a whole training step, in a process of its own */
+            sbp_grad_opts g = {
+                .schedule = SBP_STREAM, .block = block, .chunk = chunk, .logit_chunk = lchunk};
+            step_arg a = {.model = mdir,
+                          .T = seqs[si],
+                          .threads = threads,
+                          .reps = timing.reps,
+                          .warmup = timing.warmup,
+                          .n = 1,
+                          .train = 1,
+                          .g = {g}};
+            sbp_plan_opts po = {
+                .grad = g, .B = 1, .T = seqs[si], .storage_bytes = 4, .optimizer = 1};
+            sbp_ledger tplan;
+            if (sbp_plan(&tplan, &cfg, &po, &err)) memset(&tplan, 0, sizeof tplan);
+            child_result t;
+            fprintf(stderr, "  T = %d: %d training step%s (stream + clipping + AdamW)...\n",
+                    seqs[si], a.reps + a.warmup, a.reps + a.warmup > 1 ? "s" : "");
+            in_child(&t, step_child, &a);
+            if (!t.ok) {
+                fprintf(stderr, "streambp bench: T = %d, training step: %s\n", seqs[si], t.err);
+                failures++;
             } else {
-                printf("%7d %-22s %4d %9.3f %9.1f %8.1f %6.1f%% %9.0f %10.1f %10.1f %9.1f %8.2f\n",
-                       T, name, nt, t, flop / 1e9, gfs, 100 * gfs / sgemm, T / t,
-                       mib(r->lg.peak_total), mib(plan[q].peak_total), mib(r->rss), r->rss / peak);
+                emit(&out, &cfg, "train-stream", seqs[si], &g, median(t.times[0], t.n_times),
+                     t.n_times, &t, &tplan);
             }
         }
         fflush(stdout);
@@ -460,7 +514,9 @@ int cmd_bench(int argc, char **argv) {
         cJSON_Delete(jrows);
         if (!csv)
             printf("(peak MiB: the ledger's peak; plan MiB: the planner's for the same step; RSS: "
-                   "the whole process, binary and libraries included)\n");
+                   "the whole process, binary and libraries included; train-stream: a stream step, "
+                   "clipping and the AdamW update, the two moments in the ledger and the plan; "
+                   "GFLOP counts the step's matrix products)\n");
     }
     if (dir[0]) {
         char p[1200];

@@ -15,6 +15,7 @@ int cmd_grad(int argc, char **argv);
 int cmd_init(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_train(int argc, char **argv);
 
 /* Parses a positive int option value; prints an error naming the option and returns 0 if bad. */
 int parse_pos_int(const char *cmd, const char *opt, const char *text, int *out);

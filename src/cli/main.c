@@ -41,6 +41,7 @@ static const char usage[] =
     "            audit gradient files (verify --help)\n"
     "  plan      peak memory of a step, largest T under a budget, the paper's table\n"
     "  bench     step time, FLOP rate and memory of each schedule against the sgemm rate\n"
+    "  train     AdamW training of every weight, checkpoints that resume bit for bit\n"
     "  version   print the version\n"
     "\n"
     "Run `streambp <command> --help` for the options of a command.\n"
@@ -62,6 +63,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "verify") == 0) return verify_main(argc - 1, argv + 1);
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
+    if (strcmp(cmd, "train") == 0) return cmd_train(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("streambp %s\n", SBP_VERSION);
         return 0;
