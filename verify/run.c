@@ -25,6 +25,7 @@ typedef struct {
 typedef struct {
     const sbp_verify_opts *o;
     sbp_numerics numerics; /* of the runs being made */
+    sbp_device device;     /* where they run */
     sbp_verify_report *rep;
     const sbp_model *m32, *m64;
     const sbp_batch *b;
@@ -34,9 +35,10 @@ typedef struct {
     double *ta, *tb;  /* scratch: one tensor as doubles */
 } ctx;
 
-static void label(char *buf, size_t n, sbp_numerics num, sbp_precision p, const run_cfg *c,
-                  int threads) {
-    int len = snprintf(buf, n, "%s%s %s", num == SBP_NUMERICS_PORTABLE ? "portable " : "",
+static void label(char *buf, size_t n, sbp_device dev, sbp_numerics num, sbp_precision p,
+                  const run_cfg *c, int threads) {
+    int len = snprintf(buf, n, "%s%s%s%s %s", dev ? sbp_device_name(dev) : "", dev ? " " : "",
+                       num == SBP_NUMERICS_PORTABLE && !dev ? "portable " : "",
                        p == SBP_FP64 ? "fp64" : "fp32", sbp_schedule_name(c->schedule));
     if (c->schedule == SBP_STREAM) len += snprintf(buf + len, n - len, " chunk %d", c->chunk);
     if (c->chunked_logits) len += snprintf(buf + len, n - len, " logit chunk %d", c->logit_chunk);
@@ -50,7 +52,8 @@ static sbp_status run(sbp_grad_result *r, ctx *x, sbp_precision p, const run_cfg
                        .logit_chunk = c->logit_chunk,
                        .chunked_logits = c->chunked_logits,
                        .objective = x->o->objective,
-                       .numerics = x->numerics};
+                       .numerics = x->numerics,
+                       .device = x->device};
     x->rep->n_runs++;
     return sbp_grad(r, p == SBP_FP64 ? x->m64 : x->m32, x->b, &g, NULL, err);
 }
@@ -140,7 +143,7 @@ static sbp_status run_precision(ctx *x, sbp_precision p, const run_cfg *cfgs, in
         sbp_set_threads(o->threads[0]);
         if (k >= 0 && (st = run(&r0, x, p, c, err))) break;
         const sbp_grad_result *a = k < 0 ? &base : &r0;
-        label(what, sizeof what, x->numerics, p, c, o->threads[0]);
+        label(what, sizeof what, SBP_DEVICE_CPU, x->numerics, p, c, o->threads[0]);
         if (k >= 0) loss_dev(x, p, a->loss);
         compare(x, gtruth, what, a->grads, NULL, p, TRUTH64_TOL,
                 p == SBP_FP32 ? x->budget32 : NULL);
@@ -154,7 +157,7 @@ static sbp_status run_precision(ctx *x, sbp_precision p, const run_cfg *cfgs, in
         for (int t = 1; t < o->n_threads && !st; t++) {
             sbp_set_threads(o->threads[t]);
             if ((st = run(&rt, x, p, c, err))) break;
-            label(what, sizeof what, x->numerics, p, c, o->threads[t]);
+            label(what, sizeof what, SBP_DEVICE_CPU, x->numerics, p, c, o->threads[t]);
             compare(x, portable ? SBP_VG_PORTABLE : SBP_VG_THREADS, what, rt.grads, a->grads, p,
                     0, NULL);
             sbp_grad_result_free(&rt, NULL);
@@ -163,6 +166,29 @@ static sbp_status run_precision(ctx *x, sbp_precision p, const run_cfg *cfgs, in
     }
     sbp_grad_result_free(&base, NULL);
     sbp_set_threads(o->threads[0]);
+    return st;
+}
+
+/* Every configuration of one precision on device x->device (portable numerics), against portable
+ * full BP on the CPU: bitwise (group "devices"). */
+static sbp_status run_device(ctx *x, sbp_precision p, const run_cfg *cfgs, int n, sbp_err *err) {
+    const sbp_device dev = x->device;
+    sbp_grad_result base, r;
+    char what[128];
+    run_cfg full = {.schedule = SBP_FULL, .aligned = 1};
+    x->numerics = SBP_NUMERICS_PORTABLE;
+    x->device = SBP_DEVICE_CPU;
+    sbp_set_threads(x->o->threads[0]);
+    sbp_status st = run(&base, x, p, &full, err);
+    x->device = dev;
+    for (int k = -1; k < n && !st; k++) {
+        const run_cfg *c = k < 0 ? &full : &cfgs[k];
+        if ((st = run(&r, x, p, c, err))) break;
+        label(what, sizeof what, dev, SBP_NUMERICS_PORTABLE, p, c, x->o->threads[0]);
+        compare(x, SBP_VG_DEVICES, what, r.grads, base.grads, p, 0, NULL);
+        sbp_grad_result_free(&r, NULL);
+    }
+    sbp_grad_result_free(&base, NULL);
     return st;
 }
 
@@ -182,6 +208,7 @@ static sbp_status truth_of(ctx *x, sbp_err *err) {
     sbp_grad_result r;
     run_cfg full = {.schedule = SBP_FULL};
     x->numerics = SBP_NUMERICS_FAST;
+    x->device = SBP_DEVICE_CPU;
     sbp_status st = run(&r, x, SBP_FP64, &full, err);
     if (st) return st;
     memcpy(x->truth, r.grads, sizeof(double) * (size_t)ps->total);
@@ -219,7 +246,8 @@ static void default_chunks(sbp_verify_report *rep) {
 }
 
 static const char *group_titles[SBP_VG_N] = {"fp64 vs truth", "fp32 vs truth", "schedules",
-                                             "threads",       "ragged chunks", "portable"};
+                                             "threads",       "ragged chunks", "portable",
+                                             "devices"};
 
 sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, sbp_err *err) {
     memset(rep, 0, sizeof *rep);
@@ -286,6 +314,16 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
     snprintf(rep->g[SBP_VG_PORTABLE].promise, sizeof rep->g[0].promise,
              "portable numerics: every run (every schedule and chunk, ragged ones included, every "
              "thread count) against portable full BP: bitwise");
+    snprintf(rep->g[SBP_VG_DEVICES].promise, sizeof rep->g[0].promise,
+             "every schedule and chunk on each device (portable numerics) against portable full "
+             "BP on the CPU: bitwise");
+    for (int d = SBP_DEVICE_CUDA; d <= SBP_DEVICE_CUDA_EMU && !st; d++) {
+        if (!(o.devices & (1 << d))) continue;
+        x.device = (sbp_device)d;
+        if (precs & (1 << SBP_FP64)) st = run_device(&x, SBP_FP64, cfgs, ncfg, err);
+        if (!st && (precs & (1 << SBP_FP32))) st = run_device(&x, SBP_FP32, cfgs, ncfg, err);
+        x.device = SBP_DEVICE_CPU;
+    }
     const int nums = o.numerics ? o.numerics : 3;
     for (int num = 0; num < 2 && !st; num++) {
         if (!(nums & (1 << num))) continue;

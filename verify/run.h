@@ -18,6 +18,9 @@
  *                      ragged ones included, every thread count — against portable full BP of
  *                      the same precision at the first thread count: bitwise. Portable runs are
  *                      also judged against the truth in the first two groups.
+ *   devices            every schedule (block-multiple and ragged chunks) in both precisions on each
+ *                      device of --devices other than the CPU (cuda, cuda-emu), against portable
+ *                      full BP on the CPU: bitwise.
  * schedules, threads and ragged chunks hold the fast numerics' runs; --numerics picks which run.
  * Each group reports one row per tensor: the worst case over its runs. */
 #ifndef SBP_RUN_H
@@ -35,6 +38,7 @@ typedef struct {
     int schedules;  /* bit set of 1 << sbp_schedule; 0: all three */
     int precisions; /* bit set of 1 << sbp_precision; 0: both */
     int numerics;   /* bit set of 1 << sbp_numerics; 0: both */
+    int devices;    /* bit set of 1 << sbp_device beyond the CPU's; 0: the CPU only */
     int threads[4];
     int n_threads;           /* 0: 1 and 2 */
     int no_ref;              /* truth from float64 full BP instead of ref/ */
@@ -70,6 +74,7 @@ enum {
     SBP_VG_THREADS,
     SBP_VG_RAGGED,
     SBP_VG_PORTABLE,
+    SBP_VG_DEVICES,
     SBP_VG_N
 };
 

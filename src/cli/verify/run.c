@@ -17,10 +17,11 @@ static const char usage[] =
     "\n"
     "Runs every schedule (full, ckpt, stream) at several chunk sizes, in float32 and float64, at\n"
     "1 and 2 threads, in fast and portable numerics, and the ref/ float64 oracle, and compares\n"
-    "every parameter gradient in six groups: fp64 vs the float64 truth (<= 1e-10), fp32 vs the\n"
+    "every parameter gradient in seven groups: fp64 vs the float64 truth (<= 1e-10), fp32 vs the\n"
     "truth (within a budget measured in the same run: slack x the error of fp32 full BP),\n"
     "schedules (fast: bitwise at block-multiple chunks), threads (fast: bitwise), ragged chunks\n"
-    "(fast: within the measured tolerance), portable (every portable run bitwise). One row per\n"
+    "(fast: within the measured tolerance), portable (every portable run bitwise), devices (the\n"
+    "CUDA backends' runs against the portable CPU run, bitwise, with --devices). One row per\n"
     "tensor and group: bitwise runs, max ULP, max abs, relative L2, cosine and the norm ratio\n"
     "(cosine alone misses a scale error), the budget and the verdict. Without --model/--batch it\n"
     "runs on the bundled default (Qwen3-tiny, seed 1, data/batches/sft-demo.safetensors).\n"
@@ -29,6 +30,9 @@ static const char usage[] =
     "  --chunks LIST      stream chunks, e.g. 16,32,7 (default B,2B,4B,T and 1,7,T-1,T+5)\n"
     "  --precisions LIST  subset of fp32,fp64 (default both)\n"
     "  --numerics LIST    subset of fast,portable (default both)\n"
+    "  --devices LIST     cpu and the devices whose runs must equal the portable CPU run\n"
+    "                     bitwise: cuda (a GPU), cuda-emu (the CUDA kernels in the SIMT\n"
+    "                     emulator); default cpu\n"
     "  --threads LIST     thread counts, e.g. 1,2 (default 1,2; the first is the reference)\n"
     "  --block N          token block (default 16 when T < 1024, else 256)\n"
     "  --no-ref           take float64 full BP as the truth (ref/ is naive: use for large models)\n"
@@ -82,6 +86,13 @@ static int item_numerics(const char *s, int *v) {
     sbp_numerics num;
     if (!sbp_numerics_parse(s, &num)) return 0;
     *v = 1 << num;
+    return 1;
+}
+
+static int item_device(const char *s, int *v) {
+    sbp_device d;
+    if (!sbp_device_parse(s, &d)) return 0;
+    *v = d == SBP_DEVICE_CPU ? 0 : 1 << d;
     return 1;
 }
 
@@ -151,6 +162,7 @@ int verify_run(int argc, char **argv) {
                                          {"chunks", required_argument, 0, 'c'},
                                          {"precisions", required_argument, 0, 'p'},
                                          {"numerics", required_argument, 0, 'N'},
+                                         {"devices", required_argument, 0, 'D'},
                                          {"threads", required_argument, 0, 't'},
                                          {"block", required_argument, 0, 'B'},
                                          {"no-ref", no_argument, 0, 'n'},
@@ -189,6 +201,13 @@ int verify_run(int argc, char **argv) {
                 return EXIT_USAGE;
             }
             o.numerics = bits(list, n);
+            break;
+        case 'D':
+            if (!parse_list(optarg, "devices", item_device, list, 3, &n)) {
+                fprintf(stderr, "streambp verify: --devices takes cpu, cuda, cuda-emu\n");
+                return EXIT_USAGE;
+            }
+            o.devices = bits(list, n);
             break;
         case 't':
             if (!parse_list(optarg, "threads", item_int, o.threads, 4, &o.n_threads))
