@@ -106,11 +106,21 @@ static void print_diff_json(const sbp_diff *d, const char *a, const char *b) {
             cJSON_AddNumberToObject(x, "rel_l2", isfinite(c->rel_l2) ? c->rel_l2 : -1);
             cJSON_AddNumberToObject(x, "cosine", isfinite(c->cosine) ? c->cosine : -1);
             cJSON_AddNumberToObject(x, "norm_ratio", isfinite(c->norm_ratio) ? c->norm_ratio : -1);
+            cJSON_AddNumberToObject(x, "scale", isfinite(c->scale) ? c->scale : 0);
+            cJSON_AddNumberToObject(x, "rel_l2_rescaled",
+                                    isfinite(c->rel_l2_rescaled) ? c->rel_l2_rescaled : -1);
             cJSON_AddNumberToObject(x, "first_diff", (double)c->first_diff);
             cJSON_AddNumberToObject(x, "nonfinite_a", (double)c->nonfinite_a);
             cJSON_AddNumberToObject(x, "first_nonfinite_a", (double)c->first_nonfinite_a);
         }
         cJSON_AddItemToArray(rows, x);
+    }
+    cJSON *diag = cJSON_AddArrayToObject(o, "diagnosis");
+    for (int i = 0; i < d->diag.n; i++) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "rule", d->diag.rule[i]);
+        cJSON_AddStringToObject(x, "text", d->diag.text[i]);
+        cJSON_AddItemToArray(diag, x);
     }
     print_json(o);
 }
@@ -176,6 +186,8 @@ int verify_diff(int argc, char **argv) {
             if (!failures_only || d.rows[i].status != SBP_ROW_OK) print_row(&d.rows[i]);
         for (int i = 0; i < d.n; i++)
             if (d.rows[i].status != SBP_ROW_OK) print_details(&d.rows[i]);
+        if (d.diag.n) printf("diagnosis (B taken as the reference):\n");
+        for (int i = 0; i < d.diag.n; i++) printf("  - %s\n", d.diag.text[i]);
         printf("%d tensors: %d bitwise equal, %d failed; promise:", d.n, d.n_bitwise, d.n_failed);
         if (p.bitwise) printf(" bitwise");
         if (p.use_ulp) printf(" max ULP <= %g", p.ulp);
