@@ -116,6 +116,7 @@ typedef struct {
     sbp_dtype dtype;        /* of the copy: F64 or F32 */
     const char *prefix;     /* prepended to every name, or NULL */
     const char *extra_name; /* a copy of the embedding under this name too, or NULL */
+    double loss_factor;     /* keep the "loss" metadata times this factor (0: no metadata) */
 } copy_opts;
 
 static void transform(const char *src, const char *dst, edit_fn edit, void *ctx, copy_opts o) {
@@ -149,7 +150,14 @@ static void transform(const char *src, const char *dst, edit_fn edit, void *ctx,
             e[n++].name = o.extra_name;
         }
     }
-    ck_assert_int_eq(sbp_st_write(dst, e, n, NULL, &err), SBP_OK);
+    char loss[64];
+    const char *meta[] = {"loss", loss, NULL};
+    const char *src_loss = sbp_st_meta(&sf, "loss");
+    if (o.loss_factor != 0) {
+        ck_assert_ptr_nonnull(src_loss);
+        snprintf(loss, sizeof loss, "%.17g", strtod(src_loss, NULL) * o.loss_factor);
+    }
+    ck_assert_int_eq(sbp_st_write(dst, e, n, o.loss_factor != 0 ? meta : NULL, &err), SBP_OK);
     for (int i = 0; i < sf.n; i++) free(data[i]), free(names[i]);
     free(data), free(names), free(e);
     sbp_st_close(&sf);
@@ -182,6 +190,15 @@ static void noise(const char *name, double *x, int64_t n, void *ctx) {
         double u = (double)(c->state >> 11) / 9007199254740992.0 * 2 - 1;
         x[i] *= 1 + c->size * u;
     }
+}
+
+/* the first half of every tensor times 0.9, the second times 0.85 */
+static void two_factors(const char *name, double *x, int64_t n, void *ctx) {
+    for (int64_t i = 0; i < n; i++) x[i] *= i < n / 2 ? 0.9 : 0.85;
+}
+
+static int not_final_norm(const char *name) {
+    return strcmp(name, "model.norm.weight") != 0;
 }
 
 static int in_layer1(const char *name) {
@@ -349,11 +366,16 @@ END_TEST
 START_TEST(diagnosis_one_factor) {
     const char *bad = tu_path("scaled-19-21.safetensors");
     double k = 19.0 / 21.0;
-    transform(sft32(), bad, scale_all, &k, (copy_opts){.dtype = SBP_DT_F32});
+    transform(sft32(), bad, scale_all, &k, (copy_opts){.dtype = SBP_DT_F32, .loss_factor = k});
     ck_assert_int_eq(audit(SFT_BATCH, bad, ""), 1);
     expect("diagnosis:");
     expect("all 24 failing tensors are the truth times one factor, 19/21 = 0.9047619 ");
+    expect("their loss is off by the same factor");
     expect_not("float32-level");
+    /* the loss right, the gradients scaled */
+    transform(sft32(), bad, scale_all, &k, (copy_opts){.dtype = SBP_DT_F32, .loss_factor = 1});
+    ck_assert_int_eq(audit(SFT_BATCH, bad, ""), 1);
+    expect("their loss equals the truth's, so the forward pass is right and the backward is not");
     /* the same in JSON */
     ck_assert_int_eq(audit(SFT_BATCH, bad, "--json"), 1);
     expect("\"rule\":\t\"scale\"");
@@ -378,6 +400,30 @@ START_TEST(diagnosis_several_factors) {
     ck_assert_int_eq(audit(SFT_BATCH, bad, ""), 1);
     expect("are the truth times a factor, but not one factor: 1/2 = 0.5 (");
     expect("2 (");
+}
+END_TEST
+
+START_TEST(diagnosis_mostly_a_factor_and_top) {
+    const char *bad = tu_path("two-factors.safetensors");
+    transform(sft32(), bad, two_factors, NULL, (copy_opts){.dtype = SBP_DT_F32});
+    ck_assert_int_eq(audit(SFT_BATCH, bad, ""), 1);
+    expect("24 failing tensors are mostly a scale error: after the best factor (0.8");
+    expect("parts of the gradient weighted by different factors");
+    expect_not("no single factor explains it");
+    /* errors everywhere, no factor: the top of the backward */
+    noise_ctx c = {.size = 0.5, .state = 11}; /* beyond bf16 level */
+    transform(sft32(), bad, noise, &c, (copy_opts){.dtype = SBP_DT_F32, .loss_factor = 1.01});
+    ck_assert_int_eq(audit(SFT_BATCH, bad, ""), 1);
+    expect("every layer, the embedding and the head fail and no single factor explains it: an "
+           "error at the top of the backward");
+    expect("their loss is 1.01 times the truth's");
+    expect_not("scale error");
+    /* everything but the final norm (the head of a tied model is the embedding) */
+    noise_ctx c2 = {.size = 1e-2, .which = not_final_norm, .state = 13};
+    transform(sft32(), bad, noise, &c2, (copy_opts){.dtype = SBP_DT_F32});
+    ck_assert_int_eq(audit(SFT_BATCH, bad, ""), 1);
+    expect("every layer and the embedding fail, the final norm and the head pass: the error "
+           "enters the backward below the head");
 }
 END_TEST
 
@@ -590,6 +636,7 @@ static Suite *suite(void) {
     tcase_set_timeout(dc, 120);
     tcase_add_test(dc, diagnosis_one_factor);
     tcase_add_test(dc, diagnosis_several_factors);
+    tcase_add_test(dc, diagnosis_mostly_a_factor_and_top);
     tcase_add_test(dc, diagnosis_float32_level);
     tcase_add_test(dc, diagnosis_bf16_level);
     tcase_add_test(dc, diagnosis_one_layer);

@@ -200,6 +200,24 @@ static void rule_nonfinite(sbp_diagnosis *d, const ctx *x) {
                      count, count > 1 ? "s" : "", x->rows[first].name);
 }
 
+/* "; their loss is off by the same factor" and the like: how their loss compares with the
+ * truth's, next to a gradient factor k (0: none) */
+static void loss_note(char *buf, size_t n, const sbp_diag_input *in, double k) {
+    buf[0] = 0;
+    if (!in->their_loss || in->truth_loss == 0) return;
+    char *end;
+    double tl = strtod(in->their_loss, &end), r = tl / in->truth_loss;
+    if (end == in->their_loss || !isfinite(r)) return;
+    if (k != 0 && fabs(r - k) <= 1e-5 * fabs(r))
+        snprintf(buf, n, "; their loss is off by the same factor");
+    else if (fabs(r - 1) <= 1e-5)
+        snprintf(buf, n,
+                 "; their loss equals the truth's, so the forward pass is right and the backward "
+                 "is not");
+    else
+        snprintf(buf, n, "; their loss is %.4g times the truth's", r);
+}
+
 typedef struct {
     double k, res; /* factor, largest residual */
     int count;
@@ -231,19 +249,10 @@ static int rule_scale(sbp_diagnosis *d, ctx *x) {
     }
     if (!failing) return 0;
     if (pure == failing && ng == 1) {
-        char f[64], loss[200] = "";
+        char f[64], loss[200];
         double tol = fmin(1e-4, fmax(1e-12, 4 * g[0].res));
         factor_text(f, sizeof f, g[0].k, tol);
-        if (x->in->their_loss && x->in->truth_loss != 0) {
-            char *end;
-            double tl = strtod(x->in->their_loss, &end), lr = tl / x->in->truth_loss;
-            if (end != x->in->their_loss && isfinite(lr) && fabs(lr - g[0].k) <= 1e-5 * fabs(lr))
-                snprintf(loss, sizeof loss, "; their loss is off by the same factor");
-            else if (end != x->in->their_loss && fabs(lr - 1) <= 1e-5)
-                snprintf(loss, sizeof loss,
-                         "; their loss equals the truth's, so the forward's normaliser is right "
-                         "and the backward's is not");
-        }
+        loss_note(loss, sizeof loss, x->in, g[0].k);
         const char *hint =
             g[0].k < 0 ? "the sign is flipped (a loss negated, or an update written as the "
                          "gradient?)"
@@ -387,11 +396,16 @@ static void rule_layers(sbp_diagnosis *d, const ctx *x, int explained) {
     }
     if (!nf) return;
     if (nf == nj) {
-        if (nj > 1 && !explained)
+        if (nj > 1 && !explained) {
+            char loss[200];
+            loss_note(loss, sizeof loss, x->in, 0);
             sbp_diag_add(d, "top",
-                         "every layer, the embedding and the head fail, with no common factor: "
-                         "an error at the top of the backward (the loss or the objective's "
-                         "per-token weights, the head, the final norm) reaches every tensor");
+                         "every layer, the embedding and the head fail and no single factor "
+                         "explains it: an error at the top of the backward (the loss or the "
+                         "objective's per-token weights, the head, the final norm) reaches every "
+                         "tensor%s",
+                         loss);
+        }
         return;
     }
     int emb = L, fnorm = L + 1, head = L + 2, lowest = -1, highest = -1;
