@@ -204,6 +204,7 @@ static void rule_nonfinite(sbp_diagnosis *d, const ctx *x) {
  * truth's, next to a gradient factor k (0: none) */
 static void loss_note(char *buf, size_t n, const sbp_diag_input *in, double k) {
     buf[0] = 0;
+    const char *ref = in->reference ? in->reference : "the truth";
     if (!in->their_loss || in->truth_loss == 0) return;
     char *end;
     double tl = strtod(in->their_loss, &end), r = tl / in->truth_loss;
@@ -212,10 +213,10 @@ static void loss_note(char *buf, size_t n, const sbp_diag_input *in, double k) {
         snprintf(buf, n, "; their loss is off by the same factor");
     else if (fabs(r - 1) <= 1e-5)
         snprintf(buf, n,
-                 "; their loss equals the truth's, so the forward pass is right and the backward "
-                 "is not");
+                 "; their loss equals %s's, so the forward pass is right and the backward is not",
+                 ref);
     else
-        snprintf(buf, n, "; their loss is %.4g times the truth's", r);
+        snprintf(buf, n, "; their loss is %.4g times %s's", r, ref);
 }
 
 typedef struct {
@@ -227,10 +228,12 @@ typedef struct {
 /* scale: returns 1 when factors explain every finite failure (pure, or mostly a factor) */
 static int rule_scale(sbp_diagnosis *d, ctx *x) {
     factor_group g[8];
-    int ng = 0, failing = 0, pure = 0, mostly = 0;
+    int ng = 0, failing = 0, pure = 0, mostly = 0, judged = 0;
+    const char *ref = x->in->reference ? x->in->reference : "the truth";
     double kmin = INFINITY, kmax = -INFINITY, res_mostly = 0;
     for (int i = 0; i < x->n; i++) {
         const sbp_diag_row *r = &x->rows[i];
+        judged += r->judged;
         if (!finite_fail(r)) continue;
         failing++;
         if ((x->is_pure[i] = pure_scale(r))) {
@@ -259,15 +262,17 @@ static int rule_scale(sbp_diagnosis *d, ctx *x) {
                        : "a wrong normaliser (a count of tokens, rows or pairs, or a factor "
                          "such as beta applied twice or not at all)";
         if (failing == 1)
-            sbp_diag_add(d, "scale",
-                         "%s is the truth times %s (after that factor %.2g is left): %s%s",
-                         x->rows[g[0].first].name, f, g[0].res, hint, loss);
+            sbp_diag_add(d, "scale", "%s is %s times %s (after that factor %.2g is left): %s%s",
+                         x->rows[g[0].first].name, ref, f, g[0].res, hint, loss);
         else
             sbp_diag_add(d, "scale",
-                         "all %d failing tensors are the truth times one factor, %s (after it "
-                         "at most %.2g is left): %s; one factor everywhere points at the loss's "
-                         "normaliser%s",
-                         failing, f, g[0].res, hint, loss);
+                         "all %d failing tensors are %s times one factor, %s (after it at most "
+                         "%.2g is left): %s%s%s",
+                         failing, ref, f, g[0].res, hint,
+                         failing == judged ? "; one factor in every tensor points at the loss's "
+                                             "normaliser"
+                                           : "",
+                         loss);
         return 1;
     }
     if (pure) {
@@ -280,10 +285,10 @@ static int rule_scale(sbp_diagnosis *d, ctx *x) {
                      x->rows[g[j].first].name);
         }
         sbp_diag_add(d, "scale",
-                     "%d of %d failing tensors are the truth times a factor, but not one "
+                     "%d of %d failing tensors are %s times a factor, but not one "
                      "factor: %s%s: normalisers that differ by part (per chunk, per row, per "
                      "micro-batch?)",
-                     pure, failing, list, ng > 3 ? ", ..." : "");
+                     pure, failing, ref, list, ng > 3 ? ", ..." : "");
     }
     if (mostly)
         sbp_diag_add(d, "scale",
@@ -444,8 +449,8 @@ static void rule_layers(sbp_diagnosis *d, const ctx *x, int explained) {
     char hint[240] = "";
     if (highest >= 0 && judged[emb] && !fail[emb])
         snprintf(hint, sizeof hint,
-                 ": the embedding passes, so no wrong input gradient flows down; look at these "
-                 "layers' own weight-gradient steps");
+                 ": the embedding passes, so no wrong input gradient flows down; look at the "
+                 "failing layers' own weight-gradient steps");
     else if (highest < 0 && fail[emb] && !fail[head] && !fail[fnorm] && x->in->tied == 1)
         snprintf(hint, sizeof hint,
                  ": tied embeddings make this tensor the embedding scatter-add plus the head's "

@@ -46,6 +46,7 @@ typedef struct {
     int tied;              /* the model ties lm_head to the embedding (1), not (0), unknown (-1) */
     const char *const *extra; /* names in the file judged that the reference does not have */
     int n_extra;
+    const char *reference;  /* what the rows were compared with; NULL: "the truth" */
     const char *their_loss; /* "loss" metadata of the file judged, or NULL */
     double truth_loss;      /* the reference's loss; used when their_loss is set */
 } sbp_diag_input;

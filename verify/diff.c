@@ -129,6 +129,7 @@ static void diagnose(sbp_diff *d, const sbp_promise *p) {
                                     : judged && f32 == judged ? SBP_DIAG_FP32
                                                               : SBP_DIAG_UNKNOWN,
                          .tied = has_embed ? !has_head : -1,
+                         .reference = "B",
                          .extra = extra,
                          .n_extra = n_extra,
                          .their_loss = d->loss_a[0] && d->loss_b[0] ? d->loss_a : NULL,
