@@ -9,5 +9,16 @@ for t in "$@"; do
     echo "== $t"
     "$t" || status=1
 done
+# The Python helper (python/): its tests and the CI example, with /usr/bin/python3 when it can
+# import torch and pytest; skipped, and said so, otherwise.
+PY=/usr/bin/python3
+if "$PY" -c "import torch, pytest" 2>/dev/null; then
+    echo "== python/tests python/examples (pytest, STREAMBP=$STREAMBP)"
+    PYTHONPATH=python "$PY" -m pytest -q -rs -p no:cacheprovider python/tests python/examples ||
+        status=1
+else
+    echo "== python/tests python/examples: SKIPPED: $PY cannot import torch and pytest" \
+        "(apt-get install python3-torch python3-pytest)"
+fi
 [ $status -eq 0 ] && echo "all test suites passed" || echo "SOME TEST SUITES FAILED"
 exit $status

@@ -19,40 +19,183 @@ const char *sbp_audit_status_name(int status) {
     return status >= 0 && status <= 4 ? names[status] : "?";
 }
 
-/* truth (doubles) and our own run at their precision (as doubles), same layout. */
-static sbp_status truth_and_ours(sbp_audit_report *rep, double *truth, double *ours,
-                                 const sbp_audit_opts *o, sbp_model *m64, const sbp_batch *b,
-                                 sbp_err *err) {
-    sbp_grad_opts g = {.schedule = SBP_FULL, .block = o->block, .numerics = o->numerics};
+static const char *kind_name(sbp_objective_kind k) {
+    return k == SBP_OBJ_DPO ? "dpo" : k == SBP_OBJ_GRPO ? "grpo" : "sft";
+}
+
+static const char *loss_name(const sbp_objective *o) {
+    static const char *dpo[] = {"sigmoid", "ipo"}, *grpo[] = {"grpo", "bnpo", "dr_grpo", "dapo"};
+    return o->kind == SBP_OBJ_DPO    ? dpo[o->dpo_loss]
+           : o->kind == SBP_OBJ_GRPO ? grpo[o->grpo_loss]
+                                     : "-";
+}
+
+/* The float64 oracle's gradient of the objective. The one place that calls into ref/, so its
+ * entry points can change (ref/ reading its own files) without touching the rest. */
+static sbp_status oracle_grad(double *loss, double *grads /* (total) */, const sbp_model *m64,
+                              const sbp_batch *b, const sbp_objective *o, sbp_err *err) {
+    const sbp_config *c = &m64->cfg;
+    const sbp_params *ps = &m64->params;
+    const double *w = m64->w;
+    if (o->kind == SBP_OBJ_DPO) return ref_dpo(loss, grads, c, ps, w, b, o, err);
+    if (o->kind == SBP_OBJ_GRPO) return ref_grpo(loss, grads, c, ps, w, b, o, err);
+    return ref_sft(loss, grads, c, ps, w, b, err);
+}
+
+/* A batch for a run at precision prec: the file, with the reference log-probs of ref_model
+ * computed at that precision (a model rounded to bf16 for the bf16 yardstick). */
+static sbp_status load_batch(sbp_batch *b, const sbp_audit_opts *o, const sbp_config *cfg,
+                             sbp_precision prec, int bf16, sbp_err *err) {
+    sbp_status st =
+        sbp_batch_load_as(b, o->batch, cfg, o->objective.kind, !o->no_scale_rewards, err);
+    if (st || !o->ref_model) return st;
+    sbp_model ref;
+    if ((st = sbp_model_load(&ref, o->ref_model, prec, NULL, err))) return st;
+    if (ref.cfg.vocab != cfg->vocab)
+        st = sbp_fail(err, SBP_EINPUT,
+                      "%s: the reference model's vocabulary (%d) differs from the policy's (%d)",
+                      o->ref_model, ref.cfg.vocab, cfg->vocab);
+    if (bf16) sbp_model_round_bf16(&ref);
+    sbp_grad_opts g = {.block = o->block};
+    if (!st) st = sbp_batch_set_reference(b, &ref, &o->objective, &g, NULL, err);
+    sbp_model_free(&ref, NULL);
+    return st;
+}
+
+/* Our own full-BP gradient at precision p, as doubles; b64 is the float64 batch (reused when
+ * the reference log-probs do not depend on the precision). */
+static sbp_status ours_at(double *out, double *loss, sbp_theirs_precision p,
+                          const sbp_audit_opts *o, const sbp_model *m64, const sbp_batch *b64,
+                          sbp_err *err) {
+    sbp_grad_opts g = {.schedule = SBP_FULL,
+                       .block = o->block,
+                       .objective = o->objective,
+                       .numerics = o->numerics};
     sbp_grad_result r;
     sbp_status st;
     const int64_t n = m64->params.total;
-    if (o->no_ref) {
-        rep->truth = "float64 full BP";
-        if ((st = sbp_grad(&r, m64, b, &g, NULL, err))) return st;
-        memcpy(truth, r.grads, sizeof(double) * (size_t)n);
-        rep->truth_loss = r.loss;
-        sbp_grad_result_free(&r, NULL);
-    } else {
-        rep->truth = "ref/ float64 oracle";
-        if ((st = ref_sft(&rep->truth_loss, truth, &m64->cfg, &m64->params, m64->w, b, err)))
-            return st;
-    }
-    if (o->precision == SBP_THEIRS_FP64) {
-        if ((st = sbp_grad(&r, m64, b, &g, NULL, err))) return st;
-        memcpy(ours, r.grads, sizeof(double) * (size_t)n);
+    if (p == SBP_THEIRS_FP64) {
+        if ((st = sbp_grad(&r, m64, b64, &g, NULL, err))) return st;
+        memcpy(out, r.grads, sizeof(double) * (size_t)n);
     } else {
         sbp_model m32;
+        sbp_batch b32 = {0};
+        const int bf16 = p == SBP_THEIRS_BF16;
         if ((st = sbp_model_load(&m32, o->model, SBP_FP32, NULL, err))) return st;
-        if (o->precision == SBP_THEIRS_BF16) sbp_model_round_bf16(&m32), g.emulate_bf16 = 1;
-        st = sbp_grad(&r, &m32, b, &g, NULL, err);
+        if (bf16) sbp_model_round_bf16(&m32), g.emulate_bf16 = 1;
+        if (o->ref_model) st = load_batch(&b32, o, &m32.cfg, SBP_FP32, bf16, err);
+        if (!st) st = sbp_grad(&r, &m32, o->ref_model ? &b32 : b64, &g, NULL, err);
+        sbp_batch_free(&b32);
         sbp_model_free(&m32, NULL);
         if (st) return st;
-        for (int64_t i = 0; i < n; i++) ours[i] = ((const float *)r.grads)[i];
+        for (int64_t i = 0; i < n; i++) out[i] = ((const float *)r.grads)[i];
     }
-    rep->our_loss = r.loss;
+    *loss = r.loss;
     sbp_grad_result_free(&r, NULL);
     return SBP_OK;
+}
+
+static sbp_status truth_of(sbp_audit_report *rep, double *truth, const sbp_audit_opts *o,
+                           const sbp_model *m64, const sbp_batch *b, sbp_err *err) {
+    if (!o->no_ref) {
+        rep->truth = "ref/ float64 oracle";
+        return oracle_grad(&rep->truth_loss, truth, m64, b, &o->objective, err);
+    }
+    rep->truth = "float64 full BP";
+    return ours_at(truth, &rep->truth_loss, SBP_THEIRS_FP64, o, m64, b, err);
+}
+
+/* The settings their file says it was computed with, where they differ from the audit's. */
+static void check_metadata(sbp_diagnosis *d, const sbp_st_file *sf, const sbp_objective *o) {
+    char said[240] = "", ours[240] = "";
+    const char *obj = sbp_st_meta(sf, "objective"), *lt = sbp_st_meta(sf, "loss_type");
+    if (obj && strcmp(obj, kind_name(o->kind)) != 0) {
+        snprintf(said, sizeof said, "objective %s", obj);
+        snprintf(ours, sizeof ours, "objective %s", kind_name(o->kind));
+    } else if (obj && o->kind != SBP_OBJ_SFT) {
+        if (lt && strcmp(lt, loss_name(o)) != 0) {
+            snprintf(said, sizeof said, "loss_type %s", lt);
+            snprintf(ours, sizeof ours, "loss_type %s", loss_name(o));
+        }
+        static const char *keys[] = {"beta", "label_smoothing", "epsilon_low", "epsilon_high",
+                                     "temperature"};
+        const double vals[] = {o->beta, o->label_smoothing, o->epsilon_low, o->epsilon_high,
+                               o->temperature ? o->temperature : 1};
+        for (int i = 0; i < 5; i++) {
+            const char *v = sbp_st_meta(sf, keys[i]);
+            char *end;
+            double x = v ? strtod(v, &end) : 0;
+            if (!v || end == v || fabs(x - vals[i]) <= 1e-12 * fmax(1, fabs(x))) continue;
+            if (o->kind == SBP_OBJ_DPO && i >= 2) continue; /* GRPO-only settings */
+            if (o->kind == SBP_OBJ_GRPO && i == 1) continue;
+            snprintf(said + strlen(said), sizeof said - strlen(said), "%s%s %g",
+                     said[0] ? ", " : "", keys[i], x);
+            snprintf(ours + strlen(ours), sizeof ours - strlen(ours), "%s%s %g",
+                     ours[0] ? ", " : "", keys[i], vals[i]);
+        }
+    }
+    if (said[0])
+        sbp_diag_add(d, "metadata",
+                     "their file's metadata says %s; the audit used %s: audit with the options "
+                     "the run used, or check the run's configuration",
+                     said, ours);
+}
+
+/* Our run at the next lower precision, and the budget it would give; NULL when there is none. */
+static const char *lower_yardstick(sbp_audit_report *rep, double *buf, const double *truth,
+                                   const sbp_audit_opts *o, const sbp_model *m64,
+                                   const sbp_batch *b, double slack, sbp_err *err, sbp_status *st) {
+    sbp_theirs_precision lp = o->precision == SBP_THEIRS_FP64   ? SBP_THEIRS_FP32
+                              : o->precision == SBP_THEIRS_FP32 ? SBP_THEIRS_BF16
+                                                                : SBP_THEIRS_FP64;
+    if (o->precision == SBP_THEIRS_BF16) return NULL;
+    double loss;
+    if ((*st = ours_at(buf, &loss, lp, o, m64, b, err))) return NULL;
+    for (int i = 0; i < rep->n; i++) {
+        const sbp_param *p = &m64->params.p[i];
+        sbp_tensor_cmp c;
+        sbp_compare(&c, buf + p->offset, truth + p->offset, p->numel, SBP_DT_F64, 0, 0);
+        rep->rows[i].lower_rel_l2 = c.rel_l2;
+        rep->rows[i].lower_budget = slack * fmax(c.rel_l2, budget_floor(lp));
+    }
+    return lp == SBP_THEIRS_FP32 ? "float32" : "bf16 (emulated)";
+}
+
+static void diagnose(sbp_audit_report *rep, const sbp_audit_opts *o, const sbp_model *m64,
+                     const sbp_st_file *sf) {
+    sbp_diag_row *dr = calloc((size_t)rep->n, sizeof *dr);
+    const char **extra = calloc((size_t)sf->n + 1, sizeof *extra);
+    if (!dr || !extra) {
+        free(dr), free(extra);
+        return;
+    }
+    int n_extra = 0;
+    for (int i = 0; i < sf->n; i++)
+        if (sbp_params_find(&m64->params, sf->t[i].name) < 0) extra[n_extra++] = sf->t[i].name;
+    for (int i = 0; i < rep->n; i++) {
+        const sbp_audit_row *r = &rep->rows[i];
+        const sbp_param *p = &m64->params.p[i];
+        dr[i] = (sbp_diag_row){.name = r->name,
+                               .kind = (int)p->kind,
+                               .layer = p->layer,
+                               .missing = r->status == 4,
+                               .shape = r->status == 3,
+                               .judged = r->status <= 2,
+                               .failed = r->status == 1 || r->status == 2,
+                               .cmp = r->theirs,
+                               .budget = r->budget,
+                               .lower_budget = r->lower_budget};
+    }
+    static const sbp_diag_prec claimed[] = {SBP_DIAG_FP32, SBP_DIAG_BF16, SBP_DIAG_FP64};
+    sbp_diag_input in = {.claimed = claimed[o->precision],
+                         .lower = o->precision == SBP_THEIRS_FP64 ? SBP_DIAG_FP32 : SBP_DIAG_BF16,
+                         .tied = m64->cfg.tied,
+                         .extra = extra,
+                         .n_extra = n_extra,
+                         .their_loss = rep->their_loss[0] ? rep->their_loss : NULL,
+                         .truth_loss = rep->truth_loss};
+    sbp_diagnose(&rep->diag, dr, rep->n, &in);
+    free(dr), free(extra);
 }
 
 sbp_status sbp_audit(sbp_audit_report *rep, const sbp_audit_opts *o, sbp_err *err) {
@@ -65,7 +208,7 @@ sbp_status sbp_audit(sbp_audit_report *rep, const sbp_audit_opts *o, sbp_err *er
     sbp_status st = sbp_model_load(&m64, o->model, SBP_FP64, NULL, err);
     if (st) return st;
     const sbp_params *ps = &m64.params;
-    if ((st = sbp_batch_load(&b, o->batch, &m64.cfg, err)) ||
+    if ((st = load_batch(&b, o, &m64.cfg, SBP_FP64, 0, err)) ||
         (st = sbp_st_open(&sf, o->grads, err)))
         goto out;
     truth = malloc(sizeof(double) * (size_t)ps->total);
@@ -75,7 +218,9 @@ sbp_status sbp_audit(sbp_audit_report *rep, const sbp_audit_opts *o, sbp_err *er
         st = sbp_fail(err, SBP_ENOMEM, "out of memory");
         goto out;
     }
-    if ((st = truth_and_ours(rep, truth, ours, o, &m64, &b, err))) goto out;
+    if ((st = truth_of(rep, truth, o, &m64, &b, err)) ||
+        (st = ours_at(ours, &rep->our_loss, o->precision, o, &m64, &b, err)))
+        goto out;
     const char *tl = sbp_st_meta(&sf, "loss");
     snprintf(rep->their_loss, sizeof rep->their_loss, "%s", tl ? tl : "");
     rep->n = ps->n;
@@ -119,6 +264,15 @@ sbp_status sbp_audit(sbp_audit_report *rep, const sbp_audit_opts *o, sbp_err *er
             snprintf(rep->extra + strlen(rep->extra), sizeof rep->extra - strlen(rep->extra),
                      "%s%s", rep->extra[0] ? ", " : "", sf.t[i].name);
     for (int i = 0; i < rep->n; i++) rep->failed += rep->rows[i].status != 0;
+    int numeric = 0;
+    for (int i = 0; i < rep->n; i++) numeric += rep->rows[i].status == 1;
+    /* the lower precision's budget only matters to the diagnosis of failures over budget */
+    if (!st && numeric)
+        rep->lower = lower_yardstick(rep, ours, truth, o, &m64, &b, slack, err, &st);
+    if (!st && (rep->failed || rep->extra[0])) {
+        diagnose(rep, o, &m64, &sf);
+        check_metadata(&rep->diag, &sf, &o->objective);
+    }
 out:
     free(truth), free(ours), free(theirs);
     sbp_st_close(&sf);

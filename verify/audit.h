@@ -1,15 +1,22 @@
 /* audit.h — judging another implementation's gradient file against the float64 truth.
  *
- * The truth is the float64 gradient (the ref/ oracle, or float64 full BP for models too large
- * for it). The budget of each tensor is what our own run at the other implementation's
- * precision achieves against that truth — float32 BP, float64 BP, or the float32 engine
- * emulating pure-bf16 training — times a slack factor (default 4), with a floor. Their tensor
- * passes when its relative L2 error against the truth is within the budget and it holds no
- * NaN/Inf; a missing tensor or a shape mismatch fails. */
+ * The truth is the float64 gradient of the objective (SFT, DPO or GRPO with TRL's options; the
+ * ref/ oracle, or float64 full BP for models too large for it). The budget of each tensor is
+ * what our own run at the other implementation's precision achieves against that truth —
+ * float32 BP, float64 BP, or the float32 engine emulating pure-bf16 training — times a slack
+ * factor (default 4), with a floor. Their tensor passes when its relative L2 error against the
+ * truth is within the budget and it holds no NaN/Inf; a missing tensor or a shape mismatch
+ * fails. When a tensor fails, the report carries a diagnosis (diagnose.h); to tell an error at
+ * a lower precision's level apart, our run at the next lower precision is measured too (fp64:
+ * float32; fp32: emulated bf16).
+ *
+ * Reference log-probs (DPO, GRPO) come from the batch, or from ref_model: in float64 for the
+ * truth, and at their precision for our yardstick (as their trainer computes them). */
 #ifndef SBP_AUDIT_H
 #define SBP_AUDIT_H
 
 #include "../src/streambp.h"
+#include "diagnose.h"
 #include "metrics.h"
 
 typedef enum { SBP_THEIRS_FP32, SBP_THEIRS_BF16, SBP_THEIRS_FP64 } sbp_theirs_precision;
@@ -19,8 +26,12 @@ typedef struct {
     sbp_theirs_precision precision;
     double slack; /* 0: 4 */
     int no_ref;
-    int block; /* 0: 256 */
-    sbp_numerics numerics; /* of our runs (the yardstick, and the truth with no_ref) */
+    int block;               /* 0: 256 */
+    sbp_objective objective; /* zero: SFT */
+    int no_scale_rewards;    /* GRPO rewards: advantages r − mean, without the std (TRL's
+                              * scale_rewards=False) */
+    const char *ref_model;   /* DPO/GRPO reference log-probs from this model, or NULL */
+    sbp_numerics numerics;   /* of our runs (the yardstick, and the truth with no_ref) */
 } sbp_audit_opts;
 
 typedef struct {
@@ -29,6 +40,7 @@ typedef struct {
     sbp_tensor_cmp theirs; /* their tensor against the truth */
     double ours_rel_l2;    /* our run at their precision against the truth */
     double budget;
+    double lower_rel_l2, lower_budget; /* our run at the next lower precision; 0: not run */
     char shape[64];
 } sbp_audit_row;
 
@@ -39,6 +51,8 @@ typedef struct {
     double truth_loss, our_loss;
     char their_loss[64]; /* "loss" metadata of their file, if any */
     const char *truth;
+    const char *lower;  /* the lower precision measured for the diagnosis, or NULL */
+    sbp_diagnosis diag; /* empty when every tensor passes */
 } sbp_audit_report;
 
 sbp_status sbp_audit(sbp_audit_report *rep, const sbp_audit_opts *o, sbp_err *err);

@@ -91,6 +91,54 @@ static sbp_status compare_pair(sbp_diff_row *r, const sbp_st_file *fa, const sbp
     return st;
 }
 
+/* The diagnosis of a diff: B is the reference; A claims its own dtype's precision when B is at
+ * least as precise (an F32 file against an F64 one is judged as float32, F64 against F64 as
+ * float64); a relative-L2 promise is the threshold of the scale rule. */
+static void diagnose(sbp_diff *d, const sbp_promise *p) {
+    sbp_diag_row *dr = calloc((size_t)d->n + 1, sizeof *dr);
+    const char **extra = calloc((size_t)d->n + 1, sizeof *extra);
+    int n = 0, n_extra = 0, has_head = 0, has_embed = 0, f64 = 0, f32 = 0, judged = 0;
+    if (!dr || !extra) goto out;
+    for (int i = 0; i < d->n; i++) {
+        const sbp_diff_row *r = &d->rows[i];
+        if (r->status == SBP_ROW_EXTRA) {
+            extra[n_extra++] = r->name;
+            continue;
+        }
+        has_head |= strcmp(r->name, "lm_head.weight") == 0;
+        has_embed |= strcmp(r->name, "model.embed_tokens.weight") == 0;
+        sbp_diag_row *x = &dr[n++];
+        x->name = r->name;
+        sbp_diag_classify(r->name, &x->kind, &x->layer);
+        x->missing = r->status == SBP_ROW_MISSING;
+        x->shape = r->status == SBP_ROW_SHAPE;
+        x->judged = r->status <= SBP_ROW_NONFINITE;
+        x->failed = r->status == SBP_ROW_MISMATCH || r->status == SBP_ROW_NONFINITE;
+        x->cmp = r->cmp;
+        x->budget = p->use_rel_l2 ? p->rel_l2 : 0;
+        if (x->judged) {
+            judged++;
+            f64 += r->dtype_a == SBP_DT_F64 && r->dtype_b == SBP_DT_F64;
+            f32 +=
+                r->dtype_a == SBP_DT_F32 && (r->dtype_b == SBP_DT_F32 || r->dtype_b == SBP_DT_F64);
+        }
+    }
+    char *end;
+    double lb = d->loss_b[0] ? strtod(d->loss_b, &end) : 0;
+    sbp_diag_input in = {.claimed = judged && f64 == judged   ? SBP_DIAG_FP64
+                                    : judged && f32 == judged ? SBP_DIAG_FP32
+                                                              : SBP_DIAG_UNKNOWN,
+                         .tied = has_embed ? !has_head : -1,
+                         .reference = "B",
+                         .extra = extra,
+                         .n_extra = n_extra,
+                         .their_loss = d->loss_a[0] && d->loss_b[0] ? d->loss_a : NULL,
+                         .truth_loss = lb};
+    sbp_diagnose(&d->diag, dr, n, &in);
+out:
+    free(dr), free(extra);
+}
+
 sbp_status sbp_diff_files(sbp_diff *d, const char *a, const char *b, const sbp_promise *p,
                           sbp_err *err) {
     memset(d, 0, sizeof *d);
@@ -125,6 +173,7 @@ sbp_status sbp_diff_files(sbp_diff *d, const char *a, const char *b, const sbp_p
         d->n_failed += d->rows[i].status != SBP_ROW_OK;
         d->n_bitwise += d->rows[i].cmp.bitwise;
     }
+    if (!st && d->n_failed) diagnose(d, p);
     sbp_st_close(&fa);
     sbp_st_close(&fb);
     if (st) sbp_diff_free(d);

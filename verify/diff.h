@@ -3,6 +3,7 @@
 #define SBP_DIFF_H
 
 #include "../src/streambp.h"
+#include "diagnose.h"
 #include "metrics.h"
 
 /* What must hold for a tensor to pass. Several may be set; all must hold. */
@@ -39,6 +40,8 @@ typedef struct {
     int n;
     int n_failed, n_bitwise;
     char loss_a[64], loss_b[64]; /* "loss" metadata if present */
+    sbp_diagnosis diag;          /* what the failures have in common (diagnose.h); B is taken
+                                  * as the reference, A's precision as its dtype's */
 } sbp_diff;
 
 /* Compares every tensor of file a against file b (the reference). Tensors with non-float dtypes

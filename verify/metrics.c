@@ -47,6 +47,7 @@ void sbp_compare(sbp_tensor_cmp *c, const double *a, const double *b, int64_t n,
     c->first_diff = c->max_abs_at = c->first_nonfinite_a = c->first_nonfinite_b = -1;
     c->first_allclose_fail = -1;
     double dd = 0, aa = 0, bb = 0, ab = 0;
+    c->a_is_f32 = c->a_is_bf16 = 1;
     for (int64_t i = 0; i < n; i++) {
         double x = a[i], y = b[i];
         if (!isfinite(x) && c->nonfinite_a++ == 0) c->first_nonfinite_a = i;
@@ -58,6 +59,10 @@ void sbp_compare(sbp_tensor_cmp *c, const double *a, const double *b, int64_t n,
         if (u > c->max_ulp) c->max_ulp = u;
         if (!(d <= atol + rtol * fabs(y)) && c->allclose_fail++ == 0) c->first_allclose_fail = i;
         dd += d * d, aa += x * x, bb += y * y, ab += x * y;
+        if (isfinite(x)) {
+            c->a_is_f32 &= (double)(float)x == x;
+            c->a_is_bf16 &= (double)sbp_bf16_to_f32(sbp_f32_to_bf16((float)x)) == x;
+        }
     }
     c->norm_a = sqrt(aa), c->norm_b = sqrt(bb);
     c->rel_l2 = bb > 0 ? sqrt(dd / bb) : sqrt(dd);
@@ -67,4 +72,11 @@ void sbp_compare(sbp_tensor_cmp *c, const double *a, const double *b, int64_t n,
         c->cosine = aa > 0 && bb > 0 ? ab / (c->norm_a * c->norm_b) : 0;
         c->norm_ratio = bb > 0 ? c->norm_a / c->norm_b : INFINITY;
     }
+    c->scale = bb > 0 ? ab / bb : 0;
+    double rr = 0;
+    for (int64_t i = 0; i < n && isfinite(c->scale); i++) {
+        double r = a[i] - c->scale * b[i];
+        rr += r * r;
+    }
+    c->rel_l2_rescaled = isfinite(c->scale) ? (bb > 0 ? sqrt(rr / bb) : sqrt(rr)) : NAN;
 }

@@ -27,6 +27,13 @@ typedef struct {
     int64_t first_nonfinite_a, first_nonfinite_b; /* or -1 */
     int64_t allclose_fail;                        /* elements with |a−b| > atol + rtol·|b| */
     int64_t first_allclose_fail;
+    /* The best single factor: scale = a·b / ‖b‖² minimises ‖a − k·b‖, and rel_l2_rescaled =
+     * ‖a − scale·b‖ / ‖b‖ is what is left after it (a second pass, so it stays accurate far
+     * below the √ε that 1 − cosine can resolve). A pure scale error has rel_l2_rescaled ≈ 0. */
+    double scale, rel_l2_rescaled;
+    /* every value of a survives a round trip through float32 / bfloat16 (a float64 file that
+     * was computed or stored in a narrower type and widened) */
+    int a_is_f32, a_is_bf16;
 } sbp_tensor_cmp;
 
 /* Compares n elements; rtol/atol define allclose_fail. */

@@ -1,6 +1,7 @@
-/* cli/verify/audit.c — `streambp verify audit`: another implementation's gradients, judged per tensor
- * against the float64 truth with a budget measured from our own run at their precision. */
+/* cli/verify/audit.c — `streambp verify audit`: another implementation's gradients, judged per
+ * tensor against the float64 truth with a budget measured from our own run at their precision. */
 #include "../cli.h"
+#include "../objopts.h"
 #include "../../../verify/audit.h"
 #include "verify.h"
 
@@ -16,7 +17,11 @@ static const char usage[] =
     "the same model and batch: computes the float64 truth (the ref/ oracle), measures what our\n"
     "own run at their precision achieves against it, and passes each of their tensors when its\n"
     "relative L2 error against the truth is within slack x our error (with a floor). Tensors are\n"
-    "matched by HF name; missing tensors, shape mismatches and NaN/Inf fail.\n"
+    "matched by HF name; missing tensors, shape mismatches and NaN/Inf fail. When a tensor\n"
+    "fails, a diagnosis says what the failures have in common: one scale factor (a wrong\n"
+    "normaliser, written as a fraction such as 19/21), the error level of a lower precision\n"
+    "than claimed, some layers only, one kind of tensor only, wrapped names.\n"
+    "The objective options are grad's (TRL names); the truth and our yardstick use them both.\n"
     "\n"
     "  --numerics N             fast | portable: the numerics of our own runs (default fast)\n"
     "  --precision-of-theirs P  fp32 | bf16 | fp64 (default fp32); bf16 is measured with our\n"
@@ -25,17 +30,134 @@ static const char usage[] =
     "  --block N                token block of our runs (default 256)\n"
     "  --no-ref                 float64 full BP as the truth (ref/ is naive: for large models)\n"
     "  --json                   JSON instead of the table\n"
-    "Exit status: 0 every tensor passes, 1 one fails, 2 usage or input error.\n";
+    "Exit status: 0 every tensor passes, 1 one fails, 2 usage or input error.\n"
+    "\n";
+
+static const char *pname[] = {"fp32", "bf16 (emulated)", "fp64"};
+
+/* "dpo (sigmoid, beta 0.1, label smoothing 0)": the objective the audit used */
+static void objective_text(char *buf, size_t n, const sbp_audit_opts *o) {
+    const sbp_objective *ob = &o->objective;
+    int len = snprintf(buf, n, "%s", obj_kind_name(ob->kind));
+    if (ob->kind == SBP_OBJ_DPO)
+        len += snprintf(buf + len, n - len, " (%s, beta %g, label smoothing %g)", obj_loss_name(ob),
+                        ob->beta, ob->label_smoothing);
+    if (ob->kind == SBP_OBJ_GRPO)
+        len += snprintf(buf + len, n - len, " (%s, beta %g, epsilon [%g, %g], temperature %g%s)",
+                        obj_loss_name(ob), ob->beta, ob->epsilon_low, ob->epsilon_high,
+                        ob->temperature ? ob->temperature : 1,
+                        o->no_scale_rewards ? ", rewards not scaled" : "");
+    if (o->ref_model && len < (int)n)
+        snprintf(buf + len, n - len, ", reference model %s", o->ref_model);
+}
+
+static double finite_or(double x, double alt) {
+    return isfinite(x) ? x : alt;
+}
+
+static void print_audit_json(const sbp_audit_report *rep, const sbp_audit_opts *o) {
+    char obj[256];
+    objective_text(obj, sizeof obj, o);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "grads", o->grads);
+    cJSON_AddStringToObject(j, "precision_of_theirs", pname[o->precision]);
+    cJSON_AddStringToObject(j, "objective", obj_kind_name(o->objective.kind));
+    cJSON_AddStringToObject(j, "loss_type", obj_loss_name(&o->objective));
+    cJSON_AddStringToObject(j, "objective_settings", obj);
+    cJSON_AddStringToObject(j, "truth", rep->truth);
+    cJSON_AddNumberToObject(j, "truth_loss", rep->truth_loss);
+    cJSON_AddNumberToObject(j, "our_loss", rep->our_loss);
+    if (rep->their_loss[0]) cJSON_AddStringToObject(j, "their_loss", rep->their_loss);
+    cJSON_AddNumberToObject(j, "slack", o->slack > 0 ? o->slack : 4);
+    if (rep->lower) cJSON_AddStringToObject(j, "lower_precision_measured", rep->lower);
+    cJSON *rows = cJSON_AddArrayToObject(j, "rows");
+    for (int i = 0; i < rep->n; i++) {
+        const sbp_audit_row *r = &rep->rows[i];
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "tensor", r->name);
+        cJSON_AddStringToObject(x, "verdict", sbp_audit_status_name(r->status));
+        cJSON_AddNumberToObject(x, "ours_rel_l2", r->ours_rel_l2);
+        cJSON_AddNumberToObject(x, "budget", r->budget);
+        if (rep->lower) {
+            cJSON_AddNumberToObject(x, "lower_rel_l2", r->lower_rel_l2);
+            cJSON_AddNumberToObject(x, "lower_budget", r->lower_budget);
+        }
+        if (r->status <= 2) {
+            const sbp_tensor_cmp *c = &r->theirs;
+            cJSON_AddNumberToObject(x, "rel_l2", finite_or(c->rel_l2, -1));
+            cJSON_AddNumberToObject(x, "cosine", finite_or(c->cosine, -1));
+            cJSON_AddNumberToObject(x, "norm_ratio", finite_or(c->norm_ratio, -1));
+            cJSON_AddNumberToObject(x, "scale", finite_or(c->scale, 0));
+            cJSON_AddNumberToObject(x, "rel_l2_rescaled", finite_or(c->rel_l2_rescaled, -1));
+            cJSON_AddNumberToObject(x, "max_abs", finite_or(c->max_abs, -1));
+            cJSON_AddNumberToObject(x, "nonfinite", (double)c->nonfinite_a);
+        }
+        cJSON_AddItemToArray(rows, x);
+    }
+    if (rep->extra[0]) cJSON_AddStringToObject(j, "extra_tensors", rep->extra);
+    cJSON *diag = cJSON_AddArrayToObject(j, "diagnosis");
+    for (int i = 0; i < rep->diag.n; i++) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "rule", rep->diag.rule[i]);
+        cJSON_AddStringToObject(x, "text", rep->diag.text[i]);
+        cJSON_AddItemToArray(diag, x);
+    }
+    cJSON_AddNumberToObject(j, "failed", rep->failed);
+    cJSON_AddBoolToObject(j, "pass", rep->failed == 0);
+    print_json(j);
+}
+
+static void print_audit_text(const sbp_audit_report *rep, const sbp_audit_opts *o) {
+    char obj[256];
+    objective_text(obj, sizeof obj, o);
+    printf("audit of %s (precision %s) against the %s, slack %g\n", o->grads, pname[o->precision],
+           rep->truth, o->slack > 0 ? o->slack : 4);
+    printf("objective: %s\n", obj);
+    printf("loss: truth %.17g, ours at their precision %.17g, theirs %s\n", rep->truth_loss,
+           rep->our_loss, rep->their_loss[0] ? rep->their_loss : "(not in the file)");
+    printf("%-50s %10s %10s %10s %9s %9s %9s  %s\n", "tensor", "theirs", "ours", "budget", "1-cos",
+           "ratio-1", "max abs", "verdict");
+    for (int i = 0; i < rep->n; i++) {
+        const sbp_audit_row *r = &rep->rows[i];
+        if (r->status >= 3) {
+            printf("%-50s %10s %10.3g %10.3g %9s %9s %9s  %s\n", r->name, "-", r->ours_rel_l2,
+                   r->budget, "", "", "", sbp_audit_status_name(r->status));
+            continue;
+        }
+        printf("%-50s %10.3g %10.3g %10.3g %9.2g %+9.2g %9.3g  %s\n", r->name, r->theirs.rel_l2,
+               r->ours_rel_l2, r->budget, 1 - r->theirs.cosine, r->theirs.norm_ratio - 1,
+               r->theirs.max_abs, sbp_audit_status_name(r->status));
+    }
+    printf("(theirs, ours: relative L2 error against the truth; budget = slack x max(ours, "
+           "floor))\n");
+    for (int i = 0; i < rep->n; i++)
+        if (rep->rows[i].status == 2)
+            printf("  %s: %lld non-finite values, the first at index %lld\n", rep->rows[i].name,
+                   (long long)rep->rows[i].theirs.nonfinite_a,
+                   (long long)rep->rows[i].theirs.first_nonfinite_a);
+    if (rep->extra[0]) printf("not in the model (ignored): %s\n", rep->extra);
+    if (rep->diag.n) printf("diagnosis:\n");
+    for (int i = 0; i < rep->diag.n; i++) printf("  - %s\n", rep->diag.text[i]);
+    printf("%d of %d tensors pass\n%s\n", rep->n - rep->failed, rep->n,
+           rep->failed ? "FAIL" : "PASS");
+}
 
 int verify_audit(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'}, {"batch", required_argument, 0, 'b'},
-        {"grads", required_argument, 0, 'g'}, {"precision-of-theirs", required_argument, 0, 'p'},
-        {"numerics", required_argument, 0, 'N'},
-        {"slack", required_argument, 0, 's'}, {"block", required_argument, 0, 'B'},
-        {"no-ref", no_argument, 0, 'n'},      {"json", no_argument, 0, 'j'},
-        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"batch", required_argument, 0, 'b'},
+                                         {"grads", required_argument, 0, 'g'},
+                                         {"precision-of-theirs", required_argument, 0, 'p'},
+                                         {"numerics", required_argument, 0, 'N'},
+                                         {"slack", required_argument, 0, 's'},
+                                         {"block", required_argument, 0, 'B'},
+                                         {"no-ref", no_argument, 0, 'n'},
+                                         {"json", no_argument, 0, 'j'},
+                                         {"help", no_argument, 0, 'h'},
+                                         OBJ_LONG_OPTIONS,
+                                         {0, 0, 0, 0}};
     sbp_audit_opts o = {.precision = SBP_THEIRS_FP32};
+    obj_args oa;
+    obj_args_init(&oa);
     int json = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -69,8 +191,14 @@ int verify_audit(int argc, char **argv) {
             if (!parse_numerics("verify audit", optarg, &o.numerics)) return EXIT_USAGE;
             break;
         case 'j': json = 1; break;
-        case 'h': fputs(usage, stdout); return 0;
-        default: fputs(usage, stderr); return EXIT_USAGE;
+        case 'h': printf("%s%s", usage, obj_usage); return 0;
+        default:
+            if (c >= OBJ_OPT_OBJECTIVE && c <= OBJ_OPT_REF_MODEL) {
+                if (!obj_args_option(&oa, "verify audit", c, optarg)) return EXIT_USAGE;
+                break;
+            }
+            fputs(usage, stderr);
+            return EXIT_USAGE;
         }
     }
     if (optind < argc || !o.model || !o.batch || !o.grads) {
@@ -78,71 +206,15 @@ int verify_audit(int argc, char **argv) {
                 usage);
         return EXIT_USAGE;
     }
+    if (!obj_args_finish(&oa, "verify audit")) return EXIT_USAGE;
+    o.objective = oa.obj, o.no_scale_rewards = !oa.scale_rewards, o.ref_model = oa.ref_model;
     sbp_audit_report rep;
     sbp_err err = {0};
     if (sbp_audit(&rep, &o, &err)) return report_error("verify audit", &err);
-    static const char *pname[] = {"fp32", "bf16 (emulated)", "fp64"};
-    if (json) {
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "grads", o.grads);
-        cJSON_AddStringToObject(j, "precision_of_theirs", pname[o.precision]);
-        cJSON_AddStringToObject(j, "truth", rep.truth);
-        cJSON_AddNumberToObject(j, "truth_loss", rep.truth_loss);
-        if (rep.their_loss[0]) cJSON_AddStringToObject(j, "their_loss", rep.their_loss);
-        cJSON_AddNumberToObject(j, "slack", o.slack > 0 ? o.slack : 4);
-        cJSON *rows = cJSON_AddArrayToObject(j, "rows");
-        for (int i = 0; i < rep.n; i++) {
-            const sbp_audit_row *r = &rep.rows[i];
-            cJSON *x = cJSON_CreateObject();
-            cJSON_AddStringToObject(x, "tensor", r->name);
-            cJSON_AddStringToObject(x, "verdict", sbp_audit_status_name(r->status));
-            cJSON_AddNumberToObject(x, "ours_rel_l2", r->ours_rel_l2);
-            cJSON_AddNumberToObject(x, "budget", r->budget);
-            if (r->status <= 2) {
-                cJSON_AddNumberToObject(x, "rel_l2",
-                                        isfinite(r->theirs.rel_l2) ? r->theirs.rel_l2 : -1);
-                cJSON_AddNumberToObject(x, "cosine",
-                                        isfinite(r->theirs.cosine) ? r->theirs.cosine : -1);
-                cJSON_AddNumberToObject(x, "norm_ratio",
-                                        isfinite(r->theirs.norm_ratio) ? r->theirs.norm_ratio : -1);
-                cJSON_AddNumberToObject(x, "max_abs",
-                                        isfinite(r->theirs.max_abs) ? r->theirs.max_abs : -1);
-                cJSON_AddNumberToObject(x, "nonfinite", (double)r->theirs.nonfinite_a);
-            }
-            cJSON_AddItemToArray(rows, x);
-        }
-        if (rep.extra[0]) cJSON_AddStringToObject(j, "extra_tensors", rep.extra);
-        cJSON_AddBoolToObject(j, "pass", rep.failed == 0);
-        print_json(j);
-    } else {
-        printf("audit of %s (precision %s) against the %s, slack %g\n", o.grads, pname[o.precision],
-               rep.truth, o.slack > 0 ? o.slack : 4);
-        printf("loss: truth %.17g, ours at their precision %.17g, theirs %s\n", rep.truth_loss,
-               rep.our_loss, rep.their_loss[0] ? rep.their_loss : "(not in the file)");
-        printf("%-50s %10s %10s %10s %9s %9s %9s  %s\n", "tensor", "theirs", "ours", "budget",
-               "1-cos", "ratio-1", "max abs", "verdict");
-        for (int i = 0; i < rep.n; i++) {
-            const sbp_audit_row *r = &rep.rows[i];
-            if (r->status >= 3) {
-                printf("%-50s %10s %10.3g %10.3g %9s %9s %9s  %s\n", r->name, "-", r->ours_rel_l2,
-                       r->budget, "", "", "", sbp_audit_status_name(r->status));
-                continue;
-            }
-            printf("%-50s %10.3g %10.3g %10.3g %9.2g %+9.2g %9.3g  %s\n", r->name, r->theirs.rel_l2,
-                   r->ours_rel_l2, r->budget, 1 - r->theirs.cosine, r->theirs.norm_ratio - 1,
-                   r->theirs.max_abs, sbp_audit_status_name(r->status));
-        }
-        printf("(theirs, ours: relative L2 error against the truth; budget = slack x max(ours, "
-               "floor))\n");
-        for (int i = 0; i < rep.n; i++)
-            if (rep.rows[i].status == 2)
-                printf("  %s: %lld non-finite values, the first at index %lld\n", rep.rows[i].name,
-                       (long long)rep.rows[i].theirs.nonfinite_a,
-                       (long long)rep.rows[i].theirs.first_nonfinite_a);
-        if (rep.extra[0]) printf("not in the model (ignored): %s\n", rep.extra);
-        printf("%d of %d tensors pass\n%s\n", rep.n - rep.failed, rep.n,
-               rep.failed ? "FAIL" : "PASS");
-    }
+    if (json)
+        print_audit_json(&rep, &o);
+    else
+        print_audit_text(&rep, &o);
     int failed = rep.failed;
     sbp_audit_free(&rep);
     return failed ? EXIT_MISMATCH : 0;

@@ -16,7 +16,9 @@ static const char usage[] =
     "hold. Prints one row per tensor: bitwise equality, max ULP distance (in the coarser dtype),\n"
     "max abs error, relative L2 error ‖A−B‖/‖B‖, 1 − cosine and ‖A‖/‖B‖ − 1 (cosine alone cannot\n"
     "see a scale error), the verdict; then the first differing index of each failure.\n"
-    "Gradients may be F64, F32, BF16 or F16.\n"
+    "Gradients may be F64, F32, BF16 or F16. When a tensor fails, a diagnosis with B as the\n"
+    "reference says what the failures have in common (one scale factor, a lower precision's\n"
+    "error level, some layers or kinds of tensor only: see `streambp verify audit --help`).\n"
     "\n"
     "promise (several may be given; all must hold; default --rel-l2 1e-5):\n"
     "  --bitwise        identical dtype and bytes\n"
@@ -106,11 +108,21 @@ static void print_diff_json(const sbp_diff *d, const char *a, const char *b) {
             cJSON_AddNumberToObject(x, "rel_l2", isfinite(c->rel_l2) ? c->rel_l2 : -1);
             cJSON_AddNumberToObject(x, "cosine", isfinite(c->cosine) ? c->cosine : -1);
             cJSON_AddNumberToObject(x, "norm_ratio", isfinite(c->norm_ratio) ? c->norm_ratio : -1);
+            cJSON_AddNumberToObject(x, "scale", isfinite(c->scale) ? c->scale : 0);
+            cJSON_AddNumberToObject(x, "rel_l2_rescaled",
+                                    isfinite(c->rel_l2_rescaled) ? c->rel_l2_rescaled : -1);
             cJSON_AddNumberToObject(x, "first_diff", (double)c->first_diff);
             cJSON_AddNumberToObject(x, "nonfinite_a", (double)c->nonfinite_a);
             cJSON_AddNumberToObject(x, "first_nonfinite_a", (double)c->first_nonfinite_a);
         }
         cJSON_AddItemToArray(rows, x);
+    }
+    cJSON *diag = cJSON_AddArrayToObject(o, "diagnosis");
+    for (int i = 0; i < d->diag.n; i++) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "rule", d->diag.rule[i]);
+        cJSON_AddStringToObject(x, "text", d->diag.text[i]);
+        cJSON_AddItemToArray(diag, x);
     }
     print_json(o);
 }
@@ -176,6 +188,8 @@ int verify_diff(int argc, char **argv) {
             if (!failures_only || d.rows[i].status != SBP_ROW_OK) print_row(&d.rows[i]);
         for (int i = 0; i < d.n; i++)
             if (d.rows[i].status != SBP_ROW_OK) print_details(&d.rows[i]);
+        if (d.diag.n) printf("diagnosis (B taken as the reference):\n");
+        for (int i = 0; i < d.diag.n; i++) printf("  - %s\n", d.diag.text[i]);
         printf("%d tensors: %d bitwise equal, %d failed; promise:", d.n, d.n_bitwise, d.n_failed);
         if (p.bitwise) printf(" bitwise");
         if (p.use_ulp) printf(" max ULP <= %g", p.ulp);
