@@ -120,6 +120,9 @@ $(BUILD)/tests/test_%: $(BUILD)/tests/test_%.o $(BUILD)/tests/testutil.o $(F64_O
 test: deps
 	@$(MAKE) --no-print-directory $(BIN) $(TESTS)
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(TESTS)
+	@echo "== golden digests on the CUDA kernels in the SIMT emulator, shuffled thread order"
+	@SBP_GOLDEN_DEVICE=cuda-emu SBP_EMU_ORDER=shuffle:7 STREAMBP=$(BIN) \
+	  tests/run.sh $(BUILD)/tests/test_golden
 ifneq ($(SAN),1)
 	@$(MAKE) --no-print-directory portable-builds
 	@for b in $(PORTABLE_BUILDS); do \
@@ -234,8 +237,10 @@ CXX        := g++
 endif
 NVCC       ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
 CUDA       ?= $(if $(NVCC),1,0)
+NVCC_ARCH  ?=
 NVCC_FLAGS := -std=c++17 -fmad=false -prec-div=true -prec-sqrt=true -ftz=false \
-              -gencode arch=compute_80,code=[sm_80,compute_80] -Icuda \
+              $(if $(NVCC_ARCH),-arch=$(NVCC_ARCH),-gencode arch=compute_80,code=[sm_80,compute_80]) \
+              -Icuda \
               $(if $(filter 1,$(WERROR)),-Werror all-warnings)
 EMU_CXXFLAGS := -std=c++17 -g -ffp-contract=off -fno-fast-math \
               $(if $(filter 1,$(SAN)),-O1 $(SANFLAGS),-O2) \
@@ -305,6 +310,26 @@ $(BUILD)/emu/%.o: %.cc | cxx-deps
 
 $(EMU_TEST): $(EMU_TEST_OBJ)
 	$(CXX) $(if $(filter 1,$(SAN)),$(SANFLAGS)) -o $@ $^ $(CHECK_LIBS)
+
+# On a machine with a GPU: the CUDA backend built for it, the golden digests and the devices group
+# of the verifier on it, then the benchmark of the issue: a Qwen3-0.6B-shaped random model at
+# T = 8k and 32k, and the largest T that fits in the GPU's memory (README, "The CUDA mirror").
+GPU_BENCH_CONFIG := data/configs/qwen3-0.6b.json
+.PHONY: gpu-check
+gpu-check:
+	@command -v nvidia-smi >/dev/null && nvidia-smi -L || { echo "gpu-check: no GPU here"; exit 2; }
+	rm -rf build/nvcc32 build/nvcc64
+	@$(MAKE) --no-print-directory NVCC_ARCH=native all $(BUILD)/tests/test_golden
+	SBP_GOLDEN_DEVICE=cuda STREAMBP=$(BIN) tests/run.sh $(BUILD)/tests/test_golden
+	@for f in qwen3-tiny qwen2-tiny llama3-tiny; do \
+	  $(BIN) init --config data/models/$$f.json --seed 1 --out $(BUILD)/gpu-$$f >/dev/null && \
+	  $(BIN) verify --model $(BUILD)/gpu-$$f --batch data/batches/sft-tiny.safetensors --block 4 \
+	    --devices cpu,cuda --numerics portable --threads 1 --failures-only | tail -3 || exit 1; done
+	$(BIN) bench --config $(GPU_BENCH_CONFIG) --device cuda --seq 8192 --seq 32768 --reps 1 \
+	  --no-train | tee $(BUILD)/gpu-bench.txt
+	$(BIN) bench --config $(GPU_BENCH_CONFIG) --device cuda --largest \
+	  $$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)M \
+	  | tee -a $(BUILD)/gpu-bench.txt
 
 format: format-cuda
 format-cuda:

@@ -295,10 +295,12 @@ typedef struct {
     int64_t n_targets;
     void *grads; /* (params.total), same precision as the model; charged to the ledger */
     int block, chunk, logit_chunk; /* the values used after defaults and clamping */
+    sbp_device device;             /* where it ran: on a device, grads are not in the ledger */
 } sbp_grad_result;
 
 /* One forward + backward step. The gradient slab is allocated into res->grads (free it with
- * sbp_grad_result_free). The ledger records every buffer of the step. */
+ * sbp_grad_result_free). The ledger records every buffer of the step: on the CPU, the gradient
+ * slab included; on a device (opts->device), the device's buffers only. */
 sbp_status sbp_grad(sbp_grad_result *res, const sbp_model *m, const sbp_batch *b,
                     const sbp_grad_opts *opts, sbp_ledger *lg, sbp_err *err);
 void sbp_grad_result_free(sbp_grad_result *res, sbp_ledger *lg);

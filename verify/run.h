@@ -55,7 +55,7 @@ typedef struct {
     double min_cosine, norm_ratio;   /* the norm ratio farthest from 1 */
     double budget;                   /* the relative-L2 promise for this row (0: bitwise) */
     int failed;                      /* runs that broke the promise */
-    char first_failure[96];          /* the run, when one failed */
+    char first_failure[128];         /* the run, when one failed */
     int64_t nonfinite;
 } sbp_verify_row;
 

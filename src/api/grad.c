@@ -147,6 +147,7 @@ static sbp_status check_finite(double loss, const void *grads, const sbp_model *
 sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_batch *batches,
                             int n, const sbp_grad_opts *opts, sbp_ledger *lg, sbp_err *err) {
     memset(res, 0, sizeof *res);
+    res->device = opts->device;
     if (n < 1) return sbp_fail(err, SBP_EUSAGE, "no batch given");
     if (opts->emulate_bf16 && m->prec != SBP_FP32)
         return sbp_fail(err, SBP_EUSAGE, "bf16 emulation runs on the float32 engine");
@@ -164,7 +165,10 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
         sbp_obj_end(&ev);
     }
     size_t esz = m->prec == SBP_FP64 ? sizeof(double) : sizeof(float);
-    res->grads = sbp_ledger_alloc(lg, SBP_MEM_GRADS, esz * (size_t)m->params.total);
+    /* on a device the ledger records the device's memory; the host's copy of the result is not
+     * charged there */
+    sbp_ledger *host_lg = opts->device == SBP_DEVICE_CPU ? lg : NULL;
+    res->grads = sbp_ledger_alloc(host_lg, SBP_MEM_GRADS, esz * (size_t)m->params.total);
     if (!res->grads)
         return sbp_fail(err, SBP_ENOMEM, "out of memory for the gradients (%lld parameters)",
                         (long long)m->params.total);
@@ -192,7 +196,7 @@ sbp_status sbp_grad(sbp_grad_result *res, const sbp_model *m, const sbp_batch *b
 }
 
 void sbp_grad_result_free(sbp_grad_result *res, sbp_ledger *lg) {
-    sbp_ledger_free(lg, res->grads);
+    sbp_ledger_free(res->device == SBP_DEVICE_CPU ? lg : NULL, res->grads);
     memset(res, 0, sizeof *res);
 }
 

@@ -40,6 +40,8 @@ static const char usage[] =
     "  --block N, --chunk N, --logit-chunk N   as for grad (defaults 256, 1024, 256)\n"
     "  --largest SIZE     instead: the largest T of each schedule under SIZE (e.g. 512M), found\n"
     "                     with the planner and confirmed by a real step\n"
+    "  --device D         cpu | cuda | cuda-emu (default cpu); on a CUDA device the portable\n"
+    "                     numerics run, and the ledger and the plan columns show device memory\n"
     "  --no-train         leave out the training-step row (train-stream: a stream step, the\n"
     "                     gradient clipped and an AdamW update of every weight, its memory\n"
     "                     with the optimizer's two moments, timed like the schedules)\n"
@@ -154,7 +156,9 @@ static void step_child(child_result *r, const void *p) {
     sbp_set_threads(a->threads);
     sbp_err err = {0};
     sbp_model m;
-    if (sbp_model_load(&m, a->model, SBP_FP32, &r->lg, &err)) {
+    /* on a device the ledger records the device's memory only */
+    sbp_ledger *host_lg = a->g[0].device == SBP_DEVICE_CPU ? &r->lg : NULL;
+    if (sbp_model_load(&m, a->model, SBP_FP32, host_lg, &err)) {
         snprintf(r->err, sizeof r->err, "%s", err.msg);
         return;
     }
@@ -192,7 +196,7 @@ static void step_child(child_result *r, const void *p) {
     if (!ok) snprintf(r->err, sizeof r->err, "%s", err.msg);
     sbp_adamw_free(&opt, &r->lg);
     sbp_batch_free(&b);
-    sbp_model_free(&m, &r->lg);
+    sbp_model_free(&m, host_lg);
     r->ok = ok;
 }
 
@@ -265,6 +269,7 @@ int cmd_bench(int argc, char **argv) {
                                          {"largest", required_argument, 0, 'L'},
                                          {"numerics", required_argument, 0, 'N'},
                                          {"no-train", no_argument, 0, 'X'},
+                                         {"device", required_argument, 0, 'D'},
                                          {"csv", no_argument, 0, 'v'},
                                          {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},
@@ -273,6 +278,7 @@ int cmd_bench(int argc, char **argv) {
     int seqs[32], n_seqs = 0, threads = 2, reps = 0, block = 256, chunk = 1024, lchunk = 256;
     int csv = 0, json = 0, train = 1, c;
     int numerics = 0; /* bit set of 1 << sbp_numerics; 0: the default */
+    sbp_device device = SBP_DEVICE_CPU;
     int64_t largest = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -318,6 +324,9 @@ int cmd_bench(int argc, char **argv) {
             break;
         }
         case 'X': train = 0; break;
+        case 'D':
+            if (!parse_device("bench", optarg, &device)) return EXIT_USAGE;
+            break;
         case 'v': csv = 1; break;
         case 'j': json = 1; break;
         case 'h': fputs(usage, stdout); return 0;
@@ -411,7 +420,10 @@ int cmd_bench(int argc, char **argv) {
                                                       : 1,
                            .warmup = seqs[si] <= 4096 && !largest};
         /* configuration q: schedule q % PLAN_N_SCHEDULES in numerics q / PLAN_N_SCHEDULES */
-        const int nums = numerics ? numerics : seqs[si] <= 4096 && !largest ? 3 : 1;
+        const int nums = device != SBP_DEVICE_CPU       ? 1 << SBP_NUMERICS_PORTABLE
+                         : numerics                     ? numerics
+                         : seqs[si] <= 4096 && !largest ? 3
+                                                        : 1;
         int kidx[2 * PLAN_N_SCHEDULES], Ts[2 * PLAN_N_SCHEDULES];
         for (int q = 0; q < 2 * PLAN_N_SCHEDULES; q++) {
             const int k = q % PLAN_N_SCHEDULES, num = q / PLAN_N_SCHEDULES;
@@ -422,7 +434,8 @@ int cmd_bench(int argc, char **argv) {
                                .chunk = chunk,
                                .logit_chunk = lchunk,
                                .chunked_logits = kinds[k].chunked_logits,
-                               .numerics = (sbp_numerics)num};
+                               .numerics = (sbp_numerics)num,
+                               .device = device};
             int T = seqs[si];
             if (largest) {
                 T = plan_largest_T(&cfg, 1, 4, 0, &g, largest, &plan[q]);
@@ -470,7 +483,7 @@ int cmd_bench(int argc, char **argv) {
             sbp_grad_opts g = timing.g[kidx[q]];
             emit(&out, &cfg, kinds[k].name, Ts[q], &g, median(tv, nt), nt, &mem[q], &plan[q]);
         }
-        if (train && !largest) { /* a whole training step, in a process of its own */
+        if (train && !largest && device == SBP_DEVICE_CPU) { /* a whole training step, alone */
             sbp_grad_opts g = {
                 .schedule = SBP_STREAM, .block = block, .chunk = chunk, .logit_chunk = lchunk};
             step_arg a = {.model = mdir,

@@ -300,7 +300,9 @@ int cmd_grad(int argc, char **argv) {
     sbp_grad_result r = {0};
     sbp_status st = SBP_OK;
     if (a.out && sbp_check_writable(a.out, &err)) return report_error("grad", &err);
-    if (sbp_model_load(&m, a.model, a.prec, &lg, &err)) return report_error("grad", &err);
+    /* on a device the ledger records the device's memory only */
+    sbp_ledger *host_lg = a.g.device == SBP_DEVICE_CPU ? &lg : NULL;
+    if (sbp_model_load(&m, a.model, a.prec, host_lg, &err)) return report_error("grad", &err);
     if (a.bf16) sbp_model_round_bf16(&m);
     for (int i = 0; i < a.n_batches && !st; i++)
         st = sbp_batch_load_as(&b[i], a.batch[i], &m.cfg, a.g.objective.kind, a.obj.scale_rewards,
@@ -318,6 +320,6 @@ int cmd_grad(int argc, char **argv) {
     }
     sbp_grad_result_free(&r, &lg);
     for (int i = 0; i < a.n_batches; i++) sbp_batch_free(&b[i]);
-    sbp_model_free(&m, &lg);
+    sbp_model_free(&m, host_lg);
     return st ? report_error("grad", &err) : 0;
 }
