@@ -213,12 +213,15 @@ void attention_forward(const eng *e, real *o, real *lse, const real *q, const re
     SBP_LAUNCH(attention_forward_kernel, blocks_for((size_t)M * e->NH, WARPS), THREADS, 0, o, lse,
                q, k, v, kmask, s, M, e->NH, e->NKV, e->HD);
     check(e, "attention_forward_kernel");
+    unattended_forward(e, o, q, k, v, kmask, s, M);
 }
 
 void attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum, const real *dout,
                         const real *o, const real *lse, const real *q, const real *k,
                         const real *v, const uint8_t *kmask, int s, int M) {
     const int NH = e->NH, NKV = e->NKV, HD = e->HD, end = s + M;
+    /* rows without a key first: they precede every row with one (src/kernels/unattended.c) */
+    unattended_backward(e, dq, dk, dv, dout, o, q, k, v, kmask, s, M);
     SBP_LAUNCH(dsum_kernel, blocks_for((size_t)M * NH, THREADS), THREADS, 0, dsum, dout, o, M, NH,
                HD);
     check(e, "dsum_kernel");

@@ -124,8 +124,9 @@ static void dev_upload(const eng *e, void *dev, const void *host, size_t bytes) 
     check(e, "upload");
 }
 
+/* the kernels stage in shared memory and registers; only rows without a key need scratch */
 static size_t dev_workspace(const eng *e) {
-    return 0; /* the kernels stage in shared memory and registers */
+    return unattended_workspace(e);
 }
 
 /* ---- elementwise ----------------------------------------------------------------------------- */

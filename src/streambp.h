@@ -218,6 +218,9 @@ void sbp_batch_free(sbp_batch *b);
 /* Sets n_targets and n_pad_targets from labels and mask (the loaders do this); call it after
  * building or editing a batch in memory. */
 void sbp_batch_count_targets(sbp_batch *b);
+/* The attention rows that see no key (positions before a row's first real token) and the
+ * targets predicted from them: where --unattended changes the result. */
+void sbp_batch_count_unattended(const sbp_batch *b, int64_t *rows, int64_t *targets);
 
 /* ---------------------------------------------------------------------------------------------
  * Objectives. Every objective is a sum over target tokens of terms that depend on the token's
@@ -268,6 +271,17 @@ int sbp_numerics_parse(const char *s, sbp_numerics *out); /* 1 on success */
  * portable numerics, so they give the portable CPU run's bits. */
 typedef enum { SBP_DEVICE_CPU, SBP_DEVICE_CUDA, SBP_DEVICE_CUDA_EMU } sbp_device;
 
+/* Attention rows that see no key (queries before the first real token of a left-padded row):
+ *   ZERO     output 0, no gradient (the default; what a masked softmax over nothing means);
+ *   HF_EAGER HF's eager attention: the mask's finite minimum swamps the scores, so the softmax is
+ *            uniform over all T keys; autograd still passes dS = P(dP − D) to q and k;
+ *   HF_SDPA  HF's sdpa path: the row is unmasked and attends to every key with its real scores.
+ * Only such rows change; ref/SEMANTICS.md gives the formulas. */
+typedef enum { SBP_UNATTENDED_ZERO, SBP_UNATTENDED_HF_EAGER, SBP_UNATTENDED_HF_SDPA } sbp_unattended;
+
+const char *sbp_unattended_name(sbp_unattended u);
+int sbp_unattended_parse(const char *s, sbp_unattended *out); /* 1 on success */
+
 const char *sbp_device_name(sbp_device d);
 int sbp_device_parse(const char *s, sbp_device *out); /* 1 on success */
 /* 1 when this build has the backend (for cuda: built with nvcc; whether a GPU is present is
@@ -285,6 +299,7 @@ typedef struct {
     sbp_objective objective; /* zero-initialised: SFT */
     sbp_numerics numerics;   /* zero-initialised: fast */
     sbp_device device;       /* zero-initialised: the CPU; cuda devices need portable numerics */
+    sbp_unattended unattended; /* rows with no visible key; zero-initialised: output 0 */
     int emulate_bf16;        /* float32 engine only: round every stored tensor and the gradients to
                               * bfloat16, as pure-bf16 training does (give it a model whose weights
                               * went through sbp_model_round_bf16); verify audit's bf16 yardstick */

@@ -62,6 +62,22 @@ int sbp_device_parse(const char *s, sbp_device *out) {
     return 0;
 }
 
+const char *sbp_unattended_name(sbp_unattended u) {
+    return u == SBP_UNATTENDED_ZERO        ? "zero"
+           : u == SBP_UNATTENDED_HF_EAGER  ? "hf-eager"
+           : u == SBP_UNATTENDED_HF_SDPA   ? "hf-sdpa"
+                                           : "?";
+}
+
+int sbp_unattended_parse(const char *s, sbp_unattended *out) {
+    for (int u = SBP_UNATTENDED_ZERO; u <= SBP_UNATTENDED_HF_SDPA; u++)
+        if (strcmp(s, sbp_unattended_name((sbp_unattended)u)) == 0) {
+            *out = (sbp_unattended)u;
+            return 1;
+        }
+    return 0;
+}
+
 /* The op table of a CUDA device (cuda/registry.cc). */
 const void *sbp_cuda_ops(sbp_device d, sbp_precision p);
 
@@ -79,6 +95,9 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
         return sbp_fail(err, SBP_EUSAGE, "unknown schedule %d", (int)opts->schedule);
     if ((unsigned)opts->numerics > SBP_NUMERICS_PORTABLE)
         return sbp_fail(err, SBP_EUSAGE, "unknown numerics %d", (int)opts->numerics);
+    if ((unsigned)opts->unattended > SBP_UNATTENDED_HF_SDPA)
+        return sbp_fail(err, SBP_EUSAGE, "unknown mode %d for rows without a visible key",
+                        (int)opts->unattended);
     if ((unsigned)opts->device > SBP_DEVICE_CUDA_EMU)
         return sbp_fail(err, SBP_EUSAGE, "unknown device %d", (int)opts->device);
     if (opts->device != SBP_DEVICE_CPU && opts->numerics != SBP_NUMERICS_PORTABLE)
@@ -94,6 +113,7 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
     if (T < 1) return sbp_fail(err, SBP_EINPUT, "the batch has T = 0 tokens");
     eo->schedule = opts->schedule;
     eo->numerics = opts->numerics;
+    eo->unattended = opts->unattended;
     eo->emulate_bf16 = opts->emulate_bf16;
     eo->block = opts->block ? opts->block : SBP_DEFAULT_BLOCK;
     eo->chunk = clamp(opts->chunk ? opts->chunk : 4 * eo->block, T);

@@ -33,6 +33,7 @@ static const char usage[] =
     "  --device D           cpu | cuda | cuda-emu (default cpu): the CUDA kernels on a GPU, or on\n"
     "                       the CPU through the SIMT emulator (exact, slow: tiny models); both\n"
     "                       compute the portable numerics, bit for bit the CPU's\n"
+    UNATTENDED_USAGE
     "  --threads N          OpenMP/OpenBLAS threads (default: all cores)\n"
     "  --json               print a JSON object instead of the text report\n"
     "\n";
@@ -63,6 +64,7 @@ static int parse(grad_args *a, int argc, char **argv) {
                                          {"threads", required_argument, 0, 't'},
                                          {"numerics", required_argument, 0, 'n'},
                                          {"device", required_argument, 0, 'D'},
+                                         {"unattended", required_argument, 0, 'U'},
                                          {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
@@ -117,6 +119,9 @@ static int parse(grad_args *a, int argc, char **argv) {
         case 'D':
             if (!parse_device("grad", optarg, &a->g.device)) return EXIT_USAGE;
             break;
+        case 'U':
+            if (!parse_unattended("grad", optarg, &a->g.unattended)) return EXIT_USAGE;
+            break;
         case 'j': a->json = 1; break;
         case 'h': printf("%s%s", usage, obj_usage); return -1;
         default:
@@ -152,6 +157,7 @@ static const char *prec_name(const grad_args *a) {
 typedef struct {
     int rows, T; /* rows of all micro-batches; the longest T */
     int64_t targets, pad_targets;
+    int64_t unattended_rows, unattended_targets; /* rows that see no key, targets from them */
 } batch_totals;
 
 static batch_totals totals(const sbp_batch *b, int n) {
@@ -160,6 +166,9 @@ static batch_totals totals(const sbp_batch *b, int n) {
         t.rows += b[i].B;
         t.T = b[i].T > t.T ? b[i].T : t.T;
         t.targets += b[i].n_targets, t.pad_targets += b[i].n_pad_targets;
+        int64_t ur, ut;
+        sbp_batch_count_unattended(&b[i], &ur, &ut);
+        t.unattended_rows += ur, t.unattended_targets += ut;
     }
     return t;
 }
@@ -178,6 +187,12 @@ static void print_text(const grad_args *a, const sbp_model *m, const sbp_batch *
     if (bt.pad_targets)
         printf("          (%lld targets predicted from padded positions; see ref/SEMANTICS.md)\n",
                (long long)bt.pad_targets);
+    if (bt.unattended_targets)
+        printf("          (%lld attention rows see no key (left padding) and %lld targets are "
+               "predicted from them: their values follow --unattended %s; HF's depend on its "
+               "attention backend)\n",
+               (long long)bt.unattended_rows, (long long)bt.unattended_targets,
+               sbp_unattended_name(a->g.unattended));
     printf("objective %s", obj_kind_name(o->kind));
     if (o->kind == SBP_OBJ_DPO)
         printf(", loss %s, beta %g, label smoothing %g", obj_loss_name(o), o->beta,
@@ -212,6 +227,9 @@ static void print_result_json(const grad_args *a, const sbp_model *m, const sbp_
     cJSON_AddNumberToObject(o, "T", bt.T);
     cJSON_AddNumberToObject(o, "n_targets", (double)bt.targets);
     cJSON_AddNumberToObject(o, "n_pad_targets", (double)bt.pad_targets);
+    cJSON_AddNumberToObject(o, "unattended_rows", (double)bt.unattended_rows);
+    cJSON_AddNumberToObject(o, "unattended_targets", (double)bt.unattended_targets);
+    cJSON_AddStringToObject(o, "unattended", sbp_unattended_name(a->g.unattended));
     cJSON_AddStringToObject(o, "objective", obj_kind_name(a->g.objective.kind));
     cJSON_AddStringToObject(o, "loss_type", obj_loss_name(&a->g.objective));
     cJSON_AddStringToObject(o, "schedule", sbp_schedule_name(a->g.schedule));
@@ -271,6 +289,7 @@ static sbp_status save(const grad_args *a, const sbp_model *m, const sbp_batch *
     meta_str(&l, "precision", prec_name(a));
     meta_str(&l, "numerics", sbp_numerics_name(a->g.numerics));
     meta_str(&l, "device", sbp_device_name(a->g.device));
+    meta_str(&l, "unattended", sbp_unattended_name(a->g.unattended));
     meta_num(&l, "block", r->block);
     meta_num(&l, "chunk", a->g.schedule == SBP_STREAM ? r->chunk : totals(b, a->n_batches).T);
     meta_num(&l, "logit_chunk", r->logit_chunk);

@@ -45,6 +45,13 @@ int parse_device(const char *cmd, const char *text, sbp_device *out) {
     return 0;
 }
 
+int parse_unattended(const char *cmd, const char *text, sbp_unattended *out) {
+    if (sbp_unattended_parse(text, out)) return 1;
+    fprintf(stderr, "streambp %s: --unattended must be zero, hf-eager or hf-sdpa, got \"%s\"\n",
+            cmd, text);
+    return 0;
+}
+
 int parse_precision(const char *cmd, const char *text, sbp_precision *out) {
     if (strcmp(text, "fp32") == 0)
         *out = SBP_FP32;

@@ -44,6 +44,7 @@ struct eng {
     int elem_bytes; /* bytes charged per real: sizeof(real), or the planner's storage size */
     int bf16;       /* round every stored tensor to bfloat16 (ops.h) */
     int portable;   /* the numerics the table implements (the planning table needs to know) */
+    int unattended; /* sbp_unattended: attention rows that see no key */
     sbp_ledger *lg;
     void *backend; /* the backend's state of this run (CUDA: its allocations and errors) */
     int oom;       /* set when an allocation fails; oom_what names the buffer */

@@ -66,6 +66,7 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
              .elem_bytes = o->plan ? o->elem_bytes : (int)sizeof(real),
              .bf16 = o->emulate_bf16,
              .portable = o->numerics == SBP_NUMERICS_PORTABLE,
+             .unattended = o->unattended,
              .lg = lg};
     const sbp_ops *op = e.ops;
     const size_t BT = (size_t)b->B * b->T, n_params = (size_t)m->params.total;

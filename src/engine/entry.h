@@ -10,6 +10,7 @@ typedef struct {
     sbp_schedule schedule;
     sbp_numerics numerics;
     const void *device_ops; /* the sbp_ops of a device backend (cuda/), else NULL: the CPU's */
+    sbp_unattended unattended;
     int block, chunk, logit_chunk; /* resolved: >= 1, chunk and logit_chunk <= T */
     int materialise;               /* full/ckpt: one B·T·V logits buffer */
     int plan;                      /* planning run: allocate only (the ledger must be planning) */

@@ -288,3 +288,15 @@ void sbp_batch_free(sbp_batch *b) {
     free(b->ref_seq_logps), free(b->advantages), free(b->old_logps), free(b->ref_logps);
     memset(b, 0, sizeof *b);
 }
+
+void sbp_batch_count_unattended(const sbp_batch *b, int64_t *rows, int64_t *targets) {
+    *rows = *targets = 0;
+    for (int r = 0; r < b->B; r++) {
+        const uint8_t *m = b->mask + (size_t)r * b->T;
+        const int32_t *lab = b->labels + (size_t)r * b->T;
+        for (int t = 0; t < b->T && !m[t]; t++) {
+            (*rows)++;
+            *targets += t + 1 < b->T && lab[t + 1] != SBP_IGNORE;
+        }
+    }
+}

@@ -22,6 +22,7 @@
 #ifndef SBP_KERNELS_H
 #define SBP_KERNELS_H
 
+#include "../streambp.h"
 #include "real.h"
 
 #include <stddef.h>
@@ -133,6 +134,29 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws,
                              const real *o, const real *lse, const real *q, const real *k,
                              const real *v, const uint8_t *kmask, int s, int M, int T, int NH,
                              int NKV, int HD, int blk);
+
+/* Rows with no visible key (unattended.c): mode is an sbp_unattended. The attention kernels
+ * leave such rows at O = 0, lse = +inf and add nothing for them in the backward; these give the
+ * row HF's output, after the forward kernel, and its gradients, before the backward kernel. */
+size_t unattended_workspace(int T); /* reals */
+void unattended_forward(real *o,              /* (M, NH·HD) rows without a key overwritten */
+                        real *ws,             /* (unattended_workspace(T)) */
+                        const real *q,        /* (M, NH·HD) */
+                        const real *k,        /* (T, NKV·HD) */
+                        const real *v,        /* (T, NKV·HD) */
+                        const uint8_t *kmask, /* (T) */
+                        int s, int M, int T, int NH, int NKV, int HD, int mode);
+void unattended_backward(real *dq,             /* (M, NH·HD) += */
+                         real *dk,             /* (T, NKV·HD) += every key */
+                         real *dv,             /* (T, NKV·HD) += every key */
+                         real *ws,             /* (unattended_workspace(T)) */
+                         const real *dout,     /* (M, NH·HD) */
+                         const real *o,        /* (M, NH·HD) */
+                         const real *q,        /* (M, NH·HD) */
+                         const real *k,        /* (T, NKV·HD) */
+                         const real *v,        /* (T, NKV·HD) */
+                         const uint8_t *kmask, /* (T) */
+                         int s, int M, int T, int NH, int NKV, int HD, int mode);
 
 /* ---- SwiGLU: h = silu(g) ⊙ u ----------------------------------------------------------------- */
 

@@ -43,13 +43,21 @@ static void cpu_move(const eng *e, void *dst, const void *src, size_t bytes) {
     if (dst != src) memcpy(dst, src, bytes);
 }
 
+static size_t max2(size_t a, size_t b) {
+    return a > b ? a : b;
+}
+
+/* rows without a key (unattended.c) share the workspace, between the attention calls */
+static size_t unattended_ws(const eng *e) {
+    return e->unattended ? unattended_workspace(e->T) : 0;
+}
+
 static size_t fast_workspace(const eng *e) {
-    return blas_attention_workspace(e->blk, e->HD);
+    return max2(blas_attention_workspace(e->blk, e->HD), unattended_ws(e));
 }
 
 static size_t portable_workspace(const eng *e) {
-    const size_t a = attention_workspace(e->HD), g = pgemm_workspace();
-    return a > g ? a : g;
+    return max2(max2(attention_workspace(e->HD), pgemm_workspace()), unattended_ws(e));
 }
 
 /* ---- elementwise ----------------------------------------------------------------------------- */
@@ -133,6 +141,7 @@ static void cpu_rope_backward(const eng *e, real *dx, int s, int M, int H) {
 static void fast_attention_forward(const eng *e, real *o, real *lse, const real *q, const real *k,
                                    const real *v, const uint8_t *kmask, int s, int M) {
     blas_attention_forward(o, lse, e->ws, q, k, v, kmask, s, M, e->T, e->NH, e->NKV, e->HD, e->blk);
+    unattended_forward(o, e->ws, q, k, v, kmask, s, M, e->T, e->NH, e->NKV, e->HD, e->unattended);
     store(e, o, (size_t)M * e->Q);
 }
 
@@ -140,14 +149,18 @@ static void portable_attention_forward(const eng *e, real *o, real *lse, const r
                                        const real *k, const real *v, const uint8_t *kmask, int s,
                                        int M) {
     attention_forward(o, lse, e->ws, q, k, v, kmask, s, M, e->T, e->NH, e->NKV, e->HD);
+    unattended_forward(o, e->ws, q, k, v, kmask, s, M, e->T, e->NH, e->NKV, e->HD, e->unattended);
     store(e, o, (size_t)M * e->Q);
 }
 
-/* dK and dV accumulate over the chunks: they are stored once, complete (kv_backward) */
+/* dK and dV accumulate over the chunks: they are stored once, complete (kv_backward). Rows
+ * without a key go first: they precede every row with one (unattended.c). */
 static void fast_attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum,
                                     const real *dout, const real *o, const real *lse, const real *q,
                                     const real *k, const real *v, const uint8_t *kmask, int s,
                                     int M) {
+    unattended_backward(dq, dk, dv, e->ws, dout, o, q, k, v, kmask, s, M, e->T, e->NH, e->NKV,
+                        e->HD, e->unattended);
     blas_attention_backward(dq, dk, dv, dsum, e->ws, dout, o, lse, q, k, v, kmask, s, M, e->T,
                             e->NH, e->NKV, e->HD, e->blk);
     store(e, dq, (size_t)M * e->Q);
@@ -157,6 +170,8 @@ static void portable_attention_backward(const eng *e, real *dq, real *dk, real *
                                         const real *dout, const real *o, const real *lse,
                                         const real *q, const real *k, const real *v,
                                         const uint8_t *kmask, int s, int M) {
+    unattended_backward(dq, dk, dv, e->ws, dout, o, q, k, v, kmask, s, M, e->T, e->NH, e->NKV,
+                        e->HD, e->unattended);
     attention_backward(dq, dk, dv, dsum, e->ws, dout, o, lse, q, k, v, kmask, s, M, e->T, e->NH,
                        e->NKV, e->HD);
     store(e, dq, (size_t)M * e->Q);
