@@ -186,6 +186,15 @@ def main():
           "iiiiiiiiccccccccccccccpp", "iiiiiiiiccccccccpppppppp"],
          rewards=[0.5, 0.5, 1.0, 0.0], group=2)
 
+    # Left padding with labels that copy the input ids (HF's usual SFT batch): the first real
+    # token of each padded row is predicted from the last pad, a query that sees no key
+    # (--unattended); pads of 3 and 6 positions and an unpadded row. Its own generator, so the
+    # fixtures above keep their bytes.
+    u = lcg(2026)
+    write(s + "unattended-left-pad.safetensors",
+          [custom(u, 20, "pppvvvvvvvvvvvvvvvvv"), custom(u, 20, "ppppppvvvvvvvvvvvvvv"),
+           custom(u, 20, "vvvvvvvvvvvvvvvvvvvv")], "I64")
+
 
 if __name__ == "__main__":
     main()

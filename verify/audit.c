@@ -56,7 +56,7 @@ static sbp_status load_batch(sbp_batch *b, const sbp_audit_opts *o, const sbp_co
                       "%s: the reference model's vocabulary (%d) differs from the policy's (%d)",
                       o->ref_model, ref.cfg.vocab, cfg->vocab);
     if (bf16) sbp_model_round_bf16(&ref);
-    sbp_grad_opts g = {.block = o->block};
+    sbp_grad_opts g = {.block = o->block, .unattended = o->unattended};
     if (!st) st = sbp_batch_set_reference(b, &ref, &o->objective, &g, NULL, err);
     sbp_model_free(&ref, NULL);
     return st;
@@ -70,7 +70,8 @@ static sbp_status ours_at(double *out, double *loss, sbp_theirs_precision p,
     sbp_grad_opts g = {.schedule = SBP_FULL,
                        .block = o->block,
                        .objective = o->objective,
-                       .numerics = o->numerics};
+                       .numerics = o->numerics,
+                       .unattended = o->unattended};
     sbp_grad_result r;
     sbp_status st;
     const int64_t n = m64->params.total;

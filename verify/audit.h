@@ -32,6 +32,7 @@ typedef struct {
                               * scale_rewards=False) */
     const char *ref_model;   /* DPO/GRPO reference log-probs from this model, or NULL */
     sbp_numerics numerics;   /* of our runs (the yardstick, and the truth with no_ref) */
+    sbp_unattended unattended; /* rows with no visible key, in every run and in the oracle */
 } sbp_audit_opts;
 
 typedef struct {

@@ -53,7 +53,8 @@ static sbp_status run(sbp_grad_result *r, ctx *x, sbp_precision p, const run_cfg
                        .chunked_logits = c->chunked_logits,
                        .objective = x->o->objective,
                        .numerics = x->numerics,
-                       .device = x->device};
+                       .device = x->device,
+                       .unattended = x->o->unattended};
     x->rep->n_runs++;
     return sbp_grad(r, p == SBP_FP64 ? x->m64 : x->m32, x->b, &g, NULL, err);
 }

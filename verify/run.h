@@ -39,6 +39,7 @@ typedef struct {
     int precisions; /* bit set of 1 << sbp_precision; 0: both */
     int numerics;   /* bit set of 1 << sbp_numerics; 0: both */
     int devices;    /* bit set of 1 << sbp_device beyond the CPU's; 0: the CPU only */
+    sbp_unattended unattended; /* rows with no visible key (the oracle follows it too) */
     int threads[4];
     int n_threads;           /* 0: 1 and 2 */
     int no_ref;              /* truth from float64 full BP instead of ref/ */

@@ -483,8 +483,14 @@ def rope(x, cos, sin):
     return torch.cat([a * c - b * s, b * c + a * s], dim=-1)
 
 
-def attention(q, k, v, mask):
-    """q: [B,T,NH,HD], k/v: [B,T,NKV,HD], mask: [B,T] -> [B,T,NH*HD]. No-visible-key rows -> 0."""
+def attention(q, k, v, mask, unattended="zero"):
+    """q: [B,T,NH,HD], k/v: [B,T,NKV,HD], mask: [B,T] -> [B,T,NH*HD].
+
+    Rows that see no key (queries before a left-padded row's first real token): "zero" gives 0;
+    "hf-eager" does what HF's eager attention does — adds the mask's finite minimum to the
+    scores, so such a row's softmax is uniform over all T keys while autograd still reaches q
+    and k; "hf-sdpa" does what HF's sdpa path does — unmasks the row
+    (AttentionMaskConverter._unmask_unattended), so it attends to every key."""
     B, T, NH, HD = q.shape
     rep = NH // k.shape[2]
     q = q.transpose(1, 2)                                   # [B, NH, T, HD]
@@ -494,6 +500,15 @@ def attention(q, k, v, mask):
     visible = (causal[None, :, :] & mask.bool()[:, None, :])[:, None]  # [B, 1, T(query), T(key)]
     has_key = visible.any(dim=-1, keepdim=True)                       # [B, 1, T, 1]
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(HD)
+    if unattended == "hf-eager":
+        up = scores.float() if scores.dtype == torch.bfloat16 else scores
+        additive = torch.zeros(visible.shape, dtype=up.dtype).masked_fill(
+            ~visible, torch.finfo(up.dtype).min)
+        probs = torch.softmax(up + additive, dim=-1).to(scores.dtype)
+        return (probs @ v).transpose(1, 2).reshape(B, T, NH * HD)
+    if unattended == "hf-sdpa":
+        visible = visible | ~has_key
+        has_key = torch.ones_like(has_key)
     # -inf only where a row has some visible key; rows with none get finite scores (all 0), so
     # softmax stays NaN-free, and their probabilities are then zeroed.
     scores = scores.masked_fill(~visible & has_key, float("-inf"))
@@ -521,7 +536,8 @@ def forward(m, P, input_ids, mask):
             q = rms_norm(q, P[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, P[p + "self_attn.k_norm.weight"], eps)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
-        x = x + linear(P, p + "self_attn.o_proj", attention(q, k, v, mask))
+        x = x + linear(P, p + "self_attn.o_proj",
+                       attention(q, k, v, mask, m.get("unattended", "zero")))
         xn2 = rms_norm(x, P[p + "post_attention_layernorm.weight"], eps)
         gate = torch.nn.functional.silu(linear(P, p + "mlp.gate_proj", xn2))
         x = x + linear(P, p + "mlp.down_proj", gate * linear(P, p + "mlp.up_proj", xn2))
@@ -782,6 +798,8 @@ def main(argv=None):
     ap.add_argument("--out", help="gradient safetensors file to write")
     ap.add_argument("--dtype", choices=("float64", "float32", "bfloat16"), default="float64")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--unattended", choices=("zero", "hf-eager", "hf-sdpa"), default="zero",
+                    help="attention rows that see no key (default zero; see attention())")
     ap.add_argument("--objective", choices=sorted(OBJECTIVES), default="sft")
     ap.add_argument("--loss-type", choices=("sigmoid", "ipo", "grpo", "bnpo", "dr_grpo", "dapo"),
                     help="dpo: sigmoid (default) or ipo; grpo: grpo (default), bnpo, dr_grpo, dapo")
@@ -815,7 +833,10 @@ def main(argv=None):
     dtype = getattr(torch, args.dtype)
     try:
         m, P = load_model(args.model, dtype)
+        m["unattended"] = args.unattended
         ref_model = load_model(args.ref_model, dtype) if args.ref_model else None
+        if ref_model is not None:
+            ref_model[0]["unattended"] = args.unattended
         batch = OBJECTIVES[hp.objective].load(args.batch, m["V"], hp)
         T = batch["ids"].shape[1]
         if hp.objective == "grpo" and hp.max_completion_length is None:

@@ -35,6 +35,7 @@ static const char usage[] =
     "                     emulator); default cpu\n"
     "  --threads LIST     thread counts, e.g. 1,2 (default 1,2; the first is the reference)\n"
     "  --block N          token block (default 16 when T < 1024, else 256)\n"
+    "  --unattended MODE  rows that see no key: zero (default), hf-eager, hf-sdpa (grad --help)\n"
     "  --no-ref           take float64 full BP as the truth (ref/ is naive: use for large models)\n"
     "  --slack X          fp32 budget factor (default 4)\n"
     "  --failures-only    print only rows that fail\n"
@@ -163,6 +164,7 @@ int verify_run(int argc, char **argv) {
                                          {"precisions", required_argument, 0, 'p'},
                                          {"numerics", required_argument, 0, 'N'},
                                          {"devices", required_argument, 0, 'D'},
+                                         {"unattended", required_argument, 0, 'U'},
                                          {"threads", required_argument, 0, 't'},
                                          {"block", required_argument, 0, 'B'},
                                          {"no-ref", no_argument, 0, 'n'},
@@ -201,6 +203,9 @@ int verify_run(int argc, char **argv) {
                 return EXIT_USAGE;
             }
             o.numerics = bits(list, n);
+            break;
+        case 'U':
+            if (!parse_unattended("verify", optarg, &o.unattended)) return EXIT_USAGE;
             break;
         case 'D':
             if (!parse_list(optarg, "devices", item_device, list, 3, &n)) {
