@@ -30,8 +30,8 @@ static void grad(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b, sbp
                        .unattended = u};
     sbp_err err = {0};
     if (sbp_grad(r, m, b, &o, NULL, &err))
-        ck_abort_msg("sbp_grad (%s, %s chunk %d): %s", sbp_unattended_name(u),
-                     sbp_schedule_name(s), chunk, err.msg);
+        ck_abort_msg("sbp_grad (%s, %s chunk %d): %s", sbp_unattended_name(u), sbp_schedule_name(s),
+                     chunk, err.msg);
 }
 
 static void assert_same(const sbp_model *m, const sbp_grad_result *a, const sbp_grad_result *b,
@@ -118,7 +118,8 @@ END_TEST
 /* float64 against torch_grads.py --unattended, every mode, both batches, every family. */
 START_TEST(against_pytorch) {
     if (tu_sh("/usr/bin/python3 -c 'import torch'") != 0) {
-        printf("SKIPPED: PyTorch not importable (python3-torch); --unattended cross-check not run\n");
+        printf(
+            "SKIPPED: PyTorch not importable (python3-torch); --unattended cross-check not run\n");
         return;
     }
     static const char *modes[] = {"zero", "hf-eager", "hf-sdpa"};
@@ -158,6 +159,20 @@ START_TEST(against_pytorch) {
     printf("--unattended vs torch_grads.py (fp64, 3 families x 2 batches x 3 modes): worst "
            "per-tensor rel. L2 %.2e\n",
            worst);
+    /* HF-sdpa gradients audited under the default mode fail, and the audit says why */
+    const char *sdpa = tu_path("torch-0-0-2.safetensors");
+    int rc =
+        tu_sh("'%s' verify audit --model '%s' --batch %s --grads '%s' --precision-of-theirs fp64 "
+              "--no-ref",
+              tu_bin(), tu_model(families[0], 5), batches[0], sdpa);
+    ck_assert_msg(rc == 1 && strstr(tu_last_output(), "see no key") &&
+                      strstr(tu_last_output(), "--unattended hf-eager or hf-sdpa"),
+                  "audit of an hf-sdpa file under --unattended zero (exit %d):\n%s", rc,
+                  tu_last_output());
+    rc = tu_sh("'%s' verify audit --model '%s' --batch %s --grads '%s' --precision-of-theirs fp64 "
+               "--no-ref --unattended hf-sdpa",
+               tu_bin(), tu_model(families[0], 5), batches[0], sdpa);
+    ck_assert_msg(rc == 0, "audit with --unattended hf-sdpa (exit %d):\n%s", rc, tu_last_output());
 }
 END_TEST
 

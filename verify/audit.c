@@ -273,6 +273,15 @@ sbp_status sbp_audit(sbp_audit_report *rep, const sbp_audit_opts *o, sbp_err *er
     if (!st && (rep->failed || rep->extra[0])) {
         diagnose(rep, o, &m64, &sf);
         check_metadata(&rep->diag, &sf, &o->objective);
+        int64_t rows, targets;
+        sbp_batch_count_unattended(&b, &rows, &targets);
+        if (targets)
+            sbp_diag_add(&rep->diag, "unattended",
+                         "the batch has %lld attention rows that see no key (left padding) and "
+                         "%lld targets predicted from them; here they follow --unattended %s, "
+                         "while HF's values there depend on its attention backend: audit again "
+                         "with --unattended hf-eager or hf-sdpa",
+                         (long long)rows, (long long)targets, sbp_unattended_name(o->unattended));
     }
 out:
     free(truth), free(ours), free(theirs);
