@@ -85,7 +85,7 @@ void linear_backward(const eng *e, real *dx, real *dw, real *db, const real *dy,
                      const real *w, int s, int end, int N, int K) {
     const int M = end - s;
     /* dW(n, k) += Σ_t dy(t, n)·x(t, k) */
-    pgemm(e, dw, (size_t)K, dy, 1, (size_t)N, x, (size_t)K, 1, N, K, M);
+    if (dw) pgemm(e, dw, (size_t)K, dy, 1, (size_t)N, x, (size_t)K, 1, N, K, M);
     /* dx(t, k) += Σ_n dy(t, n)·w(n, k) */
     if (dx) pgemm(e, dx, (size_t)K, dy, (size_t)N, 1, w, (size_t)K, 1, M, K, N);
     if (!db) return;

@@ -136,6 +136,11 @@ __global__ void add_kernel(real *y, const real *a, const real *b, size_t n) {
     if (i < n) y[i] = a[i] + b[i];
 }
 
+__global__ void axpy_kernel(real *y, real a, const real *x, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = y[i] + x[i] * a;
+}
+
 __global__ void scale_kernel(real *x, real a, size_t n) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = x[i] * a;
@@ -161,6 +166,11 @@ static void dev_scale(const eng *e, real *x, real a, size_t n) {
     check(e, "scale_kernel");
 }
 
+static void dev_axpy(const eng *e, real *y, real a, const real *x, size_t n) {
+    SBP_LAUNCH(axpy_kernel, blocks_for(n, THREADS), THREADS, 0, y, a, x, n);
+    check(e, "axpy_kernel");
+}
+
 static void dev_store(const eng *e, real *x, size_t n) {} /* no bf16 storage on the device */
 
 static const sbp_ops table = {
@@ -178,6 +188,7 @@ static const sbp_ops table = {
     .copy = dev_copy,
     .add = dev_add,
     .scale = dev_scale,
+    .axpy = dev_axpy,
     .store = dev_store,
     .rope_table = rope_table,
     .linear_forward = linear_forward,

@@ -61,6 +61,7 @@ void rmsnorm_backward(const eng *e, real *dx, real *dw, const real *dout, const 
     SBP_LAUNCH(rmsnorm_dx_kernel, blocks_for((size_t)M, WARPS), THREADS, 0, dx, dout, x, rstd, w, M,
                C);
     check(e, "rmsnorm_dx_kernel");
+    if (!dw) return; /* a frozen weight */
     SBP_LAUNCH(rmsnorm_dw_kernel, blocks_for((size_t)C, THREADS), THREADS, 0, dw, dout, x, rstd, M,
                C);
     check(e, "rmsnorm_dw_kernel");

@@ -112,6 +112,8 @@ typedef struct {
     int64_t shape[2];
     int64_t numel;
     int64_t offset; /* in elements, into the parameter (and gradient) slab */
+    int lora;       /* 0: a model weight; a LoRA adapter's 1: lora_A (r, in), 2: lora_B (out, r) of
+                     * the projection `kind` */
 } sbp_param;
 
 typedef struct {
@@ -125,6 +127,8 @@ void sbp_params_free(sbp_params *ps);
 int sbp_params_find(const sbp_params *ps, const char *name); /* index or -1 */
 /* offset of one tensor, or -1 when the family has no such tensor (e.g. q bias in Qwen3) */
 int64_t sbp_params_offset(const sbp_params *ps, sbp_param_kind kind, int layer);
+/* the same in an adapter's table: lora 1 (lora_A) or 2 (lora_B) of the projection kind */
+int64_t sbp_params_offset_lora(const sbp_params *ps, sbp_param_kind kind, int layer, int lora);
 
 /* ---------------------------------------------------------------------------------------------
  * Memory ledger: every buffer of a run is charged to one category; current and peak bytes are
@@ -248,6 +252,59 @@ typedef struct {
 } sbp_objective;
 
 /* ---------------------------------------------------------------------------------------------
+ * LoRA adapters, with peft's semantics: a projection y = x·Wᵀ (+ b) with an adapter on it becomes
+ *     y = x·Wᵀ (+ b) + s·(x·Aᵀ)·Bᵀ,   A: (r, in), B: (out, r),   s = alpha / r (alpha / √r with
+ * use_rslora); the base model is frozen. Adapter tensors carry peft's names
+ * ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight") and files peft's layout
+ * (adapter_config.json + adapter_model.safetensors), so peft reads ours and we read peft's. */
+
+enum {
+    SBP_LORA_Q = 1 << 0,
+    SBP_LORA_K = 1 << 1,
+    SBP_LORA_V = 1 << 2,
+    SBP_LORA_O = 1 << 3,
+    SBP_LORA_GATE = 1 << 4,
+    SBP_LORA_UP = 1 << 5,
+    SBP_LORA_DOWN = 1 << 6,
+    SBP_LORA_ALL = (1 << 7) - 1 /* peft's "all-linear" (the LM head excluded, as peft does) */
+};
+
+typedef struct {
+    int r;            /* rank, >= 1 */
+    double alpha;     /* lora_alpha, > 0 */
+    int use_rslora;   /* scale by alpha / sqrt(r) instead of alpha / r */
+    unsigned targets; /* bit set of SBP_LORA_* */
+} sbp_lora_config;
+
+typedef struct {
+    sbp_lora_config cfg;
+    sbp_params params; /* the adapter tensors, peft's names and order (layer by layer, A then B) */
+    sbp_precision prec;
+    void *w; /* (params.total) float or double */
+} sbp_lora;
+
+/* s = alpha / r, or alpha / sqrt(r) with use_rslora. */
+double sbp_lora_scaling(const sbp_lora_config *c);
+/* "q_proj,k_proj,..." (any of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj) or
+ * "all-linear"; 1 on success. */
+int sbp_lora_targets_parse(const char *s, unsigned *out);
+/* The adapter tensors of model cfg. */
+sbp_status sbp_lora_params_build(sbp_params *ps, const sbp_config *cfg, const sbp_lora_config *c,
+                                 sbp_err *err);
+/* A new adapter as peft initialises one: A Kaiming-uniform (bound 1/sqrt(in), from the seeded
+ * generator), B zero — or, with b_std > 0, B normal with that std (a trained-looking adapter,
+ * for tests: with B = 0 every gradient of A is 0). */
+sbp_status sbp_lora_init(sbp_lora *a, const sbp_config *cfg, const sbp_lora_config *c,
+                         uint64_t seed, double b_std, sbp_precision prec, sbp_err *err);
+/* Reads a peft adapter directory for model cfg (checks the targets, rank and every shape). */
+sbp_status sbp_lora_load(sbp_lora *a, const char *dir, const sbp_config *cfg, sbp_precision prec,
+                         sbp_ledger *lg, sbp_err *err);
+/* Writes a peft adapter directory (atomic per file); base_model: adapter_config.json's
+ * base_model_name_or_path. */
+sbp_status sbp_lora_save(const char *dir, const sbp_lora *a, const char *base_model, sbp_err *err);
+void sbp_lora_free(sbp_lora *a, sbp_ledger *lg);
+
+/* ---------------------------------------------------------------------------------------------
  * Gradients */
 
 typedef enum { SBP_FULL, SBP_CKPT, SBP_STREAM } sbp_schedule;
@@ -300,6 +357,9 @@ typedef struct {
     sbp_numerics numerics;   /* zero-initialised: fast */
     sbp_device device;       /* zero-initialised: the CPU; cuda devices need portable numerics */
     sbp_unattended unattended; /* rows with no visible key; zero-initialised: output 0 */
+    const sbp_lora *lora;      /* with an adapter: the base model is frozen, and the gradient is
+                                * the adapter's (laid out as lora->params, lora->prec = the
+                                * model's) */
     int emulate_bf16;        /* float32 engine only: round every stored tensor and the gradients to
                               * bfloat16, as pure-bf16 training does (give it a model whose weights
                               * went through sbp_model_round_bf16); verify audit's bf16 yardstick */

@@ -470,9 +470,52 @@ def rms_norm(x, w, eps):
 
 
 def linear(P, name, x):
-    """x @ W^T (+ b when the model has that bias); W is [out, in] as in PyTorch."""
+    """x @ W^T (+ b when the model has that bias); W is [out, in] as in PyTorch. With a LoRA
+    adapter on the module (load_lora), peft's LoraLayer: + lora_B(lora_A(x)) * scaling."""
     y = x @ P[name + ".weight"].t()
-    return y + P[name + ".bias"] if name + ".bias" in P else y
+    y = y + P[name + ".bias"] if name + ".bias" in P else y
+    if name + ".lora_A" in P:
+        y = y + ((x @ P[name + ".lora_A"].t()) @ P[name + ".lora_B"].t()) * P["lora.scaling"]
+    return y
+
+
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def load_lora(adapter_dir, m, P, dtype):
+    """Adds a peft LoRA adapter (adapter_config.json + adapter_model.safetensors) to P: the base
+    tensors stop requiring grad, the adapter's lora_A [r, in] and lora_B [out, r] require it.
+    Returns {peft tensor name: leaf tensor}. Read here, with nothing of streambp's code."""
+    try:
+        with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise InputError("cannot read %s/adapter_config.json: %s" % (adapter_dir, e))
+    if cfg.get("peft_type") != "LORA":
+        raise InputError("%s: peft_type is not LORA" % adapter_dir)
+    r, alpha = int(cfg["r"]), float(cfg["lora_alpha"])
+    targets = cfg["target_modules"]
+    targets = LORA_MODULES if targets == "all-linear" else targets
+    scaling = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
+    tensors = read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))[1]
+    for p in P.values():
+        p.requires_grad_(False)
+    adapters = {}
+    for l in range(m["L"]):
+        for mod in LORA_MODULES:
+            if mod not in targets:
+                continue
+            part = "self_attn." if mod in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp."
+            name = "model.layers.%d.%s%s" % (l, part, mod)
+            for ab in ("A", "B"):
+                peft_name = "base_model.model.%s.lora_%s.weight" % (name, ab)
+                if peft_name not in tensors:
+                    raise InputError("%s: no tensor %s" % (adapter_dir, peft_name))
+                t = torch.from_numpy(tensors[peft_name].astype(np.float64)).to(dtype)
+                t.requires_grad_(True)
+                P[name + ".lora_" + ab] = adapters[peft_name] = t
+    P["lora.scaling"] = torch.tensor(scaling, dtype=dtype)
+    return adapters
 
 
 def rope(x, cos, sin):
@@ -798,6 +841,8 @@ def main(argv=None):
     ap.add_argument("--out", help="gradient safetensors file to write")
     ap.add_argument("--dtype", choices=("float64", "float32", "bfloat16"), default="float64")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lora", metavar="DIR",
+                    help="a peft LoRA adapter directory: the base frozen, the adapter's gradient")
     ap.add_argument("--unattended", choices=("zero", "hf-eager", "hf-sdpa"), default="zero",
                     help="attention rows that see no key (default zero; see attention())")
     ap.add_argument("--objective", choices=sorted(OBJECTIVES), default="sft")
@@ -834,6 +879,7 @@ def main(argv=None):
     try:
         m, P = load_model(args.model, dtype)
         m["unattended"] = args.unattended
+        adapters = load_lora(args.lora, m, P, dtype) if args.lora else None
         ref_model = load_model(args.ref_model, dtype) if args.ref_model else None
         if ref_model is not None:
             ref_model[0]["unattended"] = args.unattended
@@ -856,7 +902,10 @@ def main(argv=None):
     from_pad = int(((labels[:, 1:] != IGNORE_INDEX) & (mask[:, :-1] == 0)).sum())
     loss = compute_loss(m, P, batch, hp)
     loss.backward()
-    grads = {name: p.grad for name, p in P.items()}
+    if adapters is not None:  # the base is frozen: the adapter's gradient, under peft's names
+        grads = {name: t.grad for name, t in adapters.items()}
+    else:
+        grads = {name: p.grad for name, p in P.items()}
     bad = [name for name, g in grads.items() if not torch.isfinite(g).all()]
     if not math.isfinite(float(loss)) or bad:
         print("torch_grads.py: error: non-finite loss or gradient in %s" % (bad or "loss"),

@@ -63,10 +63,10 @@ int sbp_device_parse(const char *s, sbp_device *out) {
 }
 
 const char *sbp_unattended_name(sbp_unattended u) {
-    return u == SBP_UNATTENDED_ZERO        ? "zero"
-           : u == SBP_UNATTENDED_HF_EAGER  ? "hf-eager"
-           : u == SBP_UNATTENDED_HF_SDPA   ? "hf-sdpa"
-                                           : "?";
+    return u == SBP_UNATTENDED_ZERO       ? "zero"
+           : u == SBP_UNATTENDED_HF_EAGER ? "hf-eager"
+           : u == SBP_UNATTENDED_HF_SDPA  ? "hf-sdpa"
+                                          : "?";
 }
 
 int sbp_unattended_parse(const char *s, sbp_unattended *out) {
@@ -114,6 +114,7 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
     eo->schedule = opts->schedule;
     eo->numerics = opts->numerics;
     eo->unattended = opts->unattended;
+    eo->lora = opts->lora;
     eo->emulate_bf16 = opts->emulate_bf16;
     eo->block = opts->block ? opts->block : SBP_DEFAULT_BLOCK;
     eo->chunk = clamp(opts->chunk ? opts->chunk : 4 * eo->block, T);
@@ -148,13 +149,14 @@ static sbp_objective step_objective(const sbp_objective *o, const sbp_batch *bat
 }
 
 /* NaN or Inf in the loss or a gradient, reported with the first parameter where it appears. */
-static sbp_status check_finite(double loss, const void *grads, const sbp_model *m, sbp_err *err) {
+static sbp_status check_finite(double loss, const void *grads, const sbp_params *ps,
+                               sbp_precision prec, sbp_err *err) {
     if (!isfinite(loss)) return sbp_fail(err, SBP_ENUMERIC, "the loss is not finite (%g)", loss);
-    for (int i = 0; i < m->params.n; i++) {
-        const sbp_param *p = &m->params.p[i];
+    for (int i = 0; i < ps->n; i++) {
+        const sbp_param *p = &ps->p[i];
         for (int64_t j = 0; j < p->numel; j++) {
-            const double v = m->prec == SBP_FP64 ? ((const double *)grads)[p->offset + j]
-                                                 : ((const float *)grads)[p->offset + j];
+            const double v = prec == SBP_FP64 ? ((const double *)grads)[p->offset + j]
+                                              : ((const float *)grads)[p->offset + j];
             if (!isfinite(v))
                 return sbp_fail(err, SBP_ENUMERIC,
                                 "the gradient of \"%s\" is not finite at element %lld (%g)",
@@ -171,6 +173,10 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
     if (n < 1) return sbp_fail(err, SBP_EUSAGE, "no batch given");
     if (opts->emulate_bf16 && m->prec != SBP_FP32)
         return sbp_fail(err, SBP_EUSAGE, "bf16 emulation runs on the float32 engine");
+    if (opts->lora && opts->lora->prec != m->prec)
+        return sbp_fail(err, SBP_EUSAGE, "the adapter and the model must have the same precision");
+    /* with an adapter, the gradient is the adapter's */
+    const sbp_params *gps = opts->lora ? &opts->lora->params : &m->params;
     for (int i = 1; i < n; i++)
         if (batches[i].kind != batches[0].kind)
             return sbp_fail(err, SBP_EUSAGE, "micro-batch %d holds another objective's data", i);
@@ -188,10 +194,10 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
     /* on a device the ledger records the device's memory; the host's copy of the result is not
      * charged there */
     sbp_ledger *host_lg = opts->device == SBP_DEVICE_CPU ? lg : NULL;
-    res->grads = sbp_ledger_alloc(host_lg, SBP_MEM_GRADS, esz * (size_t)m->params.total);
+    res->grads = sbp_ledger_alloc(host_lg, SBP_MEM_GRADS, esz * (size_t)gps->total);
     if (!res->grads)
         return sbp_fail(err, SBP_ENOMEM, "out of memory for the gradients (%lld parameters)",
-                        (long long)m->params.total);
+                        (long long)gps->total);
     for (int i = 0; i < n && !st; i++) {
         sbp_obj_eval ev;
         sbp_engine_resolve(&eo, opts, batches[i].T, err);
@@ -201,7 +207,7 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
         sbp_obj_end(&ev);
         res->n_targets += batches[i].n_targets;
     }
-    if (!st) st = check_finite(res->loss, res->grads, m, err);
+    if (!st) st = check_finite(res->loss, res->grads, gps, m->prec, err);
     if (st) {
         sbp_grad_result_free(res, lg);
         return st;

@@ -13,6 +13,7 @@ enum { EXIT_MISMATCH = 1, EXIT_USAGE = 2 };
 
 int cmd_grad(int argc, char **argv);
 int cmd_init(int argc, char **argv);
+int cmd_lora(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_train(int argc, char **argv);

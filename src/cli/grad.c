@@ -33,7 +33,9 @@ static const char usage[] =
     "  --device D           cpu | cuda | cuda-emu (default cpu): the CUDA kernels on a GPU, or on\n"
     "                       the CPU through the SIMT emulator (exact, slow: tiny models); both\n"
     "                       compute the portable numerics, bit for bit the CPU's\n"
-    UNATTENDED_USAGE
+    "  --lora DIR           a LoRA adapter (peft's layout: `streambp lora init`, or peft's\n"
+    "                       save_pretrained): the base model frozen, the gradient is the\n"
+    "                       adapter's, written under peft's names\n" UNATTENDED_USAGE
     "  --threads N          OpenMP/OpenBLAS threads (default: all cores)\n"
     "  --json               print a JSON object instead of the text report\n"
     "\n";
@@ -41,7 +43,7 @@ static const char usage[] =
 #define MAX_BATCHES 64
 
 typedef struct {
-    const char *model, *out;
+    const char *model, *out, *lora;
     const char *batch[MAX_BATCHES];
     int n_batches;
     sbp_grad_opts g;
@@ -65,6 +67,7 @@ static int parse(grad_args *a, int argc, char **argv) {
                                          {"numerics", required_argument, 0, 'n'},
                                          {"device", required_argument, 0, 'D'},
                                          {"unattended", required_argument, 0, 'U'},
+                                         {"lora", required_argument, 0, 'A'},
                                          {"json", no_argument, 0, 'j'},
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
@@ -122,6 +125,7 @@ static int parse(grad_args *a, int argc, char **argv) {
         case 'U':
             if (!parse_unattended("grad", optarg, &a->g.unattended)) return EXIT_USAGE;
             break;
+        case 'A': a->lora = optarg; break;
         case 'j': a->json = 1; break;
         case 'h': printf("%s%s", usage, obj_usage); return -1;
         default:
@@ -181,6 +185,12 @@ static void print_text(const grad_args *a, const sbp_model *m, const sbp_batch *
     printf("model     %s: %s, L=%d C=%d heads %d/%d head_dim %d F=%d V=%d%s\n", a->model,
            c->model_type, c->layers, c->hidden, c->heads, c->kv_heads, c->head_dim, c->ffn,
            c->vocab, c->tied ? ", tied embeddings" : "");
+    if (a->g.lora)
+        printf("adapter   %s: LoRA r %d, alpha %g%s (scaling %g), %d tensors, %lld parameters; "
+               "the base model frozen\n",
+               a->lora, a->g.lora->cfg.r, a->g.lora->cfg.alpha,
+               a->g.lora->cfg.use_rslora ? ", rslora" : "", sbp_lora_scaling(&a->g.lora->cfg),
+               a->g.lora->params.n, (long long)a->g.lora->params.total);
     for (int i = 0; i < a->n_batches; i++)
         printf("batch     %s: %d rows, T=%d, %lld targets\n", a->batch[i], b[i].B, b[i].T,
                (long long)b[i].n_targets);
@@ -204,8 +214,8 @@ static void print_text(const grad_args *a, const sbp_model *m, const sbp_batch *
     printf("\nschedule  %s, %s, %s numerics on %s, block %d, chunk %d, logit chunk %d%s, %d "
            "threads\n",
            sbp_schedule_name(a->g.schedule), prec_name(a), sbp_numerics_name(a->g.numerics),
-           sbp_device_name(a->g.device), r->block,
-           a->g.schedule == SBP_STREAM ? r->chunk : bt.T, r->logit_chunk,
+           sbp_device_name(a->g.device), r->block, a->g.schedule == SBP_STREAM ? r->chunk : bt.T,
+           r->logit_chunk,
            a->g.schedule != SBP_STREAM && !a->g.chunked_logits ? " (materialised B*T*V)" : "",
            a->threads);
     printf("loss      %.17g\n", r->loss);
@@ -213,7 +223,9 @@ static void print_text(const grad_args *a, const sbp_model *m, const sbp_batch *
     print_ledger(stdout, lg, "  ");
     printf("  peak RSS %.1f MiB (the whole process: binary, libraries, batch, buffers)\n",
            peak_rss_bytes() / 1048576.0);
-    if (a->out) printf("wrote     %s (%d tensors)\n", a->out, m->params.n);
+    if (a->out)
+        printf("wrote     %s (%d tensors)\n", a->out,
+               a->g.lora ? a->g.lora->params.n : m->params.n);
 }
 
 static void print_result_json(const grad_args *a, const sbp_model *m, const sbp_batch *b,
@@ -304,7 +316,9 @@ static sbp_status save(const grad_args *a, const sbp_model *m, const sbp_batch *
         meta_num(&l, "epsilon_high", o->epsilon_high);
         meta_num(&l, "temperature", o->temperature);
     }
-    return sbp_grads_save(a->out, &m->params, a->prec, r->grads, l.kv, err);
+    if (a->lora) meta_str(&l, "lora", a->lora);
+    return sbp_grads_save(a->out, a->g.lora ? &a->g.lora->params : &m->params, a->prec, r->grads,
+                          l.kv, err);
 }
 
 int cmd_grad(int argc, char **argv) {
@@ -323,6 +337,14 @@ int cmd_grad(int argc, char **argv) {
     sbp_ledger *host_lg = a.g.device == SBP_DEVICE_CPU ? &lg : NULL;
     if (sbp_model_load(&m, a.model, a.prec, host_lg, &err)) return report_error("grad", &err);
     if (a.bf16) sbp_model_round_bf16(&m);
+    sbp_lora adapter = {0};
+    if (a.lora) {
+        if (sbp_lora_load(&adapter, a.lora, &m.cfg, a.prec, host_lg, &err)) {
+            sbp_model_free(&m, host_lg);
+            return report_error("grad", &err);
+        }
+        a.g.lora = &adapter;
+    }
     for (int i = 0; i < a.n_batches && !st; i++)
         st = sbp_batch_load_as(&b[i], a.batch[i], &m.cfg, a.g.objective.kind, a.obj.scale_rewards,
                                &err);
@@ -338,6 +360,7 @@ int cmd_grad(int argc, char **argv) {
             print_text(&a, &m, b, &r, &lg, secs);
     }
     sbp_grad_result_free(&r, &lg);
+    sbp_lora_free(&adapter, host_lg);
     for (int i = 0; i < a.n_batches; i++) sbp_batch_free(&b[i]);
     sbp_model_free(&m, host_lg);
     return st ? report_error("grad", &err) : 0;

@@ -37,6 +37,7 @@ static const char usage[] =
     "commands:\n"
     "  grad      compute the gradient of one step and write it (safetensors, HF names)\n"
     "  init      write a seeded random model directory from a config.json\n"
+    "  lora      lora init: a new LoRA adapter directory (peft's layout)\n"
     "  verify    check the schedules against each other and the float64 oracle; compare and\n"
     "            audit gradient files (verify --help)\n"
     "  plan      peak memory of a step, largest T under a budget, the paper's table\n"
@@ -60,6 +61,7 @@ int main(int argc, char **argv) {
     argv[1] = name;
     if (strcmp(cmd, "grad") == 0) return cmd_grad(argc - 1, argv + 1);
     if (strcmp(cmd, "init") == 0) return cmd_init(argc - 1, argv + 1);
+    if (strcmp(cmd, "lora") == 0) return cmd_lora(argc - 1, argv + 1);
     if (strcmp(cmd, "verify") == 0) return verify_main(argc - 1, argv + 1);
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);

@@ -40,29 +40,31 @@ const sched_row *sched_row_of(sbp_schedule s) {
 
 /* The buffers of one run of the driver. */
 typedef struct {
-    real *xs;        /* (L, B, T, C) layer inputs x_0 .. x_{L−1} */
-    real *xL;        /* (B, T, C) the last layer's output */
-    real *g;         /* (B, T, C) the hidden-state gradient, updated in place layer by layer */
-    kv_acts *kv;     /* (L·B) when every activation is kept, else (1) */
-    chunk_acts *ca;  /* the same */
-    int n_kept;      /* L·B or 1 */
+    real *xs;       /* (L, B, T, C) layer inputs x_0 .. x_{L−1} */
+    real *xL;       /* (B, T, C) the last layer's output */
+    real *g;        /* (B, T, C) the hidden-state gradient, updated in place layer by layer */
+    kv_acts *kv;    /* (L·B) when every activation is kept, else (1) */
+    chunk_acts *ca; /* the same */
+    int n_kept;     /* L·B or 1 */
     norm_block nb;
+    lora_work lw;
     chunk_grads cg;
     kv_work kvw;
 } run_bufs;
 
 /* The working set of one pass (engine.h's rule): allocated at its start, freed at its end. */
 static int pass_begin(eng *e, run_bufs *r, const sched_row *row, int c, int backward) {
-    if (!norm_block_alloc(e, &r->nb)) return 0;
-    if (!row->keep_all &&
-        (!kv_acts_alloc(e, &r->kv[0], SBP_MEM_LAYER) ||
-         !chunk_acts_alloc(e, &r->ca[0], c, SBP_MEM_LAYER)))
+    const int blk = e->blk < e->T ? e->blk : e->T; /* the K/V side's rows per call */
+    if (!norm_block_alloc(e, &r->nb) || !lora_work_alloc(e, &r->lw, c > blk ? c : blk)) return 0;
+    if (!row->keep_all && (!kv_acts_alloc(e, &r->kv[0], SBP_MEM_LAYER) ||
+                           !chunk_acts_alloc(e, &r->ca[0], c, SBP_MEM_LAYER)))
         return 0;
     return !backward || (kv_work_alloc(e, &r->kvw) && chunk_grads_alloc(e, &r->cg, c));
 }
 
 static void pass_end(eng *e, run_bufs *r, const sched_row *row) {
     norm_block_free(e, &r->nb);
+    lora_work_free(e, &r->lw);
     if (!row->keep_all) kv_acts_free(e, &r->kv[0]), chunk_acts_free(e, &r->ca[0]);
     kv_work_free(e, &r->kvw);
     chunk_grads_free(e, &r->cg);
@@ -83,7 +85,8 @@ static layer_run layer_at(eng *e, run_bufs *r, const sched_row *row, const sbp_b
                     .acts = &r->ca[k],
                     .cg = &r->cg,
                     .kvw = &r->kvw,
-                    .nb = &r->nb};
+                    .nb = &r->nb,
+                    .lw = &r->lw};
     return lr;
 }
 
@@ -92,6 +95,7 @@ static void free_bufs(eng *e, run_bufs *r) {
         kv_acts_free(e, &r->kv[i]), chunk_acts_free(e, &r->ca[i]);
     free(r->kv), free(r->ca);
     norm_block_free(e, &r->nb);
+    lora_work_free(e, &r->lw);
     kv_work_free(e, &r->kvw);
     chunk_grads_free(e, &r->cg);
     efree(e, r->g), efree(e, r->xL), efree(e, r->xs);
@@ -152,9 +156,9 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
             if (row->keep_all) kv_acts_free(e, lr.kv), chunk_acts_free(e, lr.acts);
         }
     pass_end(e, &r, row);
-    for (int bi = 0; bi < B; bi++)
-        e->ops->embedding_backward(e, e->gemb, r.g + bi * (size_t)T * e->C,
-                                   e->ids + (size_t)bi * T, T);
+    for (int bi = 0; bi < B && e->gemb; bi++) /* no gradient for a frozen embedding */
+        e->ops->embedding_backward(e, e->gemb, r.g + bi * (size_t)T * e->C, e->ids + (size_t)bi * T,
+                                   T);
     ok = 1;
 out:
     free_bufs(e, &r);
@@ -185,7 +189,8 @@ int drive_logprobs(eng *e, double *logp, const sbp_batch *b, int chunk, const he
                             .kmask = e->mask + (size_t)bi * T,
                             .kv = &kv,
                             .acts = &ca,
-                            .nb = &r.nb};
+                            .nb = &r.nb,
+                            .lw = &r.lw};
             kv_forward(e, &lr);
             for (int s = 0, end; s < T; s = end) {
                 end = s + chunk < T ? s + chunk : T;

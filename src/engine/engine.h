@@ -20,8 +20,13 @@
 #include "../streambp.h"
 #include "ops.h"
 
+/* A LoRA adapter on a projection (streambp.h): A (r, in), B (out, r); NULL without one. */
+typedef struct {
+    real *A, *B;
+} lora_ab;
+
 /* The tensors of one layer: weights, or their gradients (same layout). NULL where the family has
- * no such tensor. Backend memory. */
+ * no such tensor, and for the gradients of a frozen base model. Backend memory. */
 typedef struct {
     real *wq, *bq;         /* (Q, C), (Q) */
     real *wk, *bk;         /* (KV, C), (KV) */
@@ -32,6 +37,7 @@ typedef struct {
     real *wd;              /* (C, F) */
     real *in_norm;         /* (C) */
     real *post_norm;       /* (C) */
+    lora_ab aq, ak, av, ao, ag, au, ad; /* adapters of q, k, v, o, gate, up, down */
 } layer_p;
 
 /* Everything a run needs that does not change while it runs. */
@@ -45,6 +51,8 @@ struct eng {
     int bf16;       /* round every stored tensor to bfloat16 (ops.h) */
     int portable;   /* the numerics the table implements (the planning table needs to know) */
     int unattended; /* sbp_unattended: attention rows that see no key */
+    int lora_r;     /* the adapters' rank; 0: no adapter */
+    real lora_s;    /* their scaling, alpha/r or alpha/√r */
     sbp_ledger *lg;
     void *backend; /* the backend's state of this run (CUDA: its allocations and errors) */
     int oom;       /* set when an allocation fails; oom_what names the buffer */
@@ -111,6 +119,16 @@ typedef struct {
     real *dkpre;   /* (T, KV) (Qwen3 only) */
 } kv_work;
 
+/* Scratch of the adapters' products for up to `rows` rows (allocated only with adapters). */
+typedef struct {
+    int rows;
+    real *t, *dt; /* (rows, r) x·Aᵀ and its gradient */
+    real *z, *dz; /* (rows, max(Q, KV, C, F)) t·Bᵀ and the scaled dy */
+} lora_work;
+
+int lora_work_alloc(eng *e, lora_work *lw, int rows);
+void lora_work_free(eng *e, lora_work *lw);
+
 /* One block of input-norm rows, formed again wherever the K/V side needs it. */
 typedef struct {
     real *xn, *dxn; /* (blk, C) */
@@ -143,6 +161,7 @@ typedef struct {
     chunk_grads *cg;      /* the chunk's gradients */
     kv_work *kvw;         /* dK, dV accumulators */
     norm_block *nb;
+    lora_work *lw; /* the adapters' scratch (NULL without adapters) */
 } layer_run;
 
 void kv_forward(const eng *e, layer_run *lr);

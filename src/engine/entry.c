@@ -16,6 +16,23 @@ static real *view(real *slab, const sbp_params *ps, sbp_param_kind kind, int lay
     return off < 0 || !slab ? NULL : slab + off;
 }
 
+/* The adapter of projection kind in layer l (lora_A, lora_B views), from an adapter table. */
+static lora_ab adapter(real *slab, const sbp_params *ps, sbp_param_kind kind, int l) {
+    lora_ab ab = {NULL, NULL};
+    if (!slab || !ps) return ab;
+    const int64_t a = sbp_params_offset_lora(ps, kind, l, 1),
+                  b = sbp_params_offset_lora(ps, kind, l, 2);
+    if (a >= 0 && b >= 0) ab.A = slab + a, ab.B = slab + b;
+    return ab;
+}
+
+static void adapter_views(layer_p *lp, real *slab, const sbp_params *ps, int l) {
+    lp->aq = adapter(slab, ps, SBP_P_Q, l), lp->ak = adapter(slab, ps, SBP_P_K, l);
+    lp->av = adapter(slab, ps, SBP_P_V, l), lp->ao = adapter(slab, ps, SBP_P_O, l);
+    lp->ag = adapter(slab, ps, SBP_P_GATE, l), lp->au = adapter(slab, ps, SBP_P_UP, l);
+    lp->ad = adapter(slab, ps, SBP_P_DOWN, l);
+}
+
 static void layer_views(layer_p *lp, real *slab, const sbp_params *ps, int l) {
     lp->wq = view(slab, ps, SBP_P_Q, l), lp->bq = view(slab, ps, SBP_P_QB, l);
     lp->wk = view(slab, ps, SBP_P_K, l), lp->bk = view(slab, ps, SBP_P_KB, l);
@@ -67,38 +84,49 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
              .bf16 = o->emulate_bf16,
              .portable = o->numerics == SBP_NUMERICS_PORTABLE,
              .unattended = o->unattended,
+             .lora_r = o->lora ? o->lora->cfg.r : 0,
+             .lora_s = o->lora ? (real)sbp_lora_scaling(&o->lora->cfg) : 0,
              .lg = lg};
     const sbp_ops *op = e.ops;
-    const size_t BT = (size_t)b->B * b->T, n_params = (size_t)m->params.total;
+    const sbp_params *gps = o->lora ? &o->lora->params : &m->params; /* what the grads hold */
+    const size_t BT = (size_t)b->B * b->T, n_params = (size_t)gps->total;
     const size_t slab = (size_t)e.elem_bytes * n_params;
+    const size_t wslab = (size_t)e.elem_bytes * (size_t)m->params.total;
     char msg[640] = "";
-    if (!op->begin(&e, msg, sizeof msg))
-        return sbp_fail(err, SBP_EUSAGE, "%s: %s", op->name, msg);
+    if (!op->begin(&e, msg, sizeof msg)) return sbp_fail(err, SBP_EUSAGE, "%s: %s", op->name, msg);
     int32_t *h_tgt = targets(b);
     /* the model, the gradients and the batch on the backend */
-    real *w = op->mirror(&e, SBP_MEM_WEIGHTS, m->w, slab, "weights");
+    real *w = op->mirror(&e, SBP_MEM_WEIGHTS, m->w, wslab, "weights");
+    real *aw = o->lora ? op->mirror(&e, SBP_MEM_WEIGHTS, o->lora->w, slab, "adapter") : NULL;
     real *g = grads ? op->mirror(&e, SBP_MEM_GRADS, grads, slab, "gradients") : NULL;
     e.ids = op->mirror(&e, SBP_MEM_LOGITS, b->ids, sizeof(int32_t) * BT, "input ids");
     e.mask = op->mirror(&e, SBP_MEM_LOGITS, b->mask, BT, "attention mask");
     e.tgt = h_tgt ? op->mirror(&e, SBP_MEM_LOGITS, h_tgt, sizeof(int32_t) * BT, "targets") : NULL;
-    double *logp = o->logp_out ? op->mirror(&e, SBP_MEM_LOGITS, o->logp_out, sizeof(double) * BT,
-                                            "log-probs")
-                               : NULL;
-    layer_p *lw = calloc((size_t)c->layers, sizeof *lw), *lgv = calloc((size_t)c->layers, sizeof *lgv);
+    double *logp =
+        o->logp_out ? op->mirror(&e, SBP_MEM_LOGITS, o->logp_out, sizeof(double) * BT, "log-probs")
+                    : NULL;
+    layer_p *lw = calloc((size_t)c->layers, sizeof *lw),
+            *lgv = calloc((size_t)c->layers, sizeof *lgv);
     real *cos_t = NULL, *sin_t = NULL;
     int ok = 0;
     if (!h_tgt || !lw || !lgv) e.oom = 1;
     if (e.oom) goto out;
+    /* with adapters the base model is frozen: its gradient views stay NULL */
+    real *gbase = o->lora ? NULL : g;
     for (int l = 0; l < c->layers; l++) {
         layer_views(&lw[l], w, &m->params, l);
-        layer_views(&lgv[l], g, &m->params, l);
+        layer_views(&lgv[l], gbase, &m->params, l);
+        if (o->lora) {
+            adapter_views(&lw[l], aw, &o->lora->params, l);
+            adapter_views(&lgv[l], g, &o->lora->params, l);
+        }
     }
     e.w = lw, e.g = lgv;
-    e.emb = view(w, &m->params, SBP_P_EMBED, -1), e.gemb = view(g, &m->params, SBP_P_EMBED, -1);
+    e.emb = view(w, &m->params, SBP_P_EMBED, -1), e.gemb = view(gbase, &m->params, SBP_P_EMBED, -1);
     e.fnorm = view(w, &m->params, SBP_P_FINAL_NORM, -1);
-    e.gfnorm = view(g, &m->params, SBP_P_FINAL_NORM, -1);
+    e.gfnorm = view(gbase, &m->params, SBP_P_FINAL_NORM, -1);
     e.head = c->tied ? e.emb : view(w, &m->params, SBP_P_LM_HEAD, -1);
-    e.ghead = c->tied ? e.gemb : view(g, &m->params, SBP_P_LM_HEAD, -1);
+    e.ghead = c->tied ? e.gemb : view(gbase, &m->params, SBP_P_LM_HEAD, -1);
 
     e.ws = ealloc(&e, SBP_MEM_LAYER, op->workspace(&e), "product workspace");
     const size_t half = (size_t)b->T * (c->head_dim / 2);
@@ -129,10 +157,10 @@ out:
     if (e.mask) op->unmirror(&e, (void *)e.mask, b->mask);
     if (e.ids) op->unmirror(&e, (void *)e.ids, b->ids);
     if (g) op->unmirror(&e, g, grads);
+    if (aw) op->unmirror(&e, aw, o->lora->w);
     if (w) op->unmirror(&e, w, m->w);
     free(h_tgt);
-    if (!op->end(&e, msg, sizeof msg))
-        return sbp_fail(err, SBP_EIO, "%s: %s", op->name, msg);
+    if (!op->end(&e, msg, sizeof msg)) return sbp_fail(err, SBP_EIO, "%s: %s", op->name, msg);
     if (!ok)
         return sbp_fail(err, SBP_ENOMEM, "out of memory allocating the %s (%s schedule, T = %d)",
                         e.oom_what[0] ? e.oom_what : "engine's tables",

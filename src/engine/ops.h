@@ -56,18 +56,20 @@ typedef struct sbp_ops {
     void (*copy)(const eng *e, real *y, const real *x, size_t n);
     void (*add)(const eng *e, real *y, const real *a, const real *b, size_t n); /* y = a + b */
     void (*scale)(const eng *e, real *x, real a, size_t n);                     /* x = x·a */
+    void (*axpy)(const eng *e, real *y, real a, const real *x, size_t n); /* y = y + x·a */
     void (*store)(const eng *e, real *x, size_t n); /* round to the storage precision */
 
     /* ---- the kernel pairs of kernels.h (shapes there) ---- */
     void (*rope_table)(const eng *e, real *cos, real *sin); /* (T, HD/2) each */
     void (*linear_forward)(const eng *e, real *y, const real *x, const real *w, const real *b,
                            int s, int end, int N, int K);
+    /* dx, dw, db may each be NULL (a frozen weight has no gradient) */
     void (*linear_backward)(const eng *e, real *dx, real *dw, real *db, const real *dy,
                             const real *x, const real *w, int s, int end, int N, int K);
     void (*rmsnorm_forward)(const eng *e, real *out, real *rstd, const real *x, const real *w,
                             int M, int C);
-    void (*rmsnorm_backward)(const eng *e, real *dx, real *dw, const real *dout, const real *x,
-                             const real *rstd, const real *w, int M, int C);
+    void (*rmsnorm_backward)(const eng *e, real *dx, real *dw /* or NULL */, const real *dout,
+                             const real *x, const real *rstd, const real *w, int M, int C);
     void (*rope_forward)(const eng *e, real *x, int s, int M, int H);
     void (*rope_backward)(const eng *e, real *dx, int s, int M, int H);
     void (*attention_forward)(const eng *e, real *o, real *lse, const real *q, const real *k,

@@ -110,3 +110,26 @@ sbp_status sbp_write_atomic(const char *path, const void *data, size_t n, sbp_er
     if ((st = sbp_outfile_write(&o, data, n, err))) return st;
     return sbp_outfile_commit(&o, err);
 }
+
+/* mkdir -p */
+sbp_status sbp_make_dirs(const char *dir, sbp_err *err) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return sbp_fail(err, SBP_EUSAGE, "directory name too long");
+    for (char *p = path + 1;; p++) {
+        int last = *p == '\0';
+        if (*p != '/' && !last) continue;
+        *p = '\0';
+        struct stat sb;
+        if (stat(path, &sb) != 0) {
+            if (mkdir(path, 0755) != 0 && errno != EEXIST)
+                return sbp_fail(err, SBP_EIO, "%s: cannot create directory: %s", path,
+                                strerror(errno));
+        } else if (!S_ISDIR(sb.st_mode)) {
+            return sbp_fail(err, SBP_EIO, "%s: exists and is not a directory", path);
+        }
+        if (last) return SBP_OK;
+        *p = '/';
+    }
+}
+

@@ -25,4 +25,7 @@ void sbp_outfile_abort(sbp_outfile *o);
 
 sbp_status sbp_write_atomic(const char *path, const void *data, size_t n, sbp_err *err);
 
+/* mkdir -p: dir and its missing parents. */
+sbp_status sbp_make_dirs(const char *dir, sbp_err *err);
+
 #endif

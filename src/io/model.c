@@ -196,30 +196,8 @@ void sbp_model_free(sbp_model *m, sbp_ledger *lg) {
     memset(m, 0, sizeof *m);
 }
 
-/* mkdir -p */
-static sbp_status make_dirs(const char *dir, sbp_err *err) {
-    char path[PATH_MAX_LEN];
-    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
-        return sbp_fail(err, SBP_EUSAGE, "directory name too long");
-    for (char *p = path + 1;; p++) {
-        int last = *p == '\0';
-        if (*p != '/' && !last) continue;
-        *p = '\0';
-        struct stat sb;
-        if (stat(path, &sb) != 0) {
-            if (mkdir(path, 0755) != 0 && errno != EEXIST)
-                return sbp_fail(err, SBP_EIO, "%s: cannot create directory: %s", path,
-                                strerror(errno));
-        } else if (!S_ISDIR(sb.st_mode)) {
-            return sbp_fail(err, SBP_EIO, "%s: exists and is not a directory", path);
-        }
-        if (last) return SBP_OK;
-        *p = '/';
-    }
-}
-
 sbp_status sbp_model_init(const sbp_config *cfg, uint64_t seed, const char *dir, sbp_err *err) {
-    sbp_status st0 = make_dirs(dir, err);
+    sbp_status st0 = sbp_make_dirs(dir, err);
     if (st0) return st0;
     sbp_params ps;
     sbp_status st = sbp_params_build(&ps, cfg, err);

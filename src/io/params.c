@@ -70,7 +70,12 @@ int sbp_params_find(const sbp_params *ps, const char *name) {
 }
 
 int64_t sbp_params_offset(const sbp_params *ps, sbp_param_kind kind, int layer) {
+    return sbp_params_offset_lora(ps, kind, layer, 0);
+}
+
+int64_t sbp_params_offset_lora(const sbp_params *ps, sbp_param_kind kind, int layer, int lora) {
     for (int i = 0; i < ps->n; i++)
-        if (ps->p[i].kind == kind && ps->p[i].layer == layer) return ps->p[i].offset;
+        if (ps->p[i].kind == kind && ps->p[i].layer == layer && ps->p[i].lora == lora)
+            return ps->p[i].offset;
     return -1;
 }

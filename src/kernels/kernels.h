@@ -48,7 +48,7 @@ void linear_forward(real *y,       /* (e-s, N) */
                     int s, int e, int N, int K);
 /* dx += dy·W (chains over N), dw += dyᵀ·x and db += Σ_rows dy (chains over the rows, in
  * ascending order, continuing from what dw and db hold: calls over consecutive row ranges give
- * the same bits as one call over their union). */
+ * the same bits as one call over their union). dx, dw, db may each be NULL. */
 void linear_backward(real *dx,       /* (e-s, K) or NULL */
                      real *dw,       /* (N, K) */
                      real *db,       /* (N) or NULL */
@@ -72,7 +72,7 @@ void rmsnorm_forward(real *out,     /* (M, C) */
                      const real *w, /* (C) */
                      int M, int C, double eps);
 void rmsnorm_backward(real *dx,         /* (M, C) += */
-                      real *dw,         /* (C) += , a chain over the rows */
+                      real *dw,         /* (C) += , a chain over the rows; or NULL */
                       const real *dout, /* (M, C) */
                       const real *x,    /* (M, C) */
                       const real *rstd, /* (M) */

@@ -23,7 +23,7 @@ void linear_backward(real *dx, real *dw, real *db, real *ws, const real *dy, con
                      const real *w, int s, int e, int N, int K) {
     const int M = e - s;
     /* dW(n, k) += Σ_t dy(t, n)·x(t, k): a(n, t) = dy[t·N + n], b(t, k) = x[t·K + k] */
-    pgemm(dw, (size_t)K, ws, dy, 1, (size_t)N, x, (size_t)K, 1, N, K, M);
+    if (dw) pgemm(dw, (size_t)K, ws, dy, 1, (size_t)N, x, (size_t)K, 1, N, K, M);
     /* dx(t, k) += Σ_n dy(t, n)·w(n, k) */
     if (dx) pgemm(dx, (size_t)K, ws, dy, (size_t)N, 1, w, (size_t)K, 1, M, K, N);
     if (!db) return;

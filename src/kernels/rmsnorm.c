@@ -36,6 +36,7 @@ void rmsnorm_backward(real *dx, real *dw, const real *dout, const real *x, const
             for (int c = 0; c < C; c++) dx_r[c] = dx_r[c] + rs * (g[c] - xh[c] * m);
         }
     }
+    if (!dw) return; /* a frozen weight */
     /* dw: threads own column ranges; rows ascending within each column */
 #pragma omp parallel if ((size_t)M * C > 65536)
     {

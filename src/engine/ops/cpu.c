@@ -79,6 +79,11 @@ static void cpu_add(const eng *e, real *y, const real *a, const real *b, size_t 
     store(e, y, n);
 }
 
+static void cpu_axpy(const eng *e, real *y, real a, const real *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] = y[i] + x[i] * a;
+    store(e, y, n);
+}
+
 /* not rounded: HF scales the logits after upcasting them to float */
 static void cpu_scale(const eng *e, real *x, real a, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = x[i] * a;
@@ -211,7 +216,7 @@ static void cpu_logprob_backward(const eng *e, real *logits, const double *coef,
 #define CPU_COMMON                                                                                 \
     .begin = sbp_cpu_begin, .end = sbp_cpu_end, .alloc = sbp_cpu_alloc, .free = sbp_cpu_free,      \
     .mirror = sbp_cpu_mirror, .unmirror = sbp_cpu_unmirror, .download = cpu_move,                  \
-    .upload = cpu_move, .zero = cpu_zero, .copy = cpu_copy, .add = cpu_add, .scale = cpu_scale,    \
+    .upload = cpu_move, .zero = cpu_zero, .copy = cpu_copy, .add = cpu_add, .scale = cpu_scale, .axpy = cpu_axpy,    \
     .store = store, .rope_table = cpu_rope_table, .rmsnorm_forward = cpu_rmsnorm_forward,          \
     .rmsnorm_backward = cpu_rmsnorm_backward, .rope_forward = cpu_rope_forward,                    \
     .rope_backward = cpu_rope_backward, .swiglu_forward = cpu_swiglu_forward,                      \

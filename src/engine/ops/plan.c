@@ -9,6 +9,7 @@ static void no_x(const eng *e, real *x, size_t n) {}
 static void no_copy(const eng *e, real *y, const real *x, size_t n) {}
 static void no_add(const eng *e, real *y, const real *a, const real *b, size_t n) {}
 static void no_scale(const eng *e, real *x, real a, size_t n) {}
+static void no_axpy(const eng *e, real *y, real a, const real *x, size_t n) {}
 static void no_table(const eng *e, real *cos, real *sin) {}
 static void no_linear_forward(const eng *e, real *y, const real *x, const real *w, const real *b,
                               int s, int end, int N, int K) {}
@@ -51,6 +52,7 @@ const sbp_ops sbp_ops_plan = {
     .copy = no_copy,
     .add = no_add,
     .scale = no_scale,
+    .axpy = no_axpy,
     .store = no_x,
     .rope_table = no_table,
     .linear_forward = no_linear_forward,

@@ -102,6 +102,26 @@ void kv_work_free(eng *e, kv_work *d) {
     memset(d, 0, sizeof *d);
 }
 
+int lora_work_alloc(eng *e, lora_work *lw, int rows) {
+    memset(lw, 0, sizeof *lw);
+    if (!e->lora_r) return 1;
+    int n = e->Q > e->KV ? e->Q : e->KV;
+    n = n > e->C ? n : e->C;
+    n = n > e->F ? n : e->F;
+    lw->rows = rows;
+    lw->t = ealloc(e, SBP_MEM_LAYER, (size_t)rows * e->lora_r, "adapter activation x·Aᵀ");
+    lw->dt = ealloc(e, SBP_MEM_LAYER, (size_t)rows * e->lora_r, "adapter activation gradient");
+    lw->z = ealloc(e, SBP_MEM_LAYER, (size_t)rows * n, "adapter output");
+    lw->dz = ealloc(e, SBP_MEM_LAYER, (size_t)rows * n, "adapter output gradient");
+    if (e->oom) lora_work_free(e, lw);
+    return !e->oom;
+}
+
+void lora_work_free(eng *e, lora_work *lw) {
+    efree(e, lw->t), efree(e, lw->dt), efree(e, lw->z), efree(e, lw->dz);
+    memset(lw, 0, sizeof *lw);
+}
+
 int norm_block_alloc(eng *e, norm_block *nb) {
     const size_t b = (size_t)(e->blk < e->T ? e->blk : e->T);
     memset(nb, 0, sizeof *nb);

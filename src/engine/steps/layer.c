@@ -32,6 +32,37 @@ static chunk_acts rows_from(const eng *e, const chunk_acts *a, int s) {
     return v;
 }
 
+/* ---- a projection, with or without a LoRA adapter --------------------------------------------
+ * y = x·Wᵀ (+ b), and with an adapter y ← y + (t·Bᵀ)·s, t = x·Aᵀ (peft: base + lora_B(lora_A(x))
+ * · scaling). The backward: dx += dy·W (dW, db only when the weight is not frozen), then with an
+ * adapter dz = dy·s, dt = dz·B (dB += dzᵀ·t), dx += dt·A (dA += dtᵀ·x), t recomputed. The same
+ * calls in the same order in every schedule. */
+
+static void proj_forward(const eng *e, const lora_work *lw, real *y, const real *x, const real *w,
+                         const real *b, const lora_ab *ad, int s, int end, int N, int K) {
+    const sbp_ops *op = e->ops;
+    op->linear_forward(e, y, x, w, b, s, end, N, K);
+    if (!ad->A) return;
+    op->linear_forward(e, lw->t, x, ad->A, NULL, s, end, e->lora_r, K);
+    op->linear_forward(e, lw->z, lw->t, ad->B, NULL, s, end, N, e->lora_r);
+    op->axpy(e, y, e->lora_s, lw->z, (size_t)(end - s) * N);
+}
+
+static void proj_backward(const eng *e, const lora_work *lw, real *dx, real *dw, real *db,
+                          lora_ab *gad, const real *dy, const real *x, const real *w,
+                          const lora_ab *ad, int s, int end, int N, int K) {
+    const sbp_ops *op = e->ops;
+    const int M = end - s, r = e->lora_r;
+    op->linear_backward(e, dx, dw, db, dy, x, w, s, end, N, K);
+    if (!ad->A) return;
+    op->linear_forward(e, lw->t, x, ad->A, NULL, s, end, r, K);
+    op->copy(e, lw->dz, dy, (size_t)M * N);
+    op->scale(e, lw->dz, e->lora_s, (size_t)M * N);
+    op->zero(e, lw->dt, (size_t)M * r);
+    op->linear_backward(e, lw->dt, gad->B, NULL, lw->dz, lw->t, ad->B, s, end, N, r);
+    op->linear_backward(e, dx, gad->A, NULL, lw->dt, x, ad->A, s, end, r, K);
+}
+
 /* ---- forward --------------------------------------------------------------------------------- */
 
 void kv_forward(const eng *e, layer_run *lr) {
@@ -44,8 +75,9 @@ void kv_forward(const eng *e, layer_run *lr) {
     for (int b0 = 0, b1; b0 < T; b0 = b1) { /* xn = rmsnorm(x, w_in), a block at a time */
         b1 = block_end(b0, T, e->blk);
         op->rmsnorm_forward(e, nb->xn, nb->rstd, lr->x + (size_t)b0 * C, w->in_norm, b1 - b0, C);
-        op->linear_forward(e, k + (size_t)b0 * KV, nb->xn, w->wk, w->bk, b0, b1, KV, C);
-        op->linear_forward(e, a->v + (size_t)b0 * KV, nb->xn, w->wv, w->bv, b0, b1, KV, C);
+        proj_forward(e, lr->lw, k + (size_t)b0 * KV, nb->xn, w->wk, w->bk, &w->ak, b0, b1, KV, C);
+        proj_forward(e, lr->lw, a->v + (size_t)b0 * KV, nb->xn, w->wv, w->bv, &w->av, b0, b1, KV,
+                     C);
     }
     if (a->kpre) op->rmsnorm_forward(e, a->k, a->krstd, a->kpre, w->k_norm, T * e->NKV, e->HD);
     op->rope_forward(e, a->k, 0, T, e->NKV);
@@ -60,21 +92,21 @@ void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
     const chunk_acts a = rows_from(e, lr->acts, s);
     op->rmsnorm_forward(e, a.xn, a.rstd1, x, w->in_norm, M, C);
     real *q = a.qpre ? a.qpre : a.q;
-    op->linear_forward(e, q, a.xn, w->wq, w->bq, s, end, Q, C);
+    proj_forward(e, lr->lw, q, a.xn, w->wq, w->bq, &w->aq, s, end, Q, C);
     if (a.qpre) op->rmsnorm_forward(e, a.q, a.qrstd, a.qpre, w->q_norm, M * e->NH, e->HD);
     op->rope_forward(e, a.q, s, M, e->NH);
     op->attention_forward(e, a.o, a.lse, a.q, lr->kv->k, lr->kv->v, lr->kmask, s, M);
     /* x2 = x + o·Woᵀ */
-    op->linear_forward(e, a.x2, a.o, w->wo, NULL, s, end, C, Q);
+    proj_forward(e, lr->lw, a.x2, a.o, w->wo, NULL, &w->ao, s, end, C, Q);
     op->add(e, a.x2, x, a.x2, MC);
     op->rmsnorm_forward(e, a.xn2, a.rstd2, a.x2, w->post_norm, M, C);
-    op->linear_forward(e, a.g, a.xn2, w->wg, NULL, s, end, F, C);
-    op->linear_forward(e, a.u, a.xn2, w->wu, NULL, s, end, F, C);
+    proj_forward(e, lr->lw, a.g, a.xn2, w->wg, NULL, &w->ag, s, end, F, C);
+    proj_forward(e, lr->lw, a.u, a.xn2, w->wu, NULL, &w->au, s, end, F, C);
     op->swiglu_forward(e, a.h, a.g, a.u, (size_t)M * F);
     if (!lr->y) return; /* a recompute needs the activations, not the output */
     /* y = x2 + h·Wdᵀ */
     real *y = lr->y + (size_t)s * C;
-    op->linear_forward(e, y, a.h, w->wd, NULL, s, end, C, F);
+    proj_forward(e, lr->lw, y, a.h, w->wd, NULL, &w->ad, s, end, C, F);
     op->add(e, y, a.x2, y, MC);
 }
 
@@ -102,17 +134,20 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     if (d->dqpre) op->zero(e, d->dqpre, MQ);
     /* y = x2 + h·Wdᵀ: dx2 = dy, dh = dy·Wd (the last reads of dy: dx is dy) */
     op->copy(e, d->dx2, dx, MC);
-    op->linear_backward(e, d->dh, gw->wd, NULL, dx, a.h, w->wd, s, end, C, F);
+    proj_backward(e, lr->lw, d->dh, gw->wd, NULL, &gw->ad, dx, a.h, w->wd, &w->ad, s, end, C, F);
     /* h = silu(g) ⊙ u */
     op->swiglu_backward(e, d->dg, d->du, d->dh, a.g, a.u, MF);
     /* g = xn2·Wgᵀ, u = xn2·Wuᵀ */
-    op->linear_backward(e, d->dxn2, gw->wg, NULL, d->dg, a.xn2, w->wg, s, end, F, C);
-    op->linear_backward(e, d->dxn2, gw->wu, NULL, d->du, a.xn2, w->wu, s, end, F, C);
+    proj_backward(e, lr->lw, d->dxn2, gw->wg, NULL, &gw->ag, d->dg, a.xn2, w->wg, &w->ag, s, end, F,
+                  C);
+    proj_backward(e, lr->lw, d->dxn2, gw->wu, NULL, &gw->au, d->du, a.xn2, w->wu, &w->au, s, end, F,
+                  C);
     /* xn2 = rmsnorm(x2, w_post) */
     op->rmsnorm_backward(e, d->dx2, gw->post_norm, d->dxn2, a.x2, a.rstd2, w->post_norm, M, C);
     /* x2 = x + o·Woᵀ: the residual path is dx's first term, and dO */
     op->copy(e, dx, d->dx2, MC);
-    op->linear_backward(e, d->dout, gw->wo, NULL, d->dx2, a.o, w->wo, s, end, C, Q);
+    proj_backward(e, lr->lw, d->dout, gw->wo, NULL, &gw->ao, d->dx2, a.o, w->wo, &w->ao, s, end, C,
+                  Q);
     /* o = attention(q, K, V) */
     op->attention_backward(e, d->dq, lr->kvw->dk, lr->kvw->dv, d->dsum, d->dout, a.o, a.lse, a.q,
                            lr->kv->k, lr->kv->v, lr->kmask, s, M);
@@ -120,12 +155,13 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     op->rope_backward(e, d->dq, s, M, e->NH);
     real *dqpre = d->dq;
     if (a.qpre) {
-        op->rmsnorm_backward(e, d->dqpre, gw->q_norm, d->dq, a.qpre, a.qrstd, w->q_norm,
-                             M * e->NH, e->HD);
+        op->rmsnorm_backward(e, d->dqpre, gw->q_norm, d->dq, a.qpre, a.qrstd, w->q_norm, M * e->NH,
+                             e->HD);
         dqpre = d->dqpre;
     }
     /* qpre = xn·Wqᵀ + bq, xn = rmsnorm(x, w_in): the query path into dx */
-    op->linear_backward(e, d->dxn, gw->wq, gw->bq, dqpre, a.xn, w->wq, s, end, Q, C);
+    proj_backward(e, lr->lw, d->dxn, gw->wq, gw->bq, &gw->aq, dqpre, a.xn, w->wq, &w->aq, s, end, Q,
+                  C);
     op->rmsnorm_backward(e, dx, gw->in_norm, d->dxn, x, a.rstd1, w->in_norm, M, C);
 }
 
@@ -157,10 +193,10 @@ void kv_backward(const eng *e, layer_run *lr) {
         const real *x_b = lr->x + (size_t)b0 * C;
         op->rmsnorm_forward(e, nb->xn, nb->rstd, x_b, w->in_norm, b1 - b0, C);
         op->zero(e, nb->dxn, n);
-        op->linear_backward(e, nb->dxn, gw->wk, gw->bk, dkpre + (size_t)b0 * KV, nb->xn, w->wk, b0,
-                            b1, KV, C);
-        op->linear_backward(e, nb->dxn, gw->wv, gw->bv, kvw->dv + (size_t)b0 * KV, nb->xn, w->wv,
-                            b0, b1, KV, C);
+        proj_backward(e, lr->lw, nb->dxn, gw->wk, gw->bk, &gw->ak, dkpre + (size_t)b0 * KV, nb->xn,
+                      w->wk, &w->ak, b0, b1, KV, C);
+        proj_backward(e, lr->lw, nb->dxn, gw->wv, gw->bv, &gw->av, kvw->dv + (size_t)b0 * KV,
+                      nb->xn, w->wv, &w->av, b0, b1, KV, C);
         op->rmsnorm_backward(e, lr->dx + (size_t)b0 * C, gw->in_norm, nb->dxn, x_b, nb->rstd,
                              w->in_norm, b1 - b0, C);
     }

@@ -28,7 +28,9 @@ void blas_linear_backward(real *dx, real *dw, real *db, const real *dy, const re
         r1 = block_end(r0, e, blk);
         const real *dy_r = dy + (size_t)(r0 - s) * N, *x_r = x + (size_t)(r0 - s) * K;
         /* dW += dy_rᵀ·x_r: a sum over the block's tokens */
-        gemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, r1 - r0, 1, dy_r, N, x_r, K, 1, dw, K);
+        if (dw)
+            gemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, r1 - r0, 1, dy_r, N, x_r, K, 1, dw,
+                 K);
         /* dx_r += dy_r·W */
         if (dx)
             gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, K, N, 1, dy_r, N, w, K, 1,
