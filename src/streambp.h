@@ -142,6 +142,8 @@ typedef enum {
     SBP_MEM_ACTIVATIONS, /* activations kept by full BP */
     SBP_MEM_LAYER,       /* the working set of the layer being processed */
     SBP_MEM_LOGITS,      /* logits and their gradient */
+    SBP_MEM_BATCH,       /* the batch's host arrays (ids, labels, mask, per-row and per-token
+                          * log-probs and advantages), charged by sbp_grad for its duration */
     SBP_MEM_NCATS
 } sbp_mem_cat;
 
@@ -219,6 +221,9 @@ sbp_status sbp_batch_load(sbp_batch *b, const char *path, const sbp_config *cfg,
 sbp_status sbp_batch_load_as(sbp_batch *b, const char *path, const sbp_config *cfg,
                              sbp_objective_kind kind, int scale_rewards, sbp_err *err);
 void sbp_batch_free(sbp_batch *b);
+/* Bytes of host memory the batch's arrays hold: ids, labels and mask, and whichever of the
+ * objective's per-row and per-token arrays it has (what sbp_grad charges to SBP_MEM_BATCH). */
+int64_t sbp_batch_bytes(const sbp_batch *b);
 /* Sets n_targets and n_pad_targets from labels and mask (the loaders do this); call it after
  * building or editing a batch in memory. */
 void sbp_batch_count_targets(sbp_batch *b);
@@ -409,13 +414,22 @@ sbp_status sbp_grads_save(const char *path, const sbp_params *ps, sbp_precision 
  * planning ledger and every arithmetic step skipped. */
 
 typedef struct {
-    sbp_grad_opts grad; /* schedule, block, chunk, logit chunk, chunked logits */
-    int B, T;
-    int storage_bytes; /* bytes per stored element: 4 (fp32) or 2 (bf16); 0 = 4 */
-    int optimizer;     /* also charge AdamW's two fp32 moments per parameter */
+    sbp_grad_opts grad;   /* schedule, block, chunk, logit chunk, chunked logits, and the
+                           * objective (its kind sets the batch's shape); grad.lora is not read */
+    int B;                /* SFT: rows; DPO: pairs (2B rows, chosen then rejected); GRPO: rows
+                           * (a group of G = B completions) */
+    int T;                /* tokens per row */
+    int storage_bytes;    /* bytes per stored element: 4 (fp32) or 2 (bf16); 0 = 4 */
+    int optimizer;        /* also charge AdamW's two fp32 moments per trainable parameter */
+    sbp_lora_config lora; /* r > 0: a LoRA adapter of this rank on these targets is trained:
+                           * the base is frozen (its weights, no gradients), the adapter's
+                           * weights, gradients (and moments) are charged; alpha is not read */
 } sbp_plan_opts;
 
-/* Fills lg (zeroed first) with the ledger of one step of model cfg. */
+/* Fills lg (zeroed first) with the ledger of one step of model cfg: the weights (and adapter),
+ * the gradients of what is trained, the moments when asked, the batch's host arrays of the
+ * objective's shape (sbp_batch_bytes), and every buffer the engine allocates for that
+ * objective (DPO's first-pass log-probs included). */
 sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *o, sbp_err *err);
 
 /* Checks before any work is spent that an output file can be created at path: it must not be a
@@ -439,8 +453,8 @@ void sbp_set_threads(int n);
 /* =============================================================================================
  * Training (src/train): AdamW, gradient clipping, learning-rate schedules, data sources and
  * checkpoints, used by `streambp train`. The optimizer and the clipping work on any trainable
- * slab — a pointer, an element count and a precision — so that the full weights today and LoRA
- * adapters later are trained by the same code. */
+ * slab — a pointer, an element count and a precision — so that the full weights and LoRA
+ * adapters are trained by the same code. */
 
 /* ---- AdamW: torch.optim.AdamW (decoupled weight decay, bias correction), single-tensor
  * implementation, in torch 2.x's operation order (src/train/adamw.c quotes it). The moments have
@@ -577,10 +591,12 @@ typedef struct {
 } sbp_step_result;
 
 /* Gradient of the micro-batches (sbp_grad_batches), clipping to max_grad_norm (0: none), one
- * AdamW step of the model's weights at learning rate lr. The gradient slab lives only inside. */
-sbp_status sbp_train_step(sbp_step_result *r, sbp_model *m, sbp_adamw *a, const sbp_batch *b, int n,
-                          const sbp_grad_opts *g, double lr, double max_grad_norm, sbp_ledger *lg,
-                          sbp_err *err);
+ * AdamW step at learning rate lr of the trainable slab: the model's weights, or with an adapter
+ * (lora non-NULL; g->lora is not read) the adapter's tensors, the model frozen. The optimizer
+ * must have been initialised for that slab. The gradient slab lives only inside. */
+sbp_status sbp_train_step(sbp_step_result *r, sbp_model *m, sbp_lora *lora, sbp_adamw *a,
+                          const sbp_batch *b, int n, const sbp_grad_opts *g, double lr,
+                          double max_grad_norm, sbp_ledger *lg, sbp_err *err);
 
 /* A 64-bit hash of bytes, continuing from h (start with 0), for recognising a run's model and
  * data again; not cryptographic. */

@@ -61,6 +61,95 @@ START_TEST(plan_equals_measured) {
 }
 END_TEST
 
+/* The same for LoRA adapters, DPO and GRPO, and a whole training step: _i: family (_i % 3),
+ * objective (_i / 3 % 3), full weights or an adapter (_i / 9 % 2). Every schedule and chunked
+ * logits; the training step (AdamW's moments, the gradient freed inside the step) on odd _i,
+ * portable numerics on _i >= 9. The measured side is the library as a user runs it: the model and
+ * the adapter loaded from directories, the batch from its file, sbp_grad or sbp_train_step. */
+START_TEST(plan_equals_measured_objectives_lora) {
+    static const char *families[] = {"qwen3-tiny", "qwen2-tiny", "llama3-tiny"};
+    static const char *batches[] = {"data/batches/sft-demo.safetensors",
+                                    "data/batches/dpo-tiny.safetensors",
+                                    "data/batches/grpo-tiny.safetensors"};
+    static const char *targets[] = {"all-linear", "q_proj,v_proj", "k_proj,o_proj,down_proj"};
+    const char *family = families[_i % 3];
+    const sbp_objective_kind kind = (sbp_objective_kind)(_i / 3 % 3);
+    const int lora = _i / 9 % 2, train = _i % 2;
+    const sbp_numerics num = _i >= 9 ? SBP_NUMERICS_PORTABLE : SBP_NUMERICS_FAST;
+    const char *adir = tu_path("plan-adapter-%d", _i);
+    if (lora)
+        ck_assert_msg(tu_sh("%s lora init --model %s --out %s --r %d --alpha 8 --targets %s",
+                            tu_bin(), tu_model(family, 1), adir, 2 + _i % 5, targets[_i % 3]) == 0,
+                      "%s", tu_last_output());
+    sbp_objective obj = {.kind = kind,
+                         .beta = kind == SBP_OBJ_DPO ? 0.1 : 0.04,
+                         .epsilon_low = 0.2,
+                         .epsilon_high = 0.2};
+    for (int k = 0; k < 4; k++) {
+        const sbp_schedule s = (sbp_schedule)(k < 3 ? k : SBP_CKPT);
+        sbp_ledger real = {0}, plan;
+        sbp_model m;
+        sbp_batch b;
+        sbp_lora a = {0};
+        sbp_err err = {0};
+        if (sbp_model_load(&m, tu_model(family, 1), SBP_FP32, &real, &err))
+            ck_abort_msg("%s", err.msg);
+        if (lora && sbp_lora_load(&a, adir, &m.cfg, SBP_FP32, &real, &err))
+            ck_abort_msg("%s", err.msg);
+        if (sbp_batch_load_as(&b, batches[kind], &m.cfg, kind, 1, &err))
+            ck_abort_msg("%s", err.msg);
+        sbp_grad_opts o = {.schedule = s,
+                           .block = 8,
+                           .chunk = 16,
+                           .logit_chunk = 8,
+                           .chunked_logits = k == 3,
+                           .numerics = num,
+                           .objective = obj,
+                           .lora = lora ? &a : NULL};
+        sbp_adamw opt = {0};
+        const sbp_adamw_opts ao = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+        if (train) {
+            if (sbp_adamw_init(&opt, &ao, SBP_FP32, lora ? a.params.total : m.params.total, &real,
+                               &err))
+                ck_abort_msg("%s", err.msg);
+            sbp_step_result sr;
+            if (sbp_train_step(&sr, &m, lora ? &a : NULL, &opt, &b, 1, &o, 1e-3, 1.0, &real, &err))
+                ck_abort_msg("train step: %s", err.msg);
+        } else {
+            sbp_grad_result r;
+            if (sbp_grad(&r, &m, &b, &o, &real, &err)) ck_abort_msg("%s", err.msg);
+            sbp_grad_result_free(&r, &real);
+        }
+        /* the planner's batch: SFT rows, DPO pairs, GRPO the group's rows */
+        sbp_plan_opts po = {.grad = o,
+                            .B = kind == SBP_OBJ_DPO ? b.pairs : b.B,
+                            .T = b.T,
+                            .storage_bytes = 4,
+                            .optimizer = train};
+        po.grad.lora = NULL; /* the planner takes the adapter's configuration, not its tensors */
+        if (lora) po.lora = (sbp_lora_config){.r = a.cfg.r, .targets = a.cfg.targets};
+        if (sbp_plan(&plan, &m.cfg, &po, &err)) ck_abort_msg("plan: %s", err.msg);
+        char what[160];
+        snprintf(what, sizeof what, "%s %s %s%s%s%s, %s numerics", family,
+                 kind == SBP_OBJ_SFT   ? "sft"
+                 : kind == SBP_OBJ_DPO ? "dpo"
+                                       : "grpo",
+                 sbp_schedule_name(s), k == 3 ? " chunked logits" : "", lora ? ", LoRA" : "",
+                 train ? ", training step" : "", sbp_numerics_name(num));
+        ck_assert_int_eq(plan.cur_total, 0);
+        ck_assert_int_gt(plan.peak[SBP_MEM_BATCH], 0);
+        /* a frozen base has no gradient: only the adapter's */
+        if (lora) ck_assert_int_eq(plan.peak[SBP_MEM_GRADS], 4 * a.params.total);
+        assert_same_ledger(&plan, &real, what);
+        sbp_adamw_free(&opt, &real);
+        sbp_batch_free(&b);
+        sbp_lora_free(&a, &real);
+        sbp_model_free(&m, &real);
+        ck_assert_int_eq(real.cur_total, 0);
+    }
+}
+END_TEST
+
 /* Plans of a model far too large to allocate: Qwen3-8B-sized at 100k tokens. The planning
  * ledger only reserves address space, so this runs in well under a second. */
 START_TEST(plan_large_model) {
@@ -197,6 +286,7 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("plan");
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, plan_equals_measured, 0, 18);
+    tcase_add_loop_test(tc, plan_equals_measured_objectives_lora, 0, 18);
     tcase_add_test(tc, plan_large_model);
     tcase_add_loop_test(tc, categories_sum_to_total, 0, 6);
     tcase_add_loop_test(tc, budget_finds_the_boundary, 0, 3);

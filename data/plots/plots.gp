@@ -1,5 +1,6 @@
 # plots.gp — the README's charts, drawn by `make plots` from the CSV files in `dir`:
-#   plan-bench.csv, plan-qwen3-8b.csv  (streambp plan --csv: planned peak by schedule and T)
+#   plan-bench.csv, plan-qwen3-8b.csv  (streambp plan --csv: planned peak by schedule and T;
+#                                       column 11 is the total)
 #   bench.csv                          (streambp bench --csv: measured time and peaks)
 # Output: memory-bench.png, memory-qwen3-8b.png, time-bench.png in `out`.
 set datafile separator ','
@@ -18,10 +19,10 @@ set output out.'/memory-bench.png'
 set title 'Bench model (hidden 512, 4 layers, V 32000), fp32: peak memory of a step'
 set ylabel 'peak memory (GiB)'
 set logscale y 2
-plot plan('plan-bench.csv', 'full') using 2:(gib($10)) with lines lw 2 lc 1 title 'full (planned)', \
-     plan('plan-bench.csv', 'ckpt') using 2:(gib($10)) with lines lw 2 lc 2 title 'ckpt, B·T·V logits (planned)', \
-     plan('plan-bench.csv', 'ckpt-chunked') using 2:(gib($10)) with lines lw 2 lc 3 title 'ckpt, chunked logits (planned)', \
-     plan('plan-bench.csv', 'stream') using 2:(gib($10)) with lines lw 2 lc 4 title 'stream (planned)', \
+plot plan('plan-bench.csv', 'full') using 2:(gib($11)) with lines lw 2 lc 1 title 'full (planned)', \
+     plan('plan-bench.csv', 'ckpt') using 2:(gib($11)) with lines lw 2 lc 2 title 'ckpt, B·T·V logits (planned)', \
+     plan('plan-bench.csv', 'ckpt-chunked') using 2:(gib($11)) with lines lw 2 lc 3 title 'ckpt, chunked logits (planned)', \
+     plan('plan-bench.csv', 'stream') using 2:(gib($11)) with lines lw 2 lc 4 title 'stream (planned)', \
      run('full') using 1:(gib($9)) with points pt 7 lc 1 title 'full (measured)', \
      run('ckpt') using 1:(gib($9)) with points pt 7 lc 2 title 'ckpt (measured)', \
      run('stream') using 1:(gib($9)) with points pt 7 lc 4 title 'stream (measured)', \
@@ -30,10 +31,10 @@ plot plan('plan-bench.csv', 'full') using 2:(gib($10)) with lines lw 2 lc 1 titl
 
 set output out.'/memory-qwen3-8b.png'
 set title "Qwen3-8B, bf16 storage, full gradients, no optimizer: planned peak (the paper's setting)"
-plot plan('plan-qwen3-8b.csv', 'full') using 2:(gib($10)) with lines lw 2 lc 1 title 'full', \
-     plan('plan-qwen3-8b.csv', 'ckpt') using 2:(gib($10)) with lines lw 2 lc 2 title 'ckpt, T·V logits', \
-     plan('plan-qwen3-8b.csv', 'ckpt-chunked') using 2:(gib($10)) with lines lw 2 lc 3 title 'ckpt, chunked logits', \
-     plan('plan-qwen3-8b.csv', 'stream') using 2:(gib($10)) with lines lw 2 lc 4 title 'stream', \
+plot plan('plan-qwen3-8b.csv', 'full') using 2:(gib($11)) with lines lw 2 lc 1 title 'full', \
+     plan('plan-qwen3-8b.csv', 'ckpt') using 2:(gib($11)) with lines lw 2 lc 2 title 'ckpt, T·V logits', \
+     plan('plan-qwen3-8b.csv', 'ckpt-chunked') using 2:(gib($11)) with lines lw 2 lc 3 title 'ckpt, chunked logits', \
+     plan('plan-qwen3-8b.csv', 'stream') using 2:(gib($11)) with lines lw 2 lc 4 title 'stream', \
      80 with lines dt 2 lc rgb 'black' title '80 GiB'
 
 set output out.'/time-bench.png'

@@ -198,6 +198,11 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
     if (!res->grads)
         return sbp_fail(err, SBP_ENOMEM, "out of memory for the gradients (%lld parameters)",
                         (long long)gps->total);
+    /* the micro-batches are the step's memory too: charged while it runs (the planner charges
+     * its batch of the same shape) */
+    int64_t batch_bytes = 0;
+    for (int i = 0; i < n; i++) batch_bytes += sbp_batch_bytes(&batches[i]);
+    sbp_ledger_charge(host_lg, SBP_MEM_BATCH, batch_bytes);
     for (int i = 0; i < n && !st; i++) {
         sbp_obj_eval ev;
         sbp_engine_resolve(&eo, opts, batches[i].T, err);
@@ -207,6 +212,7 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
         sbp_obj_end(&ev);
         res->n_targets += batches[i].n_targets;
     }
+    sbp_ledger_charge(host_lg, SBP_MEM_BATCH, -batch_bytes);
     if (!st) st = check_finite(res->loss, res->grads, gps, m->prec, err);
     if (st) {
         sbp_grad_result_free(res, lg);

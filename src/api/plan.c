@@ -1,11 +1,16 @@
 /* plan.c — sbp_plan: the ledger of one step without its memory.
  *
- * The float engine runs in planning mode over a batch of B zero-token rows: every buffer the
+ * The float engine runs in planning mode over a batch of the objective's shape: every buffer the
  * schedule allocates is reserved (never touched) and charged at storage_bytes per element, and
  * every operation of the planning table does nothing, so the ledger sees exactly the allocations
- * and frees of a real run, in the same order. The objective (SFT) runs on the host over the
- * zeros it is handed, as it would over real log-probs. Weights and gradients are charged at the storage size too;
- * AdamW's moments, when asked for, at 4 bytes each. */
+ * and frees of a real run, in the same order. The objective runs on the host over the zeros it
+ * is handed, as it would over real log-probs, so what it makes the engine allocate (DPO's
+ * first, forward-only pass over the head and its log-prob buffer) is planned too.
+ *
+ * Charged besides the engine's buffers, as sbp_grad and a training run hold them: the weights
+ * (and a LoRA adapter's) and the gradients of what is trained at the storage size; AdamW's
+ * moments, when asked for, at 4 bytes each per trainable parameter; the batch's host arrays
+ * (sbp_batch_bytes), which sbp_grad charges for the duration of a step. */
 #include "../core/objective.h"
 #include "../engine/entry.h"
 #include "../streambp.h"
@@ -13,6 +18,38 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+/* A batch of the objective's shape, holding the arrays a real batch of that objective holds:
+ * SFT B rows; DPO B pairs as 2B rows (chosen, then rejected) with each row's reference
+ * statistic; GRPO B rows (a group) with their advantages and per-token old and reference
+ * log-probs. Every token is id 0, real, and a target. */
+static sbp_status dummy_batch(sbp_batch *b, sbp_objective_kind kind, int B, int T, sbp_err *err) {
+    memset(b, 0, sizeof *b);
+    if (kind == SBP_OBJ_DPO && B > (1 << 30))
+        return sbp_fail(err, SBP_EUSAGE, "too many DPO pairs (%d)", B);
+    const int rows = kind == SBP_OBJ_DPO ? 2 * B : B;
+    const size_t n = (size_t)rows * (size_t)T;
+    b->B = rows, b->T = T, b->kind = kind;
+    b->ids = calloc(n, sizeof *b->ids);
+    b->labels = calloc(n, sizeof *b->labels);
+    b->mask = malloc(n);
+    int ok = b->ids && b->labels && b->mask;
+    if (ok) memset(b->mask, 1, n);
+    if (ok && kind == SBP_OBJ_DPO) {
+        b->pairs = B;
+        ok = (b->ref_seq_logps = calloc((size_t)rows, sizeof(double))) != NULL;
+    }
+    if (ok && kind == SBP_OBJ_GRPO)
+        ok = (b->advantages = calloc((size_t)rows, sizeof(double))) &&
+             (b->old_logps = calloc(n, sizeof(double))) &&
+             (b->ref_logps = calloc(n, sizeof(double)));
+    if (!ok) {
+        sbp_batch_free(b);
+        return sbp_fail(err, SBP_ENOMEM, "out of memory for a planning batch of %d x %d", rows, T);
+    }
+    sbp_batch_count_targets(b);
+    return SBP_OK;
+}
 
 sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *o, sbp_err *err) {
     memset(lg, 0, sizeof *lg);
@@ -22,37 +59,62 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
         return sbp_fail(err, SBP_EUSAGE, "storage must be 2 (bf16) or 4 (fp32) bytes, not %d", sb);
     if (o->B < 1 || o->T < 1)
         return sbp_fail(err, SBP_EUSAGE, "B and T must be >= 1 (got %d, %d)", o->B, o->T);
+    if ((unsigned)o->grad.objective.kind > SBP_OBJ_GRPO)
+        return sbp_fail(err, SBP_EUSAGE, "unknown objective %d", (int)o->grad.objective.kind);
+    sbp_grad_opts g = o->grad;
+    g.lora = NULL;
     sbp_engine_opts eo;
-    sbp_status st = sbp_engine_resolve(&eo, &o->grad, o->T, err);
+    sbp_status st = sbp_engine_resolve(&eo, &g, o->T, err);
     if (st) return st;
     eo.plan = 1;
     eo.elem_bytes = sb;
     sbp_model m = {.cfg = *cfg, .prec = SBP_FP32};
-    if ((st = sbp_params_build(&m.params, cfg, err))) return st;
-    size_t n = (size_t)o->B * (size_t)o->T;
-    sbp_batch b = {.B = o->B, .T = o->T};
-    sbp_objective sft = {.kind = SBP_OBJ_SFT, .num_items = 1};
-    sbp_obj_eval ev = {0};
-    b.ids = calloc(n, sizeof *b.ids);
-    b.labels = calloc(n, sizeof *b.labels);
-    b.mask = calloc(n, 1);
+    sbp_lora a = {.prec = SBP_FP32};
+    if (o->lora.r > 0) { /* the adapter's tensors; alpha only scales values, never memory */
+        a.cfg = o->lora;
+        if (!(a.cfg.alpha > 0)) a.cfg.alpha = 1;
+        if ((st = sbp_lora_params_build(&a.params, cfg, &a.cfg, err))) return st;
+        eo.lora = &a;
+    }
+    if ((st = sbp_params_build(&m.params, cfg, err))) {
+        sbp_params_free(&a.params);
+        return st;
+    }
+    const size_t trained = (size_t)(eo.lora ? a.params.total : m.params.total);
+    sbp_batch b;
+    if ((st = dummy_batch(&b, o->grad.objective.kind, o->B, o->T, err))) {
+        sbp_params_free(&a.params), sbp_params_free(&m.params);
+        return st;
+    }
     m.w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * (size_t)m.params.total);
-    void *grads = sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * (size_t)m.params.total);
-    void *adam =
-        o->optimizer ? sbp_ledger_alloc(lg, SBP_MEM_OPTIMIZER, 8 * (size_t)m.params.total) : NULL;
-    if (!b.ids || !b.labels || !b.mask || !m.w || !grads || (o->optimizer && !adam)) {
+    if (eo.lora) a.w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * trained);
+    void *grads = sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * trained);
+    void *adam[2] = {NULL, NULL}; /* exp_avg and exp_avg_sq, as sbp_adamw_init allocates them */
+    for (int k = 0; k < 2 && o->optimizer; k++)
+        adam[k] = sbp_ledger_alloc(lg, SBP_MEM_OPTIMIZER, 4 * trained);
+    sbp_obj_eval ev = {0};
+    /* one token has nothing to predict; its memory is still a fair question for SFT */
+    sbp_objective obj = o->grad.objective;
+    if (obj.kind == SBP_OBJ_SFT && b.n_targets == 0 && obj.num_items == 0) obj.num_items = 1;
+    if (!m.w || (eo.lora && !a.w) || !grads || (o->optimizer && (!adam[0] || !adam[1]))) {
         st = sbp_fail(err, SBP_ENOMEM, "out of address space planning %lld parameters",
                       (long long)m.params.total);
-    } else if (!(st = sbp_obj_begin(&ev, &sft, &b, err))) {
+    } else if (!(st = sbp_obj_begin(&ev, &obj, &b, err))) {
+        const int64_t batch_bytes = sbp_batch_bytes(&b);
+        sbp_ledger_charge(lg, SBP_MEM_BATCH, batch_bytes);
         double loss = 0;
         eo.ev = &ev;
         st = sbp_engine_grad_f32(&loss, grads, &m, &b, &eo, lg, err);
+        sbp_ledger_charge(lg, SBP_MEM_BATCH, -batch_bytes);
         sbp_obj_end(&ev);
     }
-    sbp_ledger_free(lg, adam);
+    sbp_ledger_free(lg, adam[1]);
+    sbp_ledger_free(lg, adam[0]);
     sbp_ledger_free(lg, grads);
+    sbp_ledger_free(lg, a.w);
     sbp_ledger_free(lg, m.w);
-    free(b.ids), free(b.labels), free(b.mask);
+    sbp_batch_free(&b);
+    sbp_params_free(&a.params);
     sbp_params_free(&m.params);
     return st;
 }

@@ -183,7 +183,8 @@ static void step_child(child_result *r, const void *p) {
             sbp_step_result sr;
             double t0 = now_seconds();
             if (a->train)
-                ok = sbp_train_step(&sr, &m, &opt, &b, 1, &a->g[k], 5e-5, 1.0, &r->lg, &err) == 0;
+                ok = sbp_train_step(&sr, &m, NULL, &opt, &b, 1, &a->g[k], 5e-5, 1.0, &r->lg,
+                                    &err) == 0;
             else
                 ok = sbp_grad(&res, &m, &b, &a->g[k], &r->lg, &err) == 0;
             if (!ok) break;
@@ -438,7 +439,8 @@ int cmd_bench(int argc, char **argv) {
                                .device = device};
             int T = seqs[si];
             if (largest) {
-                T = plan_largest_T(&cfg, 1, 4, 0, &g, largest, &plan[q]);
+                sbp_plan_opts po = {.grad = g, .B = 1, .storage_bytes = 4};
+                T = plan_largest_T(&cfg, &po, largest, &plan[q]);
                 if (T == 0) {
                     printf("%-13s does not fit in %.0f MiB at any T\n", kinds[k].name,
                            mib(largest));

@@ -1,35 +1,45 @@
 /* plan.c — `streambp plan`: the peak memory of a step at any size, and the largest sequence
- * that fits a budget, by walking the real schedule code with allocation only (sbp_plan). */
+ * that fits a budget, by walking the real schedule code with allocation only (sbp_plan); and
+ * the StreamBP paper's Table 3 computed that way, beside the paper's numbers. */
 #include "cli.h"
+#include "objopts.h"
 #include "plan.h"
 #include "../../verify/defaults.h"
 
 #include <getopt.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char usage[] =
     "usage: streambp plan (--config FILE | --model DIR) (--seq T | --budget SIZE) [options]\n"
-    "       streambp plan --paper [--budget SIZE]\n"
+    "       streambp plan --paper [--budget SIZE] [--json]\n"
     "\n"
     "Walks the schedules' own code with a planning ledger: every buffer is charged as the real "
     "run\n"
     "would allocate it, nothing is computed and no memory is taken, so any model and T plan in\n"
     "milliseconds. --seq T prints the peak by category for each schedule; --budget finds the\n"
-    "largest T of each schedule by bisection. --paper reproduces the StreamBP paper's setting\n"
-    "(Qwen3-4B/8B/14B, full gradients, bf16 storage, optimizer excluded, 80 GiB) next to its\n"
-    "figures.\n"
+    "largest T of each schedule by bisection. --paper computes the StreamBP paper's Table 3\n"
+    "(Qwen3-4B/8B/14B/32B, full gradients and LoRA, SFT, DPO and GRPO, bf16 storage, optimizer\n"
+    "excluded, 80 GiB) beside the paper's numbers.\n"
     "\n"
-    "  --config FILE      a HF config.json (data/configs/ has Qwen3 0.6B-14B, Llama-3.x)\n"
+    "  --config FILE      a HF config.json (data/configs/ has Qwen3 0.6B-32B, Llama-3.x)\n"
     "  --model DIR        a model directory (its config.json)\n"
     "  --seq T            tokens per sequence\n"
     "  --budget SIZE      e.g. 80G, 4G, 512M (binary units: G = 2^30)\n"
-    "  --batch-size B     sequences per step (default 1)\n"
+    "  --objective O      sft | dpo | grpo (default sft): the batch's shape and the objective's\n"
+    "                     own buffers (DPO: a first pass over the head and its log-probs)\n"
+    "  --batch-size B     sft: sequences; dpo: pairs (2B sequences, chosen and rejected, with\n"
+    "                     their reference statistics); grpo: the group of G sequences, with\n"
+    "                     advantages and per-token old and reference log-probs (default 1)\n"
+    "  --lora-r N         train a LoRA adapter of rank N: the base frozen (weights only, no\n"
+    "                     gradients), the adapter's weights and gradients\n"
+    "  --lora-targets L   its modules: q_proj,...,down_proj or all-linear (default all-linear)\n"
     "  --schedules LIST   of full, ckpt, ckpt-chunked, stream (default all four); ckpt keeps\n"
     "                     B*T*V logits as the HF baseline does, ckpt-chunked does not\n"
     "  --storage S        bf16 | fp32: bytes per stored element (default fp32)\n"
-    "  --optimizer        also count AdamW's two fp32 moments per parameter\n"
+    "  --optimizer        also count AdamW's two fp32 moments per trained parameter\n"
     "  --block N          token block (default 256)\n"
     "  --chunk N          stream chunk (default 1024)\n"
     "  --logit-chunk N    rows per logits pass (default 256)\n"
@@ -64,53 +74,106 @@ int plan_parse_schedules(const char *cmd, const char *list, int use[PLAN_N_SCHED
     return 1;
 }
 
+/* What a plan is asked about, but for the schedule and T. */
 typedef struct {
     sbp_config cfg;
-    const char *name;
     int B, storage, optimizer, block, chunk, logit_chunk;
+    sbp_objective obj;
+    sbp_lora_config lora; /* r 0: full gradients */
 } plan_setup;
 
-static sbp_status plan_at(sbp_ledger *lg, const sbp_config *cfg, int B, int storage, int optimizer,
-                          const sbp_grad_opts *g, int T, sbp_err *err) {
-    sbp_plan_opts o = {
-        .grad = *g, .B = B, .T = T, .storage_bytes = storage, .optimizer = optimizer};
-    return sbp_plan(lg, cfg, &o, err);
+static sbp_status plan_at(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *o, int T,
+                          sbp_err *err) {
+    sbp_plan_opts p = *o;
+    p.T = T;
+    return sbp_plan(lg, cfg, &p, err);
 }
 
-int plan_largest_T(const sbp_config *cfg, int B, int storage, int optimizer, const sbp_grad_opts *g,
-                   int64_t budget, sbp_ledger *at) {
+/* Whether the step fits at T; its peak in *peak (INT64_MAX when it cannot be planned). */
+static int fits(const sbp_config *cfg, const sbp_plan_opts *o, int T, int64_t budget,
+                int64_t *peak) {
     sbp_ledger lg;
     sbp_err err;
-    int lo = 0, hi = 1;
-    while (hi <= (1 << 26) && plan_at(&lg, cfg, B, storage, optimizer, g, hi, &err) == SBP_OK &&
-           lg.peak_total <= budget)
-        lo = hi, hi *= 2;
-    while (hi - lo > 1) {
+    *peak = plan_at(&lg, cfg, o, T, &err) == SBP_OK ? lg.peak_total : INT64_MAX;
+    return *peak <= budget;
+}
+
+int plan_largest_T(const sbp_config *cfg, const sbp_plan_opts *o, int64_t budget, sbp_ledger *at) {
+    enum { T_MAX = 1 << 26 };
+    sbp_err err;
+    const int shortest = o->grad.objective.kind == SBP_OBJ_DPO ? 2 : 1;
+    int64_t m0, m1;
+    int lo = shortest, hi;
+    if (!fits(cfg, o, lo, budget, &m0)) {
+        memset(at, 0, sizeof *at);
+        return 0;
+    }
+    /* The peak grows about linearly in T (the checkpoints, a T-long working set, the logits):
+     * a guess from its slope between two lengths, then a bracket around the guess that widens
+     * until it holds the boundary, then bisection inside it, which alone decides; a plain
+     * doubling search from T = 1 plans about twice as often. */
+    const int probe = shortest + 1024;
+    if (!fits(cfg, o, probe, budget, &m1)) {
+        hi = probe;
+    } else {
+        lo = probe;
+        const double slope = m1 > m0 ? (double)(m1 - m0) / (probe - shortest) : 0;
+        double guess = slope > 0 ? probe + (double)(budget - m1) / slope : T_MAX;
+        int g = guess < T_MAX ? (int)guess : T_MAX, step = g / 256 > 16 ? g / 256 : 16;
+        int64_t m;
+        hi = 0;
+        if (g <= lo) g = lo + 1;
+        if (fits(cfg, o, g, budget, &m)) { /* then look above */
+            lo = g;
+            for (int t = g + step; !hi; t = lo + step) {
+                if (t > T_MAX) {
+                    hi = T_MAX + 1;
+                } else if (fits(cfg, o, t, budget, &m)) {
+                    lo = t, step *= 2;
+                } else {
+                    hi = t;
+                }
+            }
+        } else { /* below */
+            hi = g;
+            for (int t = g - step; t > lo; t = hi - step) {
+                if (fits(cfg, o, t, budget, &m)) {
+                    lo = t;
+                    break;
+                }
+                hi = t, step *= 2;
+            }
+        }
+    }
+    while (hi - lo > 1) { /* lo fits, hi does not */
         int mid = lo + (hi - lo) / 2;
-        if (plan_at(&lg, cfg, B, storage, optimizer, g, mid, &err) == SBP_OK &&
-            lg.peak_total <= budget)
+        int64_t m;
+        if (fits(cfg, o, mid, budget, &m))
             lo = mid;
         else
             hi = mid;
     }
-    if (lo)
-        plan_at(at, cfg, B, storage, optimizer, g, lo, &err);
-    else
-        memset(at, 0, sizeof *at);
+    plan_at(at, cfg, o, lo, &err);
     return lo;
 }
 
-static sbp_grad_opts grad_opts(const plan_setup *s, const sched_row *r) {
-    return (sbp_grad_opts){.schedule = r->schedule,
-                           .block = s->block,
-                           .chunk = s->chunk,
-                           .logit_chunk = s->logit_chunk,
-                           .chunked_logits = r->chunked_logits};
+static sbp_plan_opts plan_opts(const plan_setup *s, const sched_row *r) {
+    sbp_plan_opts o = {.grad = {.schedule = r->schedule,
+                                .block = s->block,
+                                .chunk = s->chunk,
+                                .logit_chunk = s->logit_chunk,
+                                .chunked_logits = r->chunked_logits,
+                                .objective = s->obj},
+                       .B = s->B,
+                       .storage_bytes = s->storage,
+                       .optimizer = s->optimizer,
+                       .lora = s->lora};
+    return o;
 }
 
 static int largest_T(const plan_setup *s, const sched_row *r, int64_t budget, sbp_ledger *at) {
-    sbp_grad_opts g = grad_opts(s, r);
-    return plan_largest_T(&s->cfg, s->B, s->storage, s->optimizer, &g, budget, at);
+    sbp_plan_opts o = plan_opts(s, r);
+    return plan_largest_T(&s->cfg, &o, budget, at);
 }
 
 int plan_parse_size(const char *cmd, const char *text, int64_t *out) {
@@ -161,68 +224,185 @@ static cJSON *ledger_cats(const sbp_ledger *lg) {
     return o;
 }
 
-/* The StreamBP paper's maximum sequence lengths (thousands of tokens), notes/paper.md §5 and
- * §9: its peak-memory figure (Qwen3-8B and 14B, pure bf16, 80 GB) and Table 3 (SFT, full
- * gradients). */
-typedef struct {
-    const char *config, *label;
-    double figure[3]; /* no ckpt, ckpt, StreamBP; 0: not reported */
-    double table3[3];
-} paper_row;
+/* ---- the paper's Table 3 ------------------------------------------------------------------- */
 
-static const paper_row paper[] = {
-    {"qwen3-4b", "Qwen3-4B", {0, 0, 0}, {7.0, 28.5, 200.0}},
-    {"qwen3-8b", "Qwen3-8B", {4.7, 20.0, 110.0}, {3.4, 15.7, 72.0}},
-    {"qwen3-14b", "Qwen3-14B", {1.7, 9.0, 40.0}, {0, 0, 0}},
+/* The StreamBP paper's Table 3 (notes/paper.md §5): the maximum sequence length in thousands of
+ * tokens on one 80 GB A800, of Qwen3 models trained with full gradients or LoRA (r 32, alpha
+ * 128, all-linear), by objective and method; 0 where the paper has no entry. */
+enum { N_COLS = 6, N_OBJ = 3, N_METHODS = 3 };
+
+static const struct {
+    const char *config, *label;
+    int lora;
+} columns[N_COLS] = {{"qwen3-4b", "4B Full", 0},   {"qwen3-4b", "4B LoRA", 1},
+                     {"qwen3-8b", "8B Full", 0},   {"qwen3-8b", "8B LoRA", 1},
+                     {"qwen3-14b", "14B LoRA", 1}, {"qwen3-32b", "32B LoRA", 1}};
+
+static const sbp_objective_kind table_objectives[N_OBJ] = {SBP_OBJ_SFT, SBP_OBJ_DPO, SBP_OBJ_GRPO};
+/* the paper's base without checkpointing, base with HF checkpointing, StreamBP; and ours */
+static const char *const method_names[N_METHODS] = {"no ckpt", "ckpt", "StreamBP"};
+static const int method_schedule[N_METHODS] = {0, 1, 3}; /* full, ckpt (B·T·V logits), stream */
+
+static const double table3[N_OBJ][N_METHODS][N_COLS] = {
+    {{7.0, 7.1, 3.4, 5.1, 2.9, 0.4},
+     {28.5, 36.5, 15.7, 30.6, 23.0, 5.9},
+     {200.0, 247.0, 72.0, 142.4, 84.6, 16.3}},
+    {{3.1, 3.5, 0, 2.5, 1.4, 0.2},
+     {18.7, 32.2, 0, 25.5, 18.5, 4.4},
+     {57.2, 100.2, 0, 60.9, 36.9, 7.8}},
+    {{0.9, 1.0, 0, 0.7, 0.4, 0}, {8.5, 12.1, 0, 9.5, 6.9, 0}, {18.2, 27.5, 0, 16.5, 10.1, 0}},
 };
 
+/* The paper's peak-memory figure (SFT, 80 GB): Qwen3-8B and 14B with full gradients, 32B with
+ * LoRA; thousands of tokens for no ckpt, ckpt, StreamBP. */
+static const struct {
+    const char *config, *label;
+    int lora;
+    double k[3];
+} figure[] = {{"qwen3-8b", "8B Full", 0, {4.7, 20.0, 110.0}},
+              {"qwen3-14b", "14B Full", 0, {1.7, 9.0, 40.0}},
+              {"qwen3-32b", "32B LoRA", 1, {0.44, 5.7, 16.0}}};
+
+/* The authors' scripts' setting: B = 1 for SFT, one pair for DPO, a group of 8 for GRPO; pure
+ * bf16 (weights and gradients); the optimizer never allocated (they stop before its first
+ * step); LoRA r 32, alpha 128 on every linear layer. */
+static plan_setup paper_setup(const sbp_config *cfg, sbp_objective_kind kind, int lora) {
+    obj_args oa;
+    obj_args_init(&oa);
+    oa.obj.kind = kind;
+    obj_args_finish(&oa, "plan");
+    plan_setup s = {.cfg = *cfg,
+                    .B = kind == SBP_OBJ_GRPO ? 8 : 1,
+                    .storage = 2,
+                    .block = 256,
+                    .chunk = 1024,
+                    .logit_chunk = 256,
+                    .obj = oa.obj};
+    if (lora) s.lora = (sbp_lora_config){.r = 32, .alpha = 128, .targets = SBP_LORA_ALL};
+    return s;
+}
+
+static void cell(char *buf, size_t n, int T, double paper) {
+    char theirs[16] = "-";
+    if (paper) snprintf(theirs, sizeof theirs, "%.1f", paper);
+    snprintf(buf, n, "%.1f (%s)", T / 1e3, theirs);
+}
+
 static int run_paper(int64_t budget, const char *data, int json) {
-    cJSON *arr = cJSON_CreateArray();
-    if (!json) {
-        printf("The StreamBP paper's setting: B = 1, full gradients, bf16 storage, optimizer "
-               "excluded, budget %.1f GiB.\nLargest T (thousands of tokens) planned for streambp's "
-               "own schedules, beside the paper's figures for its PyTorch ones.\n\n",
-               gib(budget));
-        printf("%-10s %9s %9s %9s %9s | %-24s %-24s | %s\n", "model", "full", "ckpt", "ckpt-chnk",
-               "stream", "paper figure: no/ckpt/SBP", "paper Table 3: no/ckpt/SBP",
-               "stream/ckpt ours, paper");
-    }
-    for (size_t i = 0; i < sizeof paper / sizeof paper[0]; i++) {
+    sbp_config cfgs[N_COLS];
+    sbp_err err = {0};
+    for (int c = 0; c < N_COLS; c++) {
         char path[1100];
-        snprintf(path, sizeof path, "%s/configs/%s.json", data, paper[i].config);
-        plan_setup s = {.B = 1, .storage = 2, .block = 256, .chunk = 1024, .logit_chunk = 256};
-        sbp_err err = {0};
-        if (sbp_config_load(&s.cfg, path, &err)) return report_error("plan", &err);
-        int T[4];
-        sbp_ledger lg;
-        for (int k = 0; k < 4; k++) T[k] = largest_T(&s, &all_rows[k], budget, &lg);
-        const paper_row *p = &paper[i];
-        double pr = p->figure[1] ? p->figure[2] / p->figure[1] : p->table3[2] / p->table3[1];
-        if (json) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "model", p->label);
-            for (int k = 0; k < 4; k++) cJSON_AddNumberToObject(o, all_rows[k].name, T[k]);
-            cJSON_AddItemToObject(o, "paper_figure_k", cJSON_CreateDoubleArray(p->figure, 3));
-            cJSON_AddItemToObject(o, "paper_table3_k", cJSON_CreateDoubleArray(p->table3, 3));
-            cJSON_AddItemToArray(arr, o);
-            continue;
-        }
-        char fig[32] = "-", tab[32] = "-";
-        if (p->figure[0])
-            snprintf(fig, sizeof fig, "%.1f / %.1f / %.1f", p->figure[0], p->figure[1],
-                     p->figure[2]);
-        if (p->table3[0])
-            snprintf(tab, sizeof tab, "%.1f / %.1f / %.1f", p->table3[0], p->table3[1],
-                     p->table3[2]);
-        printf("%-10s %9.1f %9.1f %9.1f %9.1f | %-24s %-24s | %.1fx, %.1fx\n", p->label, T[0] / 1e3,
-               T[1] / 1e3, T[2] / 1e3, T[3] / 1e3, fig, tab, (double)T[3] / T[1], pr);
+        snprintf(path, sizeof path, "%s/configs/%s.json", data, columns[c].config);
+        if (sbp_config_load(&cfgs[c], path, &err)) return report_error("plan", &err);
     }
-    if (json)
-        print_json(arr);
-    else
-        cJSON_Delete(arr);
+    int T[N_OBJ][N_METHODS][N_COLS];
+    cJSON *jt = cJSON_CreateArray();
+    for (int ob = 0; ob < N_OBJ; ob++)
+        for (int c = 0; c < N_COLS; c++) {
+            plan_setup s = paper_setup(&cfgs[c], table_objectives[ob], columns[c].lora);
+            for (int mt = 0; mt < N_METHODS; mt++) {
+                sbp_ledger lg;
+                T[ob][mt][c] = largest_T(&s, &all_rows[method_schedule[mt]], budget, &lg);
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddStringToObject(o, "objective", obj_kind_name(table_objectives[ob]));
+                cJSON_AddStringToObject(o, "method", method_names[mt]);
+                cJSON_AddStringToObject(o, "schedule", all_rows[method_schedule[mt]].name);
+                cJSON_AddStringToObject(o, "column", columns[c].label);
+                cJSON_AddNumberToObject(o, "T", T[ob][mt][c]);
+                if (table3[ob][mt][c])
+                    cJSON_AddNumberToObject(o, "paper_k", table3[ob][mt][c]);
+                else
+                    cJSON_AddNullToObject(o, "paper_k");
+                cJSON_AddItemToObject(o, "bytes_at_peak", ledger_cats(&lg));
+                cJSON_AddItemToArray(jt, o);
+            }
+        }
+    /* the figure's rows: SFT, 8B and 14B full, 32B LoRA */
+    enum { N_FIG = sizeof figure / sizeof figure[0] };
+    int F[N_FIG][N_METHODS];
+    cJSON *jf = cJSON_CreateArray();
+    for (int i = 0; i < N_FIG; i++) {
+        sbp_config cfg;
+        char path[1100];
+        snprintf(path, sizeof path, "%s/configs/%s.json", data, figure[i].config);
+        if (sbp_config_load(&cfg, path, &err)) {
+            cJSON_Delete(jt), cJSON_Delete(jf);
+            return report_error("plan", &err);
+        }
+        plan_setup s = paper_setup(&cfg, SBP_OBJ_SFT, figure[i].lora);
+        for (int mt = 0; mt < N_METHODS; mt++) {
+            sbp_ledger lg;
+            F[i][mt] = largest_T(&s, &all_rows[method_schedule[mt]], budget, &lg);
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "model", figure[i].label);
+            cJSON_AddStringToObject(o, "method", method_names[mt]);
+            cJSON_AddNumberToObject(o, "T", F[i][mt]);
+            cJSON_AddNumberToObject(o, "paper_k", figure[i].k[mt]);
+            cJSON_AddItemToArray(jf, o);
+        }
+    }
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "budget_bytes", (double)budget);
+        cJSON_AddStringToObject(o, "setting",
+                                "bf16 storage, optimizer excluded; SFT B = 1, DPO one pair, GRPO a "
+                                "group of 8; LoRA r 32, alpha 128, all-linear");
+        cJSON_AddItemToObject(o, "table3", jt);
+        cJSON_AddItemToObject(o, "figure", jf);
+        print_json(o);
+        return 0;
+    }
+    cJSON_Delete(jt), cJSON_Delete(jf);
+    printf("The StreamBP paper's Table 3: the largest sequence (thousands of tokens) under %.1f "
+           "GiB.\n"
+           "Ours: streambp's own schedules, planned (full for \"no ckpt\", ckpt with B*T*V logits, "
+           "stream),\nin the authors' setting: bf16 weights and gradients, optimizer excluded; "
+           "SFT one sequence,\nDPO one pair (chosen + rejected), GRPO a group of 8; LoRA r 32, "
+           "alpha 128, all-linear.\nEach cell: ours (paper's); '-': no entry in the paper.\n\n",
+           gib(budget));
+    printf("%-4s %-9s", "", "method");
+    for (int c = 0; c < N_COLS; c++) printf(" %15s", columns[c].label);
+    printf("\n");
+    for (int ob = 0; ob < N_OBJ; ob++) {
+        for (int mt = 0; mt < N_METHODS; mt++) {
+            printf("%-4s %-9s", mt ? "" : obj_kind_name(table_objectives[ob]), method_names[mt]);
+            for (int c = 0; c < N_COLS; c++) {
+                char b[40];
+                cell(b, sizeof b, T[ob][mt][c], table3[ob][mt][c]);
+                printf(" %15s", b);
+            }
+            printf("\n");
+        }
+        printf("%-4s %-9s", "", "SBP/ckpt");
+        for (int c = 0; c < N_COLS; c++) {
+            char b[40], theirs[16] = "-";
+            if (table3[ob][1][c])
+                snprintf(theirs, sizeof theirs, "%.1f", table3[ob][2][c] / table3[ob][1][c]);
+            snprintf(b, sizeof b, "%.1fx (%s)", (double)T[ob][2][c] / T[ob][1][c], theirs);
+            printf(" %15s", b);
+        }
+        printf("\n");
+    }
+    printf("\nThe paper's peak-memory figure (SFT), same setting: no ckpt / ckpt / StreamBP, ours "
+           "(paper's)\n");
+    for (int i = 0; i < N_FIG; i++) {
+        printf("%-9s", figure[i].label);
+        for (int mt = 0; mt < N_METHODS; mt++) {
+            char b[40];
+            cell(b, sizeof b, F[i][mt], figure[i].k[mt]);
+            printf(" %15s", b);
+        }
+        printf("   StreamBP/ckpt %.1fx (%.1fx)\n", (double)F[i][2] / F[i][1],
+               figure[i].k[2] / figure[i].k[1]);
+    }
     return 0;
 }
+
+/* ---- the command ------------------------------------------------------------------------------
+ */
+
+enum { OPT_LORA_R = 3000, OPT_LORA_TARGETS };
 
 int cmd_plan(int argc, char **argv) {
     static const struct option opts[] = {{"config", required_argument, 0, 'c'},
@@ -236,17 +416,23 @@ int cmd_plan(int argc, char **argv) {
                                          {"block", required_argument, 0, 'k'},
                                          {"chunk", required_argument, 0, 'C'},
                                          {"logit-chunk", required_argument, 0, 'l'},
+                                         {"objective", required_argument, 0, OBJ_OPT_OBJECTIVE},
+                                         {"lora-r", required_argument, 0, OPT_LORA_R},
+                                         {"lora-targets", required_argument, 0, OPT_LORA_TARGETS},
                                          {"paper", no_argument, 0, 'p'},
                                          {"json", no_argument, 0, 'j'},
                                          {"csv", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     plan_setup s = {.B = 1, .storage = 4, .block = 256, .chunk = 1024, .logit_chunk = 256};
-    const char *config = NULL, *model = NULL, *sched = NULL;
-    int T = 0, json = 0, csv = 0, paper_mode = 0, c;
+    const char *config = NULL, *model = NULL, *sched = NULL, *targets = NULL;
+    int T = 0, json = 0, csv = 0, paper_mode = 0, other = 0, c;
     int64_t budget = 0;
+    obj_args oa;
+    obj_args_init(&oa);
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        other |= c != 'b' && c != 'j' && c != 'p';
         switch (c) {
         case 'c': config = optarg; break;
         case 'm': model = optarg; break;
@@ -280,6 +466,13 @@ int cmd_plan(int argc, char **argv) {
         case 'l':
             if (!parse_pos_int("plan", "logit-chunk", optarg, &s.logit_chunk)) return EXIT_USAGE;
             break;
+        case OBJ_OPT_OBJECTIVE:
+            if (!obj_args_option(&oa, "plan", c, optarg)) return EXIT_USAGE;
+            break;
+        case OPT_LORA_R:
+            if (!parse_pos_int("plan", "lora-r", optarg, &s.lora.r)) return EXIT_USAGE;
+            break;
+        case OPT_LORA_TARGETS: targets = optarg; break;
         case 'p': paper_mode = 1; break;
         case 'j': json = 1; break;
         case 'v': csv = 1; break;
@@ -290,7 +483,7 @@ int cmd_plan(int argc, char **argv) {
     sbp_err err = {0};
     char data[512];
     if (paper_mode) {
-        if (optind < argc || config || model || T) {
+        if (optind < argc || other) {
             fprintf(stderr, "streambp plan: --paper takes only --budget and --json\n");
             return EXIT_USAGE;
         }
@@ -302,27 +495,59 @@ int cmd_plan(int argc, char **argv) {
                 usage);
         return EXIT_USAGE;
     }
+    if (!obj_args_finish(&oa, "plan")) return EXIT_USAGE;
+    s.obj = oa.obj;
+    if (targets && !s.lora.r) {
+        fprintf(stderr, "streambp plan: --lora-targets needs --lora-r\n");
+        return EXIT_USAGE;
+    }
+    if (s.lora.r) {
+        s.lora.alpha = 2.0 * s.lora.r; /* never read by the planner */
+        s.lora.targets = SBP_LORA_ALL;
+        if (targets && !sbp_lora_targets_parse(targets, &s.lora.targets)) {
+            fprintf(stderr,
+                    "streambp plan: --lora-targets \"%s\": a comma-separated list of q_proj, "
+                    "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear\n",
+                    targets);
+            return EXIT_USAGE;
+        }
+    }
     char path[4200];
     if (model)
         snprintf(path, sizeof path, "%s/config.json", model);
     else
         snprintf(path, sizeof path, "%s", config);
     if (sbp_config_load(&s.cfg, path, &err)) return report_error("plan", &err);
+    if (s.obj.kind == SBP_OBJ_DPO && T == 1) {
+        fprintf(stderr, "streambp plan: a DPO sequence needs T >= 2 (a completion token)\n");
+        return EXIT_USAGE;
+    }
     int use[PLAN_N_SCHEDULES] = {1, 1, 1, 1};
     if (sched && !plan_parse_schedules("plan", sched, use)) return EXIT_USAGE;
-    sbp_params ps;
-    if (sbp_params_build(&ps, &s.cfg, &err)) return report_error("plan", &err);
-    int64_t nparam = ps.total;
-    sbp_params_free(&ps);
+    sbp_params ps, lps = {0};
+    if (sbp_params_build(&ps, &s.cfg, &err) ||
+        (s.lora.r && sbp_lora_params_build(&lps, &s.cfg, &s.lora, &err)))
+        return report_error("plan", &err);
+    int64_t nparam = ps.total, nadapter = lps.total;
+    sbp_params_free(&ps), sbp_params_free(&lps);
+    const int rows = s.obj.kind == SBP_OBJ_DPO ? 2 * s.B : s.B;
     cJSON *jrows = cJSON_CreateArray();
     if (csv) {
         printf("schedule,T");
         for (int k = 0; k < SBP_MEM_NCATS; k++) printf(",%s", sbp_mem_cat_name(k));
         printf(",total\n");
     } else if (!json) {
-        printf("%s: %s, %.3fB parameters, B = %d, storage %s, optimizer %s", path, s.cfg.model_type,
-               nparam / 1e9, s.B, s.storage == 2 ? "bf16" : "fp32",
+        printf("%s: %s, %.3fB parameters, %s, %s, %d sequence%s of T tokens, storage %s, optimizer "
+               "%s",
+               path, s.cfg.model_type, nparam / 1e9, obj_kind_name(s.obj.kind),
+               s.obj.kind == SBP_OBJ_DPO    ? "pairs of chosen and rejected"
+               : s.obj.kind == SBP_OBJ_GRPO ? "a group"
+                                            : "a batch",
+               rows, rows > 1 ? "s" : "", s.storage == 2 ? "bf16" : "fp32",
                s.optimizer ? "included" : "excluded");
+        if (s.lora.r)
+            printf(", LoRA r %d on %s (%.2fM adapter parameters, the base frozen)", s.lora.r,
+                   targets ? targets : "all-linear", nadapter / 1e6);
         if (budget)
             printf(", budget %.2f GiB", gib(budget));
         else
@@ -335,11 +560,13 @@ int cmd_plan(int argc, char **argv) {
         if (!use[k]) continue;
         sbp_ledger lg;
         int t = T;
-        sbp_grad_opts g = grad_opts(&s, &all_rows[k]);
+        sbp_plan_opts po = plan_opts(&s, &all_rows[k]);
         if (budget)
             t = largest_T(&s, &all_rows[k], budget, &lg);
-        else if (plan_at(&lg, &s.cfg, s.B, s.storage, s.optimizer, &g, T, &err))
+        else if (plan_at(&lg, &s.cfg, &po, T, &err)) {
+            cJSON_Delete(jrows);
             return report_error("plan", &err);
+        }
         if (csv) {
             printf("%s,%d", all_rows[k].name, t);
             for (int q = 0; q < SBP_MEM_NCATS; q++) printf(",%lld", (long long)lg.at_peak[q]);
@@ -359,9 +586,15 @@ int cmd_plan(int argc, char **argv) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "config", path);
         cJSON_AddNumberToObject(o, "parameters", (double)nparam);
+        cJSON_AddStringToObject(o, "objective", obj_kind_name(s.obj.kind));
         cJSON_AddNumberToObject(o, "B", s.B);
+        cJSON_AddNumberToObject(o, "rows", rows);
         cJSON_AddNumberToObject(o, "storage_bytes", s.storage);
         cJSON_AddBoolToObject(o, "optimizer", s.optimizer);
+        if (s.lora.r) {
+            cJSON_AddNumberToObject(o, "lora_r", s.lora.r);
+            cJSON_AddNumberToObject(o, "adapter_parameters", (double)nadapter);
+        }
         if (budget) cJSON_AddNumberToObject(o, "budget_bytes", (double)budget);
         cJSON_AddItemToObject(o, "schedules", jrows);
         print_json(o);

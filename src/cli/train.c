@@ -1057,8 +1057,8 @@ int cmd_train(int argc, char **argv) {
         if (st) break;
         const double lr = sbp_lr_at(&a.sched, step), t0 = now_seconds();
         sbp_step_result res;
-        st = sbp_train_step(&res, &r.m, &r.opt, r.mb, a.grad_accum, &a.g, lr, a.max_grad_norm, &lg,
-                            &err);
+        st = sbp_train_step(&res, &r.m, NULL, &r.opt, r.mb, a.grad_accum, &a.g, lr, a.max_grad_norm,
+                            &lg, &err);
         if (st) {
             sbp_fail_prefix(&err, "step %lld: ", (long long)step + 1);
             break;

@@ -8,7 +8,11 @@
  *   full   = L·(3P + A_fwd + A_bwd) + 3H·T               (forward, then dX and dW)
  *   ckpt   = full + L·(P − 2·F·C + A_fwd)                (the recompute skips the down projection)
  *   stream = ckpt                                        (K and V are projected once per layer)
- *   DPO adds H·T for its forward-only first pass over the head. */
+ *   DPO adds H·T for its forward-only first pass over the head.
+ * With a LoRA adapter (o->lora) the base is frozen: no weight-gradient products, so the backward
+ * of the projections costs P and of the head H (dX only), and each adapted projection (in K, out
+ * N, rank r) adds per token 2r(K + N) forward (again in a recompute, except the down
+ * projection's), and 6rK + 4rN backward (x·Aᵀ again, dt and dB, dX and dA). */
 #include "../streambp.h"
 
 int attention_tile(int blk); /* tiles.c */
@@ -25,8 +29,29 @@ double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o)
             pairs += (double)wq * (j0 + W < i0 + wq ? W : i0 + wq - j0);
     }
     const double afwd = 4 * pairs * HD * c->heads, abwd = 14 * pairs * HD * c->heads;
-    double f = c->layers * (3 * P * T + afwd + abwd) + 3 * H * T;
-    if (o->schedule != SBP_FULL) f += c->layers * ((P - 2 * F * C) * T + afwd);
+    const int recompute = o->schedule != SBP_FULL;
+    double f;
+    if (!o->lora) {
+        f = c->layers * (3 * P * T + afwd + abwd) + 3 * H * T;
+    } else {
+        f = c->layers * (2 * P * T + afwd + abwd) + 2 * H * T;
+        const sbp_lora_config *lc = &o->lora->cfg;
+        const double r = lc->r;
+        const struct {
+            unsigned bit;
+            double K, N;
+            int in_recompute;
+        } proj[] = {{SBP_LORA_Q, C, Q, 1},   {SBP_LORA_K, C, KV, 1},   {SBP_LORA_V, C, KV, 1},
+                    {SBP_LORA_O, Q, C, 1},   {SBP_LORA_GATE, C, F, 1}, {SBP_LORA_UP, C, F, 1},
+                    {SBP_LORA_DOWN, F, C, 0}};
+        for (size_t i = 0; i < sizeof proj / sizeof proj[0]; i++) {
+            if (!(lc->targets & proj[i].bit)) continue;
+            const double fwd = 2 * r * (proj[i].K + proj[i].N);
+            const double bwd = 6 * r * proj[i].K + 4 * r * proj[i].N;
+            f += c->layers * T * (fwd + bwd + (recompute && proj[i].in_recompute ? fwd : 0));
+        }
+    }
+    if (recompute) f += c->layers * ((P - 2 * F * C) * T + afwd);
     if (o->objective.kind == SBP_OBJ_DPO) f += H * T;
     return f * B;
 }

@@ -36,7 +36,7 @@ enum { BY_CALLOC, BY_MMAP, BY_PLAN };
 
 const char *sbp_mem_cat_name(sbp_mem_cat c) {
     static const char *names[SBP_MEM_NCATS] = {
-        "weights", "grads", "optimizer", "checkpoints", "activations", "layer", "logits",
+        "weights", "grads", "optimizer", "checkpoints", "activations", "layer", "logits", "batch",
     };
     return (unsigned)c < SBP_MEM_NCATS ? names[c] : "?";
 }

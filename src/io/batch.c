@@ -289,6 +289,19 @@ void sbp_batch_free(sbp_batch *b) {
     memset(b, 0, sizeof *b);
 }
 
+int64_t sbp_batch_bytes(const sbp_batch *b) {
+    const int64_t n = (int64_t)b->B * b->T;
+    int64_t bytes = 0;
+    if (b->ids) bytes += n * (int64_t)sizeof *b->ids;
+    if (b->labels) bytes += n * (int64_t)sizeof *b->labels;
+    if (b->mask) bytes += n;
+    if (b->ref_seq_logps) bytes += b->B * (int64_t)sizeof(double);
+    if (b->advantages) bytes += b->B * (int64_t)sizeof(double);
+    if (b->old_logps) bytes += n * (int64_t)sizeof(double);
+    if (b->ref_logps) bytes += n * (int64_t)sizeof(double);
+    return bytes;
+}
+
 void sbp_batch_count_unattended(const sbp_batch *b, int64_t *rows, int64_t *targets) {
     *rows = *targets = 0;
     for (int r = 0; r < b->B; r++) {
