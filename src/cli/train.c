@@ -1,19 +1,25 @@
-/* train.c — `streambp train`: AdamW training of a HF decoder's full weights with any schedule
- * and objective, checkpoints that resume bit for bit, a loss log and a plot.
+/* train.c — `streambp train`: AdamW training of a HF decoder's full weights, or of a LoRA
+ * adapter on the frozen model, with any schedule and objective, checkpoints that resume bit for
+ * bit, a loss log and a plot.
  *
  * What makes a run reproducible to the bit: the gradient of a step does not depend on the
  * schedule (fast mode, chunks that are multiples of the block) nor on the thread count; the
  * optimizer and the clipping do the same arithmetic for every thread count; the data order is a
- * function of the seed and the position; and a checkpoint holds everything else exactly (weights
- * and moments as their bits, the step, the data position and the generator state). The loss log
+ * function of the seed and the position; and a checkpoint holds everything else exactly (the
+ * trained weights or adapter and the moments as their bits, the step, the data position and the
+ * generator state). The loss log
  * (loss.csv) holds only such values; wall-clock times and memory peaks, which differ between
  * machines and schedules, go to timing.csv.
  *
  * The output directory:
  *   loss.csv, timing.csv              one row per optimizer step
  *   checkpoint-N/                     config.json, model.safetensors, optimizer.safetensors,
- *                                     trainer_state.json, loss.csv, timing.csv (up to step N)
- *   config.json, model.safetensors    the final weights (after the last step)
+ *                                     trainer_state.json, loss.csv, timing.csv (up to step N);
+ *                                     with --lora adapter_config.json and
+ *                                     adapter_model.safetensors (peft's layout) instead of the
+ *                                     model's two files, the moments under the adapter's names
+ *   config.json, model.safetensors    the final weights (after the last step); with --lora
+ *                                     adapter_config.json, adapter_model.safetensors
  *   loss.png                          with --plot, when gnuplot is installed */
 #include "../core/err.h"
 #include "../io/file.h"
@@ -38,10 +44,11 @@ static const char usage[] =
     "usage: streambp train --model DIR (--data PATH ... | --jsonl FILE --seq T) --out DIR\n"
     "                      --steps N [options]\n"
     "\n"
-    "Trains every weight of the model with AdamW (torch.optim.AdamW), gradient clipping and a\n"
-    "warm-up + cosine learning rate, any objective and any schedule. full, ckpt and stream give\n"
-    "byte-identical weights and loss logs (chunks that are multiples of --block), and a run\n"
-    "resumed from a checkpoint is byte-identical to one that never stopped.\n"
+    "Trains every weight of the model, or a LoRA adapter on the frozen model (--lora), with\n"
+    "AdamW (torch.optim.AdamW), gradient clipping and a warm-up + cosine learning rate, any\n"
+    "objective and any schedule. full, ckpt and stream give byte-identical weights (adapters)\n"
+    "and loss logs (chunks that are multiples of --block), and a run resumed from a checkpoint\n"
+    "is byte-identical to one that never stopped.\n"
     "\n"
     "data\n"
     "  --data PATH          a batch file (README \"Objectives\") or a directory of them\n"
@@ -53,6 +60,10 @@ static const char usage[] =
     "  --batch-size B       records per micro-batch of --jsonl data (default 1)\n"
     "  --shuffle            a new seeded random order every epoch (default: the given order)\n"
     "  --seed N             seed of the shuffle (default 42, as HF)\n"
+    "what is trained\n"
+    "  --lora DIR           a LoRA adapter in peft's layout (`streambp lora init`, or peft's\n"
+    "                       save_pretrained) to train, the model frozen; checkpoints and the\n"
+    "                       result are adapter directories peft loads (default: every weight)\n"
     "optimization (defaults of HF TrainingArguments)\n"
     "  --steps N            optimizer steps of the run (required)\n"
     "  --grad-accum N       micro-batches per optimizer step (default 1)\n"
@@ -62,9 +73,11 @@ static const char usage[] =
     "  --beta1 X, --beta2 X AdamW betas (defaults 0.9, 0.999)\n"
     "  --eps X              AdamW epsilon (default 1e-8)\n"
     "  --weight-decay X     decoupled weight decay (default 0), on every weight unless:\n"
-    "  --no-decay-norms-biases   no decay of norm weights and biases (HF Trainer's groups)\n"
+    "  --no-decay-norms-biases   no decay of norm weights and biases (HF Trainer's groups;\n"
+    "                       an adapter has neither: all of it is decayed)\n"
     "  --max-grad-norm X    clip the gradient to this global L2 norm (default 1; 0: no clipping)\n"
-    "  --precision P        fp32 | fp64: weights, gradients and moments (default fp32)\n"
+    "  --precision P        fp32 | fp64: weights (and adapter), gradients and moments (default\n"
+    "                       fp32)\n"
     "engine (these may change when resuming)\n"
     "  --schedule S         full | ckpt | stream (default stream)\n"
     "  --chunk N, --logit-chunk N, --chunked-logits   as for grad\n"
@@ -97,7 +110,7 @@ static void pathf(char *buf, size_t n, const char *fmt, ...) {
 #define MAX_DATA 64
 
 typedef struct {
-    const char *model, *out, *resume, *jsonl;
+    const char *model, *out, *resume, *jsonl, *lora;
     const char *data[MAX_DATA];
     int n_data;
     int T, B, shuffle;
@@ -146,6 +159,7 @@ enum {
     OPT_LOG_EVERY,
     OPT_PLOT,
     OPT_JSON,
+    OPT_LORA,
     OPT_HELP
 };
 
@@ -190,6 +204,7 @@ static int parse(train_args *a, int argc, char **argv) {
                                          {"log-every", required_argument, 0, OPT_LOG_EVERY},
                                          {"plot", no_argument, 0, OPT_PLOT},
                                          {"json", no_argument, 0, OPT_JSON},
+                                         {"lora", required_argument, 0, OPT_LORA},
                                          {"help", no_argument, 0, OPT_HELP},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
@@ -285,6 +300,7 @@ static int parse(train_args *a, int argc, char **argv) {
         case OPT_LOG_EVERY: ok = parse_pos_int("train", "log-every", optarg, &a->log_every); break;
         case OPT_PLOT: a->plot = 1; break;
         case OPT_JSON: a->json = 1; break;
+        case OPT_LORA: a->lora = optarg; break;
         case OPT_HELP: printf("%s%s", usage, obj_usage); return -1;
         default:
             if (c >= OBJ_OPT_OBJECTIVE && c <= OBJ_OPT_REF_MODEL) {
@@ -307,9 +323,10 @@ static int parse(train_args *a, int argc, char **argv) {
                 usage);
         return EXIT_USAGE;
     }
-    const char *paths[MAX_DATA + 5] = {a->model, a->out, a->resume, a->jsonl, a->obj.ref_model};
-    for (int i = 0; i < a->n_data; i++) paths[5 + i] = a->data[i];
-    for (int i = 0; i < 5 + a->n_data; i++)
+    const char *paths[MAX_DATA + 6] = {a->model,         a->out,  a->resume,
+                                       a->obj.ref_model, a->lora, a->jsonl};
+    for (int i = 0; i < a->n_data; i++) paths[6 + i] = a->data[i];
+    for (int i = 0; i < 6 + a->n_data; i++)
         if (paths[i] && strlen(paths[i]) > PATH_OPT_MAX) {
             fprintf(stderr, "streambp train: a path longer than %d characters: %.60s...\n",
                     PATH_OPT_MAX, paths[i]);
@@ -346,7 +363,7 @@ static int parse(train_args *a, int argc, char **argv) {
 
 /* ---- the run's settings: what a resumed run must share with the run it continues ---------- */
 
-enum { MAX_SETTINGS = 40 };
+enum { MAX_SETTINGS = 48 };
 typedef struct {
     const char *key[MAX_SETTINGS];
     char val[MAX_SETTINGS][160];
@@ -374,8 +391,22 @@ static void describe_model(char *buf, size_t n, const sbp_config *c) {
              c->tied ? " tied" : "", c->qkv_bias ? " qkv-bias" : "", c->qk_norm ? " qk-norm" : "");
 }
 
+/* An adapter's configuration as a setting: what makes two adapters interchangeable. */
+static void describe_lora(char *buf, size_t n, const sbp_lora_config *c) {
+    static const char *const names[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                        "gate_proj", "up_proj", "down_proj"};
+    int k = snprintf(buf, n, "r %d, alpha %.17g, use_rslora %d, targets", c->r, c->alpha,
+                     c->use_rslora);
+    for (int i = 0; i < 7 && k > 0 && (size_t)k < n; i++)
+        if (c->targets & (1u << i)) k += snprintf(buf + k, n - (size_t)k, " %s", names[i]);
+}
+
+/* The settings of a run; a LoRA run (lora non-NULL) adds the adapter's configuration and a hash
+ * of its initial tensors after the model's (a full-weight run writes exactly the settings it
+ * wrote before adapters existed, so its older checkpoints still resume). */
 static void build_settings(settings *s, const train_args *a, const sbp_model *m, uint64_t w_hash,
-                           const sbp_data *d, uint64_t ref_hash) {
+                           const sbp_lora *lora, uint64_t lora_hash, const sbp_data *d,
+                           uint64_t ref_hash) {
     char desc[160];
     const sbp_objective *o = &a->g.objective;
     s->n = 0;
@@ -383,6 +414,11 @@ static void build_settings(settings *s, const train_args *a, const sbp_model *m,
     set_str(s, "model", desc);
     set_str(s, "precision", a->prec == SBP_FP64 ? "fp64" : "fp32");
     set_hash(s, "initial_weights", w_hash);
+    if (lora) {
+        describe_lora(desc, sizeof desc, &lora->cfg);
+        set_str(s, "lora", desc);
+        set_hash(s, "initial_adapter", lora_hash);
+    }
     set_str(s, "objective", obj_kind_name(o->kind));
     set_str(s, "loss_type", obj_loss_name(o));
     set_num(s, "beta", o->beta);
@@ -423,6 +459,8 @@ static const char *setting_label(const char *key) {
         {"model", "the model (config.json)"},
         {"precision", "--precision"},
         {"initial_weights", "initial weights (hash of --model's weights)"},
+        {"lora", "the LoRA adapter (--lora: its adapter_config.json)"},
+        {"initial_adapter", "initial adapter (hash of --lora's tensors)"},
         {"objective", "--objective"},
         {"loss_type", "--loss-type"},
         {"beta", "--beta"},
@@ -514,9 +552,9 @@ static long checkpoint_number(const char *name) {
 /* Whether dir holds a training run (anything a run writes). */
 static const char *holds_run(const char *dir) {
     static const char *const files[] = {"loss.csv", "timing.csv", "model.safetensors",
-                                        "trainer_state.json"};
+                                        "trainer_state.json", "adapter_model.safetensors"};
     char p[4200];
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         pathf(p, sizeof p, "%s/%s", dir, files[i]);
         if (is_file(p)) return files[i];
     }
@@ -557,14 +595,16 @@ static int find_checkpoint(char *out, size_t n, const char *path) {
 /* Leftovers of a process that was killed while writing: "NAME.tmp.PID" and "NAME.old.PID",
  * for the names a run writes, whose process no longer exists. */
 static void remove_stale(const char *dir) {
-    static const char *const ours[] = {"checkpoint-", "loss.csv.", "timing.csv.",
-                                       "model.safetensors.", "config.json."};
+    static const char *const ours[] = {"checkpoint-",         "loss.csv.",
+                                       "timing.csv.",         "model.safetensors.",
+                                       "config.json.",        "adapter_model.safetensors.",
+                                       "adapter_config.json."};
     DIR *dp = opendir(dir);
     if (!dp) return;
     struct dirent *e;
     while ((e = readdir(dp))) {
         int mine = 0;
-        for (int i = 0; i < 5 && !mine; i++)
+        for (int i = 0; i < 7 && !mine; i++)
             mine = strncmp(e->d_name, ours[i], strlen(ours[i])) == 0;
         const char *t = strstr(e->d_name, ".tmp.");
         if (!t) t = strstr(e->d_name, ".old.");
@@ -631,6 +671,7 @@ static cJSON *state_json(const train_args *a, const run_state *rs, const setting
     /* how this part of the run was made; free to differ on resume */
     cJSON *run = cJSON_AddObjectToObject(o, "run");
     cJSON_AddStringToObject(run, "model", a->model);
+    if (a->lora) cJSON_AddStringToObject(run, "lora", a->lora);
     if (a->jsonl)
         cJSON_AddStringToObject(run, "jsonl", a->jsonl);
     else
@@ -644,20 +685,30 @@ static cJSON *state_json(const train_args *a, const run_state *rs, const setting
     return o;
 }
 
+/* What the run trains, as a checkpoint writes it: the model's files (config.json,
+ * model.safetensors), or with an adapter its directory in peft's layout. */
+static sbp_status save_trained(const char *dir, const train_args *a, const sbp_model *m,
+                               const sbp_lora *lora, const char *config_json, int64_t step,
+                               sbp_err *err) {
+    if (lora) return sbp_lora_save(dir, lora, a->model, err);
+    char stepv[32];
+    snprintf(stepv, sizeof stepv, "%lld", (long long)step);
+    const char *meta[] = {"format", "pt", "generator", "streambp train", "step", stepv, NULL};
+    return sbp_model_save_files(dir, m, config_json, meta, err);
+}
+
 static sbp_status save_checkpoint(const train_args *a, const run_state *rs, const settings *s,
-                                  const sbp_model *m, const char *config_json, const sbp_adamw *opt,
-                                  char *where, size_t where_n, sbp_err *err) {
+                                  const sbp_model *m, const sbp_lora *lora, const char *config_json,
+                                  const sbp_adamw *opt, char *where, size_t where_n, sbp_err *err) {
     pathf(where, where_n, "%s/checkpoint-%lld", a->out, (long long)rs->step);
     sbp_outdir d;
     sbp_status st = sbp_outdir_open(&d, where, err);
     if (st) return st;
-    char p[4300], stepv[32];
-    snprintf(stepv, sizeof stepv, "%lld", (long long)rs->step);
-    const char *meta[] = {"format", "pt", "generator", "streambp train", "step", stepv, NULL};
-    st = sbp_model_save_files(d.tmp, m, config_json, meta, err);
+    char p[4300];
+    st = save_trained(d.tmp, a, m, lora, config_json, rs->step, err);
     if (!st)
         st = sbp_adamw_save(sbp_outdir_file(&d, "optimizer.safetensors", p, sizeof p), opt,
-                            &m->params, err);
+                            lora ? &lora->params : &m->params, err);
     if (!st)
         st = sbp_write_atomic(sbp_outdir_file(&d, "loss.csv", p, sizeof p), rs->loss_csv,
                               rs->loss_len, err);
@@ -709,6 +760,20 @@ static sbp_status read_checkpoint(run_state *rs, const char *ckpt, const setting
                         "settings)",
                         p);
     }
+    /* a full-weight run and an adapter's are told apart first: their settings differ in kind */
+    const char *their_lora = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(set, "lora"));
+    int ours_lora = 0;
+    for (int i = 0; i < s->n; i++) ours_lora |= strcmp(s->key[i], "lora") == 0;
+    if (their_lora && !ours_lora)
+        st = sbp_fail(err, SBP_EINPUT,
+                      "--resume %s: the checkpoint's run trains a LoRA adapter (%s); this run "
+                      "trains the full weights. Give --lora with the adapter that run started from",
+                      ckpt, their_lora);
+    else if (!their_lora && ours_lora)
+        st = sbp_fail(err, SBP_EINPUT,
+                      "--resume %s: the checkpoint's run trains the full weights; this run a LoRA "
+                      "adapter (--lora). Resume it without --lora",
+                      ckpt);
     /* every setting must be the same; name the first that is not */
     for (int i = 0; i < s->n && !st; i++) {
         const char *theirs = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(set, s->key[i]));
@@ -854,7 +919,8 @@ static double logged_loss(const char *csv, int last) {
 
 typedef struct {
     sbp_model m, ref;
-    int has_ref;
+    sbp_lora lora; /* with --lora: the adapter being trained */
+    int has_ref, has_lora;
     sbp_data *data;
     sbp_adamw opt;
     run_state rs;
@@ -875,6 +941,7 @@ static void run_free(train_run *r, int accum, sbp_ledger *lg) {
     free(r->rs.loss_csv), free(r->rs.timing_csv);
     sbp_data_free(r->data);
     if (r->has_ref) sbp_model_free(&r->ref, lg);
+    if (r->has_lora) sbp_lora_free(&r->lora, lg);
     if (r->m.w) sbp_model_free(&r->m, lg);
     free(r->config_json);
 }
@@ -914,6 +981,12 @@ static sbp_status prepare(train_run *r, const train_args *a, settings *s, char *
     if (st) return st;
     size_t esz = a->prec == SBP_FP64 ? sizeof(double) : sizeof(float);
     uint64_t w_hash = sbp_hash64(r->m.w, esz * (size_t)r->m.params.total, 0), ref_hash = 0;
+    uint64_t lora_hash = 0;
+    if (a->lora) { /* checked against the model: targets, rank and every shape */
+        if ((st = sbp_lora_load(&r->lora, a->lora, &r->m.cfg, a->prec, lg, err))) return st;
+        r->has_lora = 1;
+        lora_hash = sbp_hash64(r->lora.w, esz * (size_t)r->lora.params.total, 0);
+    }
     if (a->obj.ref_model) {
         if ((st = sbp_model_load(&r->ref, a->obj.ref_model, a->prec, lg, err))) return st;
         r->has_ref = 1;
@@ -933,7 +1006,8 @@ static sbp_status prepare(train_run *r, const train_args *a, settings *s, char *
                           .scale_rewards = a->obj.scale_rewards,
                           .reference_model = a->obj.ref_model != NULL};
     if ((st = sbp_data_open(&r->data, &dopt, &r->m.cfg, err))) return st;
-    build_settings(s, a, &r->m, w_hash, r->data, ref_hash);
+    build_settings(s, a, &r->m, w_hash, r->has_lora ? &r->lora : NULL, lora_hash, r->data,
+                   ref_hash);
     int per = sbp_data_items_per_batch(r->data);
     r->mb = calloc((size_t)a->grad_accum, sizeof *r->mb);
     r->items = calloc((size_t)per, sizeof *r->items);
@@ -941,11 +1015,13 @@ static sbp_status prepare(train_run *r, const train_args *a, settings *s, char *
     if ((st = sbp_sampler_init(&r->rs.sampler, sbp_data_items(r->data), per, a->shuffle, a->seed,
                                err)))
         return st;
-    if ((st = sbp_adamw_init(&r->opt, &a->adam, a->prec, r->m.params.total, lg, err))) return st;
+    /* the trainable slab: the weights, or the adapter's tensors */
+    const sbp_params *tps = r->has_lora ? &r->lora.params : &r->m.params;
+    if ((st = sbp_adamw_init(&r->opt, &a->adam, a->prec, tps->total, lg, err))) return st;
     if (a->no_decay_nb) {
         sbp_range *nd;
         int nn;
-        if ((st = sbp_params_no_decay(&nd, &nn, &r->m.params, err))) return st;
+        if ((st = sbp_params_no_decay(&nd, &nn, tps, err))) return st;
         st = sbp_adamw_exclude_decay(&r->opt, nd, nn, err);
         free(nd);
         if (st) return st;
@@ -962,14 +1038,32 @@ static sbp_status prepare(train_run *r, const train_args *a, settings *s, char *
         return sbp_fail(err, SBP_EINPUT,
                         "--resume %s: the checkpoint is at step %lld, after --steps %d", ckpt,
                         (long long)r->rs.step, a->steps);
-    sbp_model_free(&r->m, lg);
-    if ((st = sbp_model_load(&r->m, ckpt, a->prec, lg, err))) return st;
-    if (r->m.params.total != r->opt.n)
-        return sbp_fail(err, SBP_EINPUT,
-                        "%s: the checkpoint's model has %lld parameters, this run's %lld", ckpt,
-                        (long long)r->m.params.total, (long long)r->opt.n);
+    if (r->has_lora) { /* the frozen model is --model's (its hash matched); the adapter the
+                        * checkpoint's */
+        const sbp_lora_config c0 = r->lora.cfg;
+        sbp_lora_free(&r->lora, lg);
+        r->has_lora = 0;
+        if ((st = sbp_lora_load(&r->lora, ckpt, &r->m.cfg, a->prec, lg, err))) return st;
+        r->has_lora = 1;
+        const sbp_lora_config *c1 = &r->lora.cfg;
+        if (c1->r != c0.r || c1->alpha != c0.alpha || c1->use_rslora != c0.use_rslora ||
+            c1->targets != c0.targets)
+            return sbp_fail(err, SBP_EINPUT,
+                            "%s/adapter_config.json: the adapter is not the one the run trains "
+                            "(r, lora_alpha, use_rslora or target_modules differ from --lora %s)",
+                            ckpt, a->lora);
+        tps = &r->lora.params;
+    } else {
+        sbp_model_free(&r->m, lg);
+        if ((st = sbp_model_load(&r->m, ckpt, a->prec, lg, err))) return st;
+        tps = &r->m.params;
+    }
+    if (tps->total != r->opt.n)
+        return sbp_fail(
+            err, SBP_EINPUT, "%s: the checkpoint's %s has %lld parameters, this run's %lld", ckpt,
+            r->has_lora ? "adapter" : "model", (long long)tps->total, (long long)r->opt.n);
     pathf(p, sizeof p, "%s/optimizer.safetensors", ckpt);
-    if ((st = sbp_adamw_load(&r->opt, p, &r->m.params, err))) return st;
+    if ((st = sbp_adamw_load(&r->opt, p, tps, err))) return st;
     if (r->opt.step != r->rs.step)
         return sbp_fail(err, SBP_EINPUT,
                         "%s: the optimizer is at step %lld, the trainer state at %lld", ckpt,
@@ -1025,9 +1119,19 @@ int cmd_train(int argc, char **argv) {
         return report_error("train", &err);
     }
     const int64_t start = r.rs.step, stop = a.stop_at ? a.stop_at : a.steps;
+    sbp_lora *lora = r.has_lora ? &r.lora : NULL;
     char mdesc[160], b1[32];
     describe_model(mdesc, sizeof mdesc, &r.m.cfg);
     fmt_bytes(b1, sizeof b1, (double)lg.cur[SBP_MEM_OPTIMIZER]);
+    if (lora) {
+        char ldesc[160];
+        describe_lora(ldesc, sizeof ldesc, &lora->cfg);
+        fprintf(stderr,
+                "streambp train: LoRA adapter %s (%s, scaling %g): %d tensors, %lld parameters "
+                "trained, the model frozen\n",
+                a.lora, ldesc, sbp_lora_scaling(&lora->cfg), lora->params.n,
+                (long long)lora->params.total);
+    }
     fprintf(stderr,
             "streambp train: %s, %lld parameters, %s; %lld data items, %d a micro-batch, %d "
             "micro-batches a step; %s, block %d; AdamW moments %s\n",
@@ -1057,7 +1161,7 @@ int cmd_train(int argc, char **argv) {
         if (st) break;
         const double lr = sbp_lr_at(&a.sched, step), t0 = now_seconds();
         sbp_step_result res;
-        st = sbp_train_step(&res, &r.m, NULL, &r.opt, r.mb, a.grad_accum, &a.g, lr, a.max_grad_norm,
+        st = sbp_train_step(&res, &r.m, lora, &r.opt, r.mb, a.grad_accum, &a.g, lr, a.max_grad_norm,
                             &lg, &err);
         if (st) {
             sbp_fail_prefix(&err, "step %lld: ", (long long)step + 1);
@@ -1097,19 +1201,15 @@ int cmd_train(int argc, char **argv) {
         int due = (a.save_every && r.rs.step % a.save_every == 0) ||
                   (a.stop_at && r.rs.step == a.stop_at && a.stop_at < a.steps);
         if (due) {
-            st = save_checkpoint(&a, &r.rs, &s, &r.m, r.config_json, &r.opt, where, sizeof where,
-                                 &err);
+            st = save_checkpoint(&a, &r.rs, &s, &r.m, lora, r.config_json, &r.opt, where,
+                                 sizeof where, &err);
             if (!st) fprintf(stderr, "streambp train: saved %s\n", where);
         }
     }
     const double secs = now_seconds() - t_start;
     const int finished = !st && r.rs.step == a.steps;
-    if (finished) { /* the final weights, in the run directory, as HF's save_model */
-        char stepv[32];
-        snprintf(stepv, sizeof stepv, "%lld", (long long)r.rs.step);
-        const char *meta[] = {"format", "pt", "generator", "streambp train", "step", stepv, NULL};
-        st = sbp_model_save_files(a.out, &r.m, r.config_json, meta, &err);
-    }
+    if (finished) /* the final weights or adapter, in the run directory, as HF's save_model */
+        st = save_trained(a.out, &a, &r.m, lora, r.config_json, r.rs.step, &err);
     if (!st && a.plot) draw_plot(a.out);
     if (!st) {
         double l0 = logged_loss(r.rs.loss_csv, 0);
@@ -1140,7 +1240,8 @@ int cmd_train(int argc, char **argv) {
             print_ledger(stdout, &lg, "  ");
             printf("  peak RSS %.1f MiB\n", peak_rss_bytes() / 1048576.0);
             if (finished)
-                printf("wrote     %s/model.safetensors, %s/loss.csv\n", a.out, a.out);
+                printf("wrote     %s/%s, %s/loss.csv\n", a.out,
+                       lora ? "adapter_model.safetensors" : "model.safetensors", a.out);
             else
                 printf("resume    with --resume %s/checkpoint-%lld\n", a.out, (long long)r.rs.step);
         }
