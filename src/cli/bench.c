@@ -42,9 +42,12 @@ static const char usage[] =
     "                     with the planner and confirmed by a real step\n"
     "  --device D         cpu | cuda | cuda-emu (default cpu); on a CUDA device the portable\n"
     "                     numerics run, and the ledger and the plan columns show device memory\n"
-    "  --no-train         leave out the training-step row (train-stream: a stream step, the\n"
+    "  --no-train         leave out the training-step rows: train-stream (a stream step, the\n"
     "                     gradient clipped and an AdamW update of every weight, its memory\n"
-    "                     with the optimizer's two moments, timed like the schedules)\n"
+    "                     with the optimizer's two moments, timed like the schedules) and, up\n"
+    "                     to T = 4096, train-stream-lora (the same for a LoRA adapter, r 32,\n"
+    "                     alpha 128, all-linear, as the StreamBP paper's scripts; the base\n"
+    "                     frozen)\n"
     "  --csv | --json     machine-readable output\n";
 
 typedef struct {
@@ -147,7 +150,8 @@ static void sgemm_child(child_result *r, const void *p) {
 typedef struct {
     const char *model;
     int T, reps, warmup, threads, n;
-    int train; /* whole training steps: gradient, clipping, AdamW (n = 1) */
+    int train;            /* whole training steps: gradient, clipping, AdamW (n = 1) */
+    sbp_lora_config lora; /* r > 0: the training step trains an adapter of this config */
     sbp_grad_opts g[2 * PLAN_N_SCHEDULES];
 } step_arg;
 
@@ -173,18 +177,34 @@ static void step_child(child_result *r, const void *p) {
         b.mask[t] = 1;
     }
     b.n_targets = a->T - 1;
-    /* a training step: HF's defaults (lr 5e-5, max_grad_norm 1) on the model's weights */
+    /* a training step: HF's defaults (lr 5e-5, max_grad_norm 1) on the model's weights, or on a
+     * new adapter (peft's initialisation) */
     const sbp_adamw_opts ao = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
     sbp_adamw opt = {0};
-    int ok = !a->train || sbp_adamw_init(&opt, &ao, m.prec, m.params.total, &r->lg, &err) == 0;
+    sbp_lora ad = {0};
+    int ok = 1;
+    if (a->lora.r) {
+        ok = sbp_lora_init(&ad, &m.cfg, &a->lora, 1, 0, m.prec, &err) == 0;
+        /* into the ledger, where a loaded adapter is (sbp_lora_init allocates outside it) */
+        const size_t bytes = sizeof(float) * (size_t)ad.params.total;
+        void *w = ok ? sbp_ledger_alloc(host_lg, SBP_MEM_WEIGHTS, bytes) : NULL;
+        if (ok && !w) snprintf(err.msg, sizeof err.msg, "out of memory for the adapter");
+        if ((ok = ok && w)) {
+            memcpy(w, ad.w, bytes);
+            sbp_ledger_free(NULL, ad.w);
+            ad.w = w;
+        }
+    }
+    const int64_t n_trained = a->lora.r ? ad.params.total : m.params.total;
+    ok = ok && (!a->train || sbp_adamw_init(&opt, &ao, m.prec, n_trained, &r->lg, &err) == 0);
     for (int i = 0; ok && i < a->warmup + a->reps; i++) {
         for (int k = 0; ok && k < a->n; k++) {
             sbp_grad_result res;
             sbp_step_result sr;
             double t0 = now_seconds();
             if (a->train)
-                ok = sbp_train_step(&sr, &m, NULL, &opt, &b, 1, &a->g[k], 5e-5, 1.0, &r->lg,
-                                    &err) == 0;
+                ok = sbp_train_step(&sr, &m, a->lora.r ? &ad : NULL, &opt, &b, 1, &a->g[k], 5e-5,
+                                    1.0, &r->lg, &err) == 0;
             else
                 ok = sbp_grad(&res, &m, &b, &a->g[k], &r->lg, &err) == 0;
             if (!ok) break;
@@ -196,6 +216,7 @@ static void step_child(child_result *r, const void *p) {
     }
     if (!ok) snprintf(r->err, sizeof r->err, "%s", err.msg);
     sbp_adamw_free(&opt, &r->lg);
+    if (ad.w) sbp_lora_free(&ad, host_lg);
     sbp_batch_free(&b);
     sbp_model_free(&m, host_lg);
     r->ok = ok;
@@ -485,7 +506,10 @@ int cmd_bench(int argc, char **argv) {
             sbp_grad_opts g = timing.g[kidx[q]];
             emit(&out, &cfg, kinds[k].name, Ts[q], &g, median(tv, nt), nt, &mem[q], &plan[q]);
         }
-        if (train && !largest && device == SBP_DEVICE_CPU) { /* a whole training step, alone */
+        /* whole training steps, each alone: every weight, then (up to T = 4096) an adapter */
+        for (int lo = 0; lo < 2 && train && !largest && device == SBP_DEVICE_CPU; lo++) {
+            if (lo && seqs[si] > 4096) break;
+            const sbp_lora_config lc = {.r = 32, .alpha = 128, .targets = SBP_LORA_ALL};
             sbp_grad_opts g = {
                 .schedule = SBP_STREAM, .block = block, .chunk = chunk, .logit_chunk = lchunk};
             step_arg a = {.model = mdir,
@@ -498,19 +522,24 @@ int cmd_bench(int argc, char **argv) {
                           .g = {g}};
             sbp_plan_opts po = {
                 .grad = g, .B = 1, .T = seqs[si], .storage_bytes = 4, .optimizer = 1};
+            if (lo) a.lora = po.lora = lc;
             sbp_ledger tplan;
             if (sbp_plan(&tplan, &cfg, &po, &err)) memset(&tplan, 0, sizeof tplan);
             child_result t;
-            fprintf(stderr, "  T = %d: %d training step%s (stream + clipping + AdamW)...\n",
-                    seqs[si], a.reps + a.warmup, a.reps + a.warmup > 1 ? "s" : "");
+            fprintf(stderr, "  T = %d: %d training step%s (stream + clipping + AdamW%s)...\n",
+                    seqs[si], a.reps + a.warmup, a.reps + a.warmup > 1 ? "s" : "",
+                    lo ? ", LoRA r 32" : "");
             in_child(&t, step_child, &a);
             if (!t.ok) {
-                fprintf(stderr, "streambp bench: T = %d, training step: %s\n", seqs[si], t.err);
+                fprintf(stderr, "streambp bench: T = %d, training step%s: %s\n", seqs[si],
+                        lo ? " (LoRA)" : "", t.err);
                 failures++;
-            } else {
-                emit(&out, &cfg, "train-stream", seqs[si], &g, median(t.times[0], t.n_times),
-                     t.n_times, &t, &tplan);
+                continue;
             }
+            sbp_lora flops_view = {.cfg = lc}; /* the FLOP count reads the adapter's config */
+            if (lo) g.lora = &flops_view;
+            emit(&out, &cfg, lo ? "train-stream-lora" : "train-stream", seqs[si], &g,
+                 median(t.times[0], t.n_times), t.n_times, &t, &tplan);
         }
         fflush(stdout);
     }
@@ -531,7 +560,8 @@ int cmd_bench(int argc, char **argv) {
             printf("(peak MiB: the ledger's peak; plan MiB: the planner's for the same step; RSS: "
                    "the whole process, binary and libraries included; train-stream: a stream step, "
                    "clipping and the AdamW update, the two moments in the ledger and the plan; "
-                   "GFLOP counts the step's matrix products)\n");
+                   "train-stream-lora: the same for a LoRA adapter r 32 on every linear layer, the "
+                   "base frozen; GFLOP counts the step's matrix products)\n");
     }
     if (dir[0]) {
         char p[1200];
