@@ -281,6 +281,93 @@ START_TEST(budget_finds_the_boundary) {
 }
 END_TEST
 
+/* `plan --paper --json`: every cell of the paper's Table 3 (6 columns x SFT, DPO, GRPO x no
+ * ckpt, ckpt, StreamBP) is there, beside the paper's number where it has one, each ours a
+ * largest T that the planner confirms (T fits 80 GiB and T + 1 does not) for one cell per
+ * column, and the schedules are ordered as they must be: full <= ckpt <= stream. */
+START_TEST(paper_table3_complete) {
+    static const char *cols[6] = {"4B Full", "4B LoRA",  "8B Full",
+                                  "8B LoRA", "14B LoRA", "32B LoRA"};
+    static const char *objs[3] = {"sft", "dpo", "grpo"},
+                      *methods[3] = {"no ckpt", "ckpt", "StreamBP"};
+    /* notes/paper.md, Table 3 (0: no entry) */
+    static const double paper[3][3][6] = {
+        {{7.0, 7.1, 3.4, 5.1, 2.9, 0.4},
+         {28.5, 36.5, 15.7, 30.6, 23.0, 5.9},
+         {200.0, 247.0, 72.0, 142.4, 84.6, 16.3}},
+        {{3.1, 3.5, 0, 2.5, 1.4, 0.2},
+         {18.7, 32.2, 0, 25.5, 18.5, 4.4},
+         {57.2, 100.2, 0, 60.9, 36.9, 7.8}},
+        {{0.9, 1.0, 0, 0.7, 0.4, 0}, {8.5, 12.1, 0, 9.5, 6.9, 0}, {18.2, 27.5, 0, 16.5, 10.1, 0}}};
+    static const char *configs[6] = {"qwen3-4b", "qwen3-4b",  "qwen3-8b",
+                                     "qwen3-8b", "qwen3-14b", "qwen3-32b"};
+    ck_assert_int_eq(tu_sh("%s plan --paper --json", tu_bin()), 0);
+    cJSON *root = cJSON_Parse(tu_last_output());
+    ck_assert_msg(root, "plan --paper --json did not print JSON: %s", tu_last_output());
+    const cJSON *cells = cJSON_GetObjectItemCaseSensitive(root, "table3"), *c;
+    ck_assert_int_eq(cJSON_GetArraySize(cells), 54);
+    int T[3][3][6] = {{{0}}}, seen = 0;
+    cJSON_ArrayForEach(c, cells) {
+        const char *o = cJSON_GetObjectItemCaseSensitive(c, "objective")->valuestring;
+        const char *mt = cJSON_GetObjectItemCaseSensitive(c, "method")->valuestring;
+        const char *col = cJSON_GetObjectItemCaseSensitive(c, "column")->valuestring;
+        int i = -1, j = -1, k = -1;
+        for (int q = 0; q < 6; q++) {
+            if (q < 3 && !strcmp(o, objs[q])) i = q;
+            if (q < 3 && !strcmp(mt, methods[q])) j = q;
+            if (!strcmp(col, cols[q])) k = q;
+        }
+        ck_assert_msg(i >= 0 && j >= 0 && k >= 0 && !T[i][j][k], "cell %s %s %s", o, mt, col);
+        T[i][j][k] = (int)json_int(c, "T");
+        ck_assert_msg(T[i][j][k] > 0, "%s %s %s: nothing fits", o, mt, col);
+        const cJSON *pk = cJSON_GetObjectItemCaseSensitive(c, "paper_k");
+        if (paper[i][j][k])
+            ck_assert_msg(cJSON_IsNumber(pk) && pk->valuedouble == paper[i][j][k],
+                          "%s %s %s: the paper's %g", o, mt, col, paper[i][j][k]);
+        else
+            ck_assert(cJSON_IsNull(pk));
+        seen++;
+    }
+    ck_assert_int_eq(seen, 54);
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 6; k++)
+            ck_assert_msg(T[i][0][k] <= T[i][1][k] && T[i][1][k] <= T[i][2][k],
+                          "%s %s: full %d, ckpt %d, stream %d", objs[i], cols[k], T[i][0][k],
+                          T[i][1][k], T[i][2][k]);
+    /* the boundary of one cell per column, the objective and the method turning round */
+    for (int k = 0; k < 6; k++) {
+        const int i = k % 3, j = (k / 3 + k) % 3;
+        sbp_config cfg;
+        sbp_err err = {0};
+        char path[128];
+        snprintf(path, sizeof path, "data/configs/%s.json", configs[k]);
+        if (sbp_config_load(&cfg, path, &err)) ck_abort_msg("%s", err.msg);
+        static const sbp_schedule sched[3] = {SBP_FULL, SBP_CKPT, SBP_STREAM};
+        sbp_plan_opts o = {.grad = {.schedule = sched[j],
+                                    .block = 256,
+                                    .chunk = 1024,
+                                    .logit_chunk = 256,
+                                    .objective = {.kind = (sbp_objective_kind)i,
+                                                  .beta = i == 1 ? 0.1 : 0,
+                                                  .epsilon_low = 0.2,
+                                                  .epsilon_high = 0.2}},
+                           .B = i == 2 ? 8 : 1,
+                           .storage_bytes = 2};
+        if (strstr(cols[k], "LoRA"))
+            o.lora = (sbp_lora_config){.r = 32, .alpha = 128, .targets = SBP_LORA_ALL};
+        sbp_ledger at, above;
+        o.T = T[i][j][k];
+        if (sbp_plan(&at, &cfg, &o, &err)) ck_abort_msg("%s", err.msg);
+        o.T++;
+        if (sbp_plan(&above, &cfg, &o, &err)) ck_abort_msg("%s", err.msg);
+        ck_assert_msg(at.peak_total <= (80LL << 30) && above.peak_total > (80LL << 30),
+                      "%s %s %s: T = %d is not the boundary", objs[i], methods[j], cols[k],
+                      T[i][j][k]);
+    }
+    cJSON_Delete(root);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("plan");
@@ -291,6 +378,10 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, categories_sum_to_total, 0, 6);
     tcase_add_loop_test(tc, budget_finds_the_boundary, 0, 3);
     suite_add_tcase(s, tc);
+    TCase *paper = tcase_create("paper"); /* some 1,400 plans of 4B-32B models */
+    tcase_set_timeout(paper, 900);
+    tcase_add_test(paper, paper_table3_complete);
+    suite_add_tcase(s, paper);
     return s;
 }
 
