@@ -556,7 +556,7 @@ static void attn_check(attn_cfg c, int nsample, uint64_t seed, int portable) {
     attn_prob p;
     attn_init(&p, c, seed, portable);
     const size_t T = (size_t)c.T, nq = T * p.Q, nkv = T * p.KV;
-    char what[200];
+    char what[320];
     const char *name = cfg_name(&p);
     attn_fwd_range(&p, p.o, p.lse, 0, c.T);
     double *want_o = zeros(nq), *want_lse = zeros(T * c.NH);
@@ -660,7 +660,7 @@ static double attn_chunked_vs_whole(attn_prob *p, const int *bounds, int nb, int
            *dv = zeros(nkv);
     for (int b = 0; b + 1 < nb; b++) attn_fwd_range(p, o, lse, bounds[b], bounds[b + 1]);
     for (int b = 0; b + 1 < nb; b++) attn_bwd_range(p, dq, dk, dv, bounds[b], bounds[b + 1]);
-    char what[200];
+    char what[320];
     const struct {
         const char *n;
         const double *got, *want;
