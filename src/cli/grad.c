@@ -266,7 +266,7 @@ static void print_result_json(const grad_args *a, const sbp_model *m, const sbp_
 
 /* __metadata__ of a gradient file: NULL-terminated key, value pairs; numbers are formatted
    into the list's own storage so the pointers stay valid until the file is written. */
-enum { META_MAX = 20 };
+enum { META_MAX = 32 }; /* at most 22 entries today (a non-SFT objective with --lora) */
 typedef struct {
     const char *kv[2 * META_MAX + 1];
     char num[META_MAX][48];
