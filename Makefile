@@ -26,7 +26,7 @@ ARCH     ?= native
 BUILD    ?= $(if $(filter 1,$(SAN)),build-san,build)
 
 PKGS     := openblas check libcjson libcrypto
-DEB_PKGS := libopenblas-openmp-dev check libcjson-dev libssl-dev pkg-config
+DEB_PKGS := libopenblas-openmp-dev check libcjson-dev libssl-dev pkg-config g++
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
 
