@@ -266,20 +266,24 @@ static void print_result_json(const grad_args *a, const sbp_model *m, const sbp_
 
 /* __metadata__ of a gradient file: NULL-terminated key, value pairs; numbers are formatted
    into the list's own storage so the pointers stay valid until the file is written. */
-enum { META_MAX = 20 };
+enum { META_MAX = 32 };
 typedef struct {
     const char *kv[2 * META_MAX + 1];
     char num[META_MAX][48];
     int n;
 } meta_list;
 
+/* The list holds META_MAX pairs; a key past that would be a programming error (and a test of
+ * every objective's metadata writes the fullest list). */
 static void meta_str(meta_list *l, const char *key, const char *value) {
+    if (l->n == META_MAX) return;
     l->kv[2 * l->n] = key;
     l->kv[2 * l->n + 1] = value;
     l->kv[2 * ++l->n] = NULL;
 }
 
 static void meta_num(meta_list *l, const char *key, double value) {
+    if (l->n == META_MAX) return;
     snprintf(l->num[l->n], sizeof l->num[0], "%.17g", value);
     meta_str(l, key, l->num[l->n]);
 }
