@@ -1010,6 +1010,7 @@ int cmd_train(int argc, char **argv) {
     sbp_set_threads(a.threads);
     sbp_err err = {0};
     sbp_ledger lg = {0};
+    sbp_ledger_keep_blocks(&lg); /* every step after the first reuses the first one's buffers */
     train_run r;
     memset(&r, 0, sizeof r);
     settings s;
@@ -1146,5 +1147,6 @@ int cmd_train(int argc, char **argv) {
         }
     }
     run_free(&r, a.grad_accum, &lg);
+    sbp_ledger_drop_blocks(&lg);
     return st ? report_error("train", &err) : 0;
 }
