@@ -120,10 +120,10 @@ $(BUILD)/tests/test_%: $(BUILD)/tests/test_%.o $(BUILD)/tests/testutil.o $(F64_O
 test: deps
 	@$(MAKE) --no-print-directory $(BIN) $(TESTS)
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(TESTS)
+ifneq ($(SAN),1)
 	@echo "== golden digests on the CUDA kernels in the SIMT emulator, shuffled thread order"
 	@SBP_GOLDEN_DEVICE=cuda-emu SBP_EMU_ORDER=shuffle:7 STREAMBP=$(BIN) \
 	  tests/run.sh $(BUILD)/tests/test_golden
-ifneq ($(SAN),1)
 	@$(MAKE) --no-print-directory portable-builds
 	@for b in $(PORTABLE_BUILDS); do \
 	  STREAMBP=$$b/streambp tests/run.sh $(BUILD)/tests/test_golden || exit 1; done
