@@ -1010,7 +1010,6 @@ int cmd_train(int argc, char **argv) {
     sbp_set_threads(a.threads);
     sbp_err err = {0};
     sbp_ledger lg = {0};
-    sbp_ledger_keep_blocks(&lg); /* every step after the first reuses the first one's buffers */
     train_run r;
     memset(&r, 0, sizeof r);
     settings s;
@@ -1025,6 +1024,7 @@ int cmd_train(int argc, char **argv) {
         run_free(&r, a.grad_accum, &lg);
         return report_error("train", &err);
     }
+    sbp_ledger_keep_blocks(&lg); /* every step after the first reuses the first one's buffers */
     const int64_t start = r.rs.step, stop = a.stop_at ? a.stop_at : a.steps;
     char mdesc[160], b1[32];
     describe_model(mdesc, sizeof mdesc, &r.m.cfg);
