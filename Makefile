@@ -57,7 +57,7 @@ TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIB        := $(BUILD)/libstreambp.a
 BIN        := $(BUILD)/streambp
 
-.PHONY: all deps demo train-demo test format clean check-deps bench bench-torch plots \
+.PHONY: all deps demo train-demo test format clean check-deps bench bench-torch plots bench-compare \
         portable-builds golden
 all: deps
 	@$(MAKE) --no-print-directory $(BIN) $(LIB)
@@ -212,6 +212,15 @@ bench-torch: all
 	@/usr/bin/python3 -c 'import torch' 2>/dev/null || { $(SUDO) apt-get install -y -q python3-torch; }
 	/usr/bin/python3 verify/torch_bench.py --streambp $(BIN)
 
+# Fast mode against an earlier revision, same machine, interleaved rounds (no-regression check):
+# make bench-compare OLD=<git revision>
+bench-compare: all
+	@test -n "$(OLD)" || { echo "usage: make bench-compare OLD=<git revision>"; exit 2; }
+	rm -rf build-old && mkdir -p build-old/src
+	git archive $(OLD) | tar -x -C build-old/src
+	$(MAKE) -C build-old/src CUDA=0 build/streambp
+	/usr/bin/python3 verify/bench_compare.py build-old/src/build/streambp $(BIN) --seq 2048
+
 plots: all
 	@command -v gnuplot >/dev/null || { $(SUDO) apt-get install -y -q gnuplot-nox; }
 	@mkdir -p $(BENCH_DIR)
@@ -344,6 +353,6 @@ format:
 	clang-format -i $(FORMAT_SRC)
 
 clean:
-	rm -rf build build-san $(PORTABLE_BUILDS)
+	rm -rf build build-san build-old $(PORTABLE_BUILDS)
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
