@@ -208,9 +208,18 @@ bench: all
 	$(BIN) bench --largest 768M | tee $(BENCH_DIR)/largest.txt
 	$(BIN) plan --paper | tee $(BENCH_DIR)/paper.txt
 
+# PyTorch 2.x and HF transformers from PyPI in a venv (what users run); Debian's torch 1.13 when
+# PyPI cannot be reached.
+TORCH_VENV := $(BUILD)/torch-venv
 bench-torch: all
-	@/usr/bin/python3 -c 'import torch' 2>/dev/null || { $(SUDO) apt-get install -y -q python3-torch; }
-	/usr/bin/python3 verify/torch_bench.py --streambp $(BIN)
+	@if [ ! -x $(TORCH_VENV)/bin/python ]; then \
+	  python3 -m venv $(TORCH_VENV) && $(TORCH_VENV)/bin/pip install -q torch==2.6.0 \
+	    transformers==4.51.3 || rm -rf $(TORCH_VENV); fi
+	@if [ -x $(TORCH_VENV)/bin/python ]; then \
+	  $(TORCH_VENV)/bin/python verify/torch_bench.py --streambp $(BIN); else \
+	  echo "bench-torch: no PyPI; Debian's torch 1.13 instead"; \
+	  /usr/bin/python3 -c 'import torch' 2>/dev/null || $(SUDO) apt-get install -y -q python3-torch; \
+	  /usr/bin/python3 verify/torch_bench.py --streambp $(BIN); fi
 
 # Fast mode against an earlier revision, same machine, interleaved rounds (no-regression check):
 # make bench-compare OLD=<git revision>
