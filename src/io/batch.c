@@ -16,6 +16,7 @@
 #include "../streambp.h"
 #include "safetensors.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,13 +238,17 @@ static sbp_status load_grpo(sbp_batch *b, const sbp_st_file *sf, const sbp_confi
         const char *gs = sbp_st_meta(sf, "group_size");
         if (!gs) gs = sbp_st_meta(sf, "num_generations");
         char *end = NULL;
-        long G = gs ? strtol(gs, &end, 10) : 0;
+        errno = 0;
+        long long G = gs ? strtoll(gs, &end, 10) : 0;
         double *rew = NULL;
-        if (!gs || !end || *end || G < 1)
+        if (!gs || !end || end == gs || *end || errno || G < 1)
             st = sbp_fail(err, SBP_EINPUT,
                           "%s: rewards need the group size: a positive integer "
-                          "\"group_size\" (or \"num_generations\") in __metadata__",
-                          sf->path);
+                          "\"group_size\" (or \"num_generations\") in __metadata__%s%s%s",
+                          sf->path, gs ? ", not \"" : "", gs ? gs : "", gs ? "\"" : "");
+        else if (G > B) /* before any narrowing: 2^32 + 2 must not become 2 */
+            st = sbp_fail(err, SBP_EINPUT, "%s: the group size %lld is larger than B = %d",
+                          sf->path, G, B);
         if (!st) st = read_float(&rew, sf, "rewards", B, 0, err);
         if (!st && !(b->advantages = malloc(sizeof(double) * (size_t)B)))
             st = sbp_fail(err, SBP_ENOMEM, "out of memory");

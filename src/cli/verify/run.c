@@ -1,5 +1,5 @@
-/* cli/verify/run.c — `streambp verify [options]`: the full comparison matrix on one model and batch,
- * by default the bundled one. */
+/* cli/verify/run.c — `streambp verify [options]`: the full comparison matrix on one model and
+ * batch, by default the bundled one. */
 #include "../cli.h"
 #include "../objopts.h"
 #include "../../../verify/defaults.h"
@@ -59,6 +59,9 @@ static int item_int(const char *s, int *v) {
     long x = strtol(s, &end, 10);
     *v = (int)x;
     return end != s && !*end && x >= 1 && x < (1 << 30);
+}
+static int item_threads(const char *s, int *v) {
+    return item_int(s, v) && *v <= SBP_MAX_THREADS;
 }
 static int item_sched(const char *s, int *v) {
     sbp_schedule sc;
@@ -173,7 +176,7 @@ int verify_run(int argc, char **argv) {
             o.precisions = bits(list, n);
             break;
         case 't':
-            if (!parse_list(optarg, "threads", item_int, o.threads, 4, &o.n_threads))
+            if (!parse_list(optarg, "threads", item_threads, o.threads, 4, &o.n_threads))
                 return EXIT_USAGE;
             break;
         case 'B':
