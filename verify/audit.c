@@ -33,10 +33,29 @@ static sbp_status truth_and_ours(sbp_audit_report *rep, double *truth, double *o
         memcpy(truth, r.grads, sizeof(double) * (size_t)n);
         rep->truth_loss = r.loss;
         sbp_grad_result_free(&r, NULL);
-    } else {
+    } else { /* from the files, read by the oracle itself */
         rep->truth = "ref/ float64 oracle";
-        if ((st = ref_sft(&rep->truth_loss, truth, &m64->cfg, &m64->params, m64->w, b, err)))
+        ref_model rm;
+        double *tg;
+        sbp_objective sft = {.kind = SBP_OBJ_SFT};
+        if ((st = ref_truth_files(&rep->truth_loss, &tg, &rm, o->model, o->batch, &sft, 1, NULL, 0,
+                                  NULL, 0, err)))
             return st;
+        for (int i = 0; i < m64->params.n && !st; i++) {
+            const sbp_param *p = &m64->params.p[i];
+            int j = sbp_params_find(&rm.ps, p->name);
+            if (j < 0 || rm.ps.p[j].numel != p->numel)
+                st = sbp_fail(err, SBP_EINPUT,
+                              "%s: the oracle's reading of the model has no tensor \"%s\" of "
+                              "the library's shape",
+                              o->model, p->name);
+            else
+                memcpy(truth + p->offset, tg + rm.ps.p[j].offset,
+                       sizeof(double) * (size_t)p->numel);
+        }
+        free(tg);
+        ref_model_free(&rm);
+        if (st) return st;
     }
     if (o->precision == SBP_THEIRS_FP64) {
         if ((st = sbp_grad(&r, m64, b, &g, NULL, err))) return st;

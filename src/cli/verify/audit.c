@@ -1,5 +1,5 @@
-/* cli/verify/audit.c — `streambp verify audit`: another implementation's gradients, judged per tensor
- * against the float64 truth with a budget measured from our own run at their precision. */
+/* cli/verify/audit.c — `streambp verify audit`: another implementation's gradients, judged per
+ * tensor against the float64 truth with a budget measured from our own run at their precision. */
 #include "../cli.h"
 #include "../../../verify/audit.h"
 #include "verify.h"

@@ -16,10 +16,13 @@ static const char usage[] =
     "       streambp verify diff A B | fd | --suite      (see `streambp verify help`)\n"
     "\n"
     "Runs every schedule (full, ckpt, stream) at several chunk sizes, in float32 and float64, at\n"
-    "1 and 2 threads, and the ref/ float64 oracle, and compares every parameter gradient in five\n"
-    "groups: fp64 vs the float64 truth (<= 1e-10), fp32 vs the truth (within a budget measured in\n"
-    "the same run: slack x the error of fp32 full BP), schedules (bitwise at block-multiple\n"
-    "chunks), threads (bitwise), ragged chunks (within the measured tolerance). One row per\n"
+    "1 and 2 threads, and the ref/ float64 oracle (which reads the files with its own readers),\n"
+    "and compares every parameter gradient in seven groups: loading (the library's reading of\n"
+    "config, weights and batch against the oracle's), fp64 vs the float64 truth (<= 1e-10), fp32\n"
+    "vs the truth (within slack x the error of the oracle's own loops run in float32), schedules\n"
+    "(bitwise at block-multiple chunks), threads (bitwise), ragged chunks (within the measured\n"
+    "tolerance), micro-batches (the batch split into micro-batches of different T, one step, vs\n"
+    "the truth of the whole batch). One row per\n"
     "tensor and group: bitwise runs, max ULP, max abs, relative L2, cosine and the norm ratio\n"
     "(cosine alone misses a scale error), the budget and the verdict. Without --model/--batch it\n"
     "runs on the bundled default (Qwen3-tiny, seed 1, data/batches/sft-demo.safetensors).\n"
@@ -231,6 +234,9 @@ int verify_run(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "runs", rep.n_runs);
         cJSON_AddNumberToObject(j, "max_loss_rel_dev_fp64", rep.max_loss_dev64);
         cJSON_AddNumberToObject(j, "max_loss_rel_dev_fp32", rep.max_loss_dev32);
+        if (rep.budget32) cJSON_AddStringToObject(j, "fp32_budget_from", rep.budget32);
+        cJSON_AddItemToObject(j, "micro_batch_T", cJSON_CreateIntArray(rep.micro_T, rep.n_micro));
+        if (rep.load_notes[0]) cJSON_AddStringToObject(j, "loading_notes", rep.load_notes);
         cJSON *gs = cJSON_AddArrayToObject(j, "groups");
         for (int gi = 0; gi < SBP_VG_N; gi++) cJSON_AddItemToArray(gs, group_json(&rep.g[gi]));
         cJSON_AddBoolToObject(j, "pass", rep.failed == 0);
@@ -242,7 +248,16 @@ int verify_run(int argc, char **argv) {
         for (int i = 0; i < rep.n_chunks; i++) printf(" %d", rep.chunks[i]);
         printf("; truth: %s, loss %.17g; %d runs in %.1f s\n", rep.truth, rep.truth_loss,
                rep.n_runs, secs);
+        if (rep.budget32) printf("fp32 budget from %s\n", rep.budget32);
+        if (rep.n_micro) {
+            printf("micro-batches: %d, T", rep.n_micro);
+            for (int k = 0; k < rep.n_micro; k++) printf("%s%d", k ? "/" : " ", rep.micro_T[k]);
+            printf("\n");
+        }
         for (int gi = 0; gi < SBP_VG_N; gi++) print_group(&rep.g[gi], failures_only);
+        if (rep.load_notes[0])
+            printf("\nthe library and the oracle read the inputs differently: %s\n",
+                   rep.load_notes);
         printf("\nsummary:");
         for (int gi = 0; gi < SBP_VG_N; gi++)
             printf(" %s %d/%d%s", rep.g[gi].title, rep.g[gi].n_rows - rep.g[gi].failed,

@@ -1,4 +1,5 @@
-/* cli/verify/suite.c — `streambp verify --suite`: every edge-case fixture through the full matrix. */
+/* cli/verify/suite.c — `streambp verify --suite`: every edge-case fixture through the full matrix.
+ */
 #include "../cli.h"
 #include "../../../verify/defaults.h"
 #include "../../../verify/suite.h"
@@ -100,6 +101,9 @@ int verify_suite(int argc, char **argv) {
             if (rep.g[gi].failed)
                 snprintf(why + strlen(why), sizeof why - strlen(why), " %.40s: %d tensors",
                          rep.g[gi].title, rep.g[gi].failed);
+        if (rep.load_notes[0])
+            snprintf(why + strlen(why), sizeof why - strlen(why),
+                     " (inputs read differently: %.200s)", rep.load_notes);
         if (json) {
             cJSON *x = cJSON_CreateObject();
             cJSON_AddStringToObject(x, "case", k->name);
