@@ -54,7 +54,7 @@ TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIB        := $(BUILD)/libstreambp.a
 BIN        := $(BUILD)/streambp
 
-.PHONY: all deps demo test format clean check-deps bench bench-torch plots
+.PHONY: all deps demo test format clean check-deps bench bench-torch plots plants
 all: deps
 	@$(MAKE) --no-print-directory $(BIN) $(LIB)
 
@@ -114,8 +114,13 @@ $(BUILD)/tests/test_%: $(BUILD)/tests/test_%.o $(BUILD)/tests/testutil.o $(F64_O
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
 test: deps
-	@$(MAKE) --no-print-directory $(BIN) $(TESTS)
+	@$(MAKE) --no-print-directory $(BIN) $(TESTS) plants
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(TESTS)
+
+# Binaries with one planted bug each, for tests/test_plant.c (tests/plant.sh lists them).
+plants: $(BIN)
+	@CC="$(CC)" CFLAGS="$(CFLAGS)" LDFLAGS="$(LDFLAGS)" LDLIBS="$(LDLIBS)" LD="$(LD)" \
+	  BUILD=$(BUILD) OBJS="$(CLI_OBJ) $(COMMON_OBJ)" F32_OBJ="$(F32_OBJ)" tests/plant.sh
 
 # ---- demo ---------------------------------------------------------------------------------------
 # The bundled default: a seeded random Qwen3-tiny (tied embeddings, GQA 2:1, head_dim != C/NH)

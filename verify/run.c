@@ -316,6 +316,7 @@ static void refused(sbp_verify_report *rep, const sbp_params *ps, const char *wh
         if (hit) snprintf(g->rows[i].first_failure, sizeof g->rows[i].first_failure, "%s", who);
     }
     for (int i = 0; i < ps->n && !named; i++) g->rows[i].failed = 1;
+    g->failed = named ? named : ps->n;
     rep->failed = 1;
 }
 

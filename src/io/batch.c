@@ -86,7 +86,12 @@ static sbp_status alloc_rows(sbp_batch *b, int B, int T, const char *path, sbp_e
     b->mask = calloc(n, 1);
     if (!b->ids || !b->labels || !b->mask)
         return sbp_fail(err, SBP_ENOMEM, "%s: out of memory", path);
+#ifdef SBP_PLANT_DPO_PAD_LABEL_ZERO
+    for (size_t i = 0; i < n; i++)
+        b->labels[i] = 0; /* planted bug (tests/test_plant.c); never in a normal build */
+#else
     for (size_t i = 0; i < n; i++) b->labels[i] = SBP_IGNORE;
+#endif
     return SBP_OK;
 }
 
@@ -121,7 +126,12 @@ void sbp_batch_count_targets(sbp_batch *b) {
     b->n_targets = b->n_pad_targets = 0;
     for (int r = 0; r < b->B; r++)
         for (int t = 0; t + 1 < b->T; t++)
+#ifdef SBP_PLANT_UNSHIFTED_NORMALISER
+            if (b->labels[(size_t)r * b->T + t] !=
+                SBP_IGNORE) { /* planted bug (tests/test_plant.c); never in a normal build */
+#else
             if (b->labels[(size_t)r * b->T + t + 1] != SBP_IGNORE) {
+#endif
                 b->n_targets++;
                 b->n_pad_targets += b->mask[(size_t)r * b->T + t] == 0;
             }
@@ -189,7 +199,11 @@ static sbp_status advantages_from_rewards(double *adv, const double *r, int B, i
         for (int i = 0; i < G; i++) mean += r[g0 + i];
         mean /= G;
         for (int i = 0; i < G; i++) var += (r[g0 + i] - mean) * (r[g0 + i] - mean);
+#ifdef SBP_PLANT_BIASED_STD
+        double sd = sqrt(var / G); /* planted bug (tests/test_plant.c); never in a normal build */
+#else
         double sd = G > 1 ? sqrt(var / (G - 1)) : 0;
+#endif
         for (int i = 0; i < G; i++)
             adv[g0 + i] = scale ? (r[g0 + i] - mean) / (sd + 1e-4) : r[g0 + i] - mean;
     }
@@ -205,7 +219,14 @@ static sbp_status read_token_logps(double **out, const sbp_st_file *sf, const ch
     if (!st && !(*out = calloc((size_t)B * T, sizeof **out)))
         st = sbp_fail(err, SBP_ENOMEM, "out of memory");
     for (int r = 0; r < B && !st; r++)
+#ifdef SBP_PLANT_UNSHIFTED_TOKEN_LOGPS
+        for (int t = 0; t + 1 < T; t++)
+            (*out)[(size_t)r * T + t] =
+                raw[(size_t)r * T +
+                    t]; /* planted bug (tests/test_plant.c); never in a normal build */
+#else
         for (int t = 0; t + 1 < T; t++) (*out)[(size_t)r * T + t] = raw[(size_t)r * T + t + 1];
+#endif
     free(raw);
     return st;
 }

@@ -277,7 +277,13 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
     }
     /* head_dim: explicit in Qwen3 and recent Llama configs, where it need not be C/NH. When it
      * is absent HF's Qwen3Config falls back to 128; Llama and Qwen2 use C/NH. */
+#ifdef SBP_PLANT_HEAD_DIM_DEFAULT
+    int dflt_hd = c.hidden % c.heads == 0
+                      ? c.hidden / c.heads
+                      : 0; /* planted bug (tests/test_plant.c); never in a normal build */
+#else
     int dflt_hd = c.family == SBP_QWEN3 ? 128 : c.hidden % c.heads == 0 ? c.hidden / c.heads : 0;
+#endif
     if (!get_int(o, "head_dim", 0, dflt_hd, &c.head_dim, what, err)) goto out;
     if (c.head_dim == 0 && cJSON_GetObjectItemCaseSensitive(o, "head_dim")) {
         sbp_fail(err, SBP_EINPUT, "%s: head_dim 0 must be >= 1", what);
