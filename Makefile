@@ -2,7 +2,8 @@
 #
 #   make            build/streambp and build/libstreambp.a (float32 and float64 engines)
 #   make demo       the three schedules on the bundled tiny Qwen3 model and batch
-#   make test       the Check suite (make test SAN=1: the same under ASan + UBSan)
+#   make test       the Check suite (make test SAN=1: the same under ASan + UBSan + LSan)
+#   make fuzz       the libFuzzer targets of tests/fuzz, FUZZ_SECONDS each (clang)
 #   make format     clang-format every C file
 #   make deps       install missing build dependencies with apt-get (done by the targets above)
 #
@@ -54,7 +55,7 @@ TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIB        := $(BUILD)/libstreambp.a
 BIN        := $(BUILD)/streambp
 
-.PHONY: all deps demo test format clean check-deps bench bench-torch plots plants
+.PHONY: all deps demo test format clean check-deps bench bench-torch plots plants fuzz
 all: deps
 	@$(MAKE) --no-print-directory $(BIN) $(LIB)
 
@@ -167,6 +168,39 @@ plots: all
 	gnuplot -e "dir='data/plots'; out='data/plots'" data/plots/plots.gp
 	@echo "wrote data/plots/*.png from the CSV files beside them"
 
+# ---- fuzzing (libFuzzer with clang; not part of make test) ---------------------------------------
+# make fuzz builds tests/fuzz/fuzz_<target> against src/core and src/io with ASan and UBSan, and
+# runs each for FUZZ_SECONDS from its committed corpus (tests/fuzz/corpus/<target>); new inputs go
+# to build-fuzz/corpus/<target>, findings (crash-*, leak-*, timeout-*) to build-fuzz/. CI runs it
+# for a short fixed time. Needs clang and libclang-rt-14-dev (Debian 12).
+
+FUZZ_TARGETS := safetensors config batch index
+FUZZ_SECONDS ?= 60
+FUZZ_CC      ?= clang
+FUZZ_FLAGS   := -std=gnu11 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
+                -fno-sanitize-recover=undefined $(if $(HAVE_PKGS),$(shell pkg-config --cflags libcjson))
+FUZZ_OBJ     := $(patsubst %.c,build-fuzz/obj/%.o,$(wildcard src/core/*.c src/io/*.c))
+
+build-fuzz/obj/%.o: %.c | check-deps
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_OBJ)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJ) \
+	  $(if $(HAVE_PKGS),$(shell pkg-config --libs libcjson)) -lm
+
+fuzz: deps
+	@$(FUZZ_CC) --version >/dev/null 2>&1 || { echo "make fuzz needs clang"; exit 2; }
+	@$(MAKE) --no-print-directory $(FUZZ_TARGETS:%=build-fuzz/fuzz_%)
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/corpus/$$t; \
+	  echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; \
+	  build-fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=20 -rss_limit_mb=4096 \
+	    -artifact_prefix=build-fuzz/ -print_final_stats=1 \
+	    build-fuzz/corpus/$$t tests/fuzz/corpus/$$t 2>build-fuzz/$$t.log || \
+	    { tail -60 build-fuzz/$$t.log; exit 1; }; \
+	  grep -E '^stat::number_of_executed_units|Done' build-fuzz/$$t.log | tail -2; done
+
 # ---- housekeeping -------------------------------------------------------------------------------
 
 FORMAT_SRC := $(shell find src ref tests verify cuda -name '*.[ch]' 2>/dev/null)
@@ -174,6 +208,6 @@ format:
 	clang-format -i $(FORMAT_SRC)
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-fuzz
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD) build-fuzz -name '*.d' 2>/dev/null)
