@@ -494,6 +494,10 @@ START_TEST(out_empty) {
     ck_assert_msg(!strstr(tu_last_output(), "no valid target"), "%s", tu_last_output());
     sbp_err err = {0};
     ck_assert_int_eq(sbp_check_writable("", &err), SBP_EUSAGE);
+    check_run(run_cli("init --config data/models/qwen3-tiny.json --out ''"), 2, "--out", "empty");
+    sbp_config cfg;
+    ck_assert_int_eq(sbp_config_load(&cfg, "data/models/qwen3-tiny.json", &err), SBP_OK);
+    ck_assert_int_eq(sbp_model_init(&cfg, 1, "", &err), SBP_EUSAGE);
 }
 END_TEST
 

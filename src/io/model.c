@@ -240,6 +240,7 @@ void sbp_model_free(sbp_model *m, sbp_ledger *lg) {
 /* mkdir -p */
 static sbp_status make_dirs(const char *dir, sbp_err *err) {
     char path[PATH_MAX_LEN];
+    if (!dir[0]) return sbp_fail(err, SBP_EUSAGE, "the output directory name is empty");
     if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
         return sbp_fail(err, SBP_EUSAGE, "directory name too long");
     for (char *p = path + 1;; p++) {
