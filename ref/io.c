@@ -141,6 +141,9 @@ int ref_config_read(sbp_config *cfg, const char *path, sbp_err *err) {
     if (!st) st = cfg_rope(&c, cJSON_GetObjectItemCaseSensitive(o, "rope_parameters"), path, err);
     if (!st && (!(c.eps > 0) || !(c.rope_theta > 0)))
         st = sbp_fail(err, SBP_EINPUT, "ref: %s: rms_norm_eps and rope_theta must be > 0", path);
+    const char *act = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "hidden_act"));
+    if (!st && act && strcmp(act, "silu") != 0)
+        st = sbp_fail(err, SBP_EINPUT, "ref: %s: hidden_act \"%s\" is not implemented", path, act);
     if (!st && (cfg_true(o, "use_sliding_window") || cfg_true(o, "mlp_bias") ||
                 (c.family != SBP_QWEN2 && cfg_true(o, "attention_bias"))))
         st = sbp_fail(err, SBP_EINPUT,
@@ -276,7 +279,8 @@ static int st_get(st_tensor *t, int *found, const st_file *f, const char *name, 
         const char *name;
         int size, is_float;
     } types[] = {{"F64", 8, 1}, {"F32", 4, 1}, {"BF16", 2, 1}, {"F16", 2, 1}, {"I64", 8, 0},
-                 {"I32", 4, 0}, {"I16", 2, 0}, {"I8", 1, 0},   {"U8", 1, 0},  {"BOOL", 1, 0}};
+                 {"I32", 4, 0}, {"I16", 2, 0}, {"I8", 1, 0},   {"U8", 1, 0},  {"BOOL", 1, 0},
+                 {"U16", 2, 0}, {"U32", 4, 0}, {"U64", 8, 0}};
     int ty = -1;
     for (int i = 0; dt && i < (int)(sizeof types / sizeof types[0]); i++)
         if (strcmp(dt, types[i].name) == 0) ty = i;
@@ -325,6 +329,8 @@ static int st_get(st_tensor *t, int *found, const st_file *f, const char *name, 
             v = (int16_t)(uint16_t)u;
         } else if (!strcmp(n, "I8")) {
             v = (int8_t)(uint8_t)u;
+        } else if (!strcmp(n, "U64") && u > INT64_MAX) {
+            v = (double)INT64_MAX; /* out of any vocabulary, as a count it is */
         } else {
             v = (double)u;
         }

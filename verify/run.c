@@ -213,7 +213,7 @@ static sbp_status truth_of(ctx *x, sbp_err *err) {
 }
 
 /* The batch split into micro-batches of different T and run as one step (stream, chunk = one
- * block), against the truth of the whole batch. */
+ * block, unless the schedules asked for leave it out), against the truth of the whole batch. */
 static sbp_status run_micro(ctx *x, int precs, sbp_err *err) {
     sbp_batch mb[SBP_VERIFY_MAX_MICRO];
     int n;
@@ -221,7 +221,10 @@ static sbp_status run_micro(ctx *x, int precs, sbp_err *err) {
     if (st || n == 0) return st;
     x->rep->n_micro = n;
     for (int k = 0; k < n; k++) x->rep->micro_T[k] = mb[k].T;
-    sbp_grad_opts g = {.schedule = SBP_STREAM,
+    const int sched = x->o->schedules ? x->o->schedules : 7; /* stream, unless not asked for */
+    sbp_grad_opts g = {.schedule = sched & (1 << SBP_STREAM) ? SBP_STREAM
+                                   : sched & (1 << SBP_CKPT) ? SBP_CKPT
+                                                             : SBP_FULL,
                        .block = x->rep->block,
                        .chunk = x->rep->block,
                        .logit_chunk = x->rep->block,
@@ -239,7 +242,8 @@ static sbp_status run_micro(ctx *x, int precs, sbp_err *err) {
         if ((st = sbp_grad_batches(&r, p == SBP_FP64 ? x->m64 : x->m32, mb, n, &g, NULL, err)))
             break;
         char lbl[128];
-        snprintf(lbl, sizeof lbl, "%s stream, %s", p == SBP_FP64 ? "fp64" : "fp32", what);
+        snprintf(lbl, sizeof lbl, "%s %s, %s", p == SBP_FP64 ? "fp64" : "fp32",
+                 sbp_schedule_name(g.schedule), what);
         loss_dev(x, p, r.loss);
         compare(x, SBP_VG_MICRO, lbl, r.grads, NULL, p, TRUTH64_TOL,
                 p == SBP_FP32 ? x->budget32 : NULL);
@@ -340,9 +344,10 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
             sbp_model_free(&ref, NULL);
         }
     }
-    /* The oracle reads the same files with its own code. Where exactly one of the two readers
-     * refuses them, they disagree about what the files mean: a failure of the check, not an
-     * input error. */
+    /* The oracle reads the same files with its own code. Input the library refuses is an input
+     * error (its message names the problem); input the library read and the oracle refuses
+     * means the two disagree about what the files say: a failure of the check. */
+    if (st) goto out;
     char mismatch[2048] = "";
     sbp_err rerr = {0};
     int rst = SBP_OK;
@@ -358,22 +363,12 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
             }
         }
     }
-    if (st && (o.no_ref || rst)) goto out; /* both refuse: an input error */
-    if (st || rst) {
-        const int lib_refused = st != SBP_OK;
-        const sbp_params *ps = lib_refused ? &rm.ps : &m64.params;
-        sbp_err keep = *err;
-        if ((st = make_groups(rep, ps, err))) goto out;
-        snprintf(rep->model_type, sizeof rep->model_type, "%s",
-                 lib_refused ? rm.cfg.model_type : m64.cfg.model_type);
-        if (rst)
-            refused(rep, ps, "the oracle's reader refuses what the library read", rerr.msg,
-                    mismatch[0] ? mismatch : rerr.msg);
-        else
-            refused(rep, ps, "the library refuses what the oracle's reader read", keep.msg,
-                    keep.msg);
-        rep->truth = o.no_ref ? "float64 full BP" : "ref/ float64 oracle";
-        st = SBP_OK;
+    if (rst) {
+        if ((st = make_groups(rep, &m64.params, err))) goto out;
+        snprintf(rep->model_type, sizeof rep->model_type, "%s", m64.cfg.model_type);
+        refused(rep, &m64.params, "the oracle's reader refuses what the library read", rerr.msg,
+                mismatch[0] ? mismatch : rerr.msg);
+        rep->truth = "ref/ float64 oracle";
         goto out;
     }
     rep->B = b.B, rep->T = b.T;

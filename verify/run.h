@@ -11,8 +11,9 @@
  *   loading            the library's reading of every input against the oracle's: each
  *                      parameter tensor present in both with the same shape and bit-identical
  *                      weights; config fields and batch contents (targets, masks, advantages,
- *                      reference and old log-probs) equal (notes say where they part). A file
- *                      the oracle reads and the library refuses, or the reverse, fails here;
+ *                      reference and old log-probs) equal (notes say where they part). Input
+ *                      the library read and the oracle refuses fails here (input the library
+ *                      refuses is an input error, exit 2);
  *   fp64 vs truth      every float64 run against the float64 truth: relative L2 <= 1e-10 per
  *                      tensor;
  *   fp32 vs truth      every float32 run against the same truth, within a budget that does not
