@@ -3,7 +3,8 @@
 #   make            build/streambp and build/libstreambp.a (float32 and float64 engines)
 #   make demo       the three schedules on the bundled tiny Qwen3 model and batch
 #   make train-demo 50 training steps with full, ckpt and stream, and a kill + resume: byte for byte
-#   make test       the Check suite (make test SAN=1: the same under ASan + UBSan)
+#   make test       the Check suite (make test SAN=1: the same under ASan + UBSan + LSan)
+#   make fuzz       the libFuzzer targets of tests/fuzz, FUZZ_SECONDS each (clang)
 #   make format     clang-format every C file
 #   make deps       install missing build dependencies with apt-get (done by the targets above)
 #
@@ -58,7 +59,7 @@ LIB        := $(BUILD)/libstreambp.a
 BIN        := $(BUILD)/streambp
 
 .PHONY: all deps demo train-demo test format clean check-deps bench bench-torch plots bench-compare \
-        portable-builds golden
+        portable-builds golden plants fuzz
 all: deps
 	@$(MAKE) --no-print-directory $(BIN) $(LIB)
 
@@ -118,7 +119,7 @@ $(BUILD)/tests/test_%: $(BUILD)/tests/test_%.o $(BUILD)/tests/testutil.o $(F64_O
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
 test: deps
-	@$(MAKE) --no-print-directory $(BIN) $(TESTS)
+	@$(MAKE) --no-print-directory $(BIN) $(TESTS) plants
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(TESTS)
 ifneq ($(SAN),1)
 	@echo "== golden digests on the CUDA kernels in the SIMT emulator, shuffled thread order"
@@ -145,6 +146,11 @@ portable-builds:
 golden: all
 	@$(MAKE) --no-print-directory $(BUILD)/tests/test_golden
 	SBP_GOLDEN_UPDATE=1 STREAMBP=$(BIN) tests/run.sh $(BUILD)/tests/test_golden
+
+# Binaries with one planted bug each, for tests/test_plant.c (tests/plant.sh lists them).
+plants: $(BIN)
+	@CC="$(CC)" CFLAGS="$(CFLAGS)" LDFLAGS="$(LDFLAGS)" LDLIBS="$(LDLIBS)" LD="$(LD)" \
+	  BUILD=$(BUILD) OBJS="$(CLI_OBJ) $(COMMON_OBJ) $(BACKEND_OBJ)" F32_OBJ="$(F32_OBJ)" tests/plant.sh
 
 # ---- demo ---------------------------------------------------------------------------------------
 # The bundled default: a seeded random Qwen3-tiny (tied embeddings, GQA 2:1, head_dim != C/NH)
@@ -362,6 +368,6 @@ format:
 	clang-format -i $(FORMAT_SRC)
 
 clean:
-	rm -rf build build-san build-old $(PORTABLE_BUILDS)
+	rm -rf build build-san build-old build-fuzz $(PORTABLE_BUILDS)
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD) build-fuzz -name '*.d' 2>/dev/null)

@@ -660,7 +660,7 @@ static double attn_chunked_vs_whole(attn_prob *p, const int *bounds, int nb, int
            *dv = zeros(nkv);
     for (int b = 0; b + 1 < nb; b++) attn_fwd_range(p, o, lse, bounds[b], bounds[b + 1]);
     for (int b = 0; b + 1 < nb; b++) attn_bwd_range(p, dq, dk, dv, bounds[b], bounds[b + 1]);
-    char what[200];
+    char what[256];
     const struct {
         const char *n;
         const double *got, *want;

@@ -134,6 +134,10 @@ int plan_parse_size(const char *cmd, const char *text, int64_t *out) {
                 text);
         return 0;
     }
+    if (v * mul >= 0x1p60 || v * mul < 1) { /* the conversion to int64 must not overflow */
+        fprintf(stderr, "streambp %s: the size \"%s\" is outside [1 byte, 1 EiB)\n", cmd, text);
+        return 0;
+    }
     *out = (int64_t)(v * mul);
     return 1;
 }
@@ -338,8 +342,10 @@ int cmd_plan(int argc, char **argv) {
         sbp_grad_opts g = grad_opts(&s, &all_rows[k]);
         if (budget)
             t = largest_T(&s, &all_rows[k], budget, &lg);
-        else if (plan_at(&lg, &s.cfg, s.B, s.storage, s.optimizer, &g, T, &err))
+        else if (plan_at(&lg, &s.cfg, s.B, s.storage, s.optimizer, &g, T, &err)) {
+            cJSON_Delete(jrows);
             return report_error("plan", &err);
+        }
         if (csv) {
             printf("%s,%d", all_rows[k].name, t);
             for (int q = 0; q < SBP_MEM_NCATS; q++) printf(",%lld", (long long)lg.at_peak[q]);
