@@ -3,7 +3,8 @@
 #   make            build/streambp and build/libstreambp.a (float32 and float64 engines)
 #   make demo       the three schedules on the bundled tiny Qwen3 model and batch
 #   make train-demo 50 training steps with full, ckpt and stream, and a kill + resume: byte for byte
-#   make test       the Check suite (make test SAN=1: the same under ASan + UBSan)
+#   make test       the Check suite (make test SAN=1: the same under ASan + UBSan + LSan)
+#   make fuzz       the libFuzzer targets of tests/fuzz, FUZZ_SECONDS each (clang)
 #   make format     clang-format every C file
 #   make deps       install missing build dependencies with apt-get (done by the targets above)
 #
@@ -26,7 +27,7 @@ ARCH     ?= native
 BUILD    ?= $(if $(filter 1,$(SAN)),build-san,build)
 
 PKGS     := openblas check libcjson libcrypto
-DEB_PKGS := libopenblas-openmp-dev check libcjson-dev libssl-dev pkg-config
+DEB_PKGS := libopenblas-openmp-dev check libcjson-dev libssl-dev pkg-config g++
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
 
@@ -57,8 +58,8 @@ TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIB        := $(BUILD)/libstreambp.a
 BIN        := $(BUILD)/streambp
 
-.PHONY: all deps demo train-demo test format clean check-deps bench bench-torch plots \
-        portable-builds golden
+.PHONY: all deps demo train-demo test format clean check-deps bench bench-torch plots bench-compare \
+        portable-builds golden plants fuzz
 all: deps
 	@$(MAKE) --no-print-directory $(BIN) $(LIB)
 
@@ -118,12 +119,12 @@ $(BUILD)/tests/test_%: $(BUILD)/tests/test_%.o $(BUILD)/tests/testutil.o $(F64_O
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
 test: deps
-	@$(MAKE) --no-print-directory $(BIN) $(TESTS)
+	@$(MAKE) --no-print-directory $(BIN) $(TESTS) plants
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(TESTS)
+ifneq ($(SAN),1)
 	@echo "== golden digests on the CUDA kernels in the SIMT emulator, shuffled thread order"
 	@SBP_GOLDEN_DEVICE=cuda-emu SBP_EMU_ORDER=shuffle:7 STREAMBP=$(BIN) \
 	  tests/run.sh $(BUILD)/tests/test_golden
-ifneq ($(SAN),1)
 	@$(MAKE) --no-print-directory portable-builds
 	@for b in $(PORTABLE_BUILDS); do \
 	  STREAMBP=$$b/streambp tests/run.sh $(BUILD)/tests/test_golden || exit 1; done
@@ -145,6 +146,11 @@ portable-builds:
 golden: all
 	@$(MAKE) --no-print-directory $(BUILD)/tests/test_golden
 	SBP_GOLDEN_UPDATE=1 STREAMBP=$(BIN) tests/run.sh $(BUILD)/tests/test_golden
+
+# Binaries with one planted bug each, for tests/test_plant.c (tests/plant.sh lists them).
+plants: $(BIN)
+	@CC="$(CC)" CFLAGS="$(CFLAGS)" LDFLAGS="$(LDFLAGS)" LDLIBS="$(LDLIBS)" LD="$(LD)" \
+	  BUILD=$(BUILD) OBJS="$(CLI_OBJ) $(COMMON_OBJ) $(BACKEND_OBJ)" F32_OBJ="$(F32_OBJ)" tests/plant.sh
 
 # ---- demo ---------------------------------------------------------------------------------------
 # The bundled default: a seeded random Qwen3-tiny (tied embeddings, GQA 2:1, head_dim != C/NH)
@@ -208,9 +214,27 @@ bench: all
 	$(BIN) bench --largest 768M | tee $(BENCH_DIR)/largest.txt
 	$(BIN) plan --paper | tee $(BENCH_DIR)/paper.txt
 
+# PyTorch 2.x and HF transformers from PyPI in a venv (what users run); Debian's torch 1.13 when
+# PyPI cannot be reached.
+TORCH_VENV := $(BUILD)/torch-venv
 bench-torch: all
-	@/usr/bin/python3 -c 'import torch' 2>/dev/null || { $(SUDO) apt-get install -y -q python3-torch; }
-	/usr/bin/python3 verify/torch_bench.py --streambp $(BIN)
+	@if [ ! -x $(TORCH_VENV)/bin/python ]; then \
+	  python3 -m venv $(TORCH_VENV) && $(TORCH_VENV)/bin/pip install -q torch==2.6.0 \
+	    transformers==4.51.3 || rm -rf $(TORCH_VENV); fi
+	@if [ -x $(TORCH_VENV)/bin/python ]; then \
+	  $(TORCH_VENV)/bin/python verify/torch_bench.py --streambp $(BIN); else \
+	  echo "bench-torch: no PyPI; Debian's torch 1.13 instead"; \
+	  /usr/bin/python3 -c 'import torch' 2>/dev/null || $(SUDO) apt-get install -y -q python3-torch; \
+	  /usr/bin/python3 verify/torch_bench.py --streambp $(BIN); fi
+
+# Fast mode against an earlier revision, same machine, interleaved rounds (no-regression check):
+# make bench-compare OLD=<git revision>
+bench-compare: all
+	@test -n "$(OLD)" || { echo "usage: make bench-compare OLD=<git revision>"; exit 2; }
+	rm -rf build-old && mkdir -p build-old/src
+	git archive $(OLD) | tar -x -C build-old/src
+	$(MAKE) -C build-old/src CUDA=0 build/streambp
+	/usr/bin/python3 verify/bench_compare.py build-old/src/build/streambp $(BIN) --seq 2048
 
 plots: all
 	@command -v gnuplot >/dev/null || { $(SUDO) apt-get install -y -q gnuplot-nox; }
@@ -344,6 +368,6 @@ format:
 	clang-format -i $(FORMAT_SRC)
 
 clean:
-	rm -rf build build-san $(PORTABLE_BUILDS)
+	rm -rf build build-san build-old build-fuzz $(PORTABLE_BUILDS)
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD) build-fuzz -name '*.d' 2>/dev/null)

@@ -80,10 +80,6 @@ static void *dev_alloc(eng *e, sbp_mem_cat cat, size_t bytes, const char *what) 
         cudaGetLastError(); /* an allocation failure is not sticky */
         goto oom;
     }
-    if (cudaMemset(p, 0, bytes ? bytes : 1) != cudaSuccess) {
-        cudaFree(p);
-        goto oom;
-    }
     d->blocks[d->n++] = {p, bytes, (int)cat};
     sbp_ledger_charge(e->lg, cat, (int64_t)bytes);
     return p;

@@ -98,8 +98,10 @@ def dpo(path, gen, chosen, rejected, ref=None):
     write_tensors(path, t, {"objective": "dpo", "generator": "data/make_batches.py"})
 
 
-def grpo(path, gen, specs, rewards=None, advantages=None, group=None, logps=True):
-    """specs: 'p' pad, 'i' prompt, 'c' completion token; old/ref log-probs on completion tokens."""
+def grpo(path, gen, specs, rewards=None, advantages=None, group=None, logps=True, old_band=None):
+    """specs: 'p' pad, 'i' prompt, 'c' completion token; old/ref log-probs on completion tokens.
+    old_band: (centre, half-width) of the old log-probs instead of [-5, -2]; centred on the tiny
+    models' typical log-prob (about -ln V), it puts ratios on both sides of the clip range."""
     rows = [custom(gen, len(x), x.replace("c", "v")) for x in specs]
     B, T = len(rows), len(specs[0])
     cmask = [1 if ch == "c" else 0 for x in specs for ch in x]
@@ -113,7 +115,11 @@ def grpo(path, gen, specs, rewards=None, advantages=None, group=None, logps=True
     if advantages is not None:
         t.append(("advantages", "F32", [B], advantages))
     if logps:  # plausible per-token log-probs, at the position of the token they score
-        old = [-(2.0 + (next(gen) % 3000) / 1000.0) if m else 0.0 for m in cmask]
+        if old_band:
+            c, w = old_band
+            old = [c + w * ((next(gen) % 2001) / 1000.0 - 1.0) if m else 0.0 for m in cmask]
+        else:
+            old = [-(2.0 + (next(gen) % 3000) / 1000.0) if m else 0.0 for m in cmask]
         ref = [-(2.0 + (next(gen) % 3000) / 1000.0) if m else 0.0 for m in cmask]
         t += [("old_logps", "F32", [B, T], old), ("ref_logps", "F32", [B, T], ref)]
     write_tensors(path, t, meta)
@@ -185,6 +191,35 @@ def main():
          ["iiiiiiiicccccccccccccccc", "iiiiiiiicccccccccccppppp",
           "iiiiiiiiccccccccccccccpp", "iiiiiiiiccccccccpppppppp"],
          rewards=[0.5, 0.5, 1.0, 0.0], group=2)
+    more(g)
+
+
+def more(g):
+    """Fixtures added for issue 11 (written after the others, so those keep their bytes)."""
+    # GRPO whose old log-probs sit around the models' own (ratios from about 0.5 to 2): both
+    # clip bounds are crossed, so clip ranges with epsilon_low != epsilon_high are tested.
+    grpo("data/batches/grpo-clip.safetensors", g,
+         ["iiiiiiiiccccccccccccccccccccpp", "ppppiiiiiiiiiccccccccccccccccc",
+          "iiiiiiiiiiiccccccccccccccccccc", "pppiiiiiicccccccccccccccccpppp"],
+         rewards=[0.8, -0.3, 1.5, 0.1], group=2, old_band=(-5.35, 0.7))
+    # GRPO, 3 groups of 2, whose rows end at very different positions: cut into micro-batches
+    # after their last completion token, the step's micro-batches have T = 32, 26 and 19.
+    grpo("data/batches/grpo-ragged.safetensors", g,
+         ["iiiiiiiiiicccccccccccccccccccccc", "ppiiiiiiiiiiiicccccccccccccccccc",
+          "iiiiiiiiccccccccccccccccccpppppp", "iiiiiiiiiiiiiccccccccccccppppppp",
+          "iiiiiicccccccccccccppppppppppppp", "piiiiiiiiccccccccccppppppppppppp"],
+         rewards=[0.2, 0.9, -1.0, 0.4, 0.0, 1.0], group=2, old_band=(-5.35, 0.7))
+    # SFT, B = 3, T = 30: targets predicted from pads at two places (after left padding and
+    # across a hole), a right-padded row, unequal target counts.
+    write("data/batches/suite-target-from-padding-2.safetensors",
+          [custom(g, 30, "pppppppvvvvvvvvvvvvvvvvvvvvvvv"),
+           custom(g, 30, "iiiiivvvvvpppvvvvvvvvvvvvvvvvv"),
+           custom(g, 30, "iiiiiiiiivvvvvvvvvvvvvvvpppppp")], "I64")
+    # One row of T = 20000, left-padded: its 96 real tokens sit at positions 19904..19999, where
+    # a RoPE angle rounded to float32 is off by about 1e-3 rad.
+    T, real = 20000, 96
+    spec = "p" * (T - real) + "i" * 24 + "v" * (real - 24)
+    write("data/batches/sft-long-positions.safetensors", [custom(g, T, spec)], "I32")
 
     # Left padding with labels that copy the input ids (HF's usual SFT batch): the first real
     # token of each padded row is predicted from the last pad, a query that sees no key

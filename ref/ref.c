@@ -13,53 +13,75 @@
 #include "ref.h"
 #include "../src/core/err.h"
 
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <tgmath.h> /* sqrt, exp, log of a float are the float functions */
+#undef I            /* <complex.h>'s imaginary unit, which tgmath.h brings in */
+
+/* The working precision. ref.c is compiled twice: as the float64 oracle, and (ref32.c, with
+ * REF_F32) as the same naive loops in float32, whose error against the float64 oracle is the
+ * verifier's independent yardstick for float32 runs. The weights are rounded to it once, the
+ * RoPE tables are computed in float64 and rounded once (ref/SEMANTICS.md), and every other
+ * operation, sums included, runs in it. */
+#ifdef REF_F32
+typedef float real_t;
+#else
+typedef double real_t;
+#endif
+#define R(x) ((real_t)(x))
 
 static const double PI = 3.14159265358979323846;
+
+/* The offset of tensor `kind` of layer l (-1: not a layer tensor) in the slab of ps, or -1 when
+ * the family has no such tensor. The oracle looks tensors up by kind in whatever table it is
+ * given (its own, from ref/io.c, or the library's in the tests). */
+static int64_t offset_of(const sbp_params *ps, sbp_param_kind kind, int l) {
+    for (int i = 0; i < ps->n; i++)
+        if (ps->p[i].kind == kind && ps->p[i].layer == l) return ps->p[i].offset;
+    return -1;
+}
 
 /* ---------------------------------------------------------------------------------------------
  * Dimensions, tensors and memory */
 
 typedef struct {
     int T, C, NH, NKV, HD, Q, KV, F, V, L;
-    double eps;
+    real_t eps;
 } dims;
 
 /* One layer's weights (NULL for tensors the family does not have). */
 typedef struct {
-    const double *in_norm, *post_norm; /* (C) */
-    const double *wq, *wk, *wv, *wo;   /* (Q, C), (KV, C), (KV, C), (C, Q) */
-    const double *bq, *bk, *bv;        /* (Q), (KV), (KV): Qwen2 */
-    const double *q_norm, *k_norm;     /* (HD): Qwen3 */
-    const double *wg, *wu, *wd;        /* (F, C), (F, C), (C, F) */
+    const real_t *in_norm, *post_norm; /* (C) */
+    const real_t *wq, *wk, *wv, *wo;   /* (Q, C), (KV, C), (KV, C), (C, Q) */
+    const real_t *bq, *bk, *bv;        /* (Q), (KV), (KV): Qwen2 */
+    const real_t *q_norm, *k_norm;     /* (HD): Qwen3 */
+    const real_t *wg, *wu, *wd;        /* (F, C), (F, C), (C, F) */
 } layer_w;
 
 /* The same tensors in the gradient slab. */
 typedef struct {
-    double *in_norm, *post_norm;
-    double *wq, *wk, *wv, *wo;
-    double *bq, *bk, *bv;
-    double *q_norm, *k_norm;
-    double *wg, *wu, *wd;
+    real_t *in_norm, *post_norm;
+    real_t *wq, *wk, *wv, *wo;
+    real_t *bq, *bk, *bv;
+    real_t *q_norm, *k_norm;
+    real_t *wg, *wu, *wd;
 } layer_g;
 
 /* Tensor `kind` of layer l (-1 for the embedding, final norm and head) in a weight or gradient
  * slab; NULL when the family has no such tensor. */
-static const double *wptr(const sbp_params *ps, const double *w /* (ps->total) */,
+static const real_t *wptr(const sbp_params *ps, const real_t *w /* (ps->total) */,
                           sbp_param_kind kind, int l) {
-    int64_t o = sbp_params_offset(ps, kind, l);
+    int64_t o = offset_of(ps, kind, l);
     return o < 0 ? NULL : w + o;
 }
 
-static double *gptr(const sbp_params *ps, double *g /* (ps->total) */, sbp_param_kind kind, int l) {
-    int64_t o = sbp_params_offset(ps, kind, l);
+static real_t *gptr(const sbp_params *ps, real_t *g /* (ps->total) */, sbp_param_kind kind, int l) {
+    int64_t o = offset_of(ps, kind, l);
     return o < 0 ? NULL : g + o;
 }
 
-static layer_w layer_weights(const sbp_params *ps, const double *w /* (ps->total) */, int l) {
+static layer_w layer_weights(const sbp_params *ps, const real_t *w /* (ps->total) */, int l) {
     layer_w lw = {
         .in_norm = wptr(ps, w, SBP_P_IN_NORM, l),
         .post_norm = wptr(ps, w, SBP_P_POST_NORM, l),
@@ -79,7 +101,7 @@ static layer_w layer_weights(const sbp_params *ps, const double *w /* (ps->total
     return lw;
 }
 
-static layer_g layer_grads(const sbp_params *ps, double *g /* (ps->total) */, int l) {
+static layer_g layer_grads(const sbp_params *ps, real_t *g /* (ps->total) */, int l) {
     layer_g lg = {
         .in_norm = gptr(ps, g, SBP_P_IN_NORM, l),
         .post_norm = gptr(ps, g, SBP_P_POST_NORM, l),
@@ -103,7 +125,7 @@ static layer_g layer_grads(const sbp_params *ps, double *g /* (ps->total) */, in
  * returns NULL; callers check the flag once after allocating everything. */
 typedef struct pool_blk {
     struct pool_blk *next;
-    double data[];
+    real_t data[];
 } pool_blk;
 
 typedef struct {
@@ -122,8 +144,8 @@ static void *pool_bytes(pool *pl, size_t bytes) {
     return b->data;
 }
 
-static double *pool_get(pool *pl, size_t n) {
-    return pool_bytes(pl, sizeof(double) * n);
+static real_t *pool_get(pool *pl, size_t n) {
+    return pool_bytes(pl, sizeof(real_t) * n);
 }
 
 static void pool_free(pool *pl) {
@@ -134,7 +156,7 @@ static void pool_free(pool *pl) {
     }
 }
 
-static void zero(double *x /* (n) */, size_t n) {
+static void zero(real_t *x /* (n) */, size_t n) {
     memset(x, 0, sizeof *x * n);
 }
 
@@ -142,11 +164,11 @@ static void zero(double *x /* (n) */, size_t n) {
  * Ops: each forward, then its backward */
 
 /* RMSNorm of one vector: y_i = x_i · r · w_i with r = 1/sqrt(mean(x²) + eps). Returns r. */
-static double rmsnorm_fwd(double *y /* (n) */, const double *x /* (n) */,
-                          const double *wn /* (n) */, int n, double eps) {
-    double ss = 0;
+static real_t rmsnorm_fwd(real_t *y /* (n) */, const real_t *x /* (n) */,
+                          const real_t *wn /* (n) */, int n, real_t eps) {
+    real_t ss = 0;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    double r = 1.0 / sqrt(ss / n + eps);
+    real_t r = R(1) / sqrt(ss / R(n) + eps);
     for (int i = 0; i < n; i++) y[i] = x[i] * r * wn[i];
     return r;
 }
@@ -155,10 +177,10 @@ static double rmsnorm_fwd(double *y /* (n) */, const double *x /* (n) */,
  *   dw_i = dy_i x_i r,
  *   dx_j = r w_j dy_j + Σ_i w_i dy_i x_i · (−r³ x_j / n)
  *        = r w_j dy_j − (r³/n) x_j Σ_i w_i dy_i x_i. */
-static void rmsnorm_bwd(double *dx /* (n) += */, double *dw /* (n) += */,
-                        const double *dy /* (n) */, const double *x /* (n) */,
-                        const double *wn /* (n) */, double r, int n) {
-    double dot = 0; /* Σ_i w_i dy_i x_i */
+static void rmsnorm_bwd(real_t *dx /* (n) += */, real_t *dw /* (n) += */,
+                        const real_t *dy /* (n) */, const real_t *x /* (n) */,
+                        const real_t *wn /* (n) */, real_t r, int n) {
+    real_t dot = 0; /* Σ_i w_i dy_i x_i */
     for (int i = 0; i < n; i++) dot += wn[i] * dy[i] * x[i];
     for (int i = 0; i < n; i++) {
         dw[i] += dy[i] * x[i] * r;
@@ -167,12 +189,12 @@ static void rmsnorm_bwd(double *dx /* (n) += */, double *dw /* (n) += */,
 }
 
 /* y = x·Wᵀ + b: y[t,o] = Σ_i x[t,i] W[o,i] + b[o] (b may be NULL). */
-static void linear_fwd(double *y /* (T, O) */, const double *x /* (T, I) */,
-                       const double *W /* (O, I) */, const double *bias /* (O) or NULL */, int T,
+static void linear_fwd(real_t *y /* (T, O) */, const real_t *x /* (T, I) */,
+                       const real_t *W /* (O, I) */, const real_t *bias /* (O) or NULL */, int T,
                        int I, int O) {
     for (int t = 0; t < T; t++)
         for (int o = 0; o < O; o++) {
-            double s = bias ? bias[o] : 0.0;
+            real_t s = bias ? bias[o] : R(0);
             for (int i = 0; i < I; i++) s += x[(size_t)t * I + i] * W[(size_t)o * I + i];
             y[(size_t)t * O + o] = s;
         }
@@ -180,13 +202,13 @@ static void linear_fwd(double *y /* (T, O) */, const double *x /* (T, I) */,
 
 /* forward: y[t,o] = Σ_i x[t,i] W[o,i] + b[o], so
  *   dx[t,i] = Σ_o dy[t,o] W[o,i],   dW[o,i] = Σ_t dy[t,o] x[t,i],   db[o] = Σ_t dy[t,o]. */
-static void linear_bwd(double *dx /* (T, I) += */, double *dW /* (O, I) += */,
-                       double *db /* (O) += or NULL */, const double *dy /* (T, O) */,
-                       const double *x /* (T, I) */, const double *W /* (O, I) */, int T, int I,
+static void linear_bwd(real_t *dx /* (T, I) += */, real_t *dW /* (O, I) += */,
+                       real_t *db /* (O) += or NULL */, const real_t *dy /* (T, O) */,
+                       const real_t *x /* (T, I) */, const real_t *W /* (O, I) */, int T, int I,
                        int O) {
     for (int t = 0; t < T; t++)
         for (int o = 0; o < O; o++) {
-            double g = dy[(size_t)t * O + o];
+            real_t g = dy[(size_t)t * O + o];
             for (int i = 0; i < I; i++) {
                 dx[(size_t)t * I + i] += g * W[(size_t)o * I + i];
                 dW[(size_t)o * I + i] += g * x[(size_t)t * I + i];
@@ -218,30 +240,31 @@ static void rope_inv_freq(double *inv_freq /* (HD/2) */, const sbp_config *cfg) 
     }
 }
 
-/* cos and sin of the angle t·inv_freq[i] for positions t = 0..T−1 (padded or not). */
-static void rope_tables(double *cs /* (T, HD/2) */, double *sn /* (T, HD/2) */,
+/* cos and sin of the angle t·inv_freq[i] for positions t = 0..T−1 (padded or not), computed in
+ * float64 and rounded once to the working precision. */
+static void rope_tables(real_t *cs /* (T, HD/2) */, real_t *sn /* (T, HD/2) */,
                         const double *inv_freq /* (HD/2) */, int T, int HD) {
     for (int t = 0; t < T; t++)
         for (int i = 0; i < HD / 2; i++) {
             double angle = t * inv_freq[i];
-            cs[(size_t)t * (HD / 2) + i] = cos(angle);
-            sn[(size_t)t * (HD / 2) + i] = sin(angle);
+            cs[(size_t)t * (HD / 2) + i] = (real_t)cos(angle);
+            sn[(size_t)t * (HD / 2) + i] = (real_t)sin(angle);
         }
 }
 
 /* Rotate-half RoPE of H heads per row: for i < HD/2, the pair (a, b) = (x[i], x[i + HD/2])
  * becomes (a·c − b·s, b·c + a·s) with c, s = cos, sin of t·inv_freq[i]. */
-static void rope_fwd(double *y /* (T, H*HD) */, const double *x /* (T, H*HD) */,
-                     const double *cs /* (T, HD/2) */, const double *sn /* (T, HD/2) */, int T,
+static void rope_fwd(real_t *y /* (T, H*HD) */, const real_t *x /* (T, H*HD) */,
+                     const real_t *cs /* (T, HD/2) */, const real_t *sn /* (T, HD/2) */, int T,
                      int H, int HD) {
     int half = HD / 2;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++) {
-            const double *xi = x + ((size_t)t * H + h) * HD;
-            double *yi = y + ((size_t)t * H + h) * HD;
+            const real_t *xi = x + ((size_t)t * H + h) * HD;
+            real_t *yi = y + ((size_t)t * H + h) * HD;
             for (int i = 0; i < half; i++) {
-                double c = cs[(size_t)t * half + i], s = sn[(size_t)t * half + i];
-                double a = xi[i], b = xi[i + half];
+                real_t c = cs[(size_t)t * half + i], s = sn[(size_t)t * half + i];
+                real_t a = xi[i], b = xi[i + half];
                 yi[i] = a * c - b * s;
                 yi[i + half] = b * c + a * s;
             }
@@ -250,112 +273,126 @@ static void rope_fwd(double *y /* (T, H*HD) */, const double *x /* (T, H*HD) */,
 
 /* forward: (ya, yb) = R·(a, b) with R = [[c, −s], [s, c]], a rotation, so (da, db) = Rᵀ·(dya, dyb):
  *   da = dya·c + dyb·s,   db = −dya·s + dyb·c. */
-static void rope_bwd(double *dx /* (T, H*HD) += */, const double *dy /* (T, H*HD) */,
-                     const double *cs /* (T, HD/2) */, const double *sn /* (T, HD/2) */, int T,
+static void rope_bwd(real_t *dx /* (T, H*HD) += */, const real_t *dy /* (T, H*HD) */,
+                     const real_t *cs /* (T, HD/2) */, const real_t *sn /* (T, HD/2) */, int T,
                      int H, int HD) {
     int half = HD / 2;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++) {
-            const double *dyi = dy + ((size_t)t * H + h) * HD;
-            double *dxi = dx + ((size_t)t * H + h) * HD;
+            const real_t *dyi = dy + ((size_t)t * H + h) * HD;
+            real_t *dxi = dx + ((size_t)t * H + h) * HD;
             for (int i = 0; i < half; i++) {
-                double c = cs[(size_t)t * half + i], s = sn[(size_t)t * half + i];
+                real_t c = cs[(size_t)t * half + i], s = sn[(size_t)t * half + i];
                 dxi[i] += dyi[i] * c + dyi[i + half] * s;
                 dxi[i + half] += -dyi[i] * s + dyi[i + half] * c;
             }
         }
 }
 
-/* Key j is visible from query t iff j ≤ t and the key is a real token. */
-static int visible(const uint8_t *mask /* (T) */, int t, int j) {
-    return j <= t && mask[j] == 1;
+/* Key j is visible from query t iff j ≤ t and the key is a real token. The keys a query can see
+ * are listed once per sequence (vis, the positions with mask 1, ascending), so that a long row
+ * of padding costs nothing but its length. */
+static int visible_keys(int *vis /* (T) */, const uint8_t *mask /* (T) */, int T) {
+    int n = 0;
+    for (int j = 0; j < T; j++)
+        if (mask[j] == 1) vis[n++] = j;
+    return n;
+}
+
+/* The scores s_tj = q[t,h]·k[j,g] / sqrt(HD) of query t against its visible keys vis[0..n),
+ * into s (n); returns n, the number of visible keys j ≤ t. */
+static int scores(real_t *s /* (T) */, const real_t *qt /* (HD) */, const real_t *k /* (T, KV) */,
+                  const int *vis, int n_vis, int t, int g, const dims *d) {
+    real_t scale = R(1.0 / sqrt((double)d->HD));
+    int n = 0;
+    for (; n < n_vis && vis[n] <= t; n++) {
+        const real_t *kj = k + (size_t)vis[n] * d->KV + (size_t)g * d->HD;
+        real_t dot = 0;
+        for (int i = 0; i < d->HD; i++) dot += qt[i] * kj[i];
+        s[n] = dot * scale;
+    }
+    return n;
 }
 
 /* Causal GQA attention of one sequence. Query head h reads key/value head g = h / (NH/NKV).
  * For query t and visible keys j:
- *   s_tj = q[t,h]·k[j,g] / sqrt(HD),   p_tj = exp(s_tj) / Σ_{j' visible} exp(s_tj'),
- *   o[t,h] = Σ_j p_tj v[j,g];
- * p_tj = 0 for invisible keys, and a query with no visible key has p_t· = 0 and o[t,h] = 0.
- * The softmax subtracts the row maximum before exp (the same value, without overflow). */
-static void attention_fwd(double *p /* (NH, T, T) */, double *o /* (T, Q) */,
-                          const double *q /* (T, Q) */, const double *k /* (T, KV) */,
-                          const double *v /* (T, KV) */, const uint8_t *mask /* (T) */,
-                          const dims *d) {
+ *   s_tj = q[t,h]·k[j,g] / sqrt(HD),   p_tj = exp(s_tj − lse_t),  lse_t = log Σ_{j' visible}
+ * exp(s_tj'), o[t,h] = Σ_j p_tj v[j,g]; p_tj = 0 for invisible keys, and a query with no visible
+ * key has p_t· = 0 and o[t,h] = 0. The log-sum-exp subtracts the row maximum before exp (the same
+ * value, without overflow). Only lse is kept (NH×T, +inf for a query without keys); the backward
+ * recomputes the scores, so no T×T array exists and long sequences fit. */
+static void attention_fwd(real_t *lse /* (NH, T) */, real_t *o /* (T, Q) */,
+                          const real_t *q /* (T, Q) */, const real_t *k /* (T, KV) */,
+                          const real_t *v /* (T, KV) */, const int *vis, int n_vis,
+                          real_t *srow /* (T) scratch */, const dims *d) {
     int T = d->T, HD = d->HD, Q = d->Q, KV = d->KV, rep = d->NH / d->NKV;
-    double scale = 1.0 / sqrt((double)HD);
-    zero(p, (size_t)d->NH * T * T);
     zero(o, (size_t)T * Q);
     for (int h = 0; h < d->NH; h++) {
         int g = h / rep;
         for (int t = 0; t < T; t++) {
-            double *pt = p + ((size_t)h * T + t) * T;
-            const double *qt = q + (size_t)t * Q + (size_t)h * HD;
-            double mx = -INFINITY;
-            int any = 0;
-            for (int j = 0; j < T; j++) {
-                if (!visible(mask, t, j)) continue;
-                const double *kj = k + (size_t)j * KV + (size_t)g * HD;
-                double s = 0;
-                for (int i = 0; i < HD; i++) s += qt[i] * kj[i];
-                pt[j] = s * scale; /* the score, replaced by the probability below */
-                if (!any || pt[j] > mx) mx = pt[j];
-                any = 1;
-            }
-            if (!any) continue; /* no visible key: p and o stay 0 */
-            double sum = 0;
-            for (int j = 0; j < T; j++)
-                if (visible(mask, t, j)) sum += (pt[j] = exp(pt[j] - mx));
-            for (int j = 0; j < T; j++)
-                if (visible(mask, t, j)) pt[j] /= sum;
-            double *ot = o + (size_t)t * Q + (size_t)h * HD;
-            for (int j = 0; j < T; j++) {
-                if (!visible(mask, t, j)) continue;
-                const double *vj = v + (size_t)j * KV + (size_t)g * HD;
-                for (int i = 0; i < HD; i++) ot[i] += pt[j] * vj[i];
+            const real_t *qt = q + (size_t)t * Q + (size_t)h * HD;
+            int n = scores(srow, qt, k, vis, n_vis, t, g, d);
+            lse[(size_t)h * T + t] = INFINITY;
+            if (!n) continue; /* no visible key: p and o stay 0 */
+            real_t mx = srow[0];
+            for (int j = 1; j < n; j++)
+                if (srow[j] > mx) mx = srow[j];
+            real_t sum = 0;
+            for (int j = 0; j < n; j++) sum += exp(srow[j] - mx);
+            real_t l = mx + log(sum);
+            lse[(size_t)h * T + t] = l;
+            real_t *ot = o + (size_t)t * Q + (size_t)h * HD;
+            for (int j = 0; j < n; j++) {
+                real_t pj = exp(srow[j] - l);
+                const real_t *vj = v + (size_t)vis[j] * KV + (size_t)g * HD;
+                for (int i = 0; i < HD; i++) ot[i] += pj * vj[i];
             }
         }
     }
 }
 
-/* forward, per head h and query t (g = kv head of h, sums over all j since p_tj = 0 where j is
- * invisible):
+/* forward, per head h and query t (g = kv head of h, sums over the visible keys j; p_tj = 0
+ * elsewhere):
  *   o_t = Σ_j p_tj v_j             so  dp_tj = do_t·v_j,          dv_j += p_tj do_t;
  *   p_t = softmax(s_t)             so  ds_tj = p_tj (dp_tj − Σ_j' p_tj' dp_tj')
  *                                      (from ∂p_tj/∂s_tk = p_tj (δ_jk − p_tk));
  *   s_tj = q_t·k_j / sqrt(HD)      so  dq_t += Σ_j ds_tj k_j / sqrt(HD),  dk_j += ds_tj q_t /
  * sqrt(HD). Invisible keys have p_tj = 0, hence ds_tj = 0 and no gradient; a query with no visible
  * key has p_t· = 0 and passes no gradient to q, k or v. dk and dv of kv head g collect the
- * gradients of all NH/NKV query heads that read it. */
-static void attention_bwd(double *dq /* (T, Q) += */, double *dk /* (T, KV) += */,
-                          double *dv /* (T, KV) += */, const double *dout /* (T, Q) */,
-                          const double *p /* (NH, T, T) */, const double *q /* (T, Q) */,
-                          const double *k /* (T, KV) */, const double *v /* (T, KV) */,
-                          double *dp /* (T) scratch */, const dims *d) {
+ * gradients of all NH/NKV query heads that read it. p_tj is recomputed from the scores and lse. */
+static void attention_bwd(real_t *dq /* (T, Q) += */, real_t *dk /* (T, KV) += */,
+                          real_t *dv /* (T, KV) += */, const real_t *dout /* (T, Q) */,
+                          const real_t *lse /* (NH, T) */, const real_t *q /* (T, Q) */,
+                          const real_t *k /* (T, KV) */, const real_t *v /* (T, KV) */,
+                          const int *vis, int n_vis, real_t *srow /* (T) scratch */,
+                          real_t *dp /* (T) scratch */, const dims *d) {
     int T = d->T, HD = d->HD, Q = d->Q, KV = d->KV, rep = d->NH / d->NKV;
-    double scale = 1.0 / sqrt((double)HD);
+    real_t scale = R(1.0 / sqrt((double)HD));
     for (int h = 0; h < d->NH; h++) {
         int g = h / rep;
         for (int t = 0; t < T; t++) {
-            const double *pt = p + ((size_t)h * T + t) * T;
-            const double *dot_ = dout + (size_t)t * Q + (size_t)h * HD;
-            const double *qt = q + (size_t)t * Q + (size_t)h * HD;
-            double *dqt = dq + (size_t)t * Q + (size_t)h * HD;
-            double pdp = 0; /* Σ_j p_tj dp_tj */
-            for (int j = 0; j < T; j++) {
-                const double *vj = v + (size_t)j * KV + (size_t)g * HD;
-                double *dvj = dv + (size_t)j * KV + (size_t)g * HD;
-                double s = 0;
+            const real_t *dot_ = dout + (size_t)t * Q + (size_t)h * HD;
+            const real_t *qt = q + (size_t)t * Q + (size_t)h * HD;
+            real_t *dqt = dq + (size_t)t * Q + (size_t)h * HD;
+            int n = scores(srow, qt, k, vis, n_vis, t, g, d);
+            real_t l = lse[(size_t)h * T + t];
+            real_t pdp = 0; /* Σ_j p_tj dp_tj */
+            for (int j = 0; j < n; j++) {
+                const real_t *vj = v + (size_t)vis[j] * KV + (size_t)g * HD;
+                real_t *dvj = dv + (size_t)vis[j] * KV + (size_t)g * HD;
+                srow[j] = exp(srow[j] - l); /* the probability, from here on */
+                real_t s = 0;
                 for (int i = 0; i < HD; i++) {
                     s += dot_[i] * vj[i];
-                    dvj[i] += pt[j] * dot_[i];
+                    dvj[i] += srow[j] * dot_[i];
                 }
                 dp[j] = s;
-                pdp += pt[j] * s;
+                pdp += srow[j] * s;
             }
-            for (int j = 0; j < T; j++) {
-                double ds = pt[j] * (dp[j] - pdp);
-                const double *kj = k + (size_t)j * KV + (size_t)g * HD;
-                double *dkj = dk + (size_t)j * KV + (size_t)g * HD;
+            for (int j = 0; j < n; j++) {
+                real_t ds = srow[j] * (dp[j] - pdp);
+                const real_t *kj = k + (size_t)vis[j] * KV + (size_t)g * HD;
+                real_t *dkj = dk + (size_t)vis[j] * KV + (size_t)g * HD;
                 for (int i = 0; i < HD; i++) {
                     dqt[i] += ds * kj[i] * scale;
                     dkj[i] += ds * qt[i] * scale;
@@ -365,22 +402,22 @@ static void attention_bwd(double *dq /* (T, Q) += */, double *dk /* (T, KV) += *
     }
 }
 
-static double sigmoid(double z) {
-    return 1.0 / (1.0 + exp(-z));
+static real_t sigmoid(real_t z) {
+    return R(1) / (R(1) + exp(-z));
 }
 
 /* SwiGLU's product: m = silu(g) ⊙ u with silu(z) = z·σ(z). */
-static void swiglu_fwd(double *m /* (n) */, const double *g /* (n) */, const double *u /* (n) */,
+static void swiglu_fwd(real_t *m /* (n) */, const real_t *g /* (n) */, const real_t *u /* (n) */,
                        size_t n) {
     for (size_t i = 0; i < n; i++) m[i] = g[i] * sigmoid(g[i]) * u[i];
 }
 
 /* forward: m = silu(g)·u, and silu'(z) = σ(z) + z σ(z)(1 − σ(z)) = σ(z)(1 + z(1 − σ(z))), so
  *   dg = dm · u · silu'(g),   du = dm · silu(g). */
-static void swiglu_bwd(double *dg /* (n) += */, double *du /* (n) += */, const double *dm /* (n) */,
-                       const double *g /* (n) */, const double *u /* (n) */, size_t n) {
+static void swiglu_bwd(real_t *dg /* (n) += */, real_t *du /* (n) += */, const real_t *dm /* (n) */,
+                       const real_t *g /* (n) */, const real_t *u /* (n) */, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        double sg = sigmoid(g[i]);
+        real_t sg = sigmoid(g[i]);
         dg[i] += dm[i] * u[i] * sg * (1 + g[i] * (1 - sg));
         du[i] += dm[i] * g[i] * sg;
     }
@@ -388,14 +425,14 @@ static void swiglu_bwd(double *dg /* (n) += */, double *du /* (n) += */, const d
 
 /* log softmax(z)[y] with z = logits / τ: z_y − log Σ_j exp(z_j), the sum taken relative to the
  * maximum (the same value, without overflow). Also returns the softmax in prob when not NULL. */
-static double logprob_fwd(double *prob /* (V) or NULL */, const double *logits /* (V) */, int y,
-                          double tau, int V) {
-    double mx = logits[0] / tau;
+static real_t logprob_fwd(real_t *prob /* (V) or NULL */, const real_t *logits /* (V) */, int y,
+                          real_t tau, int V) {
+    real_t mx = logits[0] / tau;
     for (int j = 1; j < V; j++)
         if (logits[j] / tau > mx) mx = logits[j] / tau;
-    double sum = 0;
+    real_t sum = 0;
     for (int j = 0; j < V; j++) sum += exp(logits[j] / tau - mx);
-    double lse = mx + log(sum);
+    real_t lse = mx + log(sum);
     if (prob)
         for (int j = 0; j < V; j++) prob[j] = exp(logits[j] / tau - lse);
     return logits[y] / tau - lse;
@@ -403,8 +440,8 @@ static double logprob_fwd(double *prob /* (V) or NULL */, const double *logits /
 
 /* forward: logp = z_y − logsumexp(z), z = logits/τ. ∂logp/∂z_j = δ_jy − softmax(z)_j and
  * ∂z_j/∂logits_j = 1/τ, so for the term c·logp:  dlogits_j += c (δ_jy − p_j) / τ. */
-static void logprob_bwd(double *dlogits /* (V) += */, const double *prob /* (V) */, int y, double c,
-                        double tau, int V) {
+static void logprob_bwd(real_t *dlogits /* (V) += */, const real_t *prob /* (V) */, int y, real_t c,
+                        real_t tau, int V) {
     for (int j = 0; j < V; j++) dlogits[j] += c * ((j == y) - prob[j]) / tau;
 }
 
@@ -413,38 +450,40 @@ static void logprob_bwd(double *dlogits /* (V) += */, const double *prob /* (V) 
 
 /* Everything one layer computes for one sequence, kept for the backward pass. */
 typedef struct {
-    double *x;         /* (T, C) layer input */
-    double *r_in;      /* (T) input RMSNorm's 1/rms per row */
-    double *xn;        /* (T, C) rmsnorm(x)·w_in */
-    double *q0, *k0;   /* (T, Q), (T, KV) projections (+ bias) */
-    double *r_q, *r_k; /* (T, NH), (T, NKV) per-head 1/rms of q0, k0 (Qwen3) */
-    double *q1, *k1;   /* (T, Q), (T, KV) after q_norm/k_norm (Qwen3; else copies of q0, k0) */
-    double *q, *k, *v; /* (T, Q), (T, KV), (T, KV) q and k after RoPE, and v */
-    double *p;         /* (NH, T, T) attention probabilities, 0 for invisible keys */
-    double *o;         /* (T, Q) attention output */
-    double *x2;        /* (T, C) x + o·Woᵀ */
-    double *r_post;    /* (T) post-attention RMSNorm's 1/rms per row */
-    double *xn2;       /* (T, C) rmsnorm(x2)·w_post */
-    double *g, *u;     /* (T, F) xn2·Wgᵀ, xn2·Wuᵀ */
-    double *m;         /* (T, F) silu(g) ⊙ u */
+    real_t *x;         /* (T, C) layer input */
+    real_t *r_in;      /* (T) input RMSNorm's 1/rms per row */
+    real_t *xn;        /* (T, C) rmsnorm(x)·w_in */
+    real_t *q0, *k0;   /* (T, Q), (T, KV) projections (+ bias) */
+    real_t *r_q, *r_k; /* (T, NH), (T, NKV) per-head 1/rms of q0, k0 (Qwen3) */
+    real_t *q1, *k1;   /* (T, Q), (T, KV) after q_norm/k_norm (Qwen3; else copies of q0, k0) */
+    real_t *q, *k, *v; /* (T, Q), (T, KV), (T, KV) q and k after RoPE, and v */
+    real_t *lse;       /* (NH, T) attention's log-sum-exp per query (+inf: no visible key) */
+    real_t *o;         /* (T, Q) attention output */
+    real_t *x2;        /* (T, C) x + o·Woᵀ */
+    real_t *r_post;    /* (T) post-attention RMSNorm's 1/rms per row */
+    real_t *xn2;       /* (T, C) rmsnorm(x2)·w_post */
+    real_t *g, *u;     /* (T, F) xn2·Wgᵀ, xn2·Wuᵀ */
+    real_t *m;         /* (T, F) silu(g) ⊙ u */
 } layer_acts;
 
 typedef struct {
     layer_acts *layer; /* (L) */
-    double *xf;        /* (T, C) output of the last layer */
-    double *r_f;       /* (T) final RMSNorm's 1/rms per row */
-    double *hn;        /* (T, C) rmsnorm(xf)·w_final */
-    double *logits;    /* (T, V) */
-    double *cs, *sn;   /* (T, HD/2) RoPE tables */
+    real_t *xf;        /* (T, C) output of the last layer */
+    real_t *r_f;       /* (T) final RMSNorm's 1/rms per row */
+    real_t *hn;        /* (T, C) rmsnorm(xf)·w_final */
+    real_t *logits;    /* (T, V) */
+    real_t *cs, *sn;   /* (T, HD/2) RoPE tables */
+    int *vis, n_vis;   /* (T) the positions with attention_mask 1, ascending, and their count */
+    real_t *srow;      /* (T) attention scratch: one query's scores */
 } seq_acts;
 
 /* Backward scratch of one layer (zeroed before each use). */
 typedef struct {
-    double *dm, *dg, *du;          /* (T, F) */
-    double *dxn2, *dx2, *dxn;      /* (T, C) */
-    double *dout, *dq, *dq1, *dq0; /* (T, Q) */
-    double *dk, *dk1, *dk0, *dv;   /* (T, KV) */
-    double *dp;                    /* (T) */
+    real_t *dm, *dg, *du;          /* (T, F) */
+    real_t *dxn2, *dx2, *dxn;      /* (T, C) */
+    real_t *dout, *dq, *dq1, *dq0; /* (T, Q) */
+    real_t *dk, *dk1, *dk0, *dv;   /* (T, KV) */
+    real_t *dp;                    /* (T) */
 } layer_scratch;
 
 /* The activations of one sequence (and, when sc is not NULL, the backward scratch) from pl;
@@ -467,7 +506,7 @@ static void seq_alloc(seq_acts *s, layer_scratch *sc, pool *pl, const dims *d) {
         a->q = pool_get(pl, T * Q);
         a->k = pool_get(pl, T * KV);
         a->v = pool_get(pl, T * KV);
-        a->p = pool_get(pl, (size_t)d->NH * T * T);
+        a->lse = pool_get(pl, (size_t)d->NH * T);
         a->o = pool_get(pl, T * Q);
         a->x2 = pool_get(pl, T * C);
         a->r_post = pool_get(pl, T);
@@ -482,6 +521,8 @@ static void seq_alloc(seq_acts *s, layer_scratch *sc, pool *pl, const dims *d) {
     s->logits = pool_get(pl, T * d->V);
     s->cs = pool_get(pl, T * (d->HD / 2));
     s->sn = pool_get(pl, T * (d->HD / 2));
+    s->vis = pool_bytes(pl, sizeof(int) * T);
+    s->srow = pool_get(pl, T);
     if (!sc) return;
     sc->dm = pool_get(pl, T * F);
     sc->dg = pool_get(pl, T * F);
@@ -501,9 +542,9 @@ static void seq_alloc(seq_acts *s, layer_scratch *sc, pool *pl, const dims *d) {
 }
 
 /* One decoder layer, from a->x (already filled) to y. */
-static void layer_fwd(layer_acts *a, double *y /* (T, C) */, const layer_w *lw,
-                      const double *cs /* (T, HD/2) */, const double *sn /* (T, HD/2) */,
-                      const uint8_t *mask /* (T) */, const dims *d) {
+static void layer_fwd(layer_acts *a, real_t *y /* (T, C) */, const layer_w *lw, const seq_acts *s,
+                      const dims *d) {
+    const real_t *cs = s->cs, *sn = s->sn;
     int T = d->T, C = d->C, Q = d->Q, KV = d->KV, F = d->F, HD = d->HD;
     for (int t = 0; t < T; t++)
         a->r_in[t] =
@@ -523,12 +564,12 @@ static void layer_fwd(layer_acts *a, double *y /* (T, C) */, const layer_w *lw,
             }
         }
     } else {
-        memcpy(a->q1, a->q0, sizeof(double) * (size_t)T * Q);
-        memcpy(a->k1, a->k0, sizeof(double) * (size_t)T * KV);
+        memcpy(a->q1, a->q0, sizeof(real_t) * (size_t)T * Q);
+        memcpy(a->k1, a->k0, sizeof(real_t) * (size_t)T * KV);
     }
     rope_fwd(a->q, a->q1, cs, sn, T, d->NH, HD);
     rope_fwd(a->k, a->k1, cs, sn, T, d->NKV, HD);
-    attention_fwd(a->p, a->o, a->q, a->k, a->v, mask, d);
+    attention_fwd(a->lse, a->o, a->q, a->k, a->v, s->vis, s->n_vis, s->srow, d);
     /* x2 = x + o·Woᵀ */
     linear_fwd(a->x2, a->o, lw->wo, NULL, T, Q, C);
     for (size_t i = 0; i < (size_t)T * C; i++) a->x2[i] += a->x[i];
@@ -546,10 +587,10 @@ static void layer_fwd(layer_acts *a, double *y /* (T, C) */, const layer_w *lw,
 /* Backward of one layer: from dy to dx, adding the layer's weight gradients into lg. The
  * residual connections y = x2 + mlp(x2) and x2 = x + attn(x) pass their gradient through
  * unchanged, so dx2 = dy + (MLP path) and dx = dx2 + (attention path). */
-static void layer_bwd(double *dx /* (T, C) += */, const double *dy /* (T, C) */, const layer_g *lg,
-                      const layer_w *lw, const layer_acts *a, layer_scratch *sc,
-                      const double *cs /* (T, HD/2) */, const double *sn /* (T, HD/2) */,
+static void layer_bwd(real_t *dx /* (T, C) += */, const real_t *dy /* (T, C) */, const layer_g *lg,
+                      const layer_w *lw, const layer_acts *a, layer_scratch *sc, const seq_acts *s,
                       const dims *d) {
+    const real_t *cs = s->cs, *sn = s->sn;
     int T = d->T, C = d->C, Q = d->Q, KV = d->KV, F = d->F, HD = d->HD;
     zero(sc->dm, (size_t)T * F);
     zero(sc->dg, (size_t)T * F);
@@ -566,7 +607,7 @@ static void layer_bwd(double *dx /* (T, C) += */, const double *dy /* (T, C) */,
     zero(sc->dv, (size_t)T * KV);
 
     /* MLP: y = x2 + m·Wdᵀ, m = silu(g) ⊙ u, g = xn2·Wgᵀ, u = xn2·Wuᵀ, xn2 = rmsnorm(x2) */
-    memcpy(sc->dx2, dy, sizeof(double) * (size_t)T * C); /* residual */
+    memcpy(sc->dx2, dy, sizeof(real_t) * (size_t)T * C); /* residual */
     linear_bwd(sc->dm, lg->wd, NULL, dy, a->m, lw->wd, T, F, C);
     swiglu_bwd(sc->dg, sc->du, sc->dm, a->g, a->u, (size_t)T * F);
     linear_bwd(sc->dxn2, lg->wg, NULL, sc->dg, a->xn2, lw->wg, T, C, F);
@@ -578,7 +619,8 @@ static void layer_bwd(double *dx /* (T, C) += */, const double *dy /* (T, C) */,
     /* attention: x2 = x + o·Woᵀ */
     for (size_t i = 0; i < (size_t)T * C; i++) dx[i] += sc->dx2[i]; /* residual */
     linear_bwd(sc->dout, lg->wo, NULL, sc->dx2, a->o, lw->wo, T, Q, C);
-    attention_bwd(sc->dq, sc->dk, sc->dv, sc->dout, a->p, a->q, a->k, a->v, sc->dp, d);
+    attention_bwd(sc->dq, sc->dk, sc->dv, sc->dout, a->lse, a->q, a->k, a->v, s->vis, s->n_vis,
+                  s->srow, sc->dp, d);
     rope_bwd(sc->dq1, sc->dq, cs, sn, T, d->NH, HD);
     rope_bwd(sc->dk1, sc->dk, cs, sn, T, d->NKV, HD);
     if (lw->q_norm) { /* per-head RMSNorm: the same backward on each HD-vector */
@@ -595,8 +637,8 @@ static void layer_bwd(double *dx /* (T, C) += */, const double *dy /* (T, C) */,
             }
         }
     } else {
-        memcpy(sc->dq0, sc->dq1, sizeof(double) * (size_t)T * Q);
-        memcpy(sc->dk0, sc->dk1, sizeof(double) * (size_t)T * KV);
+        memcpy(sc->dq0, sc->dq1, sizeof(real_t) * (size_t)T * Q);
+        memcpy(sc->dk0, sc->dk1, sizeof(real_t) * (size_t)T * KV);
     }
     /* q0 = xn·Wqᵀ (+ bq), k0 = xn·Wkᵀ (+ bk), v = xn·Wvᵀ (+ bv): xn collects all three */
     linear_bwd(sc->dxn, lg->wq, lg->bq, sc->dq0, a->xn, lw->wq, T, C, Q);
@@ -608,38 +650,38 @@ static void layer_bwd(double *dx /* (T, C) += */, const double *dy /* (T, C) */,
 }
 
 /* The whole forward pass of one sequence, up to the logits. */
-static void seq_fwd(seq_acts *s, const sbp_params *ps, const double *w,
-                    const int32_t *ids /* (T) */, const uint8_t *mask /* (T) */, const dims *d) {
+static void seq_fwd(seq_acts *s, const sbp_params *ps, const real_t *w,
+                    const int32_t *ids /* (T) */, const dims *d) {
     int T = d->T, C = d->C;
-    const double *E = wptr(ps, w, SBP_P_EMBED, -1);
-    int tied = sbp_params_offset(ps, SBP_P_LM_HEAD, -1) < 0;
-    const double *Wlm = tied ? E : wptr(ps, w, SBP_P_LM_HEAD, -1);
+    const real_t *E = wptr(ps, w, SBP_P_EMBED, -1);
+    int tied = offset_of(ps, SBP_P_LM_HEAD, -1) < 0;
+    const real_t *Wlm = tied ? E : wptr(ps, w, SBP_P_LM_HEAD, -1);
     /* x0[t] = E[ids[t]] */
-    double *x0 = d->L > 0 ? s->layer[0].x : s->xf;
+    real_t *x0 = d->L > 0 ? s->layer[0].x : s->xf;
     for (int t = 0; t < T; t++)
-        memcpy(x0 + (size_t)t * C, E + (size_t)ids[t] * C, sizeof(double) * (size_t)C);
+        memcpy(x0 + (size_t)t * C, E + (size_t)ids[t] * C, sizeof(real_t) * (size_t)C);
     for (int l = 0; l < d->L; l++) {
         layer_w lw = layer_weights(ps, w, l);
-        double *y = l + 1 < d->L ? s->layer[l + 1].x : s->xf;
-        layer_fwd(&s->layer[l], y, &lw, s->cs, s->sn, mask, d);
+        real_t *y = l + 1 < d->L ? s->layer[l + 1].x : s->xf;
+        layer_fwd(&s->layer[l], y, &lw, s, d);
     }
-    const double *wf = wptr(ps, w, SBP_P_FINAL_NORM, -1);
+    const real_t *wf = wptr(ps, w, SBP_P_FINAL_NORM, -1);
     for (int t = 0; t < T; t++)
         s->r_f[t] = rmsnorm_fwd(s->hn + (size_t)t * C, s->xf + (size_t)t * C, wf, C, d->eps);
     linear_fwd(s->logits, s->hn, Wlm, NULL, T, C, d->V); /* logits = hn·W_lmᵀ */
 }
 
 /* The backward pass of one sequence, given dlogits; adds into the gradient slab. */
-static void seq_bwd(double *grads, const double *dlogits /* (T, V) */, const seq_acts *s,
-                    layer_scratch *sc, double *dx /* (T, C) scratch */,
-                    double *dx_prev /* (T, C) scratch */, double *dhn /* (T, C) scratch */,
-                    const sbp_params *ps, const double *w, const int32_t *ids /* (T) */,
+static void seq_bwd(real_t *grads, const real_t *dlogits /* (T, V) */, const seq_acts *s,
+                    layer_scratch *sc, real_t *dx /* (T, C) scratch */,
+                    real_t *dx_prev /* (T, C) scratch */, real_t *dhn /* (T, C) scratch */,
+                    const sbp_params *ps, const real_t *w, const int32_t *ids /* (T) */,
                     const dims *d) {
     int T = d->T, C = d->C;
-    int tied = sbp_params_offset(ps, SBP_P_LM_HEAD, -1) < 0;
-    const double *Wlm = wptr(ps, w, tied ? SBP_P_EMBED : SBP_P_LM_HEAD, -1);
-    double *dWlm = gptr(ps, grads, tied ? SBP_P_EMBED : SBP_P_LM_HEAD, -1);
-    double *dE = gptr(ps, grads, SBP_P_EMBED, -1);
+    int tied = offset_of(ps, SBP_P_LM_HEAD, -1) < 0;
+    const real_t *Wlm = wptr(ps, w, tied ? SBP_P_EMBED : SBP_P_LM_HEAD, -1);
+    real_t *dWlm = gptr(ps, grads, tied ? SBP_P_EMBED : SBP_P_LM_HEAD, -1);
+    real_t *dE = gptr(ps, grads, SBP_P_EMBED, -1);
     /* logits = hn·W_lmᵀ; with tied embeddings dW_lm is dE, which also gets the lookup's
      * scatter-add below: one tensor, two contributions */
     zero(dhn, (size_t)T * C);
@@ -652,8 +694,8 @@ static void seq_bwd(double *grads, const double *dlogits /* (T, V) */, const seq
         layer_w lw = layer_weights(ps, w, l);
         layer_g lg = layer_grads(ps, grads, l);
         zero(dx_prev, (size_t)T * C);
-        layer_bwd(dx_prev, dx, &lg, &lw, &s->layer[l], sc, s->cs, s->sn, d);
-        double *tmp = dx;
+        layer_bwd(dx_prev, dx, &lg, &lw, &s->layer[l], sc, s, d);
+        real_t *tmp = dx;
         dx = dx_prev;
         dx_prev = tmp;
     }
@@ -723,7 +765,7 @@ static int setup(dims *d, const sbp_config *cfg, const sbp_params *ps, const sbp
         int lo = is_layer_kind((sbp_param_kind)k) ? 0 : -1;
         int hi = is_layer_kind((sbp_param_kind)k) ? d->L : 0;
         for (int l = lo; l < hi; l++) {
-            int64_t o = sbp_params_offset(ps, (sbp_param_kind)k, l);
+            int64_t o = offset_of(ps, (sbp_param_kind)k, l);
             int i = -1;
             for (int j = 0; j < ps->n; j++)
                 if (ps->p[j].offset == o && ps->p[j].kind == (sbp_param_kind)k) i = j;
@@ -760,10 +802,11 @@ static int target_at(const sbp_batch *b, int r, int t) {
 }
 
 /* Forward for every row, writing logp (may be NULL); with grads, also the backward of
- * Σ coef·logp added into grads. */
+ * Σ coef·logp added into grads. Weights, log-probs and gradients cross the interface in float64;
+ * everything in between runs in real_t. */
 static int run(double *logp /* (B*T) or NULL */, double *grads /* (ps->total) += or NULL */,
                const double *coef /* (B*T) or NULL */, const sbp_config *cfg, const sbp_params *ps,
-               const double *w, const sbp_batch *b, double tau, sbp_err *err) {
+               const double *w64 /* (ps->total) */, const sbp_batch *b, double tau, sbp_err *err) {
     dims d;
     int st = setup(&d, cfg, ps, b, tau, err);
     if (st) return st;
@@ -772,12 +815,21 @@ static int run(double *logp /* (B*T) or NULL */, double *grads /* (ps->total) +=
     seq_acts s = {0};
     layer_scratch sc = {0};
     seq_alloc(&s, grads ? &sc : NULL, &pl, &d);
-    double *inv_freq = pool_get(&pl, (size_t)d.HD / 2);
-    double *dlogits = grads ? pool_get(&pl, (size_t)T * V) : NULL;
-    double *prob = pool_get(&pl, (size_t)V);
-    double *dx = grads ? pool_get(&pl, (size_t)T * d.C) : NULL;
-    double *dx_prev = grads ? pool_get(&pl, (size_t)T * d.C) : NULL;
-    double *dhn = grads ? pool_get(&pl, (size_t)T * d.C) : NULL;
+    double *inv_freq = pool_bytes(&pl, sizeof(double) * (size_t)(d.HD / 2));
+    real_t *dlogits = grads ? pool_get(&pl, (size_t)T * V) : NULL;
+    real_t *prob = pool_get(&pl, (size_t)V);
+    real_t *dx = grads ? pool_get(&pl, (size_t)T * d.C) : NULL;
+    real_t *dx_prev = grads ? pool_get(&pl, (size_t)T * d.C) : NULL;
+    real_t *dhn = grads ? pool_get(&pl, (size_t)T * d.C) : NULL;
+#ifdef REF_F32 /* the weights rounded once; the gradient summed in float, added at the end */
+    real_t *w = pool_get(&pl, (size_t)ps->total),
+           *g = grads ? pool_get(&pl, (size_t)ps->total) : NULL;
+    if (w)
+        for (int64_t i = 0; i < ps->total; i++) w[i] = (real_t)w64[i];
+#else
+    const real_t *w = w64;
+    real_t *g = grads;
+#endif
     if (pl.failed) {
         pool_free(&pl);
         return sbp_fail(err, SBP_ENOMEM, "ref: out of memory (T = %d)", T);
@@ -786,64 +838,37 @@ static int run(double *logp /* (B*T) or NULL */, double *grads /* (ps->total) +=
     rope_tables(s.cs, s.sn, inv_freq, T, d.HD);
     for (int r = 0; r < b->B; r++) {
         const int32_t *ids = b->ids + (size_t)r * T;
-        seq_fwd(&s, ps, w, ids, b->mask + (size_t)r * T, &d);
+        s.n_vis = visible_keys(s.vis, b->mask + (size_t)r * T, T);
+        seq_fwd(&s, ps, w, ids, &d);
         if (dlogits) zero(dlogits, (size_t)T * V);
         for (int t = 0; t < T; t++) {
             int y = target_at(b, r, t);
-            double lp = 0;
+            real_t lp = 0;
             if (y >= 0) {
-                lp = logprob_fwd(prob, s.logits + (size_t)t * V, y, tau, V);
-                if (dlogits) logprob_bwd(dlogits + (size_t)t * V, prob, y, coef[r * T + t], tau, V);
+                lp = logprob_fwd(prob, s.logits + (size_t)t * V, y, R(tau), V);
+                if (dlogits)
+                    logprob_bwd(dlogits + (size_t)t * V, prob, y, R(coef[(size_t)r * T + t]),
+                                R(tau), V);
             }
             if (logp) logp[(size_t)r * T + t] = lp;
         }
-        if (grads) seq_bwd(grads, dlogits, &s, &sc, dx, dx_prev, dhn, ps, w, ids, &d);
+        if (g) seq_bwd(g, dlogits, &s, &sc, dx, dx_prev, dhn, ps, w, ids, &d);
     }
+#ifdef REF_F32
+    if (grads)
+        for (int64_t i = 0; i < ps->total; i++) grads[i] += g[i];
+#endif
     pool_free(&pl);
     return SBP_OK;
 }
 
-int ref_logprobs(double *logp, const sbp_config *cfg, const sbp_params *ps, const double *w,
-                 const sbp_batch *b, double temperature, sbp_err *err) {
+int REF_NAME(ref_logprobs)(double *logp, const sbp_config *cfg, const sbp_params *ps,
+                           const double *w, const sbp_batch *b, double temperature, sbp_err *err) {
     return run(logp, NULL, NULL, cfg, ps, w, b, temperature, err);
 }
 
-int ref_backward(double *grads, const double *coef, const sbp_config *cfg, const sbp_params *ps,
-                 const double *w, const sbp_batch *b, double temperature, sbp_err *err) {
+int REF_NAME(ref_backward)(double *grads, const double *coef, const sbp_config *cfg,
+                           const sbp_params *ps, const double *w, const sbp_batch *b,
+                           double temperature, sbp_err *err) {
     return run(NULL, grads, coef, cfg, ps, w, b, temperature, err);
-}
-
-/* loss = −(1/N) Σ logp, so d loss / d logp = −1/N for every valid target: the backward of
- * Σ coef·logp with coef = −1/N there. */
-int ref_sft(double *loss, double *grads, const sbp_config *cfg, const sbp_params *ps,
-            const double *w, const sbp_batch *b, sbp_err *err) {
-    dims d;
-    int st = setup(&d, cfg, ps, b, 1.0, err); /* before grads is touched */
-    if (st) return st;
-    size_t n = (size_t)b->B * b->T;
-    int64_t N = 0;
-    for (int r = 0; r < b->B; r++)
-        for (int t = 0; t < b->T; t++) N += target_at(b, r, t) >= 0;
-    if (N == 0)
-        return sbp_fail(err, SBP_EINPUT,
-                        "ref: the batch has no target (every shifted label is -100)");
-    double *coef = calloc(n ? n : 1, sizeof *coef), *logp = calloc(n ? n : 1, sizeof *logp);
-    if (!coef || !logp) {
-        free(coef);
-        free(logp);
-        return sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
-    }
-    for (int r = 0; r < b->B; r++)
-        for (int t = 0; t < b->T; t++)
-            if (target_at(b, r, t) >= 0) coef[(size_t)r * b->T + t] = -1.0 / (double)N;
-    zero(grads, (size_t)ps->total);
-    st = run(logp, grads, coef, cfg, ps, w, b, 1.0, err);
-    if (!st) {
-        double sum = 0;
-        for (size_t i = 0; i < n; i++) sum += logp[i];
-        *loss = -sum / (double)N;
-    }
-    free(coef);
-    free(logp);
-    return st;
 }

@@ -1,19 +1,93 @@
 /* ref.h — the independent float64 oracle (see ref/SEMANTICS.md, the contract it implements).
  *
  * A deliberately naive implementation of the decoder forward pass and its hand-derived backward:
- * plain nested loops, no BLAS, no chunking, every intermediate kept (full T×T attention
- * probabilities per head). It shares no numeric code with src/, so a mistake that the three
- * schedules of src/ share shows up as a disagreement with this file; it is itself checked by
- * central finite differences (tests/test_ref.c). Speed is irrelevant: it is meant for the tiny
- * test models.
+ * plain nested loops, no BLAS, no chunking. It shares no numeric code with src/, so a mistake that
+ * the three schedules of src/ share shows up as a disagreement with this file; it is itself
+ * checked by central finite differences (tests/test_ref.c). Speed is irrelevant: it is meant for
+ * the tiny test models (and long sequences of them: attention keeps O(T) per head, not T×T).
  *
- * Weights and gradients are float64 slabs in the layout of sbp_params (m.w of a model loaded
- * with SBP_FP64). All functions return 0 (SBP_OK) on success and an sbp_status with err filled
- * otherwise; they never print or exit. */
+ * It also reads its inputs itself (ref/io.c): config.json, safetensors weights and batch files,
+ * with none of src/io's code, and derives everything from the raw file contents — the targets
+ * and their shift, padding, masks, DPO's padded rows, GRPO's completion labels, group-normalised
+ * advantages and the shift of per-token log-probs, the config's defaults — so that a loading bug
+ * in src/ does not reach the truth the verifier compares against. The types of streambp.h
+ * (sbp_config, sbp_params, sbp_batch) are shared as plain structs; ref/ fills them itself.
+ *
+ * Everything exists twice: the float64 oracle (ref_*) and the same loops in float32
+ * (ref_*_f32, ref32.c and objectives32.c compile the same sources with REF_F32), whose error
+ * against the float64 oracle is the verifier's independent yardstick for float32 runs. Weights,
+ * log-probs and gradients cross the interface in float64 either way.
+ *
+ * Weights and gradients are float64 slabs in the layout of an sbp_params table (ref's own, from
+ * ref_params_build, or any other with the same kinds). All functions return 0 (SBP_OK) on success
+ * and an sbp_status with err filled otherwise; they never print or exit. */
 #ifndef SBP_REF_H
 #define SBP_REF_H
 
 #include "../src/streambp.h"
+
+#ifdef REF_F32
+#define REF_NAME(f) f##_f32
+#else
+#define REF_NAME(f) f
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * The oracle's own readers (ref/io.c) */
+
+/* config.json read naively with cJSON (as HF's PretrainedConfig reads it): the fields of
+ * sbp_config with HF's defaults (head_dim: 128 for qwen3, hidden/heads otherwise;
+ * num_key_value_heads: the head count; rope_theta 10000; tie_word_embeddings false). */
+int ref_config_read(sbp_config *cfg, const char *path, sbp_err *err);
+
+/* The oracle's parameter table of cfg: HF names and shapes in state_dict order. */
+int ref_params_build(sbp_params *ps, const sbp_config *cfg, sbp_err *err);
+void ref_params_free(sbp_params *ps);
+
+typedef struct {
+    sbp_config cfg;
+    sbp_params ps;
+    double *w; /* (ps.total) */
+} ref_model;
+
+/* A model directory: config.json, and model.safetensors or the shards its index names. Every
+ * tensor of the table must be there with the shape config.json implies; when some are not,
+ * the error is SBP_EINPUT and `mismatch` (if not NULL) lists every one of them as
+ * "name [file shape] != [config shape]" (or "name missing"), separated by "; ". */
+int ref_model_read(ref_model *m, const char *dir, char *mismatch, size_t n, sbp_err *err);
+void ref_model_free(ref_model *m);
+
+/* A batch file for objective `kind`, checked against cfg (ids and labels in range, masks 0/1),
+ * with everything derived here (ref/SEMANTICS.md): SFT rows as stored; DPO 2B rows, chosen
+ * first, padded on the right to the longer side with id 0, mask 0, label −100; GRPO labels =
+ * input_ids where completion_mask is 1, advantages from `advantages` or from `rewards` and the
+ * metadata's group size ((r − mean)/(unbiased std + 1e-4), or r − mean when !scale_rewards),
+ * per-token log-probs moved from the scored token's position t to the predicting t − 1. */
+int ref_batch_read(sbp_batch *b, const char *path, const sbp_config *cfg, sbp_objective_kind kind,
+                   int scale_rewards, sbp_err *err);
+void ref_batch_free(sbp_batch *b);
+
+/* Replaces b's reference log-probs by those of the reference model m, computed by the oracle:
+ * DPO the per-row sum of target log-probs (the mean for ipo), GRPO per target at the objective's
+ * temperature. */
+int ref_set_reference(sbp_batch *b, const ref_model *m, const sbp_objective *o, sbp_err *err);
+
+/* ---------------------------------------------------------------------------------------------
+ * The oracle */
+
+/* The truth of one step from the files alone: model directory, batch file, objective and, for
+ * DPO/GRPO, an optional reference model directory; the loss and d loss / d w in m's layout (m is
+ * filled, free it with ref_model_free). f32: the float32 loops instead of float64. A mismatch
+ * between config.json and the weights is reported as by ref_model_read. */
+int ref_truth_files(double *loss, double **grads /* (m->ps.total), malloc'd */, ref_model *m,
+                    const char *model_dir, const char *batch_path, const sbp_objective *o,
+                    int scale_rewards, const char *ref_model_dir, int f32, char *mismatch,
+                    size_t n_mismatch, sbp_err *err);
+
+/* The same on a model and a batch already read: the loss and grads (m->ps.total, overwritten).
+ * The batch's step normalisers in o (num_items, num_sequences, max_completion_length) apply. */
+int ref_truth(double *loss, double *grads, const ref_model *m, const sbp_batch *b,
+              const sbp_objective *o, int f32, sbp_err *err);
 
 /* Per-target log-probabilities:
  *   logp[b*T + t] = log softmax(logits[b,t,:] / temperature)[labels[b][t+1]]
@@ -22,18 +96,25 @@
 int ref_logprobs(double *logp /* (B*T) */, const sbp_config *cfg, const sbp_params *ps,
                  const double *w /* (ps->total) */, const sbp_batch *b, double temperature,
                  sbp_err *err);
+int ref_logprobs_f32(double *logp, const sbp_config *cfg, const sbp_params *ps, const double *w,
+                     const sbp_batch *b, double temperature, sbp_err *err);
 
 /* Adds to grads the gradient of L = Σ_{b,t} coef[b*T+t] · logp[b*T+t] (logp as above; coef is
  * ignored where there is no target). Recomputes the forward pass. */
 int ref_backward(double *grads /* (ps->total), accumulated */, const double *coef /* (B*T) */,
                  const sbp_config *cfg, const sbp_params *ps, const double *w /* (ps->total) */,
                  const sbp_batch *b, double temperature, sbp_err *err);
+int ref_backward_f32(double *grads, const double *coef, const sbp_config *cfg, const sbp_params *ps,
+                     const double *w, const sbp_batch *b, double temperature, sbp_err *err);
 
 /* SFT (HF causal-LM loss): loss = −(1/N) Σ logp over the N valid targets of the batch, at
- * temperature 1; grads is overwritten with d loss / d w. N = 0 is an input error. */
-int ref_sft(double *loss, double *grads /* (ps->total), overwritten */, const sbp_config *cfg,
-            const sbp_params *ps, const double *w /* (ps->total) */, const sbp_batch *b,
-            sbp_err *err);
+ * temperature 1; grads (unless NULL) is overwritten with d loss / d w. N = 0 is an input error.
+ * (num_items of a step is not taken here: ref_truth applies it.) */
+int ref_sft(double *loss, double *grads /* (ps->total), overwritten, or NULL */,
+            const sbp_config *cfg, const sbp_params *ps, const double *w /* (ps->total) */,
+            const sbp_batch *b, sbp_err *err);
+int ref_sft_f32(double *loss, double *grads, const sbp_config *cfg, const sbp_params *ps,
+                const double *w, const sbp_batch *b, sbp_err *err);
 
 /* DPO (TRL DPOTrainer; SEMANTICS.md "DPO"): b holds 2·pairs rows, chosen rows [0, pairs), rejected
  * rows [pairs, 2·pairs), and b->ref_seq_logps (2·pairs), the reference statistic of each row (a
@@ -45,6 +126,8 @@ int ref_sft(double *loss, double *grads /* (ps->total), overwritten */, const sb
 int ref_dpo(double *loss, double *grads /* (ps->total), overwritten, or NULL */,
             const sbp_config *cfg, const sbp_params *ps, const double *w /* (ps->total) */,
             const sbp_batch *b, const sbp_objective *o, sbp_err *err);
+int ref_dpo_f32(double *loss, double *grads, const sbp_config *cfg, const sbp_params *ps,
+                const double *w, const sbp_batch *b, const sbp_objective *o, sbp_err *err);
 
 /* GRPO (TRL GRPOTrainer; SEMANTICS.md "GRPO"): b->advantages (B) set; b->old_logps and
  * b->ref_logps (B·T, by predicting position) may be NULL (old: the current log-probs, detached;
@@ -56,5 +139,7 @@ int ref_dpo(double *loss, double *grads /* (ps->total), overwritten, or NULL */,
 int ref_grpo(double *loss, double *grads /* (ps->total), overwritten, or NULL */,
              const sbp_config *cfg, const sbp_params *ps, const double *w /* (ps->total) */,
              const sbp_batch *b, const sbp_objective *o, sbp_err *err);
+int ref_grpo_f32(double *loss, double *grads, const sbp_config *cfg, const sbp_params *ps,
+                 const double *w, const sbp_batch *b, const sbp_objective *o, sbp_err *err);
 
 #endif

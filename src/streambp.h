@@ -72,10 +72,31 @@ typedef struct {
     double init_range; /* initializer_range, used by sbp_model_init */
 } sbp_config;
 
+/* What streambp accepts, and why each limit is where it is: past them a value has no meaning for
+ * a model that fits any machine, and every size product stays far from int64 overflow. The
+ * largest public models are within them (Llama-3.1-405B: vocab 128256, hidden 16384,
+ * intermediate 53248, 126 layers, 128 heads of 128; 4.1e11 parameters). */
+#define SBP_MAX_VOCAB    (1 << 24)   /* vocab_size */
+#define SBP_MAX_HIDDEN   (1 << 17)   /* hidden_size */
+#define SBP_MAX_FFN      (1 << 20)   /* intermediate_size */
+#define SBP_MAX_LAYERS   1024        /* num_hidden_layers */
+#define SBP_MAX_HEADS    1024        /* num_attention_heads, num_key_value_heads */
+#define SBP_MAX_HEAD_DIM 512         /* head_dim */
+#define SBP_MAX_PARAMS   (1LL << 42) /* parameters: 4.4e12, 16 TiB in float32 */
+#define SBP_MAX_BLOCK    (1 << 20)   /* sbp_grad_opts.block: a token block of 1M tokens */
+#define SBP_MAX_THREADS  4096        /* sbp_set_threads */
+
 /* Reads and validates a config.json. */
 sbp_status sbp_config_load(sbp_config *cfg, const char *path, sbp_err *err);
 /* The same from a JSON string; `what` names it in error messages. */
 sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what, sbp_err *err);
+/* Checks a config built in memory as sbp_config_load checks a file: every size >= 1 and within
+ * the SBP_MAX_* limits, heads divisible, head_dim even, eps and rope_theta > 0, and the
+ * parameter count within SBP_MAX_PARAMS. `what` names the config in the message. */
+sbp_status sbp_config_validate(const sbp_config *cfg, const char *what, sbp_err *err);
+/* The number of parameters of the model, or -1 when a size is out of range or the count would
+ * pass SBP_MAX_PARAMS (computed without overflow). */
+int64_t sbp_config_param_count(const sbp_config *cfg);
 /* Writes cfg as a HF-style config.json that transformers can read (atomic). */
 sbp_status sbp_config_save(const sbp_config *cfg, const char *path, sbp_err *err);
 
@@ -155,13 +176,21 @@ typedef struct {
     int64_t n_allocs;
     int plan; /* set before use: allocations only reserve address space (PROT_NONE), so a
                * planning run that touched a buffer would fault instead of computing */
+    void *pool;     /* freed large blocks kept for reuse (sbp_ledger_keep_blocks), or NULL */
+    int64_t cached; /* bytes of those blocks as last used (not in cur_total) */
 } sbp_ledger;
 
 const char *sbp_mem_cat_name(sbp_mem_cat c);
 /* 64-byte aligned, zero-filled (in a planning ledger: inaccessible); NULL when out of memory or
  * address space (nothing is charged then). */
 void *sbp_ledger_alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes);
+/* The same without the promise of zeros (the caller writes before it reads). */
+void *sbp_ledger_alloc_raw(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes);
 void sbp_ledger_free(sbp_ledger *lg, void *p);
+/* For a ledger that runs many steps: freed large blocks are kept and reused (no new mapping, no
+ * page faults), within the ledger's recorded peak; drop releases them. */
+void sbp_ledger_keep_blocks(sbp_ledger *lg);
+void sbp_ledger_drop_blocks(sbp_ledger *lg);
 /* Records memory allocated elsewhere (a GPU's): bytes > 0 when it is allocated, < 0 when freed. */
 void sbp_ledger_charge(sbp_ledger *lg, sbp_mem_cat cat, int64_t bytes);
 
@@ -187,6 +216,9 @@ typedef struct {
 sbp_status sbp_model_load(sbp_model *m, const char *dir, sbp_precision prec, sbp_ledger *lg,
                           sbp_err *err);
 void sbp_model_free(sbp_model *m, sbp_ledger *lg);
+/* Checks a model directory as sbp_model_load does, reading no weight: config.json (into cfg),
+ * and every tensor of the model present in the files with the shape the config implies. */
+sbp_status sbp_model_check(sbp_config *cfg, const char *dir, sbp_err *err);
 /* Rounds every weight to bfloat16 in place (for emulated bf16 runs). */
 void sbp_model_round_bf16(sbp_model *m);
 /* Writes a seeded random model directory (config.json + model.safetensors, F32). */
@@ -419,7 +451,7 @@ typedef struct {
     int B;                /* SFT: rows; DPO: pairs (2B rows, chosen then rejected); GRPO: rows
                            * (a group of G = B completions) */
     int T;                /* tokens per row */
-    int storage_bytes;    /* bytes per stored element: 4 (fp32) or 2 (bf16); 0 = 4 */
+    int storage_bytes;    /* bytes per stored element: 4 (fp32), 2 (bf16) or 8 (fp64); 0 = 4 */
     int optimizer;        /* also charge AdamW's two fp32 moments per trainable parameter */
     sbp_lora_config lora; /* r > 0: a LoRA adapter of this rank on these targets is trained:
                            * the base is frozen (its weights, no gradients), the adapter's

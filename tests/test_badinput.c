@@ -397,11 +397,12 @@ START_TEST(config_disagrees_with_weights) {
 }
 END_TEST
 
-/* Sizes that no machine can hold (about 4e18 bytes of weights) while the file holds the tiny
- * model: the mismatch is known from the header, before any weight is allocated. */
+/* Sizes that no machine can hold (8 TiB of weights, within every per-field limit) while the
+ * file holds the tiny model: the mismatch is known from the header, before any weight is
+ * allocated and before the memory check. */
 START_TEST(config_huge_disagrees_with_weights) {
-    const char *d = model_with_field("cfg-huge", "vocab_size", cJSON_CreateNumber(1e9));
-    edit_config(tu_path("cfg-huge/config.json"), "hidden_size", cJSON_CreateNumber(1e9));
+    const char *d = model_with_field("cfg-huge", "vocab_size", cJSON_CreateNumber(1 << 24));
+    edit_config(tu_path("cfg-huge/config.json"), "hidden_size", cJSON_CreateNumber(1 << 17));
     expect_bad_model(d, "model.embed_tokens.weight");
 }
 END_TEST
@@ -781,7 +782,7 @@ static const struct {
     {"--logit-chunk 0", "--logit-chunk", "\"0\""},
     {"--threads 0", "--threads", "\"0\""},
     {"--schedule foo", "--schedule", "\"foo\""},
-    {"--precision bf16", "--precision", "\"bf16\""},
+    {"--precision fp16", "--precision", "\"fp16\""},
     {"--frobnicate", "--frobnicate", NULL},
     {"--chunk", "'--chunk'", "argument"},
     {"stray.bin", "\"stray.bin\"", NULL},

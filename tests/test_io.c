@@ -346,9 +346,9 @@ typedef struct {
     "\"" name "\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[" #b "," #e "]}"
 
 static const bad_header bad_headers[] = {
-    {"not-json", "{this is not json}", 0, SBP_EFORMAT, "not a valid JSON object"},
+    {"not-json", "{this is not json}", 0, SBP_EFORMAT, "malformed JSON"},
     {"not-object", "[1, 2]", 0, SBP_EFORMAT, "does not start with '{'"},
-    {"trailing-garbage", "{" T4("a", 0, 4) "} x", 4, SBP_EFORMAT, "not a valid JSON object"},
+    {"trailing-garbage", "{" T4("a", 0, 4) "} x", 4, SBP_EFORMAT, "text after the JSON value"},
     {"unknown-dtype-f8", "{\"a\":{\"dtype\":\"F8_E3M4\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4,
      SBP_EFORMAT, "unknown dtype \"F8_E3M4\""},
     {"unknown-dtype-q4", "{\"a\":{\"dtype\":\"Q4\",\"shape\":[4],\"data_offsets\":[0,2]}}", 2,
@@ -370,7 +370,7 @@ static const bad_header bad_headers[] = {
      "has 12 bytes but the tensors end at byte 4"},
     {"no-tensors-but-data", "{}", 8, SBP_EFORMAT, "8 data bytes but no tensors"},
     {"duplicate-name", "{" T4("a", 0, 4) "," T4("a", 4, 8) "}", 8, SBP_EFORMAT,
-     "tensor \"a\" appears twice"},
+     "key \"a\" appears twice"},
     {"metadata-not-string", "{\"__metadata__\":{\"format\":\"pt\",\"n\":1}," T4("a", 0, 4) "}", 4,
      SBP_EFORMAT, "__metadata__ value \"n\" is not a string"},
     {"metadata-not-object", "{\"__metadata__\":[1]," T4("a", 0, 4) "}", 4, SBP_EFORMAT,
@@ -409,7 +409,7 @@ START_TEST(st_bad_framing) {
     static const char nul[] = "{\"a\":{\"dtype\":\"F32\",\0\"shape\":[1],\"data_offsets\":[0,4]}}";
     expect_open(write_raw("nul", nul, sizeof nul - 1, -1, 4), SBP_EFORMAT, "NUL byte");
     /* a header cut short by the end of the file: the JSON is incomplete */
-    expect_open(write_raw("cut", h, 10, -1, 0), SBP_EFORMAT, "not a valid JSON object");
+    expect_open(write_raw("cut", h, 10, -1, 0), SBP_EFORMAT, "malformed JSON");
     /* no file */
     expect_open(tu_path("does-not-exist.safetensors"), SBP_EIO, "cannot open");
     /* a directory */

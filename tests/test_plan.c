@@ -368,12 +368,44 @@ START_TEST(paper_table3_complete) {
 }
 END_TEST
 
+/* The ledger's pool (bench and train): a freed large block is handed out again for an
+ * allocation that fits, zeroed when asked; pooled plus used bytes never exceed the recorded peak;
+ * the figures are those of the blocks in use. */
+START_TEST(ledger_pool) {
+    sbp_ledger lg = {0};
+    sbp_ledger_keep_blocks(&lg);
+    const size_t big = (size_t)8 << 20;
+    unsigned char *a = sbp_ledger_alloc(&lg, SBP_MEM_LAYER, big);
+    ck_assert_ptr_nonnull(a);
+    memset(a, 7, big);
+    sbp_ledger_free(&lg, a);
+    ck_assert(lg.cached > 0 && lg.cur_total == 0 && lg.peak_total == (int64_t)big);
+    unsigned char *b = sbp_ledger_alloc(&lg, SBP_MEM_LAYER, big - 4096);
+    ck_assert_ptr_eq(b, a); /* reused */
+    ck_assert_int_eq(lg.cached, 0);
+    for (size_t i = 0; i < big - 4096; i += 4093) ck_assert_int_eq(b[i], 0); /* zeroed */
+    sbp_ledger_free(&lg, b);
+    /* a smaller block that would waste more than a quarter of it is not served from the pool */
+    unsigned char *c = sbp_ledger_alloc_raw(&lg, SBP_MEM_LAYER, big / 2);
+    ck_assert_ptr_ne(c, a);
+    /* in use + pooled within the peak: freeing c would exceed it, so c is unmapped */
+    const int64_t before = lg.cached;
+    sbp_ledger_free(&lg, c);
+    ck_assert_int_eq(lg.cached, before);
+    ck_assert_int_eq(lg.cur_total, 0);
+    sbp_ledger_drop_blocks(&lg);
+    ck_assert_int_eq(lg.cached, 0);
+    ck_assert_ptr_null(lg.pool);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("plan");
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, plan_equals_measured, 0, 18);
     tcase_add_loop_test(tc, plan_equals_measured_objectives_lora, 0, 18);
+    tcase_add_test(tc, ledger_pool);
     tcase_add_test(tc, plan_large_model);
     tcase_add_loop_test(tc, categories_sum_to_total, 0, 6);
     tcase_add_loop_test(tc, budget_finds_the_boundary, 0, 3);

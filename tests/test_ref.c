@@ -510,6 +510,166 @@ START_TEST(torch_cross_check) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------
+ * The oracle's own readers (ref/io.c): what they derive from the raw files, by hand. */
+
+static const char *spit_json(const char *name, const char *text) {
+    const char *p = tu_path("%s", name);
+    tu_spit(p, text, strlen(text));
+    return p;
+}
+
+START_TEST(reader_config_defaults) {
+    sbp_config c;
+    sbp_err err = {0};
+    /* Qwen3 without head_dim: HF's Qwen3Config default 128, not hidden / heads */
+    const char *q = spit_json("q3.json", "{\"model_type\":\"qwen3\",\"vocab_size\":10,"
+                                         "\"hidden_size\":64,\"intermediate_size\":8,"
+                                         "\"num_hidden_layers\":1,\"num_attention_heads\":4,"
+                                         "\"rms_norm_eps\":1e-6}");
+    ck_assert_msg(ref_config_read(&c, q, &err) == SBP_OK, "%s", err.msg);
+    ck_assert_int_eq(c.head_dim, 128);
+    ck_assert_int_eq(c.kv_heads, 4);
+    ck_assert(c.qk_norm && !c.qkv_bias && !c.tied);
+    ck_assert(c.rope_theta == 10000.0);
+    /* Llama without head_dim: hidden / heads; rope_parameters (transformers 5) with llama3 */
+    const char *l = spit_json(
+        "l.json", "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":64,"
+                  "\"intermediate_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":4,"
+                  "\"num_key_value_heads\":2,\"rms_norm_eps\":1e-5,\"tie_word_embeddings\":true,"
+                  "\"rope_parameters\":{\"rope_theta\":500000.0,\"rope_type\":\"llama3\","
+                  "\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                  "\"original_max_position_embeddings\":8192}}");
+    ck_assert_msg(ref_config_read(&c, l, &err) == SBP_OK, "%s", err.msg);
+    ck_assert_int_eq(c.head_dim, 16);
+    ck_assert(c.rope_theta == 500000.0 && c.rope_llama3 && c.rope_factor == 8.0 && c.tied);
+    /* Qwen2: biases, no q/k norm */
+    const char *q2 = spit_json("q2.json", "{\"model_type\":\"qwen2\",\"vocab_size\":10,"
+                                          "\"hidden_size\":32,\"intermediate_size\":8,"
+                                          "\"num_hidden_layers\":1,\"num_attention_heads\":4,"
+                                          "\"rms_norm_eps\":1e-6}");
+    ck_assert_msg(ref_config_read(&c, q2, &err) == SBP_OK, "%s", err.msg);
+    ck_assert(c.qkv_bias && !c.qk_norm && c.head_dim == 8);
+}
+END_TEST
+
+/* A batch written by hand with sbp_st_write; the oracle's reading checked value by value. */
+START_TEST(reader_batches) {
+    sbp_config cfg = {.family = SBP_QWEN3, .vocab = 50};
+    sbp_err err = {0};
+    sbp_batch b;
+    /* DPO: chosen T = 3, rejected T = 5: chosen rows padded on the right to 5 */
+    const int64_t ci[6] = {1, 2, 3, 4, 5, 6}, cl[6] = {-100, 2, 3, -100, 5, 6};
+    const int64_t ri[10] = {7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    const int64_t rl[10] = {-100, 8, 9, 10, 11, -100, -100, 14, 15, 16};
+    const double rc[2] = {-1, -2}, rr[2] = {-3, -4};
+    const sbp_st_entry d[] = {{"chosen_input_ids", SBP_DT_I64, 2, {2, 3}, ci},
+                              {"chosen_labels", SBP_DT_I64, 2, {2, 3}, cl},
+                              {"rejected_input_ids", SBP_DT_I64, 2, {2, 5}, ri},
+                              {"rejected_labels", SBP_DT_I64, 2, {2, 5}, rl},
+                              {"ref_chosen_logps", SBP_DT_F64, 1, {2}, rc},
+                              {"ref_rejected_logps", SBP_DT_F64, 1, {2}, rr}};
+    const char *dp = tu_path("dpo-hand.safetensors");
+    ck_assert_int_eq(sbp_st_write(dp, d, 6, NULL, &err), SBP_OK);
+    ck_assert_msg(ref_batch_read(&b, dp, &cfg, SBP_OBJ_DPO, 1, &err) == SBP_OK, "%s", err.msg);
+    ck_assert(b.B == 4 && b.T == 5 && b.pairs == 2);
+    const int32_t want_labels[20] = {-100, 2, 3, -100, -100, -100, 5,    6,  -100, -100,
+                                     -100, 8, 9, 10,   11,   -100, -100, 14, 15,   16};
+    const uint8_t want_mask[20] = {1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    for (int i = 0; i < 20; i++) {
+        ck_assert_int_eq(b.labels[i], want_labels[i]);
+        ck_assert_int_eq(b.mask[i], want_mask[i]);
+        if (!want_mask[i]) ck_assert_int_eq(b.ids[i], 0);
+    }
+    ck_assert(b.ref_seq_logps[1] == -2 && b.ref_seq_logps[2] == -3);
+    ck_assert_int_eq(b.n_targets, 2 + 2 + 4 + 3);
+    ref_batch_free(&b);
+    /* GRPO: labels from the completion mask, advantages from rewards (unbiased std), per-token
+     * log-probs moved one position left */
+    const int64_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8}, cm[8] = {0, 1, 1, 0, 0, 0, 1, 1};
+    const double rew[2] = {1.0, 0.25}, old[8] = {0, -1, -2, 0, 0, 0, -3, -4};
+    const sbp_st_entry g[] = {{"input_ids", SBP_DT_I64, 2, {2, 4}, ids},
+                              {"completion_mask", SBP_DT_I64, 2, {2, 4}, cm},
+                              {"rewards", SBP_DT_F64, 1, {2}, rew},
+                              {"old_logps", SBP_DT_F64, 2, {2, 4}, old}};
+    const char *meta[] = {"group_size", "2", NULL};
+    const char *gp = tu_path("grpo-hand.safetensors");
+    ck_assert_int_eq(sbp_st_write(gp, g, 4, meta, &err), SBP_OK);
+    ck_assert_msg(ref_batch_read(&b, gp, &cfg, SBP_OBJ_GRPO, 1, &err) == SBP_OK, "%s", err.msg);
+    const int32_t gl[8] = {-100, 2, 3, -100, -100, -100, 7, 8};
+    for (int i = 0; i < 8; i++) ck_assert_int_eq(b.labels[i], gl[i]);
+    /* mean 0.625, unbiased std sqrt(2 * 0.375^2 / 1) = 0.53033 */
+    const double A = 0.375 / (sqrt(2 * 0.375 * 0.375) + 1e-4);
+    ck_assert_msg(fabs(b.advantages[0] - A) < 1e-15 && fabs(b.advantages[1] + A) < 1e-15,
+                  "advantages %.17g %.17g, want +-%.17g", b.advantages[0], b.advantages[1], A);
+    const double want_old[8] = {-1, -2, 0, 0, 0, -3, -4, 0};
+    for (int i = 0; i < 8; i++) ck_assert(b.old_logps[i] == want_old[i]);
+    ref_batch_free(&b);
+    ck_assert_msg(ref_batch_read(&b, gp, &cfg, SBP_OBJ_GRPO, 0, &err) == SBP_OK, "%s", err.msg);
+    ck_assert(fabs(b.advantages[0] - 0.375) < 1e-15); /* no scaling: r - mean */
+    ref_batch_free(&b);
+}
+END_TEST
+
+/* Every tensor whose shape disagrees with config.json is listed, not only the first. */
+START_TEST(reader_model_mismatch) {
+    const char *d = tu_new_dir("ref-mismatch");
+    tu_sh("cp '%s/model.safetensors' '%s/'", tu_model("qwen3-tiny", 1), d);
+    char *cfg = tu_slurp(tu_join(tu_model("qwen3-tiny", 1), "config.json"), NULL);
+    char *hd = strstr(cfg, "\"head_dim\"");
+    ck_assert_ptr_nonnull(hd);
+    memcpy(hd, "\"head_dxx\"", 10); /* no head_dim: the default 128, not the file's 32 */
+    tu_spit(tu_join(d, "config.json"), cfg, strlen(cfg));
+    free(cfg);
+    ref_model m;
+    char mismatch[4096];
+    sbp_err err = {0};
+    ck_assert_int_eq(ref_model_read(&m, d, mismatch, sizeof mismatch, &err), SBP_EINPUT);
+    const char *want[] = {"model.layers.0.self_attn.q_proj.weight [128, 64] != [512, 64]",
+                          "model.layers.1.self_attn.k_proj.weight",
+                          "model.layers.1.self_attn.o_proj.weight",
+                          "model.layers.0.self_attn.q_norm.weight [32] != [128]"};
+    for (int i = 0; i < 4; i++)
+        ck_assert_msg(strstr(mismatch, want[i]), "no \"%s\" in: %s", want[i], mismatch);
+}
+END_TEST
+
+/* The float32 loops: the error of float32 arithmetic against the float64 oracle, no more (so
+ * they are right) and no less (so they are float32). */
+START_TEST(ref32_error) {
+    ref_model m;
+    double loss, loss32, *g;
+    sbp_err err = {0};
+    sbp_objective o = {.kind = SBP_OBJ_SFT};
+    ck_assert_msg(ref_truth_files(&loss, &g, &m, tu_model(families[_i], 1),
+                                  "data/batches/sft-tiny.safetensors", &o, 1, NULL, 0, NULL, 0,
+                                  &err) == SBP_OK,
+                  "%s", err.msg);
+    sbp_batch b;
+    ck_assert_int_eq(
+        ref_batch_read(&b, "data/batches/sft-tiny.safetensors", &m.cfg, SBP_OBJ_SFT, 1, &err),
+        SBP_OK);
+    double *g32 = malloc(sizeof *g32 * (size_t)m.ps.total);
+    ck_assert_int_eq(ref_truth(&loss32, g32, &m, &b, &o, 1, &err), SBP_OK);
+    double worst = 0, best = 1;
+    for (int i = 0; i < m.ps.n; i++) {
+        const sbp_param *p = &m.ps.p[i];
+        double num = 0, den = 0;
+        for (int64_t j = 0; j < p->numel; j++) {
+            double e = g32[p->offset + j] - g[p->offset + j];
+            num += e * e, den += g[p->offset + j] * g[p->offset + j];
+        }
+        worst = fmax(worst, sqrt(num / den)), best = fmin(best, sqrt(num / den));
+    }
+    printf("ref32 %-12s sft-tiny: per-tensor rel. L2 against ref64 %.2e .. %.2e, loss %.2e\n",
+           families[_i], best, worst, fabs(loss32 - loss) / loss);
+    ck_assert_msg(worst < 1e-5 && best > 1e-9, "ref32 error %.3g .. %.3g", best, worst);
+    free(g), free(g32);
+    ref_batch_free(&b);
+    ref_model_free(&m);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("ref");
     TCase *fd = tcase_create("finite differences");
@@ -525,6 +685,14 @@ static Suite *suite(void) {
     tcase_add_test(src, src_against_ref);
     tcase_add_loop_test(src, src_against_ref_padding, 0, 3);
     suite_add_tcase(s, src);
+    TCase *rd = tcase_create("readers");
+    tcase_set_timeout(rd, 120);
+    tcase_add_test(rd, reader_config_defaults);
+    tcase_add_test(rd, reader_batches);
+    tcase_add_test(rd, reader_model_mismatch);
+    tcase_add_loop_test(rd, ref32_error, 0, 3);
+    suite_add_tcase(s, rd);
+
     TCase *torch = tcase_create("torch");
     tcase_set_timeout(torch, 300);
     tcase_add_test(torch, torch_cross_check);

@@ -32,7 +32,8 @@ double tu_rel_l2(const sbp_model *ma, const void *a, const sbp_model *mb, const 
 int tu_first_diff(const sbp_model *m, const void *a, const void *b);
 
 /* Runs a shell command (printf-style); returns its exit status, or -1. Output goes to the
- * file tu_tmpdir()/last.out, readable with tu_last_output(). */
+ * file tu_tmpdir()/last.out, readable with tu_last_output(). Fails the test when the output holds
+ * a sanitizer report (ASan, LSan, UBSan). */
 int tu_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *tu_last_output(void);
 /* The streambp binary ($STREAMBP, default build/streambp). */

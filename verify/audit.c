@@ -30,16 +30,30 @@ static const char *loss_name(const sbp_objective *o) {
                                      : "-";
 }
 
-/* The float64 oracle's gradient of the objective. The one place that calls into ref/, so its
- * entry points can change (ref/ reading its own files) without touching the rest. */
+/* The float64 oracle's gradient of the objective, from the files alone: the oracle reads the
+ * model, the batch and the reference model with its own readers (ref/ref.h), so a reading
+ * mistake of the library does not reach the truth. Its table is mapped to m64's by name. */
 static sbp_status oracle_grad(double *loss, double *grads /* (total) */, const sbp_model *m64,
-                              const sbp_batch *b, const sbp_objective *o, sbp_err *err) {
-    const sbp_config *c = &m64->cfg;
-    const sbp_params *ps = &m64->params;
-    const double *w = m64->w;
-    if (o->kind == SBP_OBJ_DPO) return ref_dpo(loss, grads, c, ps, w, b, o, err);
-    if (o->kind == SBP_OBJ_GRPO) return ref_grpo(loss, grads, c, ps, w, b, o, err);
-    return ref_sft(loss, grads, c, ps, w, b, err);
+                              const sbp_audit_opts *o, sbp_err *err) {
+    ref_model rm;
+    double *tg;
+    sbp_status st = ref_truth_files(loss, &tg, &rm, o->model, o->batch, &o->objective,
+                                    !o->no_scale_rewards, o->ref_model, 0, NULL, 0, err);
+    if (st) return st;
+    for (int i = 0; i < m64->params.n && !st; i++) {
+        const sbp_param *p = &m64->params.p[i];
+        int j = sbp_params_find(&rm.ps, p->name);
+        if (j < 0 || rm.ps.p[j].numel != p->numel)
+            st = sbp_fail(err, SBP_EINPUT,
+                          "%s: the oracle's reading of the model has no tensor \"%s\" of the "
+                          "library's shape",
+                          o->model, p->name);
+        else
+            memcpy(grads + p->offset, tg + rm.ps.p[j].offset, sizeof(double) * (size_t)p->numel);
+    }
+    free(tg);
+    ref_model_free(&rm);
+    return st;
 }
 
 /* A batch for a run at precision prec: the file, with the reference log-probs of ref_model
@@ -100,7 +114,7 @@ static sbp_status truth_of(sbp_audit_report *rep, double *truth, const sbp_audit
                            const sbp_model *m64, const sbp_batch *b, sbp_err *err) {
     if (!o->no_ref) {
         rep->truth = "ref/ float64 oracle";
-        return oracle_grad(&rep->truth_loss, truth, m64, b, &o->objective, err);
+        return oracle_grad(&rep->truth_loss, truth, m64, o, err);
     }
     rep->truth = "float64 full BP";
     return ours_at(truth, &rep->truth_loss, SBP_THEIRS_FP64, o, m64, b, err);

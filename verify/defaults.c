@@ -41,6 +41,23 @@ sbp_status sbp_data_dir(char *out, size_t n, sbp_err *err) {
                     "STREAMBP_DATA, or pass --model and --batch)");
 }
 
+/* The bundled config.json itself in place of the one sbp_model_init wrote: the oracle reads the
+ * config as written, defaults and all (verify/run.h). */
+static sbp_status copy_config(const char *dir, const char *from, sbp_err *err) {
+    char to[700], buf[8192];
+    snprintf(to, sizeof to, "%s/config.json", dir);
+    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    size_t n;
+    int bad = !in || !out;
+    while (!bad && (n = fread(buf, 1, sizeof buf, in)) > 0) bad = fwrite(buf, 1, n, out) != n;
+    if (in) {
+        bad |= ferror(in);
+        fclose(in);
+    }
+    if (out) bad |= fclose(out) != 0;
+    return bad ? sbp_fail(err, SBP_EIO, "cannot copy %s into %s", from, dir) : SBP_OK;
+}
+
 sbp_status sbp_default_inputs_make(sbp_default_inputs *d, sbp_err *err) {
     memset(d, 0, sizeof *d);
     char data[512], cfgpath[600];
@@ -56,7 +73,8 @@ sbp_status sbp_default_inputs_make(sbp_default_inputs *d, sbp_err *err) {
     snprintf(d->batch, sizeof d->batch, "%s/batches/sft-demo.safetensors", data);
     snprintf(cfgpath, sizeof cfgpath, "%s/models/qwen3-tiny.json", data);
     sbp_config cfg;
-    if ((st = sbp_config_load(&cfg, cfgpath, err)) || (st = sbp_model_init(&cfg, 1, d->dir, err)))
+    if ((st = sbp_config_load(&cfg, cfgpath, err)) || (st = sbp_model_init(&cfg, 1, d->dir, err)) ||
+        (st = copy_config(d->dir, cfgpath, err)))
         sbp_default_inputs_free(d);
     return st;
 }

@@ -1,8 +1,10 @@
-/* run.c — the verifier's matrix of runs and its five comparison groups (see run.h). */
+/* run.c — the verifier's matrix of runs and its comparison groups (see run.h). */
 #include "run.h"
 #include "../ref/ref.h"
 #include "../src/core/err.h"
+#include "load.h"
 #include "metrics.h"
+#include "micro.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -29,9 +31,11 @@ typedef struct {
     sbp_verify_report *rep;
     const sbp_model *m32, *m64;
     const sbp_batch *b;
+    const ref_model *rm; /* the oracle's reading of the model and batch; NULL with --no-ref */
+    const sbp_batch *rb;
     double *truth;    /* (params.total) */
     double *budget32; /* (params.n) relative-L2 budget per tensor */
-    int have_budget32;
+    int have_budget32; /* --no-ref: set by the first float32 full BP */
     double *ta, *tb;  /* scratch: one tensor as doubles */
 } ctx;
 
@@ -127,8 +131,8 @@ static sbp_status run_precision(ctx *x, sbp_precision p, const run_cfg *cfgs, in
     sbp_status st = run(&base, x, p, &full, err);
     if (st) return st;
     loss_dev(x, p, base.loss);
-    if (p == SBP_FP32 && !x->have_budget32) {
-        /* the float32 budget: what float32 full BP achieves, with slack */
+    if (p == SBP_FP32 && !x->rm && !x->have_budget32) {
+        /* --no-ref: what float32 full BP achieves, with slack */
         x->have_budget32 = 1;
         for (int i = 0; i < ps->n; i++) {
             const sbp_param *pa = &ps->p[i];
@@ -193,19 +197,49 @@ static sbp_status run_device(ctx *x, sbp_precision p, const run_cfg *cfgs, int n
     return st;
 }
 
+/* The oracle's gradient (its table's layout) into the library's layout, by tensor name. */
+static void to_library_layout(double *out, const double *g, const ref_model *rm,
+                              const sbp_params *ps) {
+    for (int i = 0; i < ps->n; i++) {
+        int j = sbp_params_find(&rm->ps, ps->p[i].name); /* same names: checked by loading */
+        if (j >= 0 && rm->ps.p[j].numel == ps->p[i].numel)
+            memcpy(out + ps->p[i].offset, g + rm->ps.p[j].offset,
+                   sizeof(double) * (size_t)ps->p[i].numel);
+        else
+            memset(out + ps->p[i].offset, 0, sizeof(double) * (size_t)ps->p[i].numel);
+    }
+}
+
+/* The truth (and, from the oracle, the float32 budget: slack × the error of its float32 loops
+ * against its float64 ones, per tensor). */
 static sbp_status truth_of(ctx *x, sbp_err *err) {
     const sbp_params *ps = &x->m64->params;
-    if (!x->o->no_ref) {
+    if (x->rm) {
         const sbp_objective *o = &x->o->objective;
-        const sbp_config *c = &x->m64->cfg;
         x->rep->truth = "ref/ float64 oracle";
-        if (o->kind == SBP_OBJ_DPO)
-            return ref_dpo(&x->rep->truth_loss, x->truth, c, ps, x->m64->w, x->b, o, err);
-        if (o->kind == SBP_OBJ_GRPO)
-            return ref_grpo(&x->rep->truth_loss, x->truth, c, ps, x->m64->w, x->b, o, err);
-        return ref_sft(&x->rep->truth_loss, x->truth, c, ps, x->m64->w, x->b, err);
+        x->rep->budget32 = "the oracle's own loops in float32";
+        double *g = malloc(sizeof(double) * (size_t)x->rm->ps.total), loss32;
+        double *g32 = malloc(sizeof(double) * (size_t)x->rm->ps.total);
+        double *t32 = malloc(sizeof(double) * (size_t)ps->total);
+        sbp_status st = !g || !g32 || !t32 ? sbp_fail(err, SBP_ENOMEM, "out of memory") : SBP_OK;
+        if (!st) st = ref_truth(&x->rep->truth_loss, g, x->rm, x->rb, o, 0, err);
+        if (!st) st = ref_truth(&loss32, g32, x->rm, x->rb, o, 1, err);
+        if (!st) {
+            to_library_layout(x->truth, g, x->rm, ps);
+            to_library_layout(t32, g32, x->rm, ps);
+            for (int i = 0; i < ps->n; i++) {
+                const sbp_param *pa = &ps->p[i];
+                sbp_tensor_cmp c;
+                sbp_compare(&c, t32 + pa->offset, x->truth + pa->offset, pa->numel, SBP_DT_F32, 0,
+                            0);
+                x->budget32[i] = x->o->slack * fmax(c.rel_l2, BUDGET_FLOOR);
+            }
+        }
+        free(g), free(g32), free(t32);
+        return st;
     }
     x->rep->truth = "float64 full BP";
+    x->rep->budget32 = "float32 full BP (--no-ref)";
     sbp_grad_result r;
     run_cfg full = {.schedule = SBP_FULL};
     x->numerics = SBP_NUMERICS_FAST;
@@ -216,6 +250,48 @@ static sbp_status truth_of(ctx *x, sbp_err *err) {
     x->rep->truth_loss = r.loss;
     sbp_grad_result_free(&r, NULL);
     return SBP_OK;
+}
+
+/* The batch split into micro-batches of different T and run as one step (stream, chunk = one
+ * block, unless the schedules asked for leave it out), against the truth of the whole batch. */
+static sbp_status run_micro(ctx *x, int precs, sbp_err *err) {
+    sbp_batch mb[SBP_VERIFY_MAX_MICRO];
+    int n;
+    sbp_status st = sbp_verify_split(mb, &n, x->b, err);
+    if (st || n == 0) return st;
+    x->rep->n_micro = n;
+    for (int k = 0; k < n; k++) x->rep->micro_T[k] = mb[k].T;
+    const int sched = x->o->schedules ? x->o->schedules : 7; /* stream, unless not asked for */
+    sbp_grad_opts g = {.schedule = sched & (1 << SBP_STREAM) ? SBP_STREAM
+                                   : sched & (1 << SBP_CKPT) ? SBP_CKPT
+                                                             : SBP_FULL,
+                       .block = x->rep->block,
+                       .chunk = x->rep->block,
+                       .logit_chunk = x->rep->block,
+                       .objective = x->o->objective,
+                       .unattended = x->o->unattended};
+    char what[96];
+    int len = snprintf(what, sizeof what, "%d micro-batches, T", n);
+    for (int k = 0; k < n; k++)
+        len += snprintf(what + len, sizeof what - len, "%s%d", k ? "/" : " ", mb[k].T);
+    for (int pi = 0; pi < 2 && !st; pi++) {
+        sbp_precision p = pi ? SBP_FP32 : SBP_FP64;
+        if (!(precs & (1 << p))) continue;
+        sbp_grad_result r;
+        sbp_set_threads(x->o->threads[0]);
+        x->rep->n_runs++;
+        if ((st = sbp_grad_batches(&r, p == SBP_FP64 ? x->m64 : x->m32, mb, n, &g, NULL, err)))
+            break;
+        char lbl[128];
+        snprintf(lbl, sizeof lbl, "%s %s, %s", p == SBP_FP64 ? "fp64" : "fp32",
+                 sbp_schedule_name(g.schedule), what);
+        loss_dev(x, p, r.loss);
+        compare(x, SBP_VG_MICRO, lbl, r.grads, NULL, p, TRUTH64_TOL,
+                p == SBP_FP32 ? x->budget32 : NULL);
+        sbp_grad_result_free(&r, NULL);
+    }
+    for (int k = 0; k < n; k++) sbp_batch_free(&mb[k]);
+    return st;
 }
 
 /* The configurations: ckpt (materialised and chunked logits), stream at each chunk. */
@@ -246,9 +322,49 @@ static void default_chunks(sbp_verify_report *rep) {
     }
 }
 
-static const char *group_titles[SBP_VG_N] = {"fp64 vs truth", "fp32 vs truth", "schedules",
-                                             "threads",       "ragged chunks", "portable",
-                                             "devices"};
+static const char *group_titles[SBP_VG_N] = {
+    "loading", "fp64 vs truth", "fp32 vs truth", "schedules",
+    "threads", "ragged chunks", "portable",      "devices",
+    "micro-batches"};
+
+/* One row per tensor of table ps in every group. */
+static sbp_status make_groups(sbp_verify_report *rep, const sbp_params *ps, sbp_err *err) {
+    for (int gi = 0; gi < SBP_VG_N; gi++) {
+        snprintf(rep->g[gi].title, sizeof rep->g[gi].title, "%s", group_titles[gi]);
+        rep->g[gi].rows = calloc((size_t)ps->n + 1, sizeof *rep->g[gi].rows);
+        if (!rep->g[gi].rows) return sbp_fail(err, SBP_ENOMEM, "out of memory");
+        for (int i = 0; i < ps->n; i++)
+            snprintf(rep->g[gi].rows[i].name, sizeof rep->g[gi].rows[i].name, "%s", ps->p[i].name);
+        rep->g[gi].n_rows = ps->n;
+    }
+    return SBP_OK;
+}
+
+/* The loading group when one reader refused what the other read: the rows of the tensors the
+ * refusal names (all of them when it names none) fail, and the message becomes the note. */
+static void refused(sbp_verify_report *rep, const sbp_params *ps, const char *who, const char *msg,
+                    const char *names) {
+    sbp_verify_group *g = &rep->g[SBP_VG_LOAD];
+    snprintf(rep->load_notes, sizeof rep->load_notes, "%s: %s", who, msg);
+    g->runs = 1;
+    int named = 0;
+    for (int i = 0; i < ps->n; i++) {
+        char q[96];
+        snprintf(q, sizeof q, "%s [", ps->p[i].name); /* in a mismatch list */
+        int hit = strstr(names, q) != NULL;
+        snprintf(q, sizeof q, "\"%s\"", ps->p[i].name); /* in a library message */
+        hit |= strstr(names, q) != NULL;
+        snprintf(q, sizeof q, "%s missing", ps->p[i].name);
+        hit |= strstr(names, q) != NULL;
+        g->rows[i].runs = 1;
+        g->rows[i].failed = hit;
+        named += hit;
+        if (hit) snprintf(g->rows[i].first_failure, sizeof g->rows[i].first_failure, "%s", who);
+    }
+    for (int i = 0; i < ps->n && !named; i++) g->rows[i].failed = 1;
+    g->failed = named ? named : ps->n;
+    rep->failed = 1;
+}
 
 sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, sbp_err *err) {
     memset(rep, 0, sizeof *rep);
@@ -257,7 +373,8 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
     if (!o.n_threads) o.threads[0] = 1, o.threads[1] = 2, o.n_threads = 2;
     int precs = o.precisions ? o.precisions : 3;
     sbp_model m32 = {0}, m64 = {0};
-    sbp_batch b = {0};
+    sbp_batch b = {0}, rb = {0};
+    ref_model rm = {0};
     sbp_status st = sbp_model_load(&m64, o.model, SBP_FP64, NULL, err);
     if (!st && (precs & (1 << SBP_FP32))) st = sbp_model_load(&m32, o.model, SBP_FP32, NULL, err);
     if (!st) st = sbp_batch_load_as(&b, o.batch, &m64.cfg, o.objective.kind, o.scale_rewards, err);
@@ -269,7 +386,33 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
             sbp_model_free(&ref, NULL);
         }
     }
+    /* The oracle reads the same files with its own code. Input the library refuses is an input
+     * error (its message names the problem); input the library read and the oracle refuses
+     * means the two disagree about what the files say: a failure of the check. */
     if (st) goto out;
+    char mismatch[2048] = "";
+    sbp_err rerr = {0};
+    int rst = SBP_OK;
+    if (!o.no_ref) {
+        rst = ref_model_read(&rm, o.model, mismatch, sizeof mismatch, &rerr);
+        if (!rst)
+            rst = ref_batch_read(&rb, o.batch, &rm.cfg, o.objective.kind, o.scale_rewards, &rerr);
+        if (!rst && o.ref_model) {
+            ref_model rr;
+            if (!(rst = ref_model_read(&rr, o.ref_model, NULL, 0, &rerr))) {
+                rst = ref_set_reference(&rb, &rr, &o.objective, &rerr);
+                ref_model_free(&rr);
+            }
+        }
+    }
+    if (rst) {
+        if ((st = make_groups(rep, &m64.params, err))) goto out;
+        snprintf(rep->model_type, sizeof rep->model_type, "%s", m64.cfg.model_type);
+        refused(rep, &m64.params, "the oracle's reader refuses what the library read", rerr.msg,
+                mismatch[0] ? mismatch : rerr.msg);
+        rep->truth = "ref/ float64 oracle";
+        goto out;
+    }
     rep->B = b.B, rep->T = b.T;
     snprintf(rep->model_type, sizeof rep->model_type, "%s", m64.cfg.model_type);
     rep->block = o.block ? o.block : b.T < 1024 ? 16 : 256;
@@ -277,17 +420,11 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
     rep->n_chunks = o.n_chunks;
     if (!rep->n_chunks) default_chunks(rep);
     const sbp_params *ps = &m64.params;
-    for (int gi = 0; gi < SBP_VG_N; gi++) {
-        snprintf(rep->g[gi].title, sizeof rep->g[gi].title, "%s", group_titles[gi]);
-        rep->g[gi].rows = calloc((size_t)ps->n, sizeof *rep->g[gi].rows);
-        if (!rep->g[gi].rows) st = sbp_fail(err, SBP_ENOMEM, "out of memory");
-        for (int i = 0; i < ps->n && !st; i++)
-            snprintf(rep->g[gi].rows[i].name, sizeof rep->g[gi].rows[i].name, "%s", ps->p[i].name);
-        rep->g[gi].n_rows = ps->n;
-    }
+    if ((st = make_groups(rep, ps, err))) goto out;
     int64_t maxn = 1;
     for (int i = 0; i < ps->n; i++) maxn = ps->p[i].numel > maxn ? ps->p[i].numel : maxn;
     ctx x = {.o = &o, .rep = rep, .m32 = &m32, .m64 = &m64, .b = &b};
+    if (!o.no_ref) x.rm = &rm, x.rb = &rb;
     x.truth = malloc(sizeof(double) * (size_t)ps->total);
     x.budget32 = calloc((size_t)ps->n, sizeof(double));
     x.ta = malloc(sizeof(double) * (size_t)maxn);
@@ -296,14 +433,28 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
     int ncfg = configs(cfgs, &o, rep);
     if (!st && (!x.truth || !x.budget32 || !x.ta || !x.tb))
         st = sbp_fail(err, SBP_ENOMEM, "out of memory");
+    if (!st && x.rm)
+        rep->failed += sbp_verify_compare_inputs(&rep->g[SBP_VG_LOAD], rep->load_notes,
+                                                 sizeof rep->load_notes, &m64, &b, &rm, &rb) > 0;
     if (!st) st = truth_of(&x, err);
+    snprintf(rep->g[SBP_VG_LOAD].promise, sizeof rep->g[0].promise, "%s",
+             x.rm ? "the library's reading of config, weights and batch against the "
+                    "oracle's: the same tensors, shapes and bits, the same targets and "
+                    "derived values"
+                  : "not checked (--no-ref)");
     snprintf(rep->g[SBP_VG_TRUTH64].promise, sizeof rep->g[0].promise,
              "every fp64 run against the %s: relative L2 <= %g per tensor", rep->truth,
              TRUTH64_TOL);
-    snprintf(rep->g[SBP_VG_TRUTH32].promise, sizeof rep->g[0].promise,
-             "every fp32 run against the %s: relative L2 <= %g x (fp32 full BP's own error, "
-             "floor %g), at most %g",
-             rep->truth, o.slack, BUDGET_FLOOR, FP32_FULL_TOL);
+    if (x.rm)
+        snprintf(rep->g[SBP_VG_TRUTH32].promise, sizeof rep->g[0].promise,
+                 "every fp32 run against the %s: relative L2 <= %g x (the oracle's float32 "
+                 "loops' own error, floor %g)",
+                 rep->truth, o.slack, BUDGET_FLOOR);
+    else
+        snprintf(rep->g[SBP_VG_TRUTH32].promise, sizeof rep->g[0].promise,
+                 "every fp32 run against the %s: relative L2 <= %g x (fp32 full BP's own error, "
+                 "floor %g), at most %g",
+                 rep->truth, o.slack, BUDGET_FLOOR, FP32_FULL_TOL);
     snprintf(rep->g[SBP_VG_SCHEDULES].promise, sizeof rep->g[0].promise,
              "ckpt and stream at block-multiple chunks against full BP: bitwise");
     snprintf(rep->g[SBP_VG_THREADS].promise, sizeof rep->g[0].promise,
@@ -332,6 +483,11 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
         if (!st && (precs & (1 << SBP_FP64))) st = run_precision(&x, SBP_FP64, cfgs, ncfg, err);
         if (!st && (precs & (1 << SBP_FP32))) st = run_precision(&x, SBP_FP32, cfgs, ncfg, err);
     }
+    snprintf(rep->g[SBP_VG_MICRO].promise, sizeof rep->g[0].promise,
+             "the batch as micro-batches of different T in one step against the truth of the "
+             "whole batch: fp64 <= %g, fp32 within its budget",
+             TRUTH64_TOL);
+    if (!st) st = run_micro(&x, precs, err);
     for (int gi = 0; gi < SBP_VG_N && !st; gi++)
         for (int i = 0; i < ps->n; i++) {
             rep->g[gi].failed += rep->g[gi].rows[i].failed > 0;
@@ -339,6 +495,8 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
         }
     free(x.truth), free(x.budget32), free(x.ta), free(x.tb);
 out:
+    ref_batch_free(&rb);
+    ref_model_free(&rm);
     sbp_batch_free(&b);
     sbp_model_free(&m32, NULL);
     sbp_model_free(&m64, NULL);

@@ -1,12 +1,26 @@
 /* run.h — the verifier's main check: one model and batch through every schedule, chunk size,
  * precision and thread count, every gradient compared per parameter tensor.
  *
- * The comparisons fall into five groups, each with its promise:
- *   fp64 vs truth      every float64 run against the float64 truth (the ref/ oracle, or float64
- *                      full BP with --no-ref): relative L2 <= 1e-10 per tensor;
- *   fp32 vs truth      every float32 run against the same truth: relative L2 within the budget
- *                      measured in this run: slack × the error of float32 full BP for that
- *                      tensor (floor 1e-7), and float32 full BP itself within 1e-4;
+ * The truth is the ref/ oracle's (ref/ref.h), computed from the files alone: the oracle reads
+ * config.json, the weights, the batch and a reference model with its own readers and derives
+ * targets, shifts, masks, padding, advantages and defaults itself, so that a reading mistake of
+ * the library does not reach the truth (with --no-ref: float64 full BP, for models too large
+ * for the oracle; then the loading and the float32 rule below fall back as stated).
+ *
+ * The comparisons fall into nine groups, each with its promise:
+ *   loading            the library's reading of every input against the oracle's: each
+ *                      parameter tensor present in both with the same shape and bit-identical
+ *                      weights; config fields and batch contents (targets, masks, advantages,
+ *                      reference and old log-probs) equal (notes say where they part). Input
+ *                      the library read and the oracle refuses fails here (input the library
+ *                      refuses is an input error, exit 2);
+ *   fp64 vs truth      every float64 run against the float64 truth: relative L2 <= 1e-10 per
+ *                      tensor;
+ *   fp32 vs truth      every float32 run against the same truth, within a budget that does not
+ *                      come from the library: slack × the error of the oracle's own loops run
+ *                      in float32 (ref32) for that tensor, floor 1e-7. (--no-ref: slack × the
+ *                      error of float32 full BP, at most 1e-4, which cannot see a float32 slip
+ *                      that full BP shares);
  *   schedules          ckpt and stream at chunks that are multiples of the block against full
  *                      BP of the same precision: bitwise;
  *   threads            every run at each thread count against the same run at the first
@@ -14,6 +28,9 @@
  *   ragged chunks      chunks that are not block multiples against full BP of the same
  *                      precision: relative L2 <= 1e-5 (fp32) or 2e-14 (fp64), the bounds measured
  *                      on the bundled models (README, "Exactness");
+ *   micro-batches      the batch split into up to three micro-batches of different T (verify/
+ *                      micro.h) and run as one accumulated step (sbp_grad_batches, stream),
+ *                      against the truth of the whole batch: the fp64 and fp32 promises above;
  *   portable           the portable numerics (DESIGN §11): every run — every schedule and chunk,
  *                      ragged ones included, every thread count — against portable full BP of
  *                      the same precision at the first thread count: bitwise. Portable runs are
@@ -69,6 +86,7 @@ typedef struct {
 } sbp_verify_group;
 
 enum {
+    SBP_VG_LOAD,
     SBP_VG_TRUTH64,
     SBP_VG_TRUTH32,
     SBP_VG_SCHEDULES,
@@ -76,6 +94,7 @@ enum {
     SBP_VG_RAGGED,
     SBP_VG_PORTABLE,
     SBP_VG_DEVICES,
+    SBP_VG_MICRO,
     SBP_VG_N
 };
 
@@ -87,7 +106,10 @@ typedef struct {
     double truth_loss;
     double max_loss_dev32, max_loss_dev64; /* |loss − truth| / |truth| over the runs */
     const char *truth;                     /* "ref/ float64 oracle" or "float64 full BP" */
-    int failed;                            /* total failed rows */
+    const char *budget32;                  /* where the fp32 budget comes from */
+    int micro_T[3], n_micro;               /* T of each micro-batch (0 micro-batches: B = 1) */
+    char load_notes[2048];                 /* how the library's and the oracle's readings differ */
+    int failed;                            /* total failed rows, and loading notes */
 } sbp_verify_report;
 
 sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o, sbp_err *err);

@@ -78,6 +78,36 @@ static const sbp_suite_case cases[] = {
          "llama3-tiny", "grpo-equal-rewards", 4, CHUNKS(8, 7), .obj = GRPO(0.2, 0.2, 1, .beta = 0.04)),
     CASE("grpo-no-old-logps", "GRPO, advantages given and no old log-probs: ratio 1",
          "qwen3-tiny", "grpo-adv", 4, CHUNKS(8, 7), .obj = GRPO(0.2, 0.2, 1)),
+    /* issue 11: each feature on a second fixture of another shape, and the blind spots */
+    CASE("qwen3-default-head-dim",
+         "Qwen3 config without head_dim: HF's default 128, not hidden/heads = 32",
+         "qwen3-nohd", "suite-left-padding", 4, CHUNKS(8, 7)),
+    CASE("target-from-padding-2",
+         "B = 3, T = 30: targets predicted from pads after left padding and across a hole",
+         "llama3-tiny", "suite-target-from-padding-2", 4, CHUNKS(8, 7)),
+    CASE("dpo-ipo-ref", "DPO ipo, reference model (means of its log-probs), unequal lengths",
+         "llama3-tiny", "dpo-noref", 4, CHUNKS(8, 7), .obj = DPO(.dpo_loss = SBP_DPO_IPO),
+         .ref_seed = 2),
+    CASE("grpo-clip-asym",
+         "GRPO grpo, clip range [0.9, 1.4] at temperature 1, ratios on both sides of it",
+         "qwen3-tiny", "grpo-clip", 4, CHUNKS(8, 7), .obj = GRPO(0.1, 0.4, 1, .beta = 0.04)),
+    CASE("grpo-bnpo-clip", "GRPO bnpo, clip range [0.95, 1.3] at temperature 1", "llama3-tiny",
+         "grpo-clip", 4, CHUNKS(8, 7),
+         .obj = GRPO(0.05, 0.3, 1, .grpo_loss = SBP_GRPO_BNPO, .beta = 0.04)),
+    CASE("grpo-dr-ragged",
+         "GRPO dr_grpo, default max_completion_length: micro-batches of T 32, 26, 19",
+         "qwen2-tiny", "grpo-ragged", 4, CHUNKS(8, 7),
+         .obj = GRPO(0.2, 0.2, 1, .grpo_loss = SBP_GRPO_DR_GRPO)),
+    CASE("grpo-dapo-ragged", "GRPO dapo over rows of very different lengths", "llama3-tiny",
+         "grpo-ragged", 4, CHUNKS(8, 7), .obj = GRPO(0.2, 0.28, 1, .grpo_loss = SBP_GRPO_DAPO)),
+    CASE("grpo-ref-temperature",
+         "GRPO, reference model at temperature 0.7 (KL 0.1): its log-probs at the temperature",
+         "qwen2-tiny", "grpo-clip", 4, CHUNKS(8, 7), .obj = GRPO(0.2, 0.2, 0.7, .beta = 0.1),
+         .ref_seed = 2),
+    CASE("long-positions",
+         "float32 at positions 19904..19999 (T = 20000, left-padded): RoPE angles of 2e4 rad",
+         "long-tiny", "sft-long-positions", 256, CHUNKS(1024),
+         .precisions = 1 << SBP_FP32, .schedules = 1 << SBP_FULL, .threads = 1),
 };
 /* clang-format on */
 
@@ -95,17 +125,33 @@ int sbp_suite_find(const char *name) {
     return -1;
 }
 
-/* workdir/<model>-seed<seed>, written on first use. */
+/* Copies the file from to `to`, byte for byte. */
+static sbp_status copy_file(const char *to, const char *from, sbp_err *err) {
+    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    char buf[8192];
+    size_t n;
+    int bad = !in || !out;
+    while (!bad && (n = fread(buf, 1, sizeof buf, in)) > 0) bad = fwrite(buf, 1, n, out) != n;
+    bad |= in && ferror(in);
+    if (in) fclose(in);
+    if (out) bad |= fclose(out) != 0;
+    return bad ? sbp_fail(err, SBP_EIO, "cannot copy %s to %s", from, to) : SBP_OK;
+}
+
+/* workdir/<model>-seed<seed>, written on first use: the weights by sbp_model_init, config.json
+ * the bundled file itself (see suite.h). */
 static sbp_status model_dir(char *out, size_t n, const char *data_dir, const char *workdir,
                             const char *model, int seed, sbp_err *err) {
     snprintf(out, n, "%s/%s-seed%d", workdir, model, seed);
     struct stat sb;
     if (stat(out, &sb) == 0) return SBP_OK;
-    char cfgpath[1024];
+    char cfgpath[1024], dst[1100];
     sbp_config cfg;
     snprintf(cfgpath, sizeof cfgpath, "%s/models/%s.json", data_dir, model);
+    snprintf(dst, sizeof dst, "%s/config.json", out);
     sbp_status st = sbp_config_load(&cfg, cfgpath, err);
-    return st ? st : sbp_model_init(&cfg, (uint64_t)seed, out, err);
+    if (!st) st = sbp_model_init(&cfg, (uint64_t)seed, out, err);
+    return st ? st : copy_file(dst, cfgpath, err);
 }
 
 sbp_status sbp_suite_run(sbp_verify_report *rep, int i, const char *data_dir, const char *workdir,
@@ -124,7 +170,10 @@ sbp_status sbp_suite_run(sbp_verify_report *rep, int i, const char *data_dir, co
                          .n_chunks = c->n_chunks,
                          .objective = c->obj,
                          .scale_rewards = 1,
-                         .ref_model = c->ref_seed ? refm : NULL};
+                         .ref_model = c->ref_seed ? refm : NULL,
+                         .precisions = c->precisions,
+                         .schedules = c->schedules};
+    if (c->threads == 1) o.n_threads = 1, o.threads[0] = 1;
     memcpy(o.chunks, c->chunks, sizeof c->chunks);
     return sbp_verify_run(rep, &o, err);
 }

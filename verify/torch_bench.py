@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""The PyTorch baseline of `make bench-torch`: the bench model in plain PyTorch, timed beside
-streambp.
+"""The PyTorch baseline of `make bench-torch`: the bench model in PyTorch, timed beside streambp
+in the same run.
 
-The model is data/models/bench.json (Llama-style: hidden 512, 8 query / 4 key-value heads of 64,
-SwiGLU 1408, 4 layers, untied vocabulary 32000), written the way HF's eager code path computes
-it: RMSNorm, rotate-half RoPE, GQA by repeat_interleave, softmax over a masked T x T score matrix
-(torch 1.13 has no scaled_dot_product_attention), cross-entropy over materialised T x V logits.
-Two modes: plain autograd ("torch"), and torch.utils.checkpoint around every decoder layer
-("torch-ckpt"). Each (T, mode) runs in a fresh process, so its peak RSS is its own; the step is
-zero_grad + forward + backward, float32, B = 1, median of --reps steps after one warm-up.
-streambp's numbers for the same T come from `streambp bench --csv` in the same run.
+With Hugging Face transformers importable (`make bench-torch` makes a venv from PyPI with torch
+2.x and transformers 4.51.3), the model is a LlamaForCausalLM built from data/models/bench.json
+(Llama-style: hidden 512, 8 query / 4 key-value heads of 64, SwiGLU 1408, 4 layers, untied
+vocabulary 32000), float32, timed two ways: "hf-sdpa" (the sdpa attention, plain autograd) and
+"hf-ckpt" (the same with gradient_checkpointing_enable()). Without transformers (Debian's torch
+1.13), the same model written by hand as HF's eager path computes it: "torch" and "torch-ckpt"
+(torch.utils.checkpoint around every layer). Every (T, threads, mode) runs in a fresh process, so
+its peak RSS is its own; a step is zero_grad + forward (labels = input ids) + backward, B = 1,
+the median of --reps steps after one warm-up. streambp's numbers for the same T and threads come
+from `streambp bench --csv` (fast numerics, warm, interleaved rounds) in the same run.
 
-Usage (Debian's python3-torch; optional): /usr/bin/python3 verify/torch_bench.py
-    [--streambp build/streambp] [--seq 512 1024 2048] [--threads 2] [--reps 3]
+Usage: python3 verify/torch_bench.py [--streambp build/streambp] [--seq 2048 8192]
+    [--threads 1 2] [--reps 3]
 """
 import argparse
 import json
@@ -24,6 +26,36 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def hf_step_child(T, mode, threads, reps):
+    """HF transformers: LlamaForCausalLM from bench.json, sdpa attention (and checkpointing)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    cfg = json.load(open(os.path.join(HERE, "..", "data", "models", "bench.json")))
+    config = LlamaConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
+    config.use_cache = False
+    model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa", torch_dtype=torch.float32)
+    model.train()
+    if mode == "hf-ckpt":
+        model.gradient_checkpointing_enable()
+    ids = torch.randint(1, cfg["vocab_size"], (1, T))
+    times = []
+    for i in range(reps + 1):
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        model(input_ids=ids, labels=ids).loss.backward()
+        if i:
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    import transformers
+    print(json.dumps({"T": T, "mode": mode, "median_s": times[len(times) // 2], "runs": reps,
+                      "rss_bytes": rss, "torch": torch.__version__,
+                      "transformers": transformers.__version__}))
 
 
 def step_child(T, mode, threads, reps):
@@ -94,59 +126,92 @@ def step_child(T, mode, threads, reps):
                       "rss_bytes": rss, "torch": torch.__version__}))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--streambp", default=os.path.join(HERE, "..", "build", "streambp"))
-    ap.add_argument("--seq", type=int, nargs="+", default=[512, 1024, 2048])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.child:
-        step_child(int(a.child[0]), a.child[1], a.threads, a.reps)
-        return 0
+def have_transformers():
     try:
-        import torch  # noqa: F401
+        import transformers  # noqa: F401
+        return True
     except ImportError:
-        print("torch_bench.py: PyTorch is not importable (python3-torch); nothing to compare",
-              file=sys.stderr)
-        return 2
-    ours = {}
-    cmd = [a.streambp, "bench", "--csv", "--threads", str(a.threads), "--reps", str(a.reps)]
+        return False
+
+
+def ours(a, threads):
+    """streambp's rows at every T for one thread count: {(T, schedule): row}."""
+    cmd = [a.streambp, "bench", "--csv", "--threads", str(threads), "--reps", str(a.reps),
+           "--numerics", "fast", "--no-train", "--schedules", "full,ckpt,stream"]
     for T in a.seq:
         cmd += ["--seq", str(T)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
     head = out[0].split(",")
+    rows = {}
     for line in out[1:]:
         row = dict(zip(head, line.split(",")))
-        ours[(int(row["T"]), row["schedule"])] = row
-    print("step = forward + backward, float32, B = 1, %d threads; median of %d steps; peak RSS "
-          "of a process that ran only that point" % (a.threads, a.reps))
-    print("%7s %-16s %10s %10s  %s" % ("T", "run", "median s", "RSS MiB",
-                                       "torch / streambp (full, or ckpt for torch-ckpt)"))
-    for T in a.seq:
-        env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
-        rows = []
-        for mode in ("torch", "torch-ckpt"):
-            r = subprocess.run([sys.executable, __file__, "--child", str(T), mode, "--threads",
-                                str(a.threads), "--reps", str(a.reps)], capture_output=True,
-                               text=True, env=env)
-            if r.returncode != 0:
-                print("%7d %-16s failed: %s" % (T, mode, r.stderr.strip().splitlines()[-1:]))
-                continue
-            rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
-        for s in ("full", "ckpt", "stream"):
-            o = ours.get((T, s))
-            if o:
-                print("%7d %-16s %10.3f %10.1f" % (T, "streambp " + s, float(o["median_s"]),
-                                                   int(o["rss_bytes"]) / 2**20))
-        for row in rows:
-            base = ours.get((T, "full" if row["mode"] == "torch" else "ckpt"))
-            ratio = ("%.2fx time, %.2fx RSS" % (row["median_s"] / float(base["median_s"]),
-                                                 row["rss_bytes"] / float(base["rss_bytes"]))
-                     if base else "")
-            print("%7d %-16s %10.3f %10.1f  %s" % (T, row["mode"], row["median_s"],
-                                                   row["rss_bytes"] / 2**20, ratio))
+        rows[(int(row["T"]), row["schedule"])] = row
+    return rows
+
+
+def sgemm_rate(a, threads):
+    out = subprocess.run([a.streambp, "bench", "--seq", "16", "--reps", "1", "--threads",
+                          str(threads), "--schedules", "stream", "--numerics", "fast",
+                          "--no-train", "--json"], check=True, capture_output=True,
+                         text=True).stdout
+    return json.loads(out)["sgemm_gflops"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--streambp", default=os.path.join(HERE, "..", "build", "streambp"))
+    ap.add_argument("--seq", type=int, nargs="+", default=[2048, 8192])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        T, mode = int(a.child[0]), a.child[1]
+        (hf_step_child if mode.startswith("hf") else step_child)(T, mode, a.threads[0], a.reps)
+        return 0
+    try:
+        import torch
+    except ImportError:
+        print("torch_bench.py: PyTorch is not importable; nothing to compare", file=sys.stderr)
+        return 2
+    hf = have_transformers()
+    modes = ("hf-sdpa", "hf-ckpt") if hf else ("torch", "torch-ckpt")
+    versions = "torch %s%s" % (torch.__version__, ", transformers " + __import__(
+        "transformers").__version__ if hf else " (no transformers: HF's eager path by hand)")
+    print("step = forward + backward, float32, B = 1; median of %d steps after a warm-up; peak "
+          "RSS of a process that ran only that point; %s" % (a.reps, versions))
+    for threads in a.threads:
+        rate = sgemm_rate(a, threads)
+        mine = ours(a, threads)
+        print("\n%d thread%s; OpenBLAS sgemm in this run: %.1f GFLOP/s" % (
+            threads, "s" if threads > 1 else "", rate))
+        print("%7s %-16s %10s %10s  %s" % ("T", "run", "median s", "RSS MiB",
+                                           "torch / streambp (full, or stream for the ckpt mode)"))
+        for T in a.seq:
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+            rows = []
+            for mode in modes:
+                r = subprocess.run([sys.executable, __file__, "--child", str(T), mode, "--threads",
+                                    str(threads), "--reps", str(a.reps)], capture_output=True,
+                                   text=True, env=env)
+                if r.returncode != 0:
+                    print("%7d %-16s failed: %s" % (T, mode, r.stderr.strip().splitlines()[-1:]))
+                    continue
+                rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
+            for s in ("full", "ckpt", "stream"):
+                o = mine.get((T, s))
+                if o:
+                    print("%7d %-16s %10.3f %10.1f  %.0f%% of sgemm" % (
+                        T, "streambp " + s, float(o["median_s"]), int(o["rss_bytes"]) / 2**20,
+                        float(o["pct_sgemm"])))
+            for row in rows:
+                base = mine.get((T, "stream" if row["mode"].endswith("ckpt") else "full"))
+                ratio = ("%.2fx time, %.2fx RSS" % (
+                    row["median_s"] / float(base["median_s"]),
+                    row["rss_bytes"] / float(base["rss_bytes"]))) if base else ""
+                print("%7d %-16s %10.3f %10.1f  %s" % (T, row["mode"], row["median_s"],
+                                                       row["rss_bytes"] / 2**20, ratio))
+            sys.stdout.flush()
     return 0
 
 

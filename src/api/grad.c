@@ -12,6 +12,7 @@ void openblas_set_num_threads(int n); /* from OpenBLAS; not in every cblas.h */
 
 void sbp_set_threads(int n) {
     if (n < 1) n = 1;
+    if (n > SBP_MAX_THREADS) n = SBP_MAX_THREADS;
     omp_set_num_threads(n);
     openblas_set_num_threads(n);
 }
@@ -91,6 +92,9 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
         return sbp_fail(err, SBP_EUSAGE,
                         "block, chunk and logit chunk must be positive (got %d, %d, %d)",
                         opts->block, opts->chunk, opts->logit_chunk);
+    if (opts->block > SBP_MAX_BLOCK) /* also keeps the default chunk, 4 blocks, within int */
+        return sbp_fail(err, SBP_EUSAGE, "block %d is larger than the supported %d", opts->block,
+                        SBP_MAX_BLOCK);
     if ((unsigned)opts->schedule > SBP_STREAM)
         return sbp_fail(err, SBP_EUSAGE, "unknown schedule %d", (int)opts->schedule);
     if ((unsigned)opts->numerics > SBP_NUMERICS_PORTABLE)
@@ -171,6 +175,10 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
     memset(res, 0, sizeof *res);
     res->device = opts->device;
     if (n < 1) return sbp_fail(err, SBP_EUSAGE, "no batch given");
+    if (lg && lg->plan) /* its buffers are reserved address space: the first store would fault */
+        return sbp_fail(err, SBP_EUSAGE,
+                        "a planning ledger (sbp_ledger.plan set) cannot run a step; plan with "
+                        "sbp_plan");
     if (opts->emulate_bf16 && m->prec != SBP_FP32)
         return sbp_fail(err, SBP_EUSAGE, "bf16 emulation runs on the float32 engine");
     if (opts->lora && opts->lora->prec != m->prec)
@@ -235,6 +243,9 @@ void sbp_grad_result_free(sbp_grad_result *res, sbp_ledger *lg) {
 sbp_status sbp_logprobs(double *logp, const sbp_model *m, const sbp_batch *b,
                         const sbp_grad_opts *opts, double temperature, sbp_ledger *lg,
                         sbp_err *err) {
+    if (lg && lg->plan)
+        return sbp_fail(err, SBP_EUSAGE,
+                        "a planning ledger (sbp_ledger.plan set) cannot run a forward pass");
     double tau = temperature ? temperature : 1;
     if (!(tau > 0) || !isfinite(tau))
         return sbp_fail(err, SBP_EUSAGE, "the temperature must be > 0 and finite (got %g)", tau);

@@ -55,8 +55,9 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
     memset(lg, 0, sizeof *lg);
     lg->plan = 1;
     int sb = o->storage_bytes ? o->storage_bytes : 4;
-    if (sb != 2 && sb != 4)
-        return sbp_fail(err, SBP_EUSAGE, "storage must be 2 (bf16) or 4 (fp32) bytes, not %d", sb);
+    if (sb != 2 && sb != 4 && sb != 8)
+        return sbp_fail(err, SBP_EUSAGE,
+                        "storage must be 2 (bf16), 4 (fp32) or 8 (fp64) bytes, not %d", sb);
     if (o->B < 1 || o->T < 1)
         return sbp_fail(err, SBP_EUSAGE, "B and T must be >= 1 (got %d, %d)", o->B, o->T);
     if ((unsigned)o->grad.objective.kind > SBP_OBJ_GRPO)

@@ -10,7 +10,11 @@ sbp_status sbp_batch_set_reference(sbp_batch *b, const sbp_model *ref, const sbp
     const int B = b->B, T = b->T;
     double *logp = malloc(sizeof(double) * (size_t)B * T);
     if (!logp) return sbp_fail(err, SBP_ENOMEM, "out of memory");
+#ifdef SBP_PLANT_REF_IGNORES_TEMPERATURE
+    double tau = 1; /* planted bug (tests/test_plant.c); never in a normal build */
+#else
     double tau = o->kind == SBP_OBJ_GRPO && o->temperature ? o->temperature : 1;
+#endif
     sbp_status st = sbp_logprobs(logp, ref, b, g, tau, lg, err);
     if (st) {
         free(logp);

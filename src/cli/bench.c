@@ -162,6 +162,7 @@ static void step_child(child_result *r, const void *p) {
     sbp_model m;
     /* on a device the ledger records the device's memory only */
     sbp_ledger *host_lg = a->g[0].device == SBP_DEVICE_CPU ? &r->lg : NULL;
+    sbp_ledger_keep_blocks(&r->lg); /* steps after the first reuse the first one's buffers */
     if (sbp_model_load(&m, a->model, SBP_FP32, host_lg, &err)) {
         snprintf(r->err, sizeof r->err, "%s", err.msg);
         return;
@@ -219,6 +220,7 @@ static void step_child(child_result *r, const void *p) {
     if (ad.w) sbp_lora_free(&ad, host_lg);
     sbp_batch_free(&b);
     sbp_model_free(&m, host_lg);
+    sbp_ledger_drop_blocks(&r->lg);
     r->ok = ok;
 }
 

@@ -35,6 +35,13 @@ int parse_number(const char *cmd, const char *opt, const char *text, double min,
 /* Prints "streambp CMD: <message>" to stderr and returns the exit code for st. */
 int report_error(const char *cmd, const sbp_err *err);
 
+/* Bytes a new allocation can still get: the least of MemAvailable, RLIMIT_AS and RLIMIT_DATA
+ * less what the process holds, and the cgroup limits less their usage; why names the one that
+ * binds. -1 when none is known. */
+int64_t available_memory(char *why, size_t n);
+/* "512 B", "3.4 MiB", "80.00 GiB", "15.21 TiB" */
+void format_bytes(char *buf, size_t n, int64_t bytes);
+
 double now_seconds(void);
 long long peak_rss_bytes(void);
 void print_ledger(FILE *f, const sbp_ledger *lg, const char *indent);

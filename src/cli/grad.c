@@ -1,6 +1,8 @@
 /* grad.c — `streambp grad`: one forward + backward step, the gradient written under HF names. */
 #include "cli.h"
 #include "objopts.h"
+#include "plan.h"
+#include "../core/err.h"
 
 #include <getopt.h>
 #include <omp.h>
@@ -26,7 +28,8 @@ static const char usage[] =
     "  --block N            token block of every reduction over tokens (default 256); full,\n"
     "                       ckpt and stream agree bit for bit when chunks are multiples of it\n"
     "  --precision P        fp32 | fp64 | bf16 (default fp32; bf16: the float32 engine rounding\n"
-    "                       weights, every stored tensor and the gradients to bfloat16)\n"
+    "                       weights, every stored tensor and the gradients to bfloat16, as pure-\n"
+    "                       bf16 training does; the file holds those bf16 values as F32)\n"
     "  --numerics N         fast | portable (default fast). fast: products on OpenBLAS, bits\n"
     "                       depend on the machine; portable: the same bits on every machine,\n"
     "                       for every schedule, chunk and thread count (README \"Exactness\")\n"
@@ -36,8 +39,14 @@ static const char usage[] =
     "  --lora DIR           a LoRA adapter (peft's layout: `streambp lora init`, or peft's\n"
     "                       save_pretrained): the base model frozen, the gradient is the\n"
     "                       adapter's, written under peft's names\n" UNATTENDED_USAGE
-    "  --threads N          OpenMP/OpenBLAS threads (default: all cores)\n"
+    "  --threads N          OpenMP/OpenBLAS threads (default: all cores; at most 4096)\n"
     "  --json               print a JSON object instead of the text report\n"
+    "  --mem-limit SIZE     memory the step may use, e.g. 8G (default: what is available: the\n"
+    "                       least of MemAvailable, ulimit -v/-d and the cgroup's memory.max)\n"
+    "  --force              run even when the planned peak exceeds that\n"
+    "\n"
+    "Before loading the weights the step is planned (streambp plan): when its peak is larger\n"
+    "than the memory available, grad stops with exit status 2, naming both.\n"
     "\n";
 
 #define MAX_BATCHES 64
@@ -50,6 +59,8 @@ typedef struct {
     sbp_precision prec;
     int bf16; /* --precision bf16 */
     int threads, json;
+    int force;         /* --force: no memory check */
+    int64_t mem_limit; /* --mem-limit; 0: detect */
     obj_args obj;
 } grad_args;
 
@@ -69,6 +80,8 @@ static int parse(grad_args *a, int argc, char **argv) {
                                          {"unattended", required_argument, 0, 'U'},
                                          {"lora", required_argument, 0, 'A'},
                                          {"json", no_argument, 0, 'j'},
+                                         {"mem-limit", required_argument, 0, 'M'},
+                                         {"force", no_argument, 0, 'F'},
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
@@ -109,8 +122,12 @@ static int parse(grad_args *a, int argc, char **argv) {
         case 'B':
             if (!parse_pos_int("grad", "block", optarg, &a->g.block)) return EXIT_USAGE;
             break;
-        case 'p':
-            if (!parse_precision("grad", optarg, &a->prec)) return EXIT_USAGE;
+        case 'p': /* bf16 runs on the float32 engine (sbp_grad_opts.emulate_bf16) */
+            a->bf16 = strcmp(optarg, "bf16") == 0;
+            if (a->bf16)
+                a->prec = SBP_FP32;
+            else if (!parse_precision("grad", optarg, &a->prec))
+                return EXIT_USAGE;
             break;
         case 't':
             if (!parse_pos_int("grad", "threads", optarg, &a->threads)) return EXIT_USAGE;
@@ -127,6 +144,10 @@ static int parse(grad_args *a, int argc, char **argv) {
             break;
         case 'A': a->lora = optarg; break;
         case 'j': a->json = 1; break;
+        case 'M':
+            if (!plan_parse_size("grad", optarg, &a->mem_limit)) return EXIT_USAGE;
+            break;
+        case 'F': a->force = 1; break;
         case 'h': printf("%s%s", usage, obj_usage); return -1;
         default:
             if (c >= OBJ_OPT_OBJECTIVE && c <= OBJ_OPT_REF_MODEL) {
@@ -143,6 +164,10 @@ static int parse(grad_args *a, int argc, char **argv) {
     }
     if (!a->model || !a->n_batches) {
         fprintf(stderr, "streambp grad: --model and --batch are required\n%s", usage);
+        return EXIT_USAGE;
+    }
+    if (a->out && !a->out[0]) { /* caught here, before the step, not when writing after it */
+        fprintf(stderr, "streambp grad: --out is empty; give a file name\n");
         return EXIT_USAGE;
     }
     if (!obj_args_finish(&a->obj, "grad")) return EXIT_USAGE;
@@ -273,13 +298,17 @@ typedef struct {
     int n;
 } meta_list;
 
+/* The list holds META_MAX pairs; a key past that would be a programming error (and a test of
+ * every objective's metadata writes the fullest list). */
 static void meta_str(meta_list *l, const char *key, const char *value) {
+    if (l->n == META_MAX) return;
     l->kv[2 * l->n] = key;
     l->kv[2 * l->n + 1] = value;
     l->kv[2 * ++l->n] = NULL;
 }
 
 static void meta_num(meta_list *l, const char *key, double value) {
+    if (l->n == META_MAX) return;
     snprintf(l->num[l->n], sizeof l->num[0], "%.17g", value);
     meta_str(l, key, l->num[l->n]);
 }
@@ -321,6 +350,67 @@ static sbp_status save(const grad_args *a, const sbp_model *m, const sbp_batch *
                           l.kv, err);
 }
 
+/* The step's planned peak (sbp_plan) against the memory available, before the weights are
+ * loaded: a step that cannot fit is refused with both numbers instead of being killed halfway
+ * (or, with overcommit, taking the machine down). Micro-batches run one after the other, so the
+ * largest of their plans counts; a reference model is loaded next to the policy for a forward
+ * pass, freed before the step. */
+static sbp_status check_memory(const grad_args *a, const sbp_config *cfg, const sbp_batch *b,
+                               sbp_err *err) {
+    char why[1400] = "--mem-limit", need_s[32], have_s[32];
+    int64_t have = a->mem_limit ? a->mem_limit : available_memory(why, sizeof why);
+    if (have < 0) return SBP_OK; /* nothing known to compare with */
+    const int eb = a->prec == SBP_FP64 ? 8 : 4;
+    int64_t params = sbp_config_param_count(cfg), need = 0;
+    sbp_ledger lg = {0};
+    /* weights and gradients alone: settles absurd sizes without reserving address space */
+    if (params < 0 || params > INT64_MAX / 2 / eb || 2 * eb * params > have) {
+        need = params < 0 || params > INT64_MAX / 2 / eb ? INT64_MAX : 2 * eb * params;
+    } else {
+        for (int i = 0; i < a->n_batches && need <= have; i++) {
+            sbp_plan_opts po = {.grad = a->g, .B = b[i].B, .T = b[i].T, .storage_bytes = eb};
+            sbp_status st = sbp_plan(&lg, cfg, &po, err);
+            if (st == SBP_ENOMEM)
+                need = INT64_MAX; /* not even the address space */
+            else if (st)
+                return st;
+            else if (lg.peak_total > need)
+                need = lg.peak_total;
+        }
+    }
+    if (need <= have && a->obj.ref_model) {
+        char path[4200];
+        sbp_config rc;
+        snprintf(path, sizeof path, "%s/config.json", a->obj.ref_model);
+        sbp_status st = sbp_config_load(&rc, path, err);
+        if (st) return st;
+        int64_t rp = sbp_config_param_count(&rc);
+        if (rp < 0 || rp > (have - eb * params) / eb) need = INT64_MAX;
+        for (int i = 0; i < a->n_batches && need <= have; i++) {
+            sbp_plan_opts po = {.grad = a->g, .B = b[i].B, .T = b[i].T, .storage_bytes = eb};
+            po.grad.schedule = SBP_STREAM; /* how the reference pass runs */
+            if ((st = sbp_plan(&lg, &rc, &po, err)) == SBP_ENOMEM)
+                need = INT64_MAX;
+            else if (st)
+                return st;
+            int64_t r = eb * params + lg.peak_total - lg.peak[SBP_MEM_GRADS];
+            if (r > need) need = r;
+        }
+    }
+    if (need <= have) return SBP_OK;
+    format_bytes(have_s, sizeof have_s, have);
+    if (need == INT64_MAX)
+        snprintf(need_s, sizeof need_s, "more than the address space");
+    else
+        format_bytes(need_s, sizeof need_s, need);
+    return sbp_fail(err, SBP_EINPUT,
+                    "the step needs %s at its planned peak (%s, %s, %lld parameters), but only "
+                    "%s %s (%s); give a smaller batch, --schedule stream, or --force to run "
+                    "anyway",
+                    need_s, sbp_schedule_name(a->g.schedule), prec_name(a), (long long)params,
+                    have_s, a->mem_limit ? "may be used" : "are available", why);
+}
+
 int cmd_grad(int argc, char **argv) {
     grad_args a;
     int rc = parse(&a, argc, argv);
@@ -328,26 +418,25 @@ int cmd_grad(int argc, char **argv) {
     sbp_set_threads(a.threads);
     sbp_err err = {0};
     sbp_ledger lg = {0};
-    sbp_model m;
+    sbp_model m = {0};
+    sbp_config cfg;
     sbp_batch b[MAX_BATCHES] = {{0}};
     sbp_grad_result r = {0};
-    sbp_status st = SBP_OK;
     if (a.out && sbp_check_writable(a.out, &err)) return report_error("grad", &err);
+    /* the model's config and headers and the batches first: they say how large the step is */
+    sbp_status st = sbp_model_check(&cfg, a.model, &err);
+    for (int i = 0; i < a.n_batches && !st; i++)
+        st = sbp_batch_load_as(&b[i], a.batch[i], &cfg, a.g.objective.kind, a.obj.scale_rewards,
+                               &err);
+    /* host memory: a GPU's own memory is the CUDA runtime's to refuse */
+    if (!st && !a.force && a.g.device != SBP_DEVICE_CUDA) st = check_memory(&a, &cfg, b, &err);
     /* on a device the ledger records the device's memory only */
     sbp_ledger *host_lg = a.g.device == SBP_DEVICE_CPU ? &lg : NULL;
-    if (sbp_model_load(&m, a.model, a.prec, host_lg, &err)) return report_error("grad", &err);
-    if (a.bf16) sbp_model_round_bf16(&m);
+    if (!st) st = sbp_model_load(&m, a.model, a.prec, host_lg, &err);
+    if (!st && a.bf16) sbp_model_round_bf16(&m);
     sbp_lora adapter = {0};
-    if (a.lora) {
-        if (sbp_lora_load(&adapter, a.lora, &m.cfg, a.prec, host_lg, &err)) {
-            sbp_model_free(&m, host_lg);
-            return report_error("grad", &err);
-        }
+    if (!st && a.lora && !(st = sbp_lora_load(&adapter, a.lora, &m.cfg, a.prec, host_lg, &err)))
         a.g.lora = &adapter;
-    }
-    for (int i = 0; i < a.n_batches && !st; i++)
-        st = sbp_batch_load_as(&b[i], a.batch[i], &m.cfg, a.g.objective.kind, a.obj.scale_rewards,
-                               &err);
     if (!st) st = obj_reference(&a.obj, b, a.n_batches, &m.cfg, a.prec, &a.g, &lg, &err);
     double t0 = now_seconds();
     if (!st) st = sbp_grad_batches(&r, &m, b, a.n_batches, &a.g, &lg, &err);

@@ -51,6 +51,10 @@ int cmd_init(int argc, char **argv) {
         fprintf(stderr, "streambp init: --config and --out are required\n%s", usage);
         return EXIT_USAGE;
     }
+    if (!out[0]) {
+        fprintf(stderr, "streambp init: --out is empty; give a directory name\n");
+        return EXIT_USAGE;
+    }
     sbp_config cfg;
     sbp_err err = {0};
     if (sbp_config_load(&cfg, config, &err) || sbp_model_init(&cfg, seed, out, &err))

@@ -131,6 +131,7 @@ sbp_status obj_reference(const obj_args *a, sbp_batch *b, int n, const sbp_confi
     sbp_model ref;
     sbp_status st = sbp_model_load(&ref, a->ref_model, prec, lg, err);
     if (st) return st;
+    if (g->emulate_bf16) sbp_model_round_bf16(&ref); /* as the policy's weights are */
     if (ref.cfg.vocab != policy->vocab) {
         sbp_model_free(&ref, lg);
         return sbp_fail(err, SBP_EINPUT,

@@ -197,6 +197,10 @@ int plan_parse_size(const char *cmd, const char *text, int64_t *out) {
                 text);
         return 0;
     }
+    if (v * mul >= 0x1p60 || v * mul < 1) { /* the conversion to int64 must not overflow */
+        fprintf(stderr, "streambp %s: the size \"%s\" is outside [1 byte, 1 EiB)\n", cmd, text);
+        return 0;
+    }
     *out = (int64_t)(v * mul);
     return 1;
 }

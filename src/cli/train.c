@@ -23,6 +23,7 @@
  *   loss.png                          with --plot, when gnuplot is installed */
 #include "../core/err.h"
 #include "../io/file.h"
+#include "../io/json.h"
 #include "cli.h"
 #include "objopts.h"
 
@@ -739,11 +740,13 @@ static sbp_status save_checkpoint(const train_args *a, const run_state *rs, cons
 static sbp_status read_checkpoint(run_state *rs, const char *ckpt, const settings *s,
                                   sbp_err *err) {
     char p[4300], *text = NULL;
+    size_t n = 0;
+    cJSON *o = NULL;
     pathf(p, sizeof p, "%s/trainer_state.json", ckpt);
-    sbp_status st = sbp_read_text(&text, p, 16u << 20, err);
-    if (st) return st;
-    cJSON *o = cJSON_Parse(text);
+    sbp_status st = sbp_read_text(&text, &n, p, 16u << 20, err);
+    if (!st) st = sbp_json_parse(&o, text, n, p, err);
     free(text);
+    if (st) return st;
     const cJSON *set = cJSON_GetObjectItemCaseSensitive(o, "settings");
     const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
     const cJSON *tokens = cJSON_GetObjectItemCaseSensitive(o, "tokens");
@@ -812,7 +815,7 @@ static sbp_status read_checkpoint(run_state *rs, const char *ckpt, const setting
     char *csv = NULL;
     if (!st) {
         pathf(p, sizeof p, "%s/loss.csv", ckpt);
-        if (!(st = sbp_read_text(&csv, p, 1u << 30, err))) {
+        if (!(st = sbp_read_text(&csv, NULL, p, 1u << 30, err))) {
             rs->loss_len = rs->loss_cap = 0;
             free(rs->loss_csv);
             rs->loss_csv = NULL;
@@ -823,7 +826,7 @@ static sbp_status read_checkpoint(run_state *rs, const char *ckpt, const setting
     }
     if (!st) {
         pathf(p, sizeof p, "%s/timing.csv", ckpt);
-        if (!(st = sbp_read_text(&csv, p, 1u << 30, err))) {
+        if (!(st = sbp_read_text(&csv, NULL, p, 1u << 30, err))) {
             rs->timing_len = rs->timing_cap = 0;
             free(rs->timing_csv);
             rs->timing_csv = NULL;
@@ -977,7 +980,7 @@ static sbp_status prepare(train_run *r, const train_args *a, settings *s, char *
     char p[4200];
     pathf(p, sizeof p, "%s/config.json", a->model);
     sbp_status st = sbp_model_load(&r->m, a->model, a->prec, lg, err);
-    if (!st) st = sbp_read_text(&r->config_json, p, 16u << 20, err);
+    if (!st) st = sbp_read_text(&r->config_json, NULL, p, 16u << 20, err);
     if (st) return st;
     size_t esz = a->prec == SBP_FP64 ? sizeof(double) : sizeof(float);
     uint64_t w_hash = sbp_hash64(r->m.w, esz * (size_t)r->m.params.total, 0), ref_hash = 0;
@@ -1118,6 +1121,7 @@ int cmd_train(int argc, char **argv) {
         run_free(&r, a.grad_accum, &lg);
         return report_error("train", &err);
     }
+    sbp_ledger_keep_blocks(&lg); /* every step after the first reuses the first one's buffers */
     const int64_t start = r.rs.step, stop = a.stop_at ? a.stop_at : a.steps;
     sbp_lora *lora = r.has_lora ? &r.lora : NULL;
     char mdesc[160], b1[32];
@@ -1247,5 +1251,6 @@ int cmd_train(int argc, char **argv) {
         }
     }
     run_free(&r, a.grad_accum, &lg);
+    sbp_ledger_drop_blocks(&lg);
     return st ? report_error("train", &err) : 0;
 }

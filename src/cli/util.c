@@ -7,14 +7,26 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
+
+/* Options with a limit of their own (streambp.h says why); every other one stops at 2^30. */
+static long max_of(const char *opt) {
+    if (strcmp(opt, "block") == 0) return SBP_MAX_BLOCK;
+    if (strcmp(opt, "threads") == 0) return SBP_MAX_THREADS;
+    return 1L << 30;
+}
 
 int parse_pos_int(const char *cmd, const char *opt, const char *text, int *out) {
     char *end;
     errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || end == text || *end || v < 1 || v > 1 << 30) {
+    long v = strtol(text, &end, 10), max = max_of(opt);
+    if (errno || end == text || *end || v < 1) {
         fprintf(stderr, "streambp %s: --%s must be a positive integer, got \"%s\"\n", cmd, opt,
                 text);
+        return 0;
+    }
+    if (v > max) {
+        fprintf(stderr, "streambp %s: --%s must be at most %ld, got \"%s\"\n", cmd, opt, max, text);
         return 0;
     }
     *out = (int)v;
@@ -58,7 +70,8 @@ int parse_precision(const char *cmd, const char *text, sbp_precision *out) {
     else if (strcmp(text, "fp64") == 0)
         *out = SBP_FP64;
     else {
-        fprintf(stderr, "streambp %s: --precision must be fp32 or fp64, got \"%s\"\n", cmd, text);
+        fprintf(stderr, "streambp %s: --precision must be fp32, fp64 or bf16, got \"%s\"\n", cmd,
+                text);
         return 0;
     }
     return 1;
@@ -126,4 +139,112 @@ void print_json(cJSON *o) {
         fputs("streambp: out of memory printing JSON\n", stderr);
     free(text);
     cJSON_Delete(o);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Memory a new allocation can still get */
+
+/* The first number after `key` in a text file (e.g. "MemAvailable:" in /proc/meminfo), or -1. */
+static long long number_after(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[512];
+    long long v = -1;
+    size_t n = strlen(key);
+    while (v < 0 && fgets(line, sizeof line, f))
+        if (strncmp(line, key, n) == 0) v = strtoll(line + n, NULL, 10);
+    fclose(f);
+    return v;
+}
+
+/* A cgroup v2 or v1 memory file holding one number, or -1 ("max", absent, unreadable). */
+static long long cgroup_number(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char buf[64] = "";
+    long long v = -1;
+    if (fgets(buf, sizeof buf, f) && buf[0] >= '0' && buf[0] <= '9') v = strtoll(buf, NULL, 10);
+    fclose(f);
+    return v;
+}
+
+static void lower(int64_t *avail, char *why, size_t n, long long v, const char *what) {
+    if (v >= 0 && v < *avail) {
+        *avail = v;
+        snprintf(why, n, "%s", what);
+    }
+}
+
+/* The limits of the cgroup v2 hierarchy of this process: memory.max - memory.current of its
+ * cgroup and of every parent (each one caps its children). */
+static void cgroup_v2(int64_t *avail, char *why, size_t n) {
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) return;
+    char line[1024], group[1024] = "";
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "0::", 3) == 0) {
+            snprintf(group, sizeof group, "%s", line + 3);
+            group[strcspn(group, "\n")] = '\0';
+        }
+    fclose(f);
+    if (!group[0]) return;
+    for (;;) {
+        char p[1200], what[1300];
+        snprintf(p, sizeof p, "/sys/fs/cgroup%s/memory.max", strcmp(group, "/") ? group : "");
+        long long max = cgroup_number(p);
+        snprintf(p, sizeof p, "/sys/fs/cgroup%s/memory.current", strcmp(group, "/") ? group : "");
+        long long cur = cgroup_number(p);
+        if (max >= 0) {
+            snprintf(what, sizeof what, "memory.max - memory.current of cgroup %s", group);
+            lower(avail, why, n, cur >= 0 && cur < max ? max - cur : 0, what);
+        }
+        char *slash = strrchr(group, '/');
+        if (!slash || slash == group) break;
+        *slash = '\0';
+    }
+}
+
+int64_t available_memory(char *why, size_t n) {
+    int64_t avail = INT64_MAX;
+    snprintf(why, n, "no limit found");
+    long long kb = number_after("/proc/meminfo", "MemAvailable:");
+    if (kb >= 0) lower(&avail, why, n, kb * 1024, "MemAvailable in /proc/meminfo");
+    /* the address-space and data limits count what the process holds already */
+    long page = sysconf(_SC_PAGESIZE);
+    long long vsz = -1, data = -1;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        long long v[6];
+        if (fscanf(f, "%lld %lld %lld %lld %lld %lld", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) ==
+            6)
+            vsz = v[0] * page, data = v[5] * page;
+        fclose(f);
+    }
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && vsz >= 0)
+        lower(&avail, why, n, (long long)rl.rlim_cur > vsz ? (long long)rl.rlim_cur - vsz : 0,
+              "RLIMIT_AS (ulimit -v) less the address space in use");
+    if (getrlimit(RLIMIT_DATA, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && data >= 0)
+        lower(&avail, why, n, (long long)rl.rlim_cur > data ? (long long)rl.rlim_cur - data : 0,
+              "RLIMIT_DATA (ulimit -d) less the data in use");
+    cgroup_v2(&avail, why, n);
+    long long v1 = cgroup_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    long long u1 = cgroup_number("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+    if (v1 >= 0 && v1 < (1LL << 60))
+        lower(&avail, why, n, u1 >= 0 && u1 < v1 ? v1 - u1 : 0,
+              "the cgroup v1 memory limit less its usage");
+    return avail == INT64_MAX ? -1 : avail;
+}
+
+void format_bytes(char *buf, size_t n, int64_t bytes) {
+    if (bytes < 1024)
+        snprintf(buf, n, "%lld B", (long long)bytes);
+    else if (bytes < 1048576)
+        snprintf(buf, n, "%.1f KiB", bytes / 1024.0);
+    else if (bytes < (1LL << 30))
+        snprintf(buf, n, "%.1f MiB", bytes / 1048576.0);
+    else if (bytes < (1LL << 40))
+        snprintf(buf, n, "%.2f GiB", bytes / 1073741824.0);
+    else
+        snprintf(buf, n, "%.2f TiB", bytes / 1099511627776.0);
 }

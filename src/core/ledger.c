@@ -9,6 +9,14 @@
  * The price: the kernel zeroes every large block anew (clear_page: ~7% of perf's samples in a
  * full-BP bench step at T = 2048); a cache of freed blocks would save that and break the RSS
  * correspondence.
+ * Pool (sbp_ledger_keep_blocks): a ledger that runs many steps (bench, train) keeps freed large
+ * blocks and hands them out again for allocations that fit, so the second step neither maps nor
+ * faults nor has the kernel zero its buffers. The ledger's figures stay those of the buffers in
+ * use; the pool is bounded so that buffers in use plus pooled blocks never exceed the peak the
+ * ledger has already recorded — the process's RSS follows the ledger's peak as before.
+ * sbp_ledger_alloc_raw skips zeroing where the caller overwrites the block anyway (the engine's
+ * buffers); in a sanitizer build it fills the block with 0xff bytes (NaN in float and double)
+ * so that a read of a value nothing wrote shows up in the tests.
  * A planning ledger reserves address space instead (mmap, PROT_NONE, no swap reserved) behind a
  * one-page readable header: sizes up to hundreds of GB cost nothing, pointer arithmetic on the
  * buffers stays valid, and any read or write of one faults. */
@@ -79,11 +87,73 @@ static char *map_huge(size_t bytes, void **raw, size_t *mapped) {
     return p;
 }
 
+/* Freed huge blocks kept for reuse: what the user asked for, and the mapping behind it. */
+typedef struct {
+    char *p;
+    size_t cap;  /* usable bytes from p to the end of the mapping */
+    size_t used; /* bytes its last user had: what it can hold resident */
+    void *raw;
+    size_t mapped;
+} pooled;
+
+typedef struct {
+    pooled *b;
+    int n, cap;
+} block_pool;
+
+void sbp_ledger_keep_blocks(sbp_ledger *lg) {
+    if (!lg || lg->plan || lg->pool) return;
+    lg->pool = calloc(1, sizeof(block_pool)); /* without it, blocks go back as before */
+}
+
+void sbp_ledger_drop_blocks(sbp_ledger *lg) {
+    block_pool *bp = lg ? lg->pool : NULL;
+    if (!bp) return;
+    for (int i = 0; i < bp->n; i++) munmap(bp->b[i].raw, bp->b[i].mapped);
+    free(bp->b);
+    free(bp);
+    lg->pool = NULL;
+    lg->cached = 0;
+}
+
+/* The smallest pooled block that holds bytes without wasting more than a quarter of it. */
+static char *from_pool(sbp_ledger *lg, size_t bytes, void **raw, size_t *mapped) {
+    block_pool *bp = lg ? lg->pool : NULL;
+    int best = -1;
+    for (int i = 0; bp && i < bp->n; i++)
+        if (bp->b[i].cap >= bytes && bp->b[i].cap - bytes <= bp->b[i].cap / 4 &&
+            (best < 0 || bp->b[i].cap < bp->b[best].cap))
+            best = i;
+    if (best < 0) return NULL;
+    pooled k = bp->b[best];
+    bp->b[best] = bp->b[--bp->n];
+    lg->cached -= (int64_t)k.used;
+    *raw = k.raw, *mapped = k.mapped;
+    return k.p;
+}
+
+/* Keeps a freed huge block of `used` bytes when the pool is on and buffers in use plus pooled
+ * blocks stay within the recorded peak; 1 if kept. */
+static int to_pool(sbp_ledger *lg, char *p, size_t used, void *raw, size_t mapped) {
+    block_pool *bp = lg ? lg->pool : NULL;
+    if (!bp || lg->cur_total + lg->cached + (int64_t)used > lg->peak_total) return 0;
+    if (bp->n == bp->cap) {
+        int cap = bp->cap ? 2 * bp->cap : 32;
+        pooled *nb = realloc(bp->b, sizeof *nb * (size_t)cap);
+        if (!nb) return 0;
+        bp->b = nb, bp->cap = cap;
+    }
+    bp->b[bp->n++] = (pooled){p, mapped - (size_t)(p - (char *)raw), used, raw, mapped};
+    lg->cached += (int64_t)used;
+    return 1;
+}
+
 void sbp_ledger_charge(sbp_ledger *lg, sbp_mem_cat cat, int64_t bytes) {
     if ((unsigned)cat < SBP_MEM_NCATS) charge(lg, cat, bytes);
 }
 
-void *sbp_ledger_alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes) {
+/* zero: the block must read as zeros (fresh mappings and calloc do; a pooled block is cleared) */
+static void *alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes, int zero) {
     char *p;
     void *raw = NULL;
     size_t mapped = 0;
@@ -92,7 +162,11 @@ void *sbp_ledger_alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes) {
         if (!(p = reserve(bytes))) return NULL;
         how = BY_PLAN;
     } else if (bytes >= HUGE_MIN) {
-        if (!(p = map_huge(bytes, &raw, &mapped))) return NULL;
+        if ((p = from_pool(lg, bytes, &raw, &mapped))) {
+            if (zero) memset(p, 0, bytes);
+        } else if (!(p = map_huge(bytes, &raw, &mapped))) {
+            return NULL;
+        }
         how = BY_MMAP;
     } else {
         /* calloc, not malloc + memset: glibc knows when the pages come fresh (and zeroed) from
@@ -109,7 +183,18 @@ void *sbp_ledger_alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes) {
     h->raw = raw;
     h->mapped = mapped;
     charge(lg, cat, (int64_t)bytes);
+#if defined(__SANITIZE_ADDRESS__)
+    if (!zero && how != BY_PLAN) memset(p, 0xff, bytes); /* NaN: a read of unwritten memory */
+#endif
     return p;
+}
+
+void *sbp_ledger_alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes) {
+    return alloc(lg, cat, bytes, 1);
+}
+
+void *sbp_ledger_alloc_raw(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes) {
+    return alloc(lg, cat, bytes, 0);
 }
 
 void sbp_ledger_free(sbp_ledger *lg, void *p) {
@@ -121,7 +206,7 @@ void sbp_ledger_free(sbp_ledger *lg, void *p) {
         size_t page = (size_t)sysconf(_SC_PAGESIZE);
         munmap((char *)p - page, page + bytes);
     } else if (h->how == BY_MMAP) {
-        munmap(h->raw, h->mapped);
+        if (!to_pool(lg, p, bytes, h->raw, h->mapped)) munmap(h->raw, h->mapped);
     } else {
         free(h->raw);
     }

@@ -66,8 +66,17 @@ static sbp_status begin_grpo(sbp_obj_eval *ev, const sbp_objective *o, const sbp
     if (o->grpo_loss == SBP_GRPO_DR_GRPO && o->max_completion_length < 0)
         return sbp_fail(err, SBP_EUSAGE, "max_completion_length must be >= 1");
     double rows = o->num_sequences > 0 ? o->num_sequences : b->B;
+#ifdef SBP_PLANT_MICRO_BNPO
+    double tokens =
+        (double)b->n_targets; /* planted bug (tests/test_plant.c); never in a normal build */
+#else
     double tokens = o->num_items > 0 ? o->num_items : (double)b->n_targets;
+#endif
+#ifdef SBP_PLANT_MICRO_DR_GRPO_LMAX
+    int lmax = b->T; /* planted bug (tests/test_plant.c); never in a normal build */
+#else
     int lmax = o->max_completion_length > 0 ? o->max_completion_length : b->T;
+#endif
     if (o->grpo_loss == SBP_GRPO_DAPO && tokens == 0)
         return sbp_fail(err, SBP_EINPUT,
                         "dapo divides by the completion tokens of the step, and "
@@ -101,7 +110,12 @@ sbp_status sbp_obj_begin(sbp_obj_eval *ev, const sbp_objective *o, const sbp_bat
         return sbp_fail(err, SBP_ENOMEM, "out of memory");
     sbp_status st = SBP_OK;
     if (o->kind == SBP_OBJ_SFT) {
+#ifdef SBP_PLANT_MICRO_SFT_NORMALISER
+        double n =
+            (double)b->n_targets; /* planted bug (tests/test_plant.c); never in a normal build */
+#else
         double n = o->num_items > 0 ? o->num_items : (double)b->n_targets;
+#endif
         if (n == 0)
             st = sbp_fail(err, SBP_EINPUT,
                           b->T == 1 ? "the batch has no valid target: with T = 1 no position has "
@@ -162,7 +176,13 @@ void sbp_obj_prepare(sbp_obj_eval *ev, double *loss, const double *logp_all) {
 static double grpo_token(const sbp_objective *o, double logp, double old, double ref, double A,
                          double *dl) {
     double ratio = sbp_pexp(logp - old);
+#ifdef SBP_PLANT_CLIP_ONE_EPSILON
+    double clipped =
+        fmin(fmax(ratio, 1 - o->epsilon_low),
+             1 + o->epsilon_low); /* planted bug (tests/test_plant.c); never in a normal build */
+#else
     double clipped = fmin(fmax(ratio, 1 - o->epsilon_low), 1 + o->epsilon_high);
+#endif
     double un = ratio * A, cl = clipped * A;
     double l = -(un <= cl ? un : cl);
     *dl = un <= cl ? -A * ratio : 0; /* a tie (inside the clip range) passes the full gradient */

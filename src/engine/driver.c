@@ -135,7 +135,9 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
 
     /* the head: the loss and dH */
     r.g = ealloc(e, SBP_MEM_LAYER, BTC, "hidden-state gradient");
-    if (e->oom || !head_step(e, loss, r.g, r.xL, b, h)) goto out;
+    if (e->oom) goto out;
+    e->ops->zero(e, r.g, BTC); /* the head adds dH into it */
+    if (!head_step(e, loss, r.g, r.xL, b, h)) goto out;
     efree(e, r.xL);
     r.xL = NULL;
 

@@ -68,7 +68,7 @@ struct eng {
     const int32_t *tgt;    /* (B, T) the target predicted at t: labels[b][t+1], or −1 */
 };
 
-/* n reals (ealloc) or bytes charged to cat, zero-filled, through the table; NULL when out of
+/* n reals (ealloc) or bytes charged to cat through the table, uninitialised; NULL when out of
  * memory (e->oom set). */
 real *ealloc(eng *e, sbp_mem_cat cat, size_t n, const char *what);
 void *ealloc_bytes(eng *e, sbp_mem_cat cat, size_t bytes, const char *what);

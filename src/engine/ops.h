@@ -38,8 +38,9 @@ typedef struct sbp_ops {
     int (*end)(eng *e, char *msg, size_t n);
 
     /* ---- memory ---- */
-    /* bytes of backend memory charged to cat in the ledger, zero-filled; NULL (and e->oom set,
-     * naming `what`) when it cannot be had */
+    /* bytes of backend memory charged to cat in the ledger, uninitialised (the steps write
+     * before they read, or zero explicitly); NULL (and e->oom set, naming `what`) when it cannot
+     * be had */
     void *(*alloc)(eng *e, sbp_mem_cat cat, size_t bytes, const char *what);
     void (*free)(eng *e, void *p);
     /* the host array on the backend: the same pointer where the backend is the host, else a

@@ -16,6 +16,7 @@
 #include "../streambp.h"
 #include "safetensors.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,7 +86,12 @@ static sbp_status alloc_rows(sbp_batch *b, int B, int T, const char *path, sbp_e
     b->mask = calloc(n, 1);
     if (!b->ids || !b->labels || !b->mask)
         return sbp_fail(err, SBP_ENOMEM, "%s: out of memory", path);
+#ifdef SBP_PLANT_DPO_PAD_LABEL_ZERO
+    for (size_t i = 0; i < n; i++)
+        b->labels[i] = 0; /* planted bug (tests/test_plant.c); never in a normal build */
+#else
     for (size_t i = 0; i < n; i++) b->labels[i] = SBP_IGNORE;
+#endif
     return SBP_OK;
 }
 
@@ -120,7 +126,12 @@ void sbp_batch_count_targets(sbp_batch *b) {
     b->n_targets = b->n_pad_targets = 0;
     for (int r = 0; r < b->B; r++)
         for (int t = 0; t + 1 < b->T; t++)
+#ifdef SBP_PLANT_UNSHIFTED_NORMALISER
+            if (b->labels[(size_t)r * b->T + t] !=
+                SBP_IGNORE) { /* planted bug (tests/test_plant.c); never in a normal build */
+#else
             if (b->labels[(size_t)r * b->T + t + 1] != SBP_IGNORE) {
+#endif
                 b->n_targets++;
                 b->n_pad_targets += b->mask[(size_t)r * b->T + t] == 0;
             }
@@ -188,7 +199,11 @@ static sbp_status advantages_from_rewards(double *adv, const double *r, int B, i
         for (int i = 0; i < G; i++) mean += r[g0 + i];
         mean /= G;
         for (int i = 0; i < G; i++) var += (r[g0 + i] - mean) * (r[g0 + i] - mean);
+#ifdef SBP_PLANT_BIASED_STD
+        double sd = sqrt(var / G); /* planted bug (tests/test_plant.c); never in a normal build */
+#else
         double sd = G > 1 ? sqrt(var / (G - 1)) : 0;
+#endif
         for (int i = 0; i < G; i++)
             adv[g0 + i] = scale ? (r[g0 + i] - mean) / (sd + 1e-4) : r[g0 + i] - mean;
     }
@@ -204,7 +219,14 @@ static sbp_status read_token_logps(double **out, const sbp_st_file *sf, const ch
     if (!st && !(*out = calloc((size_t)B * T, sizeof **out)))
         st = sbp_fail(err, SBP_ENOMEM, "out of memory");
     for (int r = 0; r < B && !st; r++)
+#ifdef SBP_PLANT_UNSHIFTED_TOKEN_LOGPS
+        for (int t = 0; t + 1 < T; t++)
+            (*out)[(size_t)r * T + t] =
+                raw[(size_t)r * T +
+                    t]; /* planted bug (tests/test_plant.c); never in a normal build */
+#else
         for (int t = 0; t + 1 < T; t++) (*out)[(size_t)r * T + t] = raw[(size_t)r * T + t + 1];
+#endif
     free(raw);
     return st;
 }
@@ -237,13 +259,17 @@ static sbp_status load_grpo(sbp_batch *b, const sbp_st_file *sf, const sbp_confi
         const char *gs = sbp_st_meta(sf, "group_size");
         if (!gs) gs = sbp_st_meta(sf, "num_generations");
         char *end = NULL;
-        long G = gs ? strtol(gs, &end, 10) : 0;
+        errno = 0;
+        long long G = gs ? strtoll(gs, &end, 10) : 0;
         double *rew = NULL;
-        if (!gs || !end || *end || G < 1)
+        if (!gs || !end || end == gs || *end || errno || G < 1)
             st = sbp_fail(err, SBP_EINPUT,
                           "%s: rewards need the group size: a positive integer "
-                          "\"group_size\" (or \"num_generations\") in __metadata__",
-                          sf->path);
+                          "\"group_size\" (or \"num_generations\") in __metadata__%s%s%s",
+                          sf->path, gs ? ", not \"" : "", gs ? gs : "", gs ? "\"" : "");
+        else if (G > B) /* before any narrowing: 2^32 + 2 must not become 2 */
+            st = sbp_fail(err, SBP_EINPUT, "%s: the group size %lld is larger than B = %d",
+                          sf->path, G, B);
         if (!st) st = read_float(&rew, sf, "rewards", B, 0, err);
         if (!st && !(b->advantages = malloc(sizeof(double) * (size_t)B)))
             st = sbp_fail(err, SBP_ENOMEM, "out of memory");

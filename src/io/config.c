@@ -7,6 +7,7 @@
 #include "../core/err.h"
 #include "../streambp.h"
 #include "file.h"
+#include "json.h"
 
 #include <cJSON.h>
 #include <math.h>
@@ -142,15 +143,92 @@ static int check_unsupported(const cJSON *o, const sbp_config *c, const char *wh
     return 1;
 }
 
+/* The sizes of streambp.h's SBP_MAX_*, checked one by one so that the message names the field;
+ * sbp_config_validate checks their products. */
+static int within_limits(const sbp_config *c, const char *what, sbp_err *err) {
+    const struct {
+        const char *field;
+        int value, max;
+    } f[] = {{"vocab_size", c->vocab, SBP_MAX_VOCAB},
+             {"hidden_size", c->hidden, SBP_MAX_HIDDEN},
+             {"intermediate_size", c->ffn, SBP_MAX_FFN},
+             {"num_hidden_layers", c->layers, SBP_MAX_LAYERS},
+             {"num_attention_heads", c->heads, SBP_MAX_HEADS},
+             {"num_key_value_heads", c->kv_heads, SBP_MAX_HEADS}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].value > f[i].max) {
+            sbp_fail(err, SBP_EINPUT, "%s: %s %d is more than the supported %d", what, f[i].field,
+                     f[i].value, f[i].max);
+            return 0;
+        }
+    return 1;
+}
+
+/* a + b·c, or -1 when it would pass SBP_MAX_PARAMS (or overflow) */
+static int64_t add_mul(int64_t a, int64_t b, int64_t c) {
+    int64_t p, r;
+    if (a < 0 || __builtin_mul_overflow(b, c, &p) || __builtin_add_overflow(a, p, &r) ||
+        r > SBP_MAX_PARAMS)
+        return -1;
+    return r;
+}
+
+int64_t sbp_config_param_count(const sbp_config *c) {
+    if (c->vocab < 1 || c->hidden < 1 || c->ffn < 1 || c->layers < 1 || c->heads < 1 ||
+        c->kv_heads < 1 || c->head_dim < 1 || !within_limits(c, "", NULL) ||
+        c->head_dim > SBP_MAX_HEAD_DIM)
+        return -1;
+    int64_t C = c->hidden, F = c->ffn, V = c->vocab, HD = c->head_dim;
+    int64_t Q = (int64_t)c->heads * HD, KV = (int64_t)c->kv_heads * HD;
+    int64_t layer = add_mul(0, Q, C);  /* q_proj */
+    layer = add_mul(layer, 2 * KV, C); /* k_proj, v_proj */
+    layer = add_mul(layer, C, Q);      /* o_proj */
+    layer = add_mul(layer, 3 * F, C);  /* gate, up, down */
+    layer = add_mul(layer, 2, C);      /* the two norms */
+    if (c->qkv_bias) layer = add_mul(layer, 1, Q + 2 * KV);
+    if (c->qk_norm) layer = add_mul(layer, 2, HD);
+    int64_t total = add_mul(0, c->layers, layer < 0 ? SBP_MAX_PARAMS + 1 : layer);
+    total = add_mul(total, c->tied ? 1 : 2, V * C); /* embedding (and lm_head) */
+    return add_mul(total, 1, C);                    /* final norm */
+}
+
+sbp_status sbp_config_validate(const sbp_config *c, const char *what, sbp_err *err) {
+    if ((unsigned)c->family > SBP_LLAMA)
+        return sbp_fail(err, SBP_EINPUT, "%s: unknown model family %d", what, (int)c->family);
+    if (c->vocab < 1 || c->hidden < 1 || c->ffn < 1 || c->layers < 1 || c->heads < 1 ||
+        c->kv_heads < 1 || c->head_dim < 1)
+        return sbp_fail(err, SBP_EINPUT,
+                        "%s: vocab_size, hidden_size, intermediate_size, num_hidden_layers, the "
+                        "head counts and head_dim must all be >= 1",
+                        what);
+    if (!within_limits(c, what, err)) return err ? err->status : SBP_EINPUT;
+    if (c->head_dim > SBP_MAX_HEAD_DIM || c->head_dim % 2 != 0)
+        return sbp_fail(err, SBP_EINPUT, "%s: head_dim %d must be even and at most %d", what,
+                        c->head_dim, SBP_MAX_HEAD_DIM);
+    if (c->heads % c->kv_heads != 0)
+        return sbp_fail(
+            err, SBP_EINPUT,
+            "%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", what,
+            c->heads, c->kv_heads);
+    if (!(c->eps > 0) || !isfinite(c->eps) || !(c->rope_theta > 0) || !isfinite(c->rope_theta))
+        return sbp_fail(err, SBP_EINPUT, "%s: rms_norm_eps and rope_theta must be finite and > 0",
+                        what);
+    if (sbp_config_param_count(c) < 0)
+        return sbp_fail(err, SBP_EINPUT,
+                        "%s: the model would have more than %lld parameters (vocab %d, hidden %d, "
+                        "intermediate %d, %d layers, %d heads of %d); that is past what any "
+                        "machine holds and what streambp supports",
+                        what, (long long)SBP_MAX_PARAMS, c->vocab, c->hidden, c->ffn, c->layers,
+                        c->heads, c->head_dim);
+    return SBP_OK;
+}
+
 sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what, sbp_err *err) {
     sbp_config c;
     memset(&c, 0, sizeof c);
-    cJSON *o = cJSON_ParseWithOpts(json, NULL, 1);
-    if (!o) {
-        const char *at = cJSON_GetErrorPtr();
-        return sbp_fail(err, SBP_EFORMAT, "%s: malformed JSON (parse error near \"%.20s\")", what,
-                        at ? at : "");
-    }
+    cJSON *o;
+    sbp_status st0 = sbp_json_parse(&o, json, strlen(json), what, err);
+    if (st0) return st0;
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
         return sbp_fail(err, SBP_EFORMAT, "%s: the top level is not a JSON object", what);
@@ -190,6 +268,7 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
                  what);
         goto out;
     }
+    if (!within_limits(&c, what, err)) goto out;
     if (c.heads % c.kv_heads != 0) {
         sbp_fail(err, SBP_EINPUT,
                  "%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", what,
@@ -198,7 +277,13 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
     }
     /* head_dim: explicit in Qwen3 and recent Llama configs, where it need not be C/NH. When it
      * is absent HF's Qwen3Config falls back to 128; Llama and Qwen2 use C/NH. */
+#ifdef SBP_PLANT_HEAD_DIM_DEFAULT
+    int dflt_hd = c.hidden % c.heads == 0
+                      ? c.hidden / c.heads
+                      : 0; /* planted bug (tests/test_plant.c); never in a normal build */
+#else
     int dflt_hd = c.family == SBP_QWEN3 ? 128 : c.hidden % c.heads == 0 ? c.hidden / c.heads : 0;
+#endif
     if (!get_int(o, "head_dim", 0, dflt_hd, &c.head_dim, what, err)) goto out;
     if (c.head_dim == 0 && cJSON_GetObjectItemCaseSensitive(o, "head_dim")) {
         sbp_fail(err, SBP_EINPUT, "%s: head_dim 0 must be >= 1", what);
@@ -238,6 +323,7 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
         sbp_fail(err, SBP_EINPUT, "%s: rope_theta must be > 0", what);
         goto out;
     }
+    if (sbp_config_validate(&c, what, err)) goto out; /* the parameter count */
     *cfg = c;
     st = SBP_OK;
 out:
@@ -247,7 +333,7 @@ out:
 
 sbp_status sbp_config_load(sbp_config *cfg, const char *path, sbp_err *err) {
     char *text = NULL;
-    sbp_status st = sbp_read_text(&text, path, 16u << 20, err);
+    sbp_status st = sbp_read_text(&text, NULL, path, 16u << 20, err);
     if (st) return st;
     st = sbp_config_parse(cfg, text, path, err);
     free(text);
@@ -268,15 +354,16 @@ sbp_status sbp_config_save(const sbp_config *c, const char *path, sbp_err *err) 
     cJSON_AddNumberToObject(o, "num_key_value_heads", c->kv_heads);
     cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
     cJSON_AddStringToObject(o, "hidden_act", "silu");
-    cJSON_AddNumberToObject(o, "rms_norm_eps", c->eps);
-    cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+    cJSON_AddItemToObject(o, "rms_norm_eps", sbp_json_number(c->eps));
+    cJSON_AddItemToObject(o, "rope_theta", sbp_json_number(c->rope_theta));
     if (c->rope_llama3) {
         cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
         cJSON_AddStringToObject(rs, "rope_type", "llama3");
-        cJSON_AddNumberToObject(rs, "factor", c->rope_factor);
-        cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope_low_freq);
-        cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_high_freq);
-        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_orig_max);
+        cJSON_AddItemToObject(rs, "factor", sbp_json_number(c->rope_factor));
+        cJSON_AddItemToObject(rs, "low_freq_factor", sbp_json_number(c->rope_low_freq));
+        cJSON_AddItemToObject(rs, "high_freq_factor", sbp_json_number(c->rope_high_freq));
+        cJSON_AddItemToObject(rs, "original_max_position_embeddings",
+                              sbp_json_number(c->rope_orig_max));
     } else {
         cJSON_AddNullToObject(o, "rope_scaling");
     }
@@ -284,7 +371,7 @@ sbp_status sbp_config_save(const sbp_config *c, const char *path, sbp_err *err) 
     if (c->family == SBP_LLAMA) cJSON_AddFalseToObject(o, "mlp_bias");
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied);
     cJSON_AddFalseToObject(o, "use_sliding_window");
-    cJSON_AddNumberToObject(o, "initializer_range", c->init_range);
+    cJSON_AddItemToObject(o, "initializer_range", sbp_json_number(c->init_range));
     cJSON_AddStringToObject(o, "torch_dtype", "float32");
     char *text = cJSON_Print(o);
     cJSON_Delete(o);

@@ -8,6 +8,7 @@
 #include "../core/rng.h"
 #include "../streambp.h"
 #include "file.h"
+#include "json.h"
 #include "safetensors.h"
 
 #include <cJSON.h>
@@ -162,11 +163,13 @@ void sbp_lora_free(sbp_lora *a, sbp_ledger *lg) {
 
 static sbp_status read_config(sbp_lora_config *c, const char *path, sbp_err *err) {
     char *text = NULL;
-    sbp_status st = sbp_read_text(&text, path, 1 << 20, err);
-    if (st) return st;
-    cJSON *j = cJSON_Parse(text);
+    size_t n = 0;
+    cJSON *j = NULL;
+    sbp_status st = sbp_read_text(&text, &n, path, 1 << 20, err);
+    if (!st) st = sbp_json_parse(&j, text, n, path, err);
     free(text);
-    if (!j || !cJSON_IsObject(j)) {
+    if (st) return st;
+    if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         return sbp_fail(err, SBP_EFORMAT, "%s: not a JSON object", path);
     }

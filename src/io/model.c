@@ -9,6 +9,7 @@
 #include "../core/rng.h"
 #include "../streambp.h"
 #include "file.h"
+#include "json.h"
 #include "safetensors.h"
 
 #include <cJSON.h>
@@ -21,9 +22,10 @@
 
 #define PATH_MAX_LEN 4096
 
+/* Present, whatever its type: sbp_st_open says what is wrong with one that is not a file. */
 static int file_exists(const char *path) {
     struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+    return lstat(path, &sb) == 0;
 }
 
 /* The shard files of a model directory: one file, or the distinct files of the index. */
@@ -57,10 +59,13 @@ static sbp_status shards_open(shard_set *s, const char *dir, sbp_err *err) {
         return sbp_fail(err, SBP_EIO,
                         "%s: no model.safetensors and no model.safetensors.index.json", dir);
     char *text = NULL;
-    sbp_status st = sbp_read_text(&text, path, 64u << 20, err);
+    size_t n_text = 0;
+    sbp_status st = sbp_read_text(&text, &n_text, path, 64u << 20, err);
     if (st) return st;
-    cJSON *root = cJSON_ParseWithOpts(text, NULL, 1);
+    cJSON *root;
+    st = sbp_json_parse(&root, text, n_text, path, err);
     free(text);
+    if (st) return st;
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(map)) {
         cJSON_Delete(root);
@@ -127,11 +132,15 @@ static sbp_status find_tensor(const sbp_st_tensor **out, int *which, const shard
     return SBP_OK;
 }
 
-sbp_status sbp_model_load(sbp_model *m, const char *dir, sbp_precision prec, sbp_ledger *lg,
-                          sbp_err *err) {
-    memset(m, 0, sizeof *m);
+/* The part of loading that reads no weight: config.json, the parameter table, the shards'
+ * headers, and every tensor found with its shape checked, so that a config that disagrees with
+ * the weights is reported as such, not as an allocation failure. On success m holds cfg and
+ * params, and src[i], file[i] locate parameter i (free both, close the shards). */
+static sbp_status open_model(sbp_model *m, shard_set *shards, const sbp_st_tensor ***src,
+                             int **file, const char *dir, sbp_err *err) {
     char path[PATH_MAX_LEN];
     struct stat sb;
+    *src = NULL, *file = NULL;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return sbp_fail(err, SBP_EIO, "%s: model directory does not exist or is not a directory",
                         dir);
@@ -139,21 +148,53 @@ sbp_status sbp_model_load(sbp_model *m, const char *dir, sbp_precision prec, sbp
     sbp_status st = sbp_config_load(&m->cfg, path, err);
     if (st) return st;
     if ((st = sbp_params_build(&m->params, &m->cfg, err))) return st;
-    shard_set shards;
-    if ((st = shards_open(&shards, dir, err))) {
+    if ((st = shards_open(shards, dir, err))) {
         sbp_params_free(&m->params);
         return st;
     }
-    /* Every tensor is found and its shape checked before the slab is allocated, so a config
-     * that disagrees with the weights is reported as such, not as an allocation failure. */
-    const sbp_st_tensor **src = calloc((size_t)m->params.n, sizeof *src);
-    int *file = calloc((size_t)m->params.n, sizeof *file);
-    if (!src || !file) st = sbp_fail(err, SBP_ENOMEM, "out of memory");
+    *src = calloc((size_t)m->params.n, sizeof **src);
+    *file = calloc((size_t)m->params.n, sizeof **file);
+    if (!*src || !*file) st = sbp_fail(err, SBP_ENOMEM, "out of memory");
     for (int i = 0; i < m->params.n && !st; i++)
-        st = find_tensor(&src[i], &file[i], &shards, &m->params.p[i], dir, err);
+        st = find_tensor(&(*src)[i], &(*file)[i], shards, &m->params.p[i], dir, err);
+    if (st) {
+        free(*src), free(*file);
+        *src = NULL, *file = NULL;
+        shards_close(shards);
+        sbp_params_free(&m->params);
+    }
+    return st;
+}
+
+sbp_status sbp_model_check(sbp_config *cfg, const char *dir, sbp_err *err) {
+    sbp_model m;
+    memset(&m, 0, sizeof m);
+    shard_set shards;
+    const sbp_st_tensor **src;
+    int *file;
+    sbp_status st = open_model(&m, &shards, &src, &file, dir, err);
+    if (st) return st;
+    *cfg = m.cfg;
+    free(src), free(file);
+    shards_close(&shards);
+    sbp_params_free(&m.params);
+    return SBP_OK;
+}
+
+sbp_status sbp_model_load(sbp_model *m, const char *dir, sbp_precision prec, sbp_ledger *lg,
+                          sbp_err *err) {
+    memset(m, 0, sizeof *m);
+    if (lg && lg->plan) /* its buffers are reserved address space, not memory to load into */
+        return sbp_fail(err, SBP_EUSAGE,
+                        "a planning ledger (sbp_ledger.plan set) cannot hold a model's weights");
+    shard_set shards;
+    const sbp_st_tensor **src;
+    int *file;
+    sbp_status st = open_model(m, &shards, &src, &file, dir, err);
+    if (st) return st;
     size_t esz = prec == SBP_FP64 ? sizeof(double) : sizeof(float);
     m->prec = prec;
-    if (!st && !(m->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, esz * (size_t)m->params.total)))
+    if (!(m->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, esz * (size_t)m->params.total)))
         st = sbp_fail(err, SBP_ENOMEM, "%s: out of memory for %lld parameters", dir,
                       (long long)m->params.total);
     for (int i = 0; i < m->params.n && !st; i++) {
@@ -197,18 +238,21 @@ void sbp_model_free(sbp_model *m, sbp_ledger *lg) {
 }
 
 sbp_status sbp_model_init(const sbp_config *cfg, uint64_t seed, const char *dir, sbp_err *err) {
-    sbp_status st0 = sbp_make_dirs(dir, err);
-    if (st0) return st0;
     sbp_params ps;
-    sbp_status st = sbp_params_build(&ps, cfg, err);
+    sbp_status st = sbp_params_build(&ps, cfg, err); /* a bad config creates no directory */
     if (st) return st;
+    if ((st = sbp_make_dirs(dir, err))) {
+        sbp_params_free(&ps);
+        return st;
+    }
     float *w = malloc(sizeof *w * (size_t)ps.total);
     sbp_st_entry *e = calloc((size_t)ps.n, sizeof *e);
     if (!w || !e) {
         free(w);
         free(e);
         sbp_params_free(&ps);
-        return sbp_fail(err, SBP_ENOMEM, "out of memory for %lld parameters", (long long)ps.total);
+        return sbp_fail(err, SBP_ENOMEM, "out of memory for %lld parameters (%.1f GiB in float32)",
+                        (long long)ps.total, 4.0 * (double)ps.total / 1073741824.0);
     }
     /* Matrices ~ N(0, initializer_range) as HF initialises them; norm weights 1 + 0.1 N(0,1) and
      * biases 0.1 N(0,1) rather than HF's constants 1 and 0, so that their gradients are

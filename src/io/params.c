@@ -29,6 +29,9 @@ static void add(sbp_params *ps, sbp_param_kind kind, int layer, const char *suff
 
 sbp_status sbp_params_build(sbp_params *ps, const sbp_config *c, sbp_err *err) {
     memset(ps, 0, sizeof *ps);
+    /* a config built in memory gets the checks a file gets, the size products among them */
+    sbp_status st = sbp_config_validate(c, "config", err);
+    if (st) return st;
     int per_layer = 14;
     ps->p = calloc((size_t)c->layers * per_layer + 3, sizeof *ps->p);
     if (!ps->p) return sbp_fail(err, SBP_ENOMEM, "out of memory for the parameter table");

@@ -2,13 +2,13 @@
 #include "safetensors.h"
 #include "../core/err.h"
 #include "file.h"
+#include "json.h"
 
 #include <cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian; this reader assumes a little-endian host"
@@ -232,6 +232,8 @@ static sbp_status parse_entry(sbp_st_tensor *t, const cJSON *item, const sbp_st_
 static sbp_status parse_metadata(sbp_st_file *sf, const cJSON *meta, sbp_err *err) {
     if (!cJSON_IsObject(meta))
         return sbp_fail(err, SBP_EFORMAT, "%s: __metadata__ is not an object", sf->path);
+    if (sf->meta_key) /* the arrays below are sized for one map */
+        return sbp_fail(err, SBP_EFORMAT, "%s: __metadata__ appears twice", sf->path);
     int n = cJSON_GetArraySize(meta);
     sf->meta_key = calloc((size_t)n + 1, sizeof(char *));
     sf->meta_val = calloc((size_t)n + 1, sizeof(char *));
@@ -251,13 +253,18 @@ static sbp_status parse_metadata(sbp_st_file *sf, const cJSON *meta, sbp_err *er
     return SBP_OK;
 }
 
-static sbp_status parse_header(sbp_st_file *sf, const char *text, sbp_err *err) {
-    cJSON *root = cJSON_ParseWithOpts(text, NULL, 1);
-    if (!root || !cJSON_IsObject(root)) {
+/* The header: strict JSON (UTF-8, no duplicate keys; see json.h) whose top level is an
+ * object; the format pads it with trailing spaces. */
+static sbp_status parse_header(sbp_st_file *sf, const char *text, size_t n_text, sbp_err *err) {
+    char what[4200];
+    snprintf(what, sizeof what, "%s: header", sf->path);
+    cJSON *root;
+    sbp_status st = sbp_json_parse(&root, text, n_text, what, err);
+    if (st) return st;
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return sbp_fail(err, SBP_EFORMAT, "%s: the header is not a valid JSON object", sf->path);
+        return sbp_fail(err, SBP_EFORMAT, "%s: the header is not a JSON object", sf->path);
     }
-    sbp_status st = SBP_OK;
     int n = cJSON_GetArraySize(root);
     sf->t = calloc((size_t)n + 1, sizeof *sf->t);
     if (!sf->t) st = sbp_fail(err, SBP_ENOMEM, "%s: out of memory", sf->path);
@@ -276,14 +283,10 @@ static sbp_status parse_header(sbp_st_file *sf, const char *text, sbp_err *err) 
 sbp_status sbp_st_open(sbp_st_file *sf, const char *path, sbp_err *err) {
     memset(sf, 0, sizeof *sf);
     snprintf(sf->path, sizeof sf->path, "%s", path);
-    sf->f = fopen(path, "rb");
-    if (!sf->f) return sbp_fail(err, SBP_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(sf->f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        sbp_st_close(sf);
-        return sbp_fail(err, SBP_EIO, "%s: not a regular file", path);
-    }
-    uint64_t size = (uint64_t)sb.st_size, hlen = 0;
+    uint64_t size;
+    sbp_status st = sbp_open_regular(&sf->f, &size, path, err);
+    if (st) return st;
+    uint64_t hlen = 0;
     unsigned char len8[8];
     if (size < 8 || fread(len8, 1, 8, sf->f) != 8) {
         sbp_st_close(sf);
@@ -306,18 +309,14 @@ sbp_status sbp_st_open(sbp_st_file *sf, const char *path, sbp_err *err) {
         return sbp_fail(err, SBP_ENOMEM, "%s: out of memory for a %llu-byte header", path,
                         (unsigned long long)hlen);
     }
-    sbp_status st = SBP_OK;
     if (fread(text, 1, hlen, sf->f) != hlen)
         st = sbp_fail(err, SBP_EIO, "%s: cannot read the header", path);
     text[hlen] = '\0';
-    if (!st && (text[0] != '{' || strlen(text) != hlen))
-        st = sbp_fail(err, SBP_EFORMAT,
-                      "%s: the header does not start with '{' or contains a "
-                      "NUL byte",
-                      path);
+    if (!st && text[0] != '{')
+        st = sbp_fail(err, SBP_EFORMAT, "%s: the header does not start with '{'", path);
     sf->data_start = 8 + hlen;
     sf->data_size = size - 8 - hlen;
-    if (!st) st = parse_header(sf, text, err);
+    if (!st) st = parse_header(sf, text, hlen, err);
     free(text);
     if (st) sbp_st_close(sf);
     return st;
@@ -471,6 +470,13 @@ sbp_status sbp_st_read(const sbp_st_file *sf, const sbp_st_tensor *t, void *dst,
 /* ---------------------------------------------------------------------------------------------
  * Writer */
 
+/* An integer printed with all its digits (cJSON would print 15 significant ones). */
+static cJSON *json_uint(uint64_t v) {
+    char buf[24];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+    return cJSON_CreateRaw(buf);
+}
+
 sbp_status sbp_st_write(const char *path, const sbp_st_entry *e, int n, const char *const *meta,
                         sbp_err *err) {
     cJSON *root = cJSON_CreateObject();
@@ -486,13 +492,13 @@ sbp_status sbp_st_write(const char *path, const sbp_st_entry *e, int n, const ch
         cJSON *shape = cJSON_AddArrayToObject(t, "shape");
         uint64_t numel = 1;
         for (int d = 0; d < e[i].ndim; d++) {
-            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)e[i].shape[d]));
+            cJSON_AddItemToArray(shape, json_uint(e[i].shape[d]));
             numel *= (uint64_t)e[i].shape[d];
         }
         uint64_t bytes = numel * sbp_dtype_size(e[i].dtype);
         cJSON *off = cJSON_AddArrayToObject(t, "data_offsets");
-        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
-        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(at + bytes)));
+        cJSON_AddItemToArray(off, json_uint(at));
+        cJSON_AddItemToArray(off, json_uint(at + bytes));
         at += bytes;
     }
     char *text = cJSON_PrintUnformatted(root);

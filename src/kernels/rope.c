@@ -10,7 +10,11 @@ void rope_table(real *cos_t, real *sin_t, int T, int HD, double theta, int llama
 #pragma omp parallel for schedule(static) if (T > 4096)
         for (int t = 0; t < T; t++) {
             double sn, cs;
+#ifdef SBP_PLANT_F32_ROPE_ANGLE /* planted (tests/test_plant.c): the angle rounded to float */
+            sbp_psincos((float)(t * f), &sn, &cs);
+#else
             sbp_psincos(t * f, &sn, &cs);
+#endif
             cos_t[(size_t)t * half + i] = (real)cs;
             sin_t[(size_t)t * half + i] = (real)sn;
         }

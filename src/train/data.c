@@ -23,6 +23,7 @@
 #include "../core/err.h"
 #include "../core/objective.h"
 #include "../core/rng.h"
+#include "../io/json.h"
 #include "../streambp.h"
 
 #include <cJSON.h>
@@ -186,14 +187,16 @@ static sbp_status add_record(sbp_data *d, const char *text, int lineno, int64_t 
                              sbp_err *err) {
     char where[4200];
     snprintf(where, sizeof where, "%s:%d", d->o.jsonl, lineno);
-    cJSON *root = cJSON_ParseWithOpts(text, NULL, 1);
+    cJSON *root = NULL;
+    sbp_status st = sbp_json_parse(&root, text, strlen(text), where, err);
+    if (st) return st;
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return sbp_fail(err, SBP_EFORMAT, "%s: not a JSON object", where);
     }
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
     const cJSON *labels = cJSON_GetObjectItemCaseSensitive(root, "labels");
-    sbp_status st = SBP_OK;
+    st = SBP_OK;
     int n = cJSON_GetArraySize(ids);
     if (!cJSON_IsArray(ids) || n == 0)
         st = sbp_fail(err, SBP_EINPUT, "%s: no \"input_ids\" list of token ids", where);

@@ -1,5 +1,5 @@
-/* cli/verify/run.c — `streambp verify [options]`: the full comparison matrix on one model and batch,
- * by default the bundled one. */
+/* cli/verify/run.c — `streambp verify [options]`: the full comparison matrix on one model and
+ * batch, by default the bundled one. */
 #include "../cli.h"
 #include "../objopts.h"
 #include "../../../verify/defaults.h"
@@ -16,12 +16,15 @@ static const char usage[] =
     "       streambp verify diff A B | fd | --suite      (see `streambp verify help`)\n"
     "\n"
     "Runs every schedule (full, ckpt, stream) at several chunk sizes, in float32 and float64, at\n"
-    "1 and 2 threads, in fast and portable numerics, and the ref/ float64 oracle, and compares\n"
-    "every parameter gradient in seven groups: fp64 vs the float64 truth (<= 1e-10), fp32 vs the\n"
-    "truth (within a budget measured in the same run: slack x the error of fp32 full BP),\n"
-    "schedules (fast: bitwise at block-multiple chunks), threads (fast: bitwise), ragged chunks\n"
-    "(fast: within the measured tolerance), portable (every portable run bitwise), devices (the\n"
-    "CUDA backends' runs against the portable CPU run, bitwise, with --devices). One row per\n"
+    "1 and 2 threads, in fast and portable numerics, and the ref/ float64 oracle (which reads the\n"
+    "files with its own readers), and compares every parameter gradient in nine groups: loading\n"
+    "(the library's reading of config, weights and batch against the oracle's), fp64 vs the\n"
+    "float64 truth (<= 1e-10), fp32 vs the truth (within slack x the error of the oracle's own\n"
+    "loops run in float32), schedules (fast: bitwise at block-multiple chunks), threads (fast:\n"
+    "bitwise), ragged chunks (fast: within the measured tolerance), portable (every portable run\n"
+    "bitwise), devices (the CUDA backends' runs against the portable CPU run, bitwise, with\n"
+    "--devices), micro-batches (the batch split into micro-batches of different T, one step, vs\n"
+    "the truth of the whole batch). One row per\n"
     "tensor and group: bitwise runs, max ULP, max abs, relative L2, cosine and the norm ratio\n"
     "(cosine alone misses a scale error), the budget and the verdict. Without --model/--batch it\n"
     "runs on the bundled default (Qwen3-tiny, seed 1, data/batches/sft-demo.safetensors).\n"
@@ -66,6 +69,9 @@ static int item_int(const char *s, int *v) {
     long x = strtol(s, &end, 10);
     *v = (int)x;
     return end != s && !*end && x >= 1 && x < (1 << 30);
+}
+static int item_threads(const char *s, int *v) {
+    return item_int(s, v) && *v <= SBP_MAX_THREADS;
 }
 static int item_sched(const char *s, int *v) {
     sbp_schedule sc;
@@ -215,7 +221,7 @@ int verify_run(int argc, char **argv) {
             o.devices = bits(list, n);
             break;
         case 't':
-            if (!parse_list(optarg, "threads", item_int, o.threads, 4, &o.n_threads))
+            if (!parse_list(optarg, "threads", item_threads, o.threads, 4, &o.n_threads))
                 return EXIT_USAGE;
             break;
         case 'B':
@@ -270,6 +276,9 @@ int verify_run(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "runs", rep.n_runs);
         cJSON_AddNumberToObject(j, "max_loss_rel_dev_fp64", rep.max_loss_dev64);
         cJSON_AddNumberToObject(j, "max_loss_rel_dev_fp32", rep.max_loss_dev32);
+        if (rep.budget32) cJSON_AddStringToObject(j, "fp32_budget_from", rep.budget32);
+        cJSON_AddItemToObject(j, "micro_batch_T", cJSON_CreateIntArray(rep.micro_T, rep.n_micro));
+        if (rep.load_notes[0]) cJSON_AddStringToObject(j, "loading_notes", rep.load_notes);
         cJSON *gs = cJSON_AddArrayToObject(j, "groups");
         for (int gi = 0; gi < SBP_VG_N; gi++) cJSON_AddItemToArray(gs, group_json(&rep.g[gi]));
         cJSON_AddBoolToObject(j, "pass", rep.failed == 0);
@@ -281,7 +290,16 @@ int verify_run(int argc, char **argv) {
         for (int i = 0; i < rep.n_chunks; i++) printf(" %d", rep.chunks[i]);
         printf("; truth: %s, loss %.17g; %d runs in %.1f s\n", rep.truth, rep.truth_loss,
                rep.n_runs, secs);
+        if (rep.budget32) printf("fp32 budget from %s\n", rep.budget32);
+        if (rep.n_micro) {
+            printf("micro-batches: %d, T", rep.n_micro);
+            for (int k = 0; k < rep.n_micro; k++) printf("%s%d", k ? "/" : " ", rep.micro_T[k]);
+            printf("\n");
+        }
         for (int gi = 0; gi < SBP_VG_N; gi++) print_group(&rep.g[gi], failures_only);
+        if (rep.load_notes[0])
+            printf("\nthe library and the oracle read the inputs differently: %s\n",
+                   rep.load_notes);
         printf("\nsummary:");
         for (int gi = 0; gi < SBP_VG_N; gi++)
             printf(" %s %d/%d%s", rep.g[gi].title, rep.g[gi].n_rows - rep.g[gi].failed,

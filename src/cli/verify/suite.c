@@ -1,4 +1,5 @@
-/* cli/verify/suite.c — `streambp verify --suite`: every edge-case fixture through the full matrix. */
+/* cli/verify/suite.c — `streambp verify --suite`: every edge-case fixture through the full matrix.
+ */
 #include "../cli.h"
 #include "../../../verify/defaults.h"
 #include "../../../verify/suite.h"
@@ -18,23 +19,29 @@ static const char usage[] =
     "goes wrong: chunk boundaries (T not divisible, chunk 1, T, > T, a chunk starting on a -100\n"
     "label), padding (left, right, holes, a target predicted from a pad), batches with empty or\n"
     "unequal rows and a single target, GQA 1:1, 2:1, 4:1, tied embeddings, Qwen3's head_dim,\n"
-    "Qwen2's biases, llama3 RoPE scaling.\n"
+    "Qwen2's biases, llama3 RoPE scaling; every DPO and GRPO loss type, temperatures and clip\n"
+    "ranges, reference models, a config relying on a default, micro-batches of different T, and\n"
+    "float32 at positions near 20000. Each feature is on at least two fixtures.\n"
     "\n"
     "  --case NAME   run one case (see --list)\n"
     "  --list        list the cases\n"
     "  --json        JSON instead of the table\n"
     "Exit status: 0 every case passes, 1 one fails, 2 usage or input error.\n";
 
+/* The model directories of every case: its model at seed 1 and its reference model. */
 static void remove_models(const char *workdir) {
     char p[1200];
     for (int i = 0; i < sbp_suite_count(); i++) {
-        snprintf(p, sizeof p, "%s/%s-seed1/config.json", workdir, sbp_suite_case_at(i)->model);
-        remove(p);
-        snprintf(p, sizeof p, "%s/%s-seed1/model.safetensors", workdir,
-                 sbp_suite_case_at(i)->model);
-        remove(p);
-        snprintf(p, sizeof p, "%s/%s-seed1", workdir, sbp_suite_case_at(i)->model);
-        rmdir(p);
+        const sbp_suite_case *c = sbp_suite_case_at(i);
+        const int seeds[2] = {1, c->ref_seed};
+        for (int k = 0; k < 2 && seeds[k]; k++) {
+            snprintf(p, sizeof p, "%s/%s-seed%d/config.json", workdir, c->model, seeds[k]);
+            remove(p);
+            snprintf(p, sizeof p, "%s/%s-seed%d/model.safetensors", workdir, c->model, seeds[k]);
+            remove(p);
+            snprintf(p, sizeof p, "%s/%s-seed%d", workdir, c->model, seeds[k]);
+            rmdir(p);
+        }
     }
     rmdir(workdir);
 }
@@ -100,6 +107,9 @@ int verify_suite(int argc, char **argv) {
             if (rep.g[gi].failed)
                 snprintf(why + strlen(why), sizeof why - strlen(why), " %.40s: %d tensors",
                          rep.g[gi].title, rep.g[gi].failed);
+        if (rep.load_notes[0])
+            snprintf(why + strlen(why), sizeof why - strlen(why),
+                     " (inputs read differently: %.200s)", rep.load_notes);
         if (json) {
             cJSON *x = cJSON_CreateObject();
             cJSON_AddStringToObject(x, "case", k->name);
@@ -109,6 +119,15 @@ int verify_suite(int argc, char **argv) {
             cJSON_AddNumberToObject(x, "runs", rep.n_runs);
             cJSON_AddNumberToObject(x, "seconds", secs);
             cJSON_AddBoolToObject(x, "pass", rep.failed == 0);
+            cJSON *f = cJSON_AddObjectToObject(x, "failed_tensors"); /* by group */
+            for (int gi = 0; gi < SBP_VG_N; gi++) {
+                if (!rep.g[gi].failed) continue;
+                cJSON *names = cJSON_AddArrayToObject(f, rep.g[gi].title);
+                for (int r = 0; r < rep.g[gi].n_rows; r++)
+                    if (rep.g[gi].rows[r].failed)
+                        cJSON_AddItemToArray(names, cJSON_CreateString(rep.g[gi].rows[r].name));
+            }
+            if (rep.load_notes[0]) cJSON_AddStringToObject(x, "loading_notes", rep.load_notes);
             cJSON_AddItemToArray(jcases, x);
         } else {
             printf("%-26s %-12s %-36s %5d %5.1fs  %s%s\n", k->name, k->model, k->batch, rep.n_runs,

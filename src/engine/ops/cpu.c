@@ -21,7 +21,7 @@ int sbp_cpu_end(eng *e, char *msg, size_t n) {
 }
 
 void *sbp_cpu_alloc(eng *e, sbp_mem_cat cat, size_t bytes, const char *what) {
-    void *p = sbp_ledger_alloc(e->lg, cat, bytes ? bytes : 1);
+    void *p = sbp_ledger_alloc_raw(e->lg, cat, bytes ? bytes : 1);
     if (!p && !e->oom) {
         e->oom = 1;
         snprintf(e->oom_what, sizeof e->oom_what, "%s", what);

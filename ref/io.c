@@ -1,0 +1,757 @@
+/* io.c — the oracle's own readers: config.json, safetensors, model directories, batch files (see
+ * ref.h). Written naively and separately from src/io on purpose: the verifier compares the
+ * library against a truth computed from what these readers make of the raw files, so a reading
+ * or derivation mistake in src/io (a target counted unshifted, DPO padding labelled 0, a biased
+ * std, per-token log-probs left unshifted, a wrong default) shows up as a disagreement.
+ *
+ * A safetensors file is read whole into memory; only the tensors asked for are looked at. */
+#include "ref.h"
+#include "../src/core/err.h"
+
+#include <cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------------------------------------
+ * Whole files */
+
+static int slurp(unsigned char **out, size_t *n, const char *path, sbp_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return sbp_fail(err, SBP_EIO, "ref: %s: cannot open", path);
+    unsigned char *buf = NULL;
+    size_t cap = 0, len = 0;
+    for (;;) {
+        if (len == cap) {
+            size_t ncap = cap ? 2 * cap : 1 << 16;
+            unsigned char *nb = realloc(buf, ncap + 1);
+            if (!nb) {
+                free(buf), fclose(f);
+                return sbp_fail(err, SBP_ENOMEM, "ref: %s: out of memory", path);
+            }
+            buf = nb, cap = ncap;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (!got) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        return sbp_fail(err, SBP_EIO, "ref: %s: read error", path);
+    }
+    buf[len] = '\0';
+    *out = buf, *n = len;
+    return SBP_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * config.json */
+
+static int cfg_int(const cJSON *o, const char *key, int dflt, int *out, const char *path,
+                   sbp_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (dflt < 0) return sbp_fail(err, SBP_EINPUT, "ref: %s: no \"%s\"", path, key);
+        *out = dflt;
+        return SBP_OK;
+    }
+    double d = cJSON_GetNumberValue(v);
+    if (!cJSON_IsNumber(v) || d != floor(d) || d < 1 || d > 1e8)
+        return sbp_fail(err, SBP_EINPUT, "ref: %s: \"%s\" is not a positive integer", path, key);
+    *out = (int)d;
+    return SBP_OK;
+}
+
+static double cfg_num(const cJSON *o, const char *key, double dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? cJSON_GetNumberValue(v) : dflt;
+}
+
+static int cfg_true(const cJSON *o, const char *key) {
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, key));
+}
+
+/* rope_scaling or rope_parameters (transformers 5 puts rope_theta in it) */
+static int cfg_rope(sbp_config *c, const cJSON *rs, const char *path, sbp_err *err) {
+    if (!cJSON_IsObject(rs)) return SBP_OK;
+    c->rope_theta = cfg_num(rs, "rope_theta", c->rope_theta);
+    const char *t = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rs, "rope_type"));
+    if (!t) t = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rs, "type"));
+    if (!t || strcmp(t, "default") == 0) return SBP_OK;
+    if (strcmp(t, "llama3") != 0)
+        return sbp_fail(err, SBP_EINPUT, "ref: %s: rope type \"%s\" is not implemented", path, t);
+    c->rope_llama3 = 1;
+    c->rope_factor = cfg_num(rs, "factor", NAN);
+    c->rope_low_freq = cfg_num(rs, "low_freq_factor", NAN);
+    c->rope_high_freq = cfg_num(rs, "high_freq_factor", NAN);
+    c->rope_orig_max = cfg_num(rs, "original_max_position_embeddings", NAN);
+    if (!(c->rope_factor > 0) || !(c->rope_low_freq > 0) || !(c->rope_orig_max > 0) ||
+        !(c->rope_high_freq > c->rope_low_freq))
+        return sbp_fail(err, SBP_EINPUT, "ref: %s: incomplete llama3 rope scaling", path);
+    return SBP_OK;
+}
+
+int ref_config_read(sbp_config *cfg, const char *path, sbp_err *err) {
+    unsigned char *text;
+    size_t n;
+    int st = slurp(&text, &n, path, err);
+    if (st) return st;
+    cJSON *o = cJSON_ParseWithLength((const char *)text, n);
+    free(text);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return sbp_fail(err, SBP_EFORMAT, "ref: %s: not a JSON object", path);
+    }
+    sbp_config c;
+    memset(&c, 0, sizeof c);
+    const char *mt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "model_type"));
+    st = SBP_OK;
+    if (mt && strcmp(mt, "qwen3") == 0)
+        c.family = SBP_QWEN3;
+    else if (mt && strcmp(mt, "qwen2") == 0)
+        c.family = SBP_QWEN2;
+    else if (mt && strcmp(mt, "llama") == 0)
+        c.family = SBP_LLAMA;
+    else
+        st = sbp_fail(err, SBP_EINPUT, "ref: %s: model_type is not qwen3, qwen2 or llama", path);
+    if (!st) snprintf(c.model_type, sizeof c.model_type, "%s", mt);
+    if (!st) st = cfg_int(o, "vocab_size", -1, &c.vocab, path, err);
+    if (!st) st = cfg_int(o, "hidden_size", -1, &c.hidden, path, err);
+    if (!st) st = cfg_int(o, "intermediate_size", -1, &c.ffn, path, err);
+    if (!st) st = cfg_int(o, "num_hidden_layers", -1, &c.layers, path, err);
+    if (!st) st = cfg_int(o, "num_attention_heads", -1, &c.heads, path, err);
+    if (!st) st = cfg_int(o, "num_key_value_heads", c.heads, &c.kv_heads, path, err);
+    /* HF: Qwen3Config(head_dim=128); LlamaConfig and Qwen2 use hidden_size // heads */
+    if (!st)
+        st = cfg_int(o, "head_dim", c.family == SBP_QWEN3 ? 128 : c.hidden / c.heads, &c.head_dim,
+                     path, err);
+    if (!st && (c.head_dim % 2 || c.heads % c.kv_heads))
+        st = sbp_fail(err, SBP_EINPUT, "ref: %s: odd head_dim or heads not divisible", path);
+    c.eps = cfg_num(o, "rms_norm_eps", NAN);
+    c.rope_theta = cfg_num(o, "rope_theta", 10000.0);
+    c.init_range = cfg_num(o, "initializer_range", 0.02);
+    c.tied = cfg_true(o, "tie_word_embeddings");
+    c.qkv_bias = c.family == SBP_QWEN2; /* hard-wired in HF's Qwen2Attention */
+    c.qk_norm = c.family == SBP_QWEN3;
+    if (!st) st = cfg_rope(&c, cJSON_GetObjectItemCaseSensitive(o, "rope_scaling"), path, err);
+    if (!st) st = cfg_rope(&c, cJSON_GetObjectItemCaseSensitive(o, "rope_parameters"), path, err);
+    if (!st && (!(c.eps > 0) || !(c.rope_theta > 0)))
+        st = sbp_fail(err, SBP_EINPUT, "ref: %s: rms_norm_eps and rope_theta must be > 0", path);
+    const char *act = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "hidden_act"));
+    if (!st && act && strcmp(act, "silu") != 0)
+        st = sbp_fail(err, SBP_EINPUT, "ref: %s: hidden_act \"%s\" is not implemented", path, act);
+    if (!st && (cfg_true(o, "use_sliding_window") || cfg_true(o, "mlp_bias") ||
+                (c.family != SBP_QWEN2 && cfg_true(o, "attention_bias"))))
+        st = sbp_fail(err, SBP_EINPUT,
+                      "ref: %s: sliding windows and extra biases are not "
+                      "implemented",
+                      path);
+    cJSON_Delete(o);
+    if (!st) *cfg = c;
+    return st;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The parameter table */
+
+static void table_add(sbp_params *ps, sbp_param_kind kind, int layer, const char *suffix,
+                      int64_t d0, int64_t d1) {
+    sbp_param *p = &ps->p[ps->n++];
+    if (layer < 0)
+        snprintf(p->name, sizeof p->name, "%s", suffix);
+    else
+        snprintf(p->name, sizeof p->name, "model.layers.%d.%s", layer, suffix);
+    p->kind = kind, p->layer = layer;
+    p->ndim = d1 ? 2 : 1;
+    p->shape[0] = d0, p->shape[1] = d1;
+    p->numel = d1 ? d0 * d1 : d0;
+    p->offset = ps->total;
+    ps->total += p->numel;
+}
+
+int ref_params_build(sbp_params *ps, const sbp_config *c, sbp_err *err) {
+    memset(ps, 0, sizeof *ps);
+    if (c->layers < 1 || c->layers > 4096)
+        return sbp_fail(err, SBP_EINPUT, "ref: %d layers", c->layers);
+    if (!(ps->p = calloc((size_t)c->layers * 14 + 3, sizeof *ps->p)))
+        return sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+    const int64_t C = c->hidden, V = c->vocab, F = c->ffn, HD = c->head_dim;
+    const int64_t Q = c->heads * HD, KV = c->kv_heads * HD;
+    table_add(ps, SBP_P_EMBED, -1, "model.embed_tokens.weight", V, C);
+    for (int l = 0; l < c->layers; l++) {
+        table_add(ps, SBP_P_Q, l, "self_attn.q_proj.weight", Q, C);
+        if (c->qkv_bias) table_add(ps, SBP_P_QB, l, "self_attn.q_proj.bias", Q, 0);
+        table_add(ps, SBP_P_K, l, "self_attn.k_proj.weight", KV, C);
+        if (c->qkv_bias) table_add(ps, SBP_P_KB, l, "self_attn.k_proj.bias", KV, 0);
+        table_add(ps, SBP_P_V, l, "self_attn.v_proj.weight", KV, C);
+        if (c->qkv_bias) table_add(ps, SBP_P_VB, l, "self_attn.v_proj.bias", KV, 0);
+        table_add(ps, SBP_P_O, l, "self_attn.o_proj.weight", C, Q);
+        if (c->qk_norm) {
+            table_add(ps, SBP_P_QNORM, l, "self_attn.q_norm.weight", HD, 0);
+            table_add(ps, SBP_P_KNORM, l, "self_attn.k_norm.weight", HD, 0);
+        }
+        table_add(ps, SBP_P_GATE, l, "mlp.gate_proj.weight", F, C);
+        table_add(ps, SBP_P_UP, l, "mlp.up_proj.weight", F, C);
+        table_add(ps, SBP_P_DOWN, l, "mlp.down_proj.weight", C, F);
+        table_add(ps, SBP_P_IN_NORM, l, "input_layernorm.weight", C, 0);
+        table_add(ps, SBP_P_POST_NORM, l, "post_attention_layernorm.weight", C, 0);
+    }
+    table_add(ps, SBP_P_FINAL_NORM, -1, "model.norm.weight", C, 0);
+    if (!c->tied) table_add(ps, SBP_P_LM_HEAD, -1, "lm_head.weight", V, C);
+    return SBP_OK;
+}
+
+void ref_params_free(sbp_params *ps) {
+    free(ps->p);
+    memset(ps, 0, sizeof *ps);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * safetensors, naively: the whole file in memory, the header parsed with cJSON */
+
+typedef struct {
+    char path[4200];
+    unsigned char *bytes;
+    size_t n;
+    cJSON *hdr;
+    const unsigned char *data; /* the data buffer */
+    size_t ndata;
+} st_file;
+
+static void st_close(st_file *f) {
+    free(f->bytes);
+    cJSON_Delete(f->hdr);
+    memset(f, 0, sizeof *f);
+}
+
+static int st_open(st_file *f, const char *path, sbp_err *err) {
+    memset(f, 0, sizeof *f);
+    snprintf(f->path, sizeof f->path, "%s", path);
+    int st = slurp(&f->bytes, &f->n, path, err);
+    if (st) return st;
+    uint64_t h = 0;
+    for (int i = 7; i >= 0 && f->n >= 8; i--) h = h << 8 | f->bytes[i];
+    if (f->n < 8 || h > f->n - 8 ||
+        !(f->hdr = cJSON_ParseWithLength((const char *)f->bytes + 8, (size_t)h)) ||
+        !cJSON_IsObject(f->hdr)) {
+        st_close(f);
+        return sbp_fail(err, SBP_EFORMAT, "ref: %s: not a safetensors file", path);
+    }
+    f->data = f->bytes + 8 + h;
+    f->ndata = f->n - 8 - (size_t)h;
+    return SBP_OK;
+}
+
+/* A tensor as doubles: shape (ndim dims into shape), element count, values (malloc'd). Returns
+ * SBP_OK, or SBP_EINPUT when absent (*found = 0) or malformed. */
+typedef struct {
+    int ndim;
+    int64_t shape[8], numel;
+    int is_float;
+    double *v;
+} st_tensor;
+
+static double half_value(unsigned h, int bf16) {
+    if (bf16) { /* the upper half of a float */
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+    return s ? -v : v;
+}
+
+static int st_get(st_tensor *t, int *found, const st_file *f, const char *name, sbp_err *err) {
+    memset(t, 0, sizeof *t);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(f->hdr, name);
+    *found = e != NULL;
+    if (!e) return SBP_EINPUT;
+    const char *dt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "dtype"));
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    static const struct {
+        const char *name;
+        int size, is_float;
+    } types[] = {{"F64", 8, 1}, {"F32", 4, 1}, {"BF16", 2, 1}, {"F16", 2, 1}, {"I64", 8, 0},
+                 {"I32", 4, 0}, {"I16", 2, 0}, {"I8", 1, 0},   {"U8", 1, 0},  {"BOOL", 1, 0},
+                 {"U16", 2, 0}, {"U32", 4, 0}, {"U64", 8, 0}};
+    int ty = -1;
+    for (int i = 0; dt && i < (int)(sizeof types / sizeof types[0]); i++)
+        if (strcmp(dt, types[i].name) == 0) ty = i;
+    if (ty < 0 || !cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > 8 || !cJSON_IsArray(off) ||
+        cJSON_GetArraySize(off) != 2)
+        return sbp_fail(err, SBP_EFORMAT, "ref: %s: tensor \"%s\" has an unusable header entry",
+                        f->path, name);
+    t->ndim = cJSON_GetArraySize(shape);
+    t->numel = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        double x = cJSON_GetNumberValue(cJSON_GetArrayItem(shape, d));
+        if (!(x >= 0) || x > 1e12)
+            return sbp_fail(err, SBP_EFORMAT, "ref: %s: bad shape of \"%s\"", f->path, name);
+        t->shape[d] = (int64_t)x;
+        t->numel *= t->shape[d];
+    }
+    double b = cJSON_GetNumberValue(cJSON_GetArrayItem(off, 0));
+    double e2 = cJSON_GetNumberValue(cJSON_GetArrayItem(off, 1));
+    if (!(b >= 0) || !(e2 >= b) || e2 > (double)f->ndata ||
+        e2 - b != (double)t->numel * types[ty].size)
+        return sbp_fail(err, SBP_EFORMAT, "ref: %s: bad data offsets of \"%s\"", f->path, name);
+    t->is_float = types[ty].is_float;
+    t->v = malloc(sizeof *t->v * (size_t)(t->numel ? t->numel : 1));
+    if (!t->v) return sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+    const unsigned char *p = f->data + (size_t)b;
+    for (int64_t i = 0; i < t->numel; i++) {
+        const unsigned char *q = p + (size_t)i * types[ty].size;
+        uint64_t u = 0; /* little-endian bytes */
+        for (int k = types[ty].size - 1; k >= 0; k--) u = u << 8 | q[k];
+        double v;
+        const char *n = types[ty].name;
+        if (!strcmp(n, "F64")) {
+            memcpy(&v, &u, 8);
+        } else if (!strcmp(n, "F32")) {
+            uint32_t u32 = (uint32_t)u;
+            float f32;
+            memcpy(&f32, &u32, 4);
+            v = f32;
+        } else if (!strcmp(n, "BF16") || !strcmp(n, "F16")) {
+            v = half_value((unsigned)u, n[0] == 'B');
+        } else if (!strcmp(n, "I64")) {
+            v = (double)(int64_t)u;
+        } else if (!strcmp(n, "I32")) {
+            v = (int32_t)(uint32_t)u;
+        } else if (!strcmp(n, "I16")) {
+            v = (int16_t)(uint16_t)u;
+        } else if (!strcmp(n, "I8")) {
+            v = (int8_t)(uint8_t)u;
+        } else if (!strcmp(n, "U64") && u > INT64_MAX) {
+            v = (double)INT64_MAX; /* out of any vocabulary, as a count it is */
+        } else {
+            v = (double)u;
+        }
+        t->v[i] = v;
+    }
+    return SBP_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Model directories */
+
+static void append(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void append(char *buf, size_t n, const char *fmt, ...) {
+    size_t len = strlen(buf);
+    if (len + 1 >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + len, n - len, fmt, ap);
+    va_end(ap);
+}
+
+/* The file that holds tensor `name`: model.safetensors, or the one the index maps it to. */
+static const char *shard_of(const cJSON *index, const char *name) {
+    if (!index) return "model.safetensors";
+    return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(index, "weight_map"), name));
+}
+
+int ref_model_read(ref_model *m, const char *dir, char *mismatch, size_t n_mismatch, sbp_err *err) {
+    memset(m, 0, sizeof *m);
+    char mm_local[1];
+    if (!mismatch) mismatch = mm_local, n_mismatch = 1;
+    mismatch[0] = '\0';
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    int st = ref_config_read(&m->cfg, path, err);
+    if (!st) st = ref_params_build(&m->ps, &m->cfg, err);
+    if (st) return st;
+    cJSON *index = NULL;
+    FILE *single;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if ((single = fopen(path, "rb"))) {
+        fclose(single);
+    } else {
+        unsigned char *text;
+        size_t n;
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        if ((st = slurp(&text, &n, path, err))) {
+            ref_params_free(&m->ps);
+            return st;
+        }
+        index = cJSON_ParseWithLength((const char *)text, n);
+        free(text);
+    }
+    m->w = calloc((size_t)m->ps.total, sizeof *m->w);
+    if (!m->w) st = sbp_fail(err, SBP_ENOMEM, "ref: out of memory for the weights");
+    st_file f;
+    memset(&f, 0, sizeof f);
+    int bad = 0;
+    for (int i = 0; i < m->ps.n && !st; i++) {
+        const sbp_param *p = &m->ps.p[i];
+        const char *file = shard_of(index, p->name);
+        if (!file || strchr(file, '/')) {
+            append(mismatch, n_mismatch, "%s%s missing", bad++ ? "; " : "", p->name);
+            continue;
+        }
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        if (strcmp(f.path, path) != 0) {
+            st_close(&f);
+            if ((st = st_open(&f, path, err))) break;
+        }
+        st_tensor t;
+        int found;
+        st = st_get(&t, &found, &f, p->name, err);
+        if (!found) {
+            append(mismatch, n_mismatch, "%s%s missing", bad++ ? "; " : "", p->name);
+            st = SBP_OK;
+            continue;
+        }
+        if (st) break;
+        int same = t.ndim == p->ndim && t.shape[0] == p->shape[0] &&
+                   (p->ndim == 1 || t.shape[1] == p->shape[1]);
+        if (!same || !t.is_float) {
+            append(mismatch, n_mismatch, "%s%s [", bad++ ? "; " : "", p->name);
+            for (int d = 0; d < t.ndim; d++)
+                append(mismatch, n_mismatch, "%s%lld", d ? ", " : "", (long long)t.shape[d]);
+            if (p->ndim == 2)
+                append(mismatch, n_mismatch, "] != [%lld, %lld]", (long long)p->shape[0],
+                       (long long)p->shape[1]);
+            else
+                append(mismatch, n_mismatch, "] != [%lld]", (long long)p->shape[0]);
+            if (!t.is_float) append(mismatch, n_mismatch, " (not a float dtype)");
+        } else {
+            for (int64_t j = 0; j < p->numel && !st; j++)
+                if (!isfinite(t.v[j]))
+                    st = sbp_fail(err, SBP_EINPUT, "ref: %s: \"%s\" holds a non-finite value", path,
+                                  p->name);
+            memcpy(m->w + p->offset, t.v, sizeof *t.v * (size_t)p->numel);
+        }
+        free(t.v);
+    }
+    st_close(&f);
+    cJSON_Delete(index);
+    if (!st && bad)
+        st = sbp_fail(err, SBP_EINPUT,
+                      "ref: %s: %d tensors do not have the shape config.json implies to the "
+                      "oracle: %.600s",
+                      dir, bad, mismatch);
+    if (st) ref_model_free(m);
+    return st;
+}
+
+void ref_model_free(ref_model *m) {
+    free(m->w);
+    ref_params_free(&m->ps);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Batches */
+
+/* A [rows, cols] integer tensor (rows, cols taken from it when 0); NULL when absent and not
+ * required. */
+static int int2(double **out, const st_file *f, const char *name, int required, int *rows,
+                int *cols, sbp_err *err) {
+    st_tensor t;
+    int found;
+    *out = NULL;
+    int st = st_get(&t, &found, f, name, err);
+    if (!found)
+        return required ? sbp_fail(err, SBP_EINPUT, "ref: %s: no \"%s\"", f->path, name) : SBP_OK;
+    if (st) return st;
+    if (t.ndim != 2 || t.is_float || t.shape[0] < 1 || t.shape[1] < 1 ||
+        (*rows && (t.shape[0] != *rows || t.shape[1] != *cols))) {
+        free(t.v);
+        return sbp_fail(err, SBP_EINPUT,
+                        "ref: %s: \"%s\" is not an integer [B, T] tensor of the "
+                        "batch's shape",
+                        f->path, name);
+    }
+    *rows = (int)t.shape[0], *cols = (int)t.shape[1];
+    *out = t.v;
+    return SBP_OK;
+}
+
+/* A float tensor of n elements in shape [d0] or [d0, d1]; NULL when absent. */
+static int floats(double **out, const st_file *f, const char *name, int d0, int d1, sbp_err *err) {
+    st_tensor t;
+    int found;
+    *out = NULL;
+    int st = st_get(&t, &found, f, name, err);
+    if (!found) return SBP_OK;
+    if (st) return st;
+    int ok = t.is_float && t.ndim == (d1 ? 2 : 1) && t.shape[0] == d0 && (!d1 || t.shape[1] == d1);
+    for (int64_t i = 0; ok && i < t.numel; i++) ok = isfinite(t.v[i]);
+    if (!ok) {
+        free(t.v);
+        return sbp_fail(err, SBP_EINPUT,
+                        "ref: %s: \"%s\" is not a finite float tensor of the "
+                        "expected shape",
+                        f->path, name);
+    }
+    *out = t.v;
+    return SBP_OK;
+}
+
+static int put_row(sbp_batch *b, int r, const double *ids, const double *labels, const double *mask,
+                   int T, const sbp_config *cfg, const char *path, sbp_err *err) {
+    for (int t = 0; t < T; t++) {
+        double id = ids[t], y = labels[t], mk = mask ? mask[t] : 1;
+        if (id < 0 || id >= cfg->vocab || (y != SBP_IGNORE && (y < 0 || y >= cfg->vocab)) ||
+            (mk != 0 && mk != 1))
+            return sbp_fail(err, SBP_EINPUT,
+                            "ref: %s: row %d, position %d: id, label or mask "
+                            "out of range",
+                            path, r, t);
+        b->ids[(size_t)r * b->T + t] = (int32_t)id;
+        b->labels[(size_t)r * b->T + t] = (int32_t)y;
+        b->mask[(size_t)r * b->T + t] = (uint8_t)mk;
+    }
+    return SBP_OK;
+}
+
+static int rows_alloc(sbp_batch *b, int B, int T) {
+    size_t n = (size_t)B * T;
+    b->B = B, b->T = T;
+    b->ids = calloc(n, sizeof *b->ids);
+    b->labels = malloc(sizeof *b->labels * n);
+    b->mask = calloc(n, 1);
+    if (!b->ids || !b->labels || !b->mask) return 0;
+    for (size_t i = 0; i < n; i++) b->labels[i] = SBP_IGNORE; /* padding predicts nothing */
+    return 1;
+}
+
+/* the value for token t, stored at t, moved to the position t − 1 that predicts it */
+static double *shift_left(const double *raw, int B, int T) {
+    double *out = calloc((size_t)B * T, sizeof *out);
+    for (int r = 0; out && r < B; r++)
+        for (int t = 1; t < T; t++) out[(size_t)r * T + t - 1] = raw[(size_t)r * T + t];
+    return out;
+}
+
+static int read_sft(sbp_batch *b, const st_file *f, const sbp_config *cfg, sbp_err *err) {
+    double *ids, *labels = NULL, *mask = NULL;
+    int B = 0, T = 0;
+    int st = int2(&ids, f, "input_ids", 1, &B, &T, err);
+    if (!st) st = int2(&labels, f, "labels", 1, &B, &T, err);
+    if (!st) st = int2(&mask, f, "attention_mask", 0, &B, &T, err);
+    if (!st && !rows_alloc(b, B, T)) st = sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+    for (int r = 0; r < B && !st; r++)
+        st = put_row(b, r, ids + (size_t)r * T, labels + (size_t)r * T,
+                     mask ? mask + (size_t)r * T : NULL, T, cfg, f->path, err);
+    free(ids), free(labels), free(mask);
+    return st;
+}
+
+static int read_dpo(sbp_batch *b, const st_file *f, const sbp_config *cfg, sbp_err *err) {
+    double *ci = NULL, *cl = NULL, *cm = NULL, *ri = NULL, *rl = NULL, *rm = NULL;
+    int P = 0, Tc = 0, Pr = 0, Tr = 0;
+    int st = int2(&ci, f, "chosen_input_ids", 1, &P, &Tc, err);
+    if (!st) st = int2(&cl, f, "chosen_labels", 1, &P, &Tc, err);
+    if (!st) st = int2(&cm, f, "chosen_attention_mask", 0, &P, &Tc, err);
+    if (!st) st = int2(&ri, f, "rejected_input_ids", 1, &Pr, &Tr, err);
+    if (!st) st = int2(&rl, f, "rejected_labels", 1, &Pr, &Tr, err);
+    if (!st) st = int2(&rm, f, "rejected_attention_mask", 0, &Pr, &Tr, err);
+    if (!st && Pr != P)
+        st = sbp_fail(err, SBP_EINPUT, "ref: %s: %d chosen, %d rejected", f->path, P, Pr);
+    /* chosen rows first, then rejected, both padded on the right to the longer side */
+    if (!st && !rows_alloc(b, 2 * P, Tc > Tr ? Tc : Tr))
+        st = sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+    for (int r = 0; r < P && !st; r++)
+        st = put_row(b, r, ci + (size_t)r * Tc, cl + (size_t)r * Tc,
+                     cm ? cm + (size_t)r * Tc : NULL, Tc, cfg, f->path, err);
+    for (int r = 0; r < P && !st; r++)
+        st = put_row(b, P + r, ri + (size_t)r * Tr, rl + (size_t)r * Tr,
+                     rm ? rm + (size_t)r * Tr : NULL, Tr, cfg, f->path, err);
+    b->pairs = P;
+    double *rc = NULL, *rr = NULL;
+    if (!st) st = floats(&rc, f, "ref_chosen_logps", P, 0, err);
+    if (!st) st = floats(&rr, f, "ref_rejected_logps", P, 0, err);
+    if (!st && !rc != !rr)
+        st = sbp_fail(err, SBP_EINPUT, "ref: %s: only one side's reference log-probs", f->path);
+    if (!st && rc) {
+        if (!(b->ref_seq_logps = malloc(sizeof(double) * 2 * (size_t)P)))
+            st = sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+        for (int r = 0; r < P && !st; r++)
+            b->ref_seq_logps[r] = rc[r], b->ref_seq_logps[P + r] = rr[r];
+    }
+    free(ci), free(cl), free(cm), free(ri), free(rl), free(rm), free(rc), free(rr);
+    return st;
+}
+
+/* Group-normalised advantages as TRL computes them: per group of G consecutive rows, with the
+ * unbiased standard deviation (torch.std's default), A = (r − mean) / (std + 1e-4). */
+static void group_advantages(double *A, const double *r, int B, int G, int scale) {
+    for (int g = 0; g < B / G; g++) {
+        const double *rg = r + (size_t)g * G;
+        double mean = 0, ss = 0;
+        for (int i = 0; i < G; i++) mean += rg[i] / G;
+        for (int i = 0; i < G; i++) ss += (rg[i] - mean) * (rg[i] - mean);
+        double std = G > 1 ? sqrt(ss / (G - 1)) : 0;
+        for (int i = 0; i < G; i++)
+            A[g * G + i] = scale ? (rg[i] - mean) / (std + 1e-4) : rg[i] - mean;
+    }
+}
+
+static int read_grpo(sbp_batch *b, const st_file *f, const sbp_config *cfg, int scale,
+                     sbp_err *err) {
+    double *ids, *cm = NULL, *mask = NULL;
+    int B = 0, T = 0;
+    int st = int2(&ids, f, "input_ids", 1, &B, &T, err);
+    if (!st) st = int2(&cm, f, "completion_mask", 1, &B, &T, err);
+    if (!st) st = int2(&mask, f, "attention_mask", 0, &B, &T, err);
+    if (!st && !rows_alloc(b, B, T)) st = sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+    double *labels = st ? NULL : malloc(sizeof *labels * (size_t)B * T);
+    if (!st && !labels) st = sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+    for (size_t i = 0; !st && i < (size_t)B * T; i++) {
+        if (cm[i] != 0 && cm[i] != 1)
+            st = sbp_fail(err, SBP_EINPUT, "ref: %s: completion_mask is not 0/1", f->path);
+        labels[i] = cm[i] == 1 ? ids[i] : SBP_IGNORE; /* completion tokens are the targets */
+    }
+    for (int r = 0; r < B && !st; r++)
+        st = put_row(b, r, ids + (size_t)r * T, labels + (size_t)r * T,
+                     mask ? mask + (size_t)r * T : NULL, T, cfg, f->path, err);
+    double *adv = NULL, *rew = NULL, *old = NULL, *ref = NULL;
+    if (!st) st = floats(&adv, f, "advantages", B, 0, err);
+    if (!st) st = floats(&rew, f, "rewards", B, 0, err);
+    if (!st && !adv == !rew)
+        st = sbp_fail(err, SBP_EINPUT, "ref: %s: needs advantages or rewards", f->path);
+    if (!st && rew) {
+        const cJSON *meta = cJSON_GetObjectItemCaseSensitive(f->hdr, "__metadata__");
+        const char *g = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "group_size"));
+        if (!g) g = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "num_generations"));
+        char *end = NULL;
+        double G = g ? strtod(g, &end) : 0;
+        if (!g || end == g || *end || G != floor(G) || G < 1 || G > B || B % (int)G)
+            st =
+                sbp_fail(err, SBP_EINPUT, "ref: %s: no group size that divides B = %d", f->path, B);
+        else if (!(adv = malloc(sizeof *adv * (size_t)B)))
+            st = sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+        else
+            group_advantages(adv, rew, B, (int)G, scale);
+    }
+    b->advantages = adv;
+    adv = NULL;
+    if (!st) st = floats(&old, f, "old_logps", B, T, err);
+    if (!st) st = floats(&ref, f, "ref_logps", B, T, err);
+    if (!st && old && !(b->old_logps = shift_left(old, B, T)))
+        st = sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+    if (!st && ref && !(b->ref_logps = shift_left(ref, B, T)))
+        st = sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+    free(ids), free(cm), free(mask), free(labels), free(adv), free(rew), free(old), free(ref);
+    return st;
+}
+
+int ref_batch_read(sbp_batch *b, const char *path, const sbp_config *cfg, sbp_objective_kind kind,
+                   int scale_rewards, sbp_err *err) {
+    memset(b, 0, sizeof *b);
+    st_file f;
+    int st = st_open(&f, path, err);
+    if (st) return st;
+    b->kind = kind;
+    st = kind == SBP_OBJ_DPO    ? read_dpo(b, &f, cfg, err)
+         : kind == SBP_OBJ_GRPO ? read_grpo(b, &f, cfg, scale_rewards, err)
+                                : read_sft(b, &f, cfg, err);
+    st_close(&f);
+    for (int r = 0; r < b->B && !st; r++) /* counted here, not by the library's helper */
+        for (int t = 0; t + 1 < b->T; t++)
+            if (b->labels[(size_t)r * b->T + t + 1] != SBP_IGNORE) {
+                b->n_targets++;
+                b->n_pad_targets += b->mask[(size_t)r * b->T + t] == 0;
+            }
+    if (st) ref_batch_free(b);
+    return st;
+}
+
+void ref_batch_free(sbp_batch *b) {
+    free(b->ids), free(b->labels), free(b->mask);
+    free(b->ref_seq_logps), free(b->advantages), free(b->old_logps), free(b->ref_logps);
+    memset(b, 0, sizeof *b);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The truth of a step */
+
+int ref_set_reference(sbp_batch *b, const ref_model *m, const sbp_objective *o, sbp_err *err) {
+    if (o->kind == SBP_OBJ_SFT) return sbp_fail(err, SBP_EUSAGE, "ref: SFT has no reference");
+    double tau = o->kind == SBP_OBJ_GRPO && o->temperature > 0 ? o->temperature : 1;
+    double *logp = malloc(sizeof *logp * (size_t)b->B * b->T);
+    if (!logp) return sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+    int st = ref_logprobs(logp, &m->cfg, &m->ps, m->w, b, tau, err);
+    if (st) {
+        free(logp);
+        return st;
+    }
+    if (o->kind == SBP_OBJ_GRPO) {
+        free(b->ref_logps);
+        b->ref_logps = logp;
+        return SBP_OK;
+    }
+    double *stat = calloc((size_t)b->B, sizeof *stat);
+    if (!stat) {
+        free(logp);
+        return sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+    }
+    for (int r = 0; r < b->B; r++) {
+        int n = 0;
+        for (int t = 0; t + 1 < b->T; t++)
+            if (b->labels[(size_t)r * b->T + t + 1] != SBP_IGNORE)
+                stat[r] += logp[(size_t)r * b->T + t], n++;
+        if (o->dpo_loss == SBP_DPO_IPO && n) stat[r] /= n;
+    }
+    free(logp);
+    free(b->ref_seq_logps);
+    b->ref_seq_logps = stat;
+    return SBP_OK;
+}
+
+int ref_truth(double *loss, double *grads, const ref_model *m, const sbp_batch *b,
+              const sbp_objective *o, int f32, sbp_err *err) {
+    const sbp_config *c = &m->cfg;
+    const sbp_params *ps = &m->ps;
+    if (o->kind == SBP_OBJ_DPO)
+        return (f32 ? ref_dpo_f32 : ref_dpo)(loss, grads, c, ps, m->w, b, o, err);
+    if (o->kind == SBP_OBJ_GRPO)
+        return (f32 ? ref_grpo_f32 : ref_grpo)(loss, grads, c, ps, m->w, b, o, err);
+    int st = (f32 ? ref_sft_f32 : ref_sft)(loss, grads, c, ps, m->w, b, err);
+    if (!st && o->num_items > 0) { /* a micro-batch of a larger step: N of the step */
+        double k = (double)b->n_targets / o->num_items;
+        *loss *= k;
+        for (int64_t i = 0; grads && i < ps->total; i++) grads[i] *= k;
+    }
+    return st;
+}
+
+int ref_truth_files(double *loss, double **grads, ref_model *m, const char *model_dir,
+                    const char *batch_path, const sbp_objective *o, int scale_rewards,
+                    const char *ref_model_dir, int f32, char *mismatch, size_t n_mismatch,
+                    sbp_err *err) {
+    *grads = NULL;
+    int st = ref_model_read(m, model_dir, mismatch, n_mismatch, err);
+    if (st) return st;
+    sbp_batch b;
+    if ((st = ref_batch_read(&b, batch_path, &m->cfg, o->kind, scale_rewards, err))) {
+        ref_model_free(m);
+        return st;
+    }
+    if (ref_model_dir) {
+        ref_model r;
+        if (!(st = ref_model_read(&r, ref_model_dir, NULL, 0, err))) {
+            st = ref_set_reference(&b, &r, o, err);
+            ref_model_free(&r);
+        }
+    }
+    if (!st && !(*grads = malloc(sizeof **grads * (size_t)m->ps.total)))
+        st = sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+    if (!st) st = ref_truth(loss, *grads, m, &b, o, f32, err);
+    ref_batch_free(&b);
+    if (st) {
+        free(*grads), *grads = NULL;
+        ref_model_free(m);
+    }
+    return st;
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Two builds of streambp timed against each other in one run, in interleaved rounds.
+
+    verify/bench_compare.py OLD_BIN NEW_BIN [--seq T] [--rounds N] [--threads N] [--schedules L]
+
+Round k runs `bench --reps 1` of the old binary, then of the new one (the order alternates from
+round to round), each in a process of its own, so that a drift of the machine's speed touches
+both alike. Prints each schedule's median step time for both and their ratio (new / old). The
+speed of one build is only ever compared with another measured in the same run (README,
+"Performance"). Used for the fast mode's no-regression check: `make bench-compare OLD=<rev>`.
+"""
+import argparse
+import csv
+import io
+import statistics
+import subprocess
+import sys
+
+
+def options(binary):
+    """Older builds lack --numerics (fast was all there was) and --no-train."""
+    help_text = subprocess.run([binary, "bench", "--help"], capture_output=True, text=True).stdout
+    return [o for o in (["--numerics", "fast"], ["--no-train"]) if o[0] in help_text]
+
+
+def one(binary, args):
+    cmd = [binary, "bench", "--seq", str(args.seq), "--reps", "1", "--threads", str(args.threads),
+           "--schedules", args.schedules, "--csv"] + sum(options(binary), [])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    rows = list(csv.DictReader(io.StringIO(out)))
+    return {r["schedule"]: float(r["median_s"]) for r in rows}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("old")
+    ap.add_argument("new")
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--schedules", default="full,ckpt,stream")
+    args = ap.parse_args()
+    times = {"old": {}, "new": {}}
+    for k in range(args.rounds):
+        order = ("old", "new") if k % 2 == 0 else ("new", "old")
+        for which in order:
+            t = one(getattr(args, which), args)
+            for s, v in t.items():
+                times[which].setdefault(s, []).append(v)
+        print("round %d/%d done" % (k + 1, args.rounds), file=sys.stderr)
+    print("T = %d, %d threads, %d interleaved rounds, fast numerics; medians in seconds"
+          % (args.seq, args.threads, args.rounds))
+    print("%-10s %10s %10s %10s" % ("schedule", "old", "new", "new/old"))
+    worst = 0.0
+    for s in times["old"]:
+        o, n = statistics.median(times["old"][s]), statistics.median(times["new"][s])
+        worst = max(worst, n / o)
+        print("%-10s %10.3f %10.3f %10.3f" % (s, o, n, n / o))
+    print("worst ratio %.3f (%s)" % (worst, "within 3%" if worst <= 1.03 else "SLOWER by more than 3%"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
