@@ -450,6 +450,159 @@ void ref_model_free(ref_model *m) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * LoRA adapter directories (peft's layout) */
+
+/* peft's module names, in the order of the SBP_LORA_* bits and of a layer's tensors. */
+static const struct {
+    const char *name, *path;
+    sbp_param_kind kind;
+} lora_modules[] = {
+    {"q_proj", "self_attn.q_proj", SBP_P_Q}, {"k_proj", "self_attn.k_proj", SBP_P_K},
+    {"v_proj", "self_attn.v_proj", SBP_P_V}, {"o_proj", "self_attn.o_proj", SBP_P_O},
+    {"gate_proj", "mlp.gate_proj", SBP_P_GATE}, {"up_proj", "mlp.up_proj", SBP_P_UP},
+    {"down_proj", "mlp.down_proj", SBP_P_DOWN},
+};
+
+/* The settings of adapter_config.json that the oracle implements; anything that changes the
+ * function computed (DoRA, per-module ranks, biases, ...) is refused. */
+static int lora_config_read(ref_lora *a, const char *path, sbp_err *err) {
+    unsigned char *text;
+    size_t n;
+    int st = slurp(&text, &n, path, err);
+    if (st) return st;
+    cJSON *o = cJSON_ParseWithLength((const char *)text, n);
+    free(text);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return sbp_fail(err, SBP_EFORMAT, "ref: %s: not a JSON object", path);
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(o, "peft_type");
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "r");
+    const cJSON *alpha = cJSON_GetObjectItemCaseSensitive(o, "lora_alpha");
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(o, "target_modules");
+    const char *bias = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "bias"));
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(o, "rank_pattern");
+    const cJSON *ap = cJSON_GetObjectItemCaseSensitive(o, "alpha_pattern");
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(o, "layers_to_transform");
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "LORA"))
+        st = sbp_fail(err, SBP_EINPUT, "ref: %s: peft_type is not LORA", path);
+    else if (!cJSON_IsNumber(r) || r->valuedouble < 1 || r->valuedouble > 65536 ||
+             r->valuedouble != floor(r->valuedouble))
+        st = sbp_fail(err, SBP_EINPUT, "ref: %s: r is not a positive integer", path);
+    else if (!cJSON_IsNumber(alpha) || !isfinite(alpha->valuedouble))
+        st = sbp_fail(err, SBP_EINPUT, "ref: %s: lora_alpha is not a number", path);
+    else if ((bias && strcmp(bias, "none")) || cJSON_IsTrue(cJSON_GetObjectItem(o, "use_dora")) ||
+             cJSON_IsTrue(cJSON_GetObjectItem(o, "fan_in_fan_out")) ||
+             (cJSON_IsObject(rp) && cJSON_GetArraySize(rp)) ||
+             (cJSON_IsObject(ap) && cJSON_GetArraySize(ap)) || (lt && !cJSON_IsNull(lt)))
+        st = sbp_fail(err, SBP_EINPUT,
+                      "ref: %s: only plain LoRA is implemented (bias none, no DoRA, no per-module "
+                      "rank or alpha, every layer)",
+                      path);
+    if (!st) {
+        a->r = (int)r->valuedouble;
+        a->scale = alpha->valuedouble / (cJSON_IsTrue(cJSON_GetObjectItem(o, "use_rslora"))
+                                             ? sqrt((double)a->r)
+                                             : (double)a->r);
+        a->targets = 0;
+        const char *one = cJSON_GetStringValue(tm);
+        if (one && !strcmp(one, "all-linear")) {
+            a->targets = (1u << 7) - 1; /* every projection; peft leaves the head out */
+        } else if (cJSON_IsArray(tm) || one) {
+            const cJSON *it = one ? tm : tm->child;
+            for (; it && !st; it = one ? NULL : it->next) {
+                const char *name = cJSON_GetStringValue(it);
+                int k = -1;
+                for (int i = 0; name && i < 7; i++)
+                    if (!strcmp(name, lora_modules[i].name)) k = i;
+                if (k < 0)
+                    st = sbp_fail(err, SBP_EINPUT, "ref: %s: target module %s is not a projection",
+                                  path, name ? name : "(not a string)");
+                else
+                    a->targets |= 1u << k;
+            }
+        } else {
+            st = sbp_fail(err, SBP_EINPUT, "ref: %s: no target_modules", path);
+        }
+        if (!st && !a->targets)
+            st = sbp_fail(err, SBP_EINPUT, "ref: %s: no target module", path);
+    }
+    cJSON_Delete(o);
+    return st;
+}
+
+int ref_lora_read(ref_lora *a, const char *dir, const sbp_config *c, sbp_err *err) {
+    memset(a, 0, sizeof *a);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    int st = lora_config_read(a, path, err);
+    if (st) return st;
+    const int64_t C = c->hidden, F = c->ffn, Q = (int64_t)c->heads * c->head_dim,
+                  KV = (int64_t)c->kv_heads * c->head_dim, R = a->r;
+    const int64_t in[7] = {C, C, C, Q, C, C, F}, out[7] = {Q, KV, KV, C, F, F, C};
+    if (!(a->ps.p = calloc((size_t)c->layers * 14, sizeof *a->ps.p)))
+        return sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+    for (int l = 0; l < c->layers; l++)
+        for (int k = 0; k < 7; k++) {
+            if (!(a->targets >> k & 1)) continue;
+            for (int which = 1; which <= 2; which++) {
+                sbp_param *p = &a->ps.p[a->ps.n++];
+                snprintf(p->name, sizeof p->name, "base_model.model.model.layers.%d.%s.lora_%c.weight",
+                         l, lora_modules[k].path, which == 1 ? 'A' : 'B');
+                p->kind = lora_modules[k].kind, p->layer = l, p->lora = which, p->ndim = 2;
+                p->shape[0] = which == 1 ? R : out[k];
+                p->shape[1] = which == 1 ? in[k] : R;
+                p->numel = p->shape[0] * p->shape[1];
+                p->offset = a->ps.total;
+                a->ps.total += p->numel;
+            }
+        }
+    if (!(a->w = calloc((size_t)(a->ps.total ? a->ps.total : 1), sizeof *a->w))) {
+        ref_lora_free(a);
+        return sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
+    }
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    st_file f;
+    if ((st = st_open(&f, path, err))) {
+        ref_lora_free(a);
+        return st;
+    }
+    for (int i = 0; i < a->ps.n && !st; i++) {
+        const sbp_param *p = &a->ps.p[i];
+        st_tensor t;
+        int found;
+        st = st_get(&t, &found, &f, p->name, err);
+        if (!found) {
+            st = sbp_fail(err, SBP_EINPUT, "ref: %s: no tensor \"%s\"", path, p->name);
+        } else if (!st && (t.ndim != 2 || t.shape[0] != p->shape[0] ||
+                           t.shape[1] != p->shape[1] || !t.is_float)) {
+            st = sbp_fail(err, SBP_EINPUT, "ref: %s: \"%s\" is not a float tensor [%lld, %lld]",
+                          path, p->name, (long long)p->shape[0], (long long)p->shape[1]);
+        } else if (!st) {
+            for (int64_t j = 0; j < p->numel && !st; j++)
+                if (!isfinite(t.v[j]))
+                    st = sbp_fail(err, SBP_EINPUT, "ref: %s: \"%s\" holds a non-finite value",
+                                  path, p->name);
+            memcpy(a->w + p->offset, t.v, sizeof *t.v * (size_t)p->numel);
+        }
+        free(t.v);
+    }
+    st_close(&f);
+    if (st) ref_lora_free(a);
+    return st;
+}
+
+void ref_lora_free(ref_lora *a) {
+    free(a->w);
+    free(a->ps.p);
+    memset(a, 0, sizeof *a);
+}
+
+int64_t ref_grad_total(const ref_net *net) {
+    return net->lora ? net->lora->ps.total : net->ps->total;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Batches */
 
 /* A [rows, cols] integer tensor (rows, cols taken from it when 0); NULL when absent and not
@@ -676,12 +829,14 @@ void ref_batch_free(sbp_batch *b) {
 /* ---------------------------------------------------------------------------------------------
  * The truth of a step */
 
-int ref_set_reference(sbp_batch *b, const ref_model *m, const sbp_objective *o, sbp_err *err) {
+int ref_set_reference(sbp_batch *b, const ref_model *m, const sbp_objective *o,
+                      sbp_unattended unattended, sbp_err *err) {
     if (o->kind == SBP_OBJ_SFT) return sbp_fail(err, SBP_EUSAGE, "ref: SFT has no reference");
     double tau = o->kind == SBP_OBJ_GRPO && o->temperature > 0 ? o->temperature : 1;
     double *logp = malloc(sizeof *logp * (size_t)b->B * b->T);
     if (!logp) return sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
-    int st = ref_logprobs(logp, &m->cfg, &m->ps, m->w, b, tau, err);
+    const ref_net net = {.cfg = &m->cfg, .ps = &m->ps, .w = m->w, .unattended = unattended};
+    int st = ref_logprobs(logp, &net, b, tau, err);
     if (st) {
         free(logp);
         return st;
@@ -709,49 +864,54 @@ int ref_set_reference(sbp_batch *b, const ref_model *m, const sbp_objective *o, 
     return SBP_OK;
 }
 
-int ref_truth(double *loss, double *grads, const ref_model *m, const sbp_batch *b,
+int ref_truth(double *loss, double *grads, const ref_net *net, const sbp_batch *b,
               const sbp_objective *o, int f32, sbp_err *err) {
-    const sbp_config *c = &m->cfg;
-    const sbp_params *ps = &m->ps;
-    if (o->kind == SBP_OBJ_DPO)
-        return (f32 ? ref_dpo_f32 : ref_dpo)(loss, grads, c, ps, m->w, b, o, err);
+    if (o->kind == SBP_OBJ_DPO) return (f32 ? ref_dpo_f32 : ref_dpo)(loss, grads, net, b, o, err);
     if (o->kind == SBP_OBJ_GRPO)
-        return (f32 ? ref_grpo_f32 : ref_grpo)(loss, grads, c, ps, m->w, b, o, err);
-    int st = (f32 ? ref_sft_f32 : ref_sft)(loss, grads, c, ps, m->w, b, err);
+        return (f32 ? ref_grpo_f32 : ref_grpo)(loss, grads, net, b, o, err);
+    int st = (f32 ? ref_sft_f32 : ref_sft)(loss, grads, net, b, err);
     if (!st && o->num_items > 0) { /* a micro-batch of a larger step: N of the step */
         double k = (double)b->n_targets / o->num_items;
         *loss *= k;
-        for (int64_t i = 0; grads && i < ps->total; i++) grads[i] *= k;
+        for (int64_t i = 0; grads && i < ref_grad_total(net); i++) grads[i] *= k;
     }
     return st;
 }
 
-int ref_truth_files(double *loss, double **grads, ref_model *m, const char *model_dir,
-                    const char *batch_path, const sbp_objective *o, int scale_rewards,
-                    const char *ref_model_dir, int f32, char *mismatch, size_t n_mismatch,
-                    sbp_err *err) {
+int ref_truth_files(double *loss, double **grads, ref_model *m, ref_lora *lora,
+                    const ref_files *f, char *mismatch, size_t n_mismatch, sbp_err *err) {
     *grads = NULL;
-    int st = ref_model_read(m, model_dir, mismatch, n_mismatch, err);
+    if (lora) memset(lora, 0, sizeof *lora);
+    int st = ref_model_read(m, f->model_dir, mismatch, n_mismatch, err);
     if (st) return st;
-    sbp_batch b;
-    if ((st = ref_batch_read(&b, batch_path, &m->cfg, o->kind, scale_rewards, err))) {
-        ref_model_free(m);
-        return st;
+    if (f->lora_dir && !lora) st = sbp_fail(err, SBP_EUSAGE, "ref: an adapter needs a ref_lora");
+    if (!st && f->lora_dir) st = ref_lora_read(lora, f->lora_dir, &m->cfg, err);
+    sbp_batch b = {0};
+    int have_batch = 0;
+    if (!st) {
+        st = ref_batch_read(&b, f->batch_path, &m->cfg, f->o->kind, f->scale_rewards, err);
+        have_batch = !st;
     }
-    if (ref_model_dir) {
+    if (!st && f->ref_model_dir) {
         ref_model r;
-        if (!(st = ref_model_read(&r, ref_model_dir, NULL, 0, err))) {
-            st = ref_set_reference(&b, &r, o, err);
+        if (!(st = ref_model_read(&r, f->ref_model_dir, NULL, 0, err))) {
+            st = ref_set_reference(&b, &r, f->o, f->unattended, err);
             ref_model_free(&r);
         }
     }
-    if (!st && !(*grads = malloc(sizeof **grads * (size_t)m->ps.total)))
+    const ref_net net = {.cfg = &m->cfg,
+                         .ps = &m->ps,
+                         .w = m->w,
+                         .unattended = f->unattended,
+                         .lora = f->lora_dir ? lora : NULL};
+    if (!st && !(*grads = malloc(sizeof **grads * (size_t)ref_grad_total(&net))))
         st = sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
-    if (!st) st = ref_truth(loss, *grads, m, &b, o, f32, err);
-    ref_batch_free(&b);
+    if (!st) st = ref_truth(loss, *grads, &net, &b, f->o, f->f32, err);
+    if (have_batch) ref_batch_free(&b);
     if (st) {
         free(*grads), *grads = NULL;
         ref_model_free(m);
+        if (lora) ref_lora_free(lora);
     }
     return st;
 }

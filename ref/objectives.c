@@ -39,13 +39,13 @@ static double sigmoid(double x) {
 }
 
 /* logp at temperature tau into a new array *out (B·T); *out stays NULL on failure. */
-static int logprobs(double **out, const sbp_config *cfg, const sbp_params *ps, const double *w,
-                    const sbp_batch *b, double tau, sbp_err *err) {
+static int logprobs(double **out, const ref_net *net, const sbp_batch *b, double tau,
+                    sbp_err *err) {
     size_t n = (size_t)b->B * b->T;
     double *logp = malloc(sizeof *logp * (n ? n : 1));
     *out = NULL;
     if (!logp) return sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
-    int st = REF_NAME(ref_logprobs)(logp, cfg, ps, w, b, tau, err);
+    int st = REF_NAME(ref_logprobs)(logp, net, b, tau, err);
     if (st) {
         free(logp);
         return st;
@@ -55,11 +55,11 @@ static int logprobs(double **out, const sbp_config *cfg, const sbp_params *ps, c
 }
 
 /* grads ← d/dw Σ coef·logp (zeroed first); nothing when grads is NULL. */
-static int backward(double *grads, const double *coef, const sbp_config *cfg, const sbp_params *ps,
-                    const double *w, const sbp_batch *b, double tau, sbp_err *err) {
+static int backward(double *grads, const double *coef, const ref_net *net, const sbp_batch *b,
+                    double tau, sbp_err *err) {
     if (!grads) return SBP_OK;
-    memset(grads, 0, sizeof *grads * (size_t)ps->total);
-    return REF_NAME(ref_backward)(grads, coef, cfg, ps, w, b, tau, err);
+    memset(grads, 0, sizeof *grads * (size_t)ref_grad_total(net));
+    return REF_NAME(ref_backward)(grads, coef, net, b, tau, err);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -67,8 +67,8 @@ static int backward(double *grads, const double *coef, const sbp_config *cfg, co
 
 /* loss = −(1/N) Σ logp over the N targets, so dL/dlogp = −1/N for every target: the backward of
  * Σ coef·logp with coef = −1/N there. */
-int REF_NAME(ref_sft)(double *loss, double *grads, const sbp_config *cfg, const sbp_params *ps,
-                      const double *w, const sbp_batch *b, sbp_err *err) {
+int REF_NAME(ref_sft)(double *loss, double *grads, const ref_net *net, const sbp_batch *b,
+                      sbp_err *err) {
     if (b->B < 1 || b->T < 1) return sbp_fail(err, SBP_EINPUT, "ref: empty batch");
     const size_t n = (size_t)b->B * b->T;
     int64_t N = 0;
@@ -78,7 +78,7 @@ int REF_NAME(ref_sft)(double *loss, double *grads, const sbp_config *cfg, const 
                         "ref: the batch has no target (every shifted label is -100)");
     double *logp, *coef = calloc(n, sizeof *coef);
     if (!coef) return sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
-    int st = logprobs(&logp, cfg, ps, w, b, 1.0, err);
+    int st = logprobs(&logp, net, b, 1.0, err);
     if (st) {
         free(coef);
         return st;
@@ -90,7 +90,7 @@ int REF_NAME(ref_sft)(double *loss, double *grads, const sbp_config *cfg, const 
                 coef[(size_t)r * b->T + t] = -1.0 / (double)N;
                 sum += logp[(size_t)r * b->T + t];
             }
-    st = backward(grads, coef, cfg, ps, w, b, 1.0, err);
+    st = backward(grads, coef, net, b, 1.0, err);
     if (!st) *loss = -sum / (double)N;
     free(logp), free(coef);
     return st;
@@ -140,15 +140,15 @@ static int dpo_check(const sbp_batch *b, const sbp_objective *o, sbp_err *err) {
  * L = (1/S) Σ_p ℓ with S the pairs of the step. Since dS_r/dlogp[r,t] = 1 (or 1/n_r) and z has
  * S_p with sign + and S_{P+p} with sign −:
  *   dL/dlogp[r,t] = ±(1/S)·dℓ/dz·(1 or 1/n_r). */
-int REF_NAME(ref_dpo)(double *loss, double *grads, const sbp_config *cfg, const sbp_params *ps,
-                      const double *w, const sbp_batch *b, const sbp_objective *o, sbp_err *err) {
+int REF_NAME(ref_dpo)(double *loss, double *grads, const ref_net *net, const sbp_batch *b,
+                      const sbp_objective *o, sbp_err *err) {
     int st = dpo_check(b, o, err);
     if (st) return st;
     const int P = b->pairs, T = b->T, ipo = o->dpo_loss == SBP_DPO_IPO;
     const double beta = o->beta, ls = o->label_smoothing;
     const double S = o->num_sequences > 0 ? o->num_sequences : P;
     double *logp;
-    if ((st = logprobs(&logp, cfg, ps, w, b, 1.0, err))) return st;
+    if ((st = logprobs(&logp, net, b, 1.0, err))) return st;
     double *stat = calloc((size_t)b->B, sizeof *stat);
     double *coef = calloc((size_t)b->B * T, sizeof *coef);
     if (!stat || !coef) {
@@ -181,7 +181,7 @@ int REF_NAME(ref_dpo)(double *loss, double *grads, const sbp_config *cfg, const 
                 if (has_target(b, r, t)) coef[(size_t)r * T + t] = g;
         }
     }
-    st = backward(grads, coef, cfg, ps, w, b, 1.0, err);
+    st = backward(grads, coef, net, b, 1.0, err);
     if (!st) *loss = L / S;
     free(logp), free(stat), free(coef);
     return st;
@@ -267,8 +267,8 @@ static double grpo_token(double *dl, double logp, double old, double ref, double
  *   grpo: ν_b = 1/(S·max(n_b, 1)),   bnpo: 1/max(I, 1),
  *   dr_grpo: 1/(S·max_completion_length),   dapo: 1/I;
  * dL/dlogp[b,t] = ν_b·dℓ/dlogp (the old log-prob, when absent, is a detached copy of logp). */
-int REF_NAME(ref_grpo)(double *loss, double *grads, const sbp_config *cfg, const sbp_params *ps,
-                       const double *w, const sbp_batch *b, const sbp_objective *o, sbp_err *err) {
+int REF_NAME(ref_grpo)(double *loss, double *grads, const ref_net *net, const sbp_batch *b,
+                       const sbp_objective *o, sbp_err *err) {
     double tau = 1;
     int st = grpo_check(b, o, &tau, err);
     if (st) return st;
@@ -283,7 +283,7 @@ int REF_NAME(ref_grpo)(double *loss, double *grads, const sbp_config *cfg, const
                         "ref_grpo: dapo divides by the completion tokens of the step, and there "
                         "are none");
     double *logp;
-    if ((st = logprobs(&logp, cfg, ps, w, b, tau, err))) return st;
+    if ((st = logprobs(&logp, net, b, tau, err))) return st;
     double *coef = calloc((size_t)B * T, sizeof *coef);
     if (!coef) {
         free(logp);
@@ -305,7 +305,7 @@ int REF_NAME(ref_grpo)(double *loss, double *grads, const sbp_config *cfg, const
             coef[i] = nu * dl;
         }
     }
-    st = backward(grads, coef, cfg, ps, w, b, tau, err);
+    st = backward(grads, coef, net, b, tau, err);
     if (!st) *loss = L;
     free(logp), free(coef);
     return st;

@@ -48,6 +48,7 @@ static int64_t offset_of(const sbp_params *ps, sbp_param_kind kind, int l) {
 typedef struct {
     int T, C, NH, NKV, HD, Q, KV, F, V, L;
     real_t eps;
+    sbp_unattended unattended; /* what a query that sees no key computes */
 } dims;
 
 /* One layer's weights (NULL for tensors the family does not have). */
@@ -217,6 +218,69 @@ static void linear_bwd(real_t *dx /* (T, I) += */, real_t *dW /* (O, I) += */,
         }
 }
 
+/* A LoRA adapter as the loops see it: the adapter's table, its weights and gradient slab in
+ * real_t, and the scale s. NULL table: no adapter. */
+typedef struct {
+    const sbp_params *ps;
+    const real_t *w; /* (ps->total) */
+    real_t *g;       /* (ps->total) += or NULL */
+    real_t s;
+    int r;
+    real_t *h, *dh; /* (T, r) scratch */
+} adapter;
+
+/* lora_A (which = 1) or lora_B (2) of projection `kind` of layer l in slab x; NULL if absent. */
+static const real_t *lora_ptr(const adapter *ad, const real_t *x, sbp_param_kind kind, int l,
+                              int which) {
+    if (!ad->ps || !x) return NULL;
+    for (int i = 0; i < ad->ps->n; i++) {
+        const sbp_param *p = &ad->ps->p[i];
+        if (p->kind == kind && p->layer == l && p->lora == which) return x + p->offset;
+    }
+    return NULL;
+}
+
+/* The adapter on projection `kind` of layer l (if any), y = x·Wᵀ (+ b) + s·(x·Aᵀ)·Bᵀ:
+ * adds s·h·Bᵀ with h = x·Aᵀ (T, r) to y. */
+static void lora_fwd(real_t *y /* (T, O) += */, const real_t *x /* (T, I) */, const adapter *ad,
+                     sbp_param_kind kind, int l, int T, int I, int O) {
+    const real_t *A = lora_ptr(ad, ad->w, kind, l, 1), *B = lora_ptr(ad, ad->w, kind, l, 2);
+    if (!A || !B) return;
+    const int r = ad->r;
+    linear_fwd(ad->h, x, A, NULL, T, I, r);
+    for (int t = 0; t < T; t++)
+        for (int o = 0; o < O; o++) {
+            real_t sum = 0;
+            for (int k = 0; k < r; k++) sum += ad->h[(size_t)t * r + k] * B[(size_t)o * r + k];
+            y[(size_t)t * O + o] += ad->s * sum;
+        }
+}
+
+/* forward: y += s·h·Bᵀ with h = x·Aᵀ, so
+ *   dB[o,k] += s Σ_t dy[t,o] h[t,k],   dh[t,k] = s Σ_o dy[t,o] B[o,k],
+ *   dA[k,i] += Σ_t dh[t,k] x[t,i],     dx[t,i] += Σ_k dh[t,k] A[k,i]   (linear_bwd with W = A).
+ * h is recomputed from x. */
+static void lora_bwd(real_t *dx /* (T, I) += */, const real_t *dy /* (T, O) */,
+                     const real_t *x /* (T, I) */, const adapter *ad, sbp_param_kind kind, int l,
+                     int T, int I, int O) {
+    const real_t *A = lora_ptr(ad, ad->w, kind, l, 1), *B = lora_ptr(ad, ad->w, kind, l, 2);
+    if (!A || !B || !ad->g) return;
+    real_t *dA = (real_t *)lora_ptr(ad, ad->g, kind, l, 1);
+    real_t *dB = (real_t *)lora_ptr(ad, ad->g, kind, l, 2);
+    const int r = ad->r;
+    linear_fwd(ad->h, x, A, NULL, T, I, r);
+    zero(ad->dh, (size_t)T * r);
+    for (int t = 0; t < T; t++)
+        for (int o = 0; o < O; o++) {
+            real_t gy = ad->s * dy[(size_t)t * O + o];
+            for (int k = 0; k < r; k++) {
+                ad->dh[(size_t)t * r + k] += gy * B[(size_t)o * r + k];
+                dB[(size_t)o * r + k] += gy * ad->h[(size_t)t * r + k];
+            }
+        }
+    linear_bwd(dx, dA, NULL, ad->dh, x, A, T, I, r);
+}
+
 /* inv_freq[i] = θ^(−2i/HD), with the llama3 rescaling when configured (SEMANTICS.md, RoPE):
  * wavelengths shorter than O/high keep their frequency, longer than O/low are slowed by
  * `factor`, and those in between interpolate with s = (O/wavelen − low)/(high − low). */
@@ -314,12 +378,37 @@ static int scores(real_t *s /* (T) */, const real_t *qt /* (HD) */, const real_t
     return n;
 }
 
+/* The probabilities p (T) over all T keys of a query that sees no key (SEMANTICS.md, "Rows that
+ * see no key"): hf-eager 1/T each (HF adds the mask's finite minimum to every score, and that
+ * swamps them all equally); hf-sdpa the softmax of the real scores s_j = q·k_j / sqrt(HD) over
+ * all T keys, padding and future ones included (HF unmasks the row). */
+static void unattended_probs(real_t *p /* (T) */, const real_t *qt /* (HD) */,
+                             const real_t *k /* (T, KV) */, int g, const dims *d) {
+    const int T = d->T;
+    if (d->unattended == SBP_UNATTENDED_HF_EAGER) {
+        for (int j = 0; j < T; j++) p[j] = R(1) / R(T);
+        return;
+    }
+    real_t scale = R(1.0 / sqrt((double)d->HD)), mx = -INFINITY, sum = 0;
+    for (int j = 0; j < T; j++) {
+        const real_t *kj = k + (size_t)j * d->KV + (size_t)g * d->HD;
+        real_t dot = 0;
+        for (int i = 0; i < d->HD; i++) dot += qt[i] * kj[i];
+        p[j] = dot * scale;
+        if (p[j] > mx) mx = p[j];
+    }
+    for (int j = 0; j < T; j++) sum += exp(p[j] - mx);
+    real_t l = mx + log(sum);
+    for (int j = 0; j < T; j++) p[j] = exp(p[j] - l);
+}
+
 /* Causal GQA attention of one sequence. Query head h reads key/value head g = h / (NH/NKV).
  * For query t and visible keys j:
  *   s_tj = q[t,h]·k[j,g] / sqrt(HD),   p_tj = exp(s_tj − lse_t),  lse_t = log Σ_{j' visible}
  * exp(s_tj'), o[t,h] = Σ_j p_tj v[j,g]; p_tj = 0 for invisible keys, and a query with no visible
  * key has p_t· = 0 and o[t,h] = 0. The log-sum-exp subtracts the row maximum before exp (the same
- * value, without overflow). Only lse is kept (NH×T, +inf for a query without keys); the backward
+ * value, without overflow). In modes hf-eager and hf-sdpa a query with no visible key attends
+ * to all T keys instead (unattended_probs). Only lse is kept (NH×T, +inf for a query without keys); the backward
  * recomputes the scores, so no T×T array exists and long sequences fit. */
 static void attention_fwd(real_t *lse /* (NH, T) */, real_t *o /* (T, Q) */,
                           const real_t *q /* (T, Q) */, const real_t *k /* (T, KV) */,
@@ -333,7 +422,15 @@ static void attention_fwd(real_t *lse /* (NH, T) */, real_t *o /* (T, Q) */,
             const real_t *qt = q + (size_t)t * Q + (size_t)h * HD;
             int n = scores(srow, qt, k, vis, n_vis, t, g, d);
             lse[(size_t)h * T + t] = INFINITY;
-            if (!n) continue; /* no visible key: p and o stay 0 */
+            if (!n && d->unattended != SBP_UNATTENDED_ZERO) { /* o = Σ_j p_j v_j over all T */
+                unattended_probs(srow, qt, k, g, d);
+                real_t *ot = o + (size_t)t * Q + (size_t)h * HD;
+                for (int j = 0; j < T; j++) {
+                    const real_t *vj = v + (size_t)j * KV + (size_t)g * HD;
+                    for (int i = 0; i < HD; i++) ot[i] += srow[j] * vj[i];
+                }
+            }
+            if (!n) continue; /* no visible key: p and o stay 0 (mode zero) */
             real_t mx = srow[0];
             for (int j = 1; j < n; j++)
                 if (srow[j] > mx) mx = srow[j];
@@ -358,8 +455,43 @@ static void attention_fwd(real_t *lse /* (NH, T) */, real_t *o /* (T, Q) */,
  *                                      (from ∂p_tj/∂s_tk = p_tj (δ_jk − p_tk));
  *   s_tj = q_t·k_j / sqrt(HD)      so  dq_t += Σ_j ds_tj k_j / sqrt(HD),  dk_j += ds_tj q_t /
  * sqrt(HD). Invisible keys have p_tj = 0, hence ds_tj = 0 and no gradient; a query with no visible
- * key has p_t· = 0 and passes no gradient to q, k or v. dk and dv of kv head g collect the
+ * key has p_t· = 0 and passes no gradient to q, k or v in mode zero (unattended_bwd otherwise). dk and dv of kv head g collect the
  * gradients of all NH/NKV query heads that read it. p_tj is recomputed from the scores and lse. */
+/* A query that sees no key, with p (T) over all T keys from unattended_probs: the same chain as
+ * below, o = Σ_j p_j v_j and ds_j = p_j (dp_j − Σ_j' p_j' dp_j'), over every key. In hf-eager
+ * p does not depend on the scores' values, but autograd still differentiates through them
+ * (d(s + mask)/ds = 1), so q and k get ds as in any softmax. */
+static void unattended_bwd(real_t *dqt /* (HD) += */, real_t *dk /* (T, KV) += */,
+                           real_t *dv /* (T, KV) += */, const real_t *dot_ /* (HD) */,
+                           const real_t *qt /* (HD) */, const real_t *k /* (T, KV) */,
+                           const real_t *v /* (T, KV) */, real_t *p /* (T) scratch */,
+                           real_t *dp /* (T) scratch */, int g, const dims *d) {
+    const int T = d->T, HD = d->HD, KV = d->KV;
+    const real_t scale = R(1.0 / sqrt((double)HD));
+    unattended_probs(p, qt, k, g, d);
+    real_t pdp = 0;
+    for (int j = 0; j < T; j++) {
+        const real_t *vj = v + (size_t)j * KV + (size_t)g * HD;
+        real_t *dvj = dv + (size_t)j * KV + (size_t)g * HD;
+        real_t s = 0;
+        for (int i = 0; i < HD; i++) {
+            s += dot_[i] * vj[i];
+            dvj[i] += p[j] * dot_[i];
+        }
+        dp[j] = s;
+        pdp += p[j] * s;
+    }
+    for (int j = 0; j < T; j++) {
+        real_t ds = p[j] * (dp[j] - pdp);
+        const real_t *kj = k + (size_t)j * KV + (size_t)g * HD;
+        real_t *dkj = dk + (size_t)j * KV + (size_t)g * HD;
+        for (int i = 0; i < HD; i++) {
+            dqt[i] += ds * kj[i] * scale;
+            dkj[i] += ds * qt[i] * scale;
+        }
+    }
+}
+
 static void attention_bwd(real_t *dq /* (T, Q) += */, real_t *dk /* (T, KV) += */,
                           real_t *dv /* (T, KV) += */, const real_t *dout /* (T, Q) */,
                           const real_t *lse /* (NH, T) */, const real_t *q /* (T, Q) */,
@@ -376,6 +508,11 @@ static void attention_bwd(real_t *dq /* (T, Q) += */, real_t *dk /* (T, KV) += *
             real_t *dqt = dq + (size_t)t * Q + (size_t)h * HD;
             int n = scores(srow, qt, k, vis, n_vis, t, g, d);
             real_t l = lse[(size_t)h * T + t];
+            if (!n) {
+                if (d->unattended != SBP_UNATTENDED_ZERO)
+                    unattended_bwd(dqt, dk, dv, dot_, qt, k, v, srow, dp, g, d);
+                continue;
+            }
             real_t pdp = 0; /* Σ_j p_tj dp_tj */
             for (int j = 0; j < n; j++) {
                 const real_t *vj = v + (size_t)vis[j] * KV + (size_t)g * HD;
@@ -542,8 +679,8 @@ static void seq_alloc(seq_acts *s, layer_scratch *sc, pool *pl, const dims *d) {
 }
 
 /* One decoder layer, from a->x (already filled) to y. */
-static void layer_fwd(layer_acts *a, real_t *y /* (T, C) */, const layer_w *lw, const seq_acts *s,
-                      const dims *d) {
+static void layer_fwd(layer_acts *a, real_t *y /* (T, C) */, const layer_w *lw,
+                      const adapter *ad, int l, const seq_acts *s, const dims *d) {
     const real_t *cs = s->cs, *sn = s->sn;
     int T = d->T, C = d->C, Q = d->Q, KV = d->KV, F = d->F, HD = d->HD;
     for (int t = 0; t < T; t++)
@@ -552,6 +689,9 @@ static void layer_fwd(layer_acts *a, real_t *y /* (T, C) */, const layer_w *lw, 
     linear_fwd(a->q0, a->xn, lw->wq, lw->bq, T, C, Q);
     linear_fwd(a->k0, a->xn, lw->wk, lw->bk, T, C, KV);
     linear_fwd(a->v, a->xn, lw->wv, lw->bv, T, C, KV);
+    lora_fwd(a->q0, a->xn, ad, SBP_P_Q, l, T, C, Q);
+    lora_fwd(a->k0, a->xn, ad, SBP_P_K, l, T, C, KV);
+    lora_fwd(a->v, a->xn, ad, SBP_P_V, l, T, C, KV);
     if (lw->q_norm) { /* Qwen3: RMSNorm of each head's HD-vector, before RoPE */
         for (int t = 0; t < T; t++) {
             for (int h = 0; h < d->NH; h++) {
@@ -572,15 +712,19 @@ static void layer_fwd(layer_acts *a, real_t *y /* (T, C) */, const layer_w *lw, 
     attention_fwd(a->lse, a->o, a->q, a->k, a->v, s->vis, s->n_vis, s->srow, d);
     /* x2 = x + o·Woᵀ */
     linear_fwd(a->x2, a->o, lw->wo, NULL, T, Q, C);
+    lora_fwd(a->x2, a->o, ad, SBP_P_O, l, T, Q, C);
     for (size_t i = 0; i < (size_t)T * C; i++) a->x2[i] += a->x[i];
     for (int t = 0; t < T; t++)
         a->r_post[t] =
             rmsnorm_fwd(a->xn2 + (size_t)t * C, a->x2 + (size_t)t * C, lw->post_norm, C, d->eps);
     linear_fwd(a->g, a->xn2, lw->wg, NULL, T, C, F);
     linear_fwd(a->u, a->xn2, lw->wu, NULL, T, C, F);
+    lora_fwd(a->g, a->xn2, ad, SBP_P_GATE, l, T, C, F);
+    lora_fwd(a->u, a->xn2, ad, SBP_P_UP, l, T, C, F);
     swiglu_fwd(a->m, a->g, a->u, (size_t)T * F);
     /* y = x2 + m·Wdᵀ */
     linear_fwd(y, a->m, lw->wd, NULL, T, F, C);
+    lora_fwd(y, a->m, ad, SBP_P_DOWN, l, T, F, C);
     for (size_t i = 0; i < (size_t)T * C; i++) y[i] += a->x2[i];
 }
 
@@ -588,8 +732,8 @@ static void layer_fwd(layer_acts *a, real_t *y /* (T, C) */, const layer_w *lw, 
  * residual connections y = x2 + mlp(x2) and x2 = x + attn(x) pass their gradient through
  * unchanged, so dx2 = dy + (MLP path) and dx = dx2 + (attention path). */
 static void layer_bwd(real_t *dx /* (T, C) += */, const real_t *dy /* (T, C) */, const layer_g *lg,
-                      const layer_w *lw, const layer_acts *a, layer_scratch *sc, const seq_acts *s,
-                      const dims *d) {
+                      const layer_w *lw, const adapter *ad, int l, const layer_acts *a,
+                      layer_scratch *sc, const seq_acts *s, const dims *d) {
     const real_t *cs = s->cs, *sn = s->sn;
     int T = d->T, C = d->C, Q = d->Q, KV = d->KV, F = d->F, HD = d->HD;
     zero(sc->dm, (size_t)T * F);
@@ -609,9 +753,12 @@ static void layer_bwd(real_t *dx /* (T, C) += */, const real_t *dy /* (T, C) */,
     /* MLP: y = x2 + m·Wdᵀ, m = silu(g) ⊙ u, g = xn2·Wgᵀ, u = xn2·Wuᵀ, xn2 = rmsnorm(x2) */
     memcpy(sc->dx2, dy, sizeof(real_t) * (size_t)T * C); /* residual */
     linear_bwd(sc->dm, lg->wd, NULL, dy, a->m, lw->wd, T, F, C);
+    lora_bwd(sc->dm, dy, a->m, ad, SBP_P_DOWN, l, T, F, C);
     swiglu_bwd(sc->dg, sc->du, sc->dm, a->g, a->u, (size_t)T * F);
     linear_bwd(sc->dxn2, lg->wg, NULL, sc->dg, a->xn2, lw->wg, T, C, F);
     linear_bwd(sc->dxn2, lg->wu, NULL, sc->du, a->xn2, lw->wu, T, C, F);
+    lora_bwd(sc->dxn2, sc->dg, a->xn2, ad, SBP_P_GATE, l, T, C, F);
+    lora_bwd(sc->dxn2, sc->du, a->xn2, ad, SBP_P_UP, l, T, C, F);
     for (int t = 0; t < T; t++)
         rmsnorm_bwd(sc->dx2 + (size_t)t * C, lg->post_norm, sc->dxn2 + (size_t)t * C,
                     a->x2 + (size_t)t * C, lw->post_norm, a->r_post[t], C);
@@ -619,6 +766,7 @@ static void layer_bwd(real_t *dx /* (T, C) += */, const real_t *dy /* (T, C) */,
     /* attention: x2 = x + o·Woᵀ */
     for (size_t i = 0; i < (size_t)T * C; i++) dx[i] += sc->dx2[i]; /* residual */
     linear_bwd(sc->dout, lg->wo, NULL, sc->dx2, a->o, lw->wo, T, Q, C);
+    lora_bwd(sc->dout, sc->dx2, a->o, ad, SBP_P_O, l, T, Q, C);
     attention_bwd(sc->dq, sc->dk, sc->dv, sc->dout, a->lse, a->q, a->k, a->v, s->vis, s->n_vis,
                   s->srow, sc->dp, d);
     rope_bwd(sc->dq1, sc->dq, cs, sn, T, d->NH, HD);
@@ -644,13 +792,16 @@ static void layer_bwd(real_t *dx /* (T, C) += */, const real_t *dy /* (T, C) */,
     linear_bwd(sc->dxn, lg->wq, lg->bq, sc->dq0, a->xn, lw->wq, T, C, Q);
     linear_bwd(sc->dxn, lg->wk, lg->bk, sc->dk0, a->xn, lw->wk, T, C, KV);
     linear_bwd(sc->dxn, lg->wv, lg->bv, sc->dv, a->xn, lw->wv, T, C, KV);
+    lora_bwd(sc->dxn, sc->dq0, a->xn, ad, SBP_P_Q, l, T, C, Q);
+    lora_bwd(sc->dxn, sc->dk0, a->xn, ad, SBP_P_K, l, T, C, KV);
+    lora_bwd(sc->dxn, sc->dv, a->xn, ad, SBP_P_V, l, T, C, KV);
     for (int t = 0; t < T; t++)
         rmsnorm_bwd(dx + (size_t)t * C, lg->in_norm, sc->dxn + (size_t)t * C, a->x + (size_t)t * C,
                     lw->in_norm, a->r_in[t], C);
 }
 
 /* The whole forward pass of one sequence, up to the logits. */
-static void seq_fwd(seq_acts *s, const sbp_params *ps, const real_t *w,
+static void seq_fwd(seq_acts *s, const sbp_params *ps, const real_t *w, const adapter *ad,
                     const int32_t *ids /* (T) */, const dims *d) {
     int T = d->T, C = d->C;
     const real_t *E = wptr(ps, w, SBP_P_EMBED, -1);
@@ -663,7 +814,7 @@ static void seq_fwd(seq_acts *s, const sbp_params *ps, const real_t *w,
     for (int l = 0; l < d->L; l++) {
         layer_w lw = layer_weights(ps, w, l);
         real_t *y = l + 1 < d->L ? s->layer[l + 1].x : s->xf;
-        layer_fwd(&s->layer[l], y, &lw, s, d);
+        layer_fwd(&s->layer[l], y, &lw, ad, l, s, d);
     }
     const real_t *wf = wptr(ps, w, SBP_P_FINAL_NORM, -1);
     for (int t = 0; t < T; t++)
@@ -675,8 +826,8 @@ static void seq_fwd(seq_acts *s, const sbp_params *ps, const real_t *w,
 static void seq_bwd(real_t *grads, const real_t *dlogits /* (T, V) */, const seq_acts *s,
                     layer_scratch *sc, real_t *dx /* (T, C) scratch */,
                     real_t *dx_prev /* (T, C) scratch */, real_t *dhn /* (T, C) scratch */,
-                    const sbp_params *ps, const real_t *w, const int32_t *ids /* (T) */,
-                    const dims *d) {
+                    const sbp_params *ps, const real_t *w, const adapter *ad,
+                    const int32_t *ids /* (T) */, const dims *d) {
     int T = d->T, C = d->C;
     int tied = offset_of(ps, SBP_P_LM_HEAD, -1) < 0;
     const real_t *Wlm = wptr(ps, w, tied ? SBP_P_EMBED : SBP_P_LM_HEAD, -1);
@@ -694,7 +845,7 @@ static void seq_bwd(real_t *grads, const real_t *dlogits /* (T, V) */, const seq
         layer_w lw = layer_weights(ps, w, l);
         layer_g lg = layer_grads(ps, grads, l);
         zero(dx_prev, (size_t)T * C);
-        layer_bwd(dx_prev, dx, &lg, &lw, &s->layer[l], sc, s, d);
+        layer_bwd(dx_prev, dx, &lg, &lw, ad, l, &s->layer[l], sc, s, d);
         real_t *tmp = dx;
         dx = dx_prev;
         dx_prev = tmp;
@@ -801,15 +952,52 @@ static int target_at(const sbp_batch *b, int r, int t) {
     return y == SBP_IGNORE ? -1 : y;
 }
 
+/* The adapter's table against the model: r >= 1, and every entry a lora_A (r, in) or lora_B
+ * (out, r) of a projection of a layer that exists, with the projection's in and out. */
+static int lora_check(const ref_lora *la, const dims *d, sbp_err *err) {
+    if (la->r < 1 || !isfinite(la->scale))
+        return sbp_fail(err, SBP_EINPUT, "ref: the adapter's rank %d or scale %g is unusable",
+                        la->r, la->scale);
+    for (int i = 0; i < la->ps.n; i++) {
+        const sbp_param *p = &la->ps.p[i];
+        int64_t in = p->kind == SBP_P_O ? d->Q : p->kind == SBP_P_DOWN ? d->F : d->C;
+        int64_t out = p->kind == SBP_P_Q                       ? d->Q
+                      : p->kind == SBP_P_K || p->kind == SBP_P_V ? d->KV
+                      : p->kind == SBP_P_GATE || p->kind == SBP_P_UP ? d->F
+                                                                     : d->C;
+        int proj = p->kind == SBP_P_Q || p->kind == SBP_P_K || p->kind == SBP_P_V ||
+                   p->kind == SBP_P_O || p->kind == SBP_P_GATE || p->kind == SBP_P_UP ||
+                   p->kind == SBP_P_DOWN;
+        int64_t d0 = p->lora == 1 ? la->r : out, d1 = p->lora == 1 ? in : la->r;
+        if (!proj || p->layer < 0 || p->layer >= d->L || (p->lora != 1 && p->lora != 2) ||
+            p->ndim != 2 || p->shape[0] != d0 || p->shape[1] != d1 ||
+            p->offset + p->numel > la->ps.total)
+            return sbp_fail(err, SBP_EINPUT,
+                            "ref: adapter tensor \"%s\" does not fit the model (expected [%lld, "
+                            "%lld])",
+                            p->name, (long long)d0, (long long)d1);
+    }
+    return SBP_OK;
+}
+
 /* Forward for every row, writing logp (may be NULL); with grads, also the backward of
- * Σ coef·logp added into grads. Weights, log-probs and gradients cross the interface in float64;
- * everything in between runs in real_t. */
-static int run(double *logp /* (B*T) or NULL */, double *grads /* (ps->total) += or NULL */,
-               const double *coef /* (B*T) or NULL */, const sbp_config *cfg, const sbp_params *ps,
-               const double *w64 /* (ps->total) */, const sbp_batch *b, double tau, sbp_err *err) {
+ * Σ coef·logp added into grads (the adapter's slab with one: the base's gradient is then
+ * computed into scratch and dropped). Weights, log-probs and gradients cross the interface in
+ * float64; everything in between runs in real_t. */
+static int run(double *logp /* (B*T) or NULL */, double *grads /* (ref_grad_total) += or NULL */,
+               const double *coef /* (B*T) or NULL */, const ref_net *net, const sbp_batch *b,
+               double tau, sbp_err *err) {
+    const sbp_config *cfg = net->cfg;
+    const sbp_params *ps = net->ps;
+    const ref_lora *la = net->lora;
     dims d;
     int st = setup(&d, cfg, ps, b, tau, err);
     if (st) return st;
+    if (net->unattended < SBP_UNATTENDED_ZERO || net->unattended > SBP_UNATTENDED_HF_SDPA)
+        return sbp_fail(err, SBP_EUSAGE, "ref: unknown mode %d for rows that see no key",
+                        (int)net->unattended);
+    d.unattended = net->unattended;
+    if (la && (st = lora_check(la, &d, err))) return st;
     int T = d.T, V = d.V;
     pool pl = {0};
     seq_acts s = {0};
@@ -821,14 +1009,28 @@ static int run(double *logp /* (B*T) or NULL */, double *grads /* (ps->total) +=
     real_t *dx = grads ? pool_get(&pl, (size_t)T * d.C) : NULL;
     real_t *dx_prev = grads ? pool_get(&pl, (size_t)T * d.C) : NULL;
     real_t *dhn = grads ? pool_get(&pl, (size_t)T * d.C) : NULL;
+    adapter ad = {0};
+    if (la) {
+        ad.ps = &la->ps, ad.s = R(la->scale), ad.r = la->r;
+        ad.h = pool_get(&pl, (size_t)T * la->r);
+        ad.dh = pool_get(&pl, (size_t)T * la->r);
+    }
 #ifdef REF_F32 /* the weights rounded once; the gradient summed in float, added at the end */
+    const int64_t NA = la ? la->ps.total : 0;
     real_t *w = pool_get(&pl, (size_t)ps->total),
            *g = grads ? pool_get(&pl, (size_t)ps->total) : NULL;
+    real_t *aw = la ? pool_get(&pl, (size_t)NA) : NULL;
+    ad.w = aw;
+    ad.g = la && grads ? pool_get(&pl, (size_t)NA) : NULL;
     if (w)
-        for (int64_t i = 0; i < ps->total; i++) w[i] = (real_t)w64[i];
+        for (int64_t i = 0; i < ps->total; i++) w[i] = (real_t)net->w[i];
+    if (aw)
+        for (int64_t i = 0; i < NA; i++) aw[i] = (real_t)la->w[i];
 #else
-    const real_t *w = w64;
-    real_t *g = grads;
+    const real_t *w = net->w;
+    real_t *g = grads && la ? pool_get(&pl, (size_t)ps->total) : grads; /* scratch with an adapter */
+    ad.w = la ? la->w : NULL;
+    ad.g = la ? grads : NULL;
 #endif
     if (pl.failed) {
         pool_free(&pl);
@@ -839,7 +1041,7 @@ static int run(double *logp /* (B*T) or NULL */, double *grads /* (ps->total) +=
     for (int r = 0; r < b->B; r++) {
         const int32_t *ids = b->ids + (size_t)r * T;
         s.n_vis = visible_keys(s.vis, b->mask + (size_t)r * T, T);
-        seq_fwd(&s, ps, w, ids, &d);
+        seq_fwd(&s, ps, w, &ad, ids, &d);
         if (dlogits) zero(dlogits, (size_t)T * V);
         for (int t = 0; t < T; t++) {
             int y = target_at(b, r, t);
@@ -852,23 +1054,24 @@ static int run(double *logp /* (B*T) or NULL */, double *grads /* (ps->total) +=
             }
             if (logp) logp[(size_t)r * T + t] = lp;
         }
-        if (g) seq_bwd(g, dlogits, &s, &sc, dx, dx_prev, dhn, ps, w, ids, &d);
+        if (g) seq_bwd(g, dlogits, &s, &sc, dx, dx_prev, dhn, ps, w, &ad, ids, &d);
     }
 #ifdef REF_F32
-    if (grads)
+    if (grads && la)
+        for (int64_t i = 0; i < NA; i++) grads[i] += ad.g[i];
+    else if (grads)
         for (int64_t i = 0; i < ps->total; i++) grads[i] += g[i];
 #endif
     pool_free(&pl);
     return SBP_OK;
 }
 
-int REF_NAME(ref_logprobs)(double *logp, const sbp_config *cfg, const sbp_params *ps,
-                           const double *w, const sbp_batch *b, double temperature, sbp_err *err) {
-    return run(logp, NULL, NULL, cfg, ps, w, b, temperature, err);
+int REF_NAME(ref_logprobs)(double *logp, const ref_net *net, const sbp_batch *b,
+                           double temperature, sbp_err *err) {
+    return run(logp, NULL, NULL, net, b, temperature, err);
 }
 
-int REF_NAME(ref_backward)(double *grads, const double *coef, const sbp_config *cfg,
-                           const sbp_params *ps, const double *w, const sbp_batch *b,
-                           double temperature, sbp_err *err) {
-    return run(NULL, grads, coef, cfg, ps, w, b, temperature, err);
+int REF_NAME(ref_backward)(double *grads, const double *coef, const ref_net *net,
+                           const sbp_batch *b, double temperature, sbp_err *err) {
+    return run(NULL, grads, coef, net, b, temperature, err);
 }

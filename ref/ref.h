@@ -67,54 +67,96 @@ int ref_batch_read(sbp_batch *b, const char *path, const sbp_config *cfg, sbp_ob
                    int scale_rewards, sbp_err *err);
 void ref_batch_free(sbp_batch *b);
 
+/* An adapter on the base model as the oracle reads it (ref_lora_read): peft's LoRA. Each
+ * targeted projection y = x·Wᵀ (+ b) becomes y + s·(x·Aᵀ)·Bᵀ with A (r, in), B (out, r). */
+typedef struct {
+    int r;
+    double scale;     /* lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora */
+    unsigned targets; /* SBP_LORA_* bits */
+    sbp_params ps;    /* the oracle's own table: peft's names, per layer and targeted projection
+                       * lora_A (lora = 1) then lora_B (lora = 2), kind = the projection */
+    double *w;        /* (ps.total) */
+} ref_lora;
+
+/* An adapter directory: adapter_config.json (peft_type LORA, r, lora_alpha, use_rslora,
+ * target_modules as a list or "all-linear", bias "none") and adapter_model.safetensors with
+ * every tensor of the table for cfg, of the right shape; anything else is an input error. */
+int ref_lora_read(ref_lora *a, const char *dir, const sbp_config *cfg, sbp_err *err);
+void ref_lora_free(ref_lora *a);
+
+/* The network the oracle differentiates: a base model's weights and what sits on them. */
+typedef struct {
+    const sbp_config *cfg;
+    const sbp_params *ps;
+    const double *w;           /* (ps->total) */
+    sbp_unattended unattended; /* what a row that sees no key computes (SEMANTICS.md) */
+    const ref_lora *lora;      /* NULL, or an adapter: the base is then frozen, and every gradient
+                                * of the oracle is the adapter's, in lora->ps's layout */
+} ref_net;
+
+/* The plain network of a table and weights (unattended rows zero, no adapter). */
+#define REF_NET(cfg_, ps_, w_) (&(const ref_net){.cfg = (cfg_), .ps = (ps_), .w = (w_)})
+
+/* The length of net's gradient slab: the adapter's with one, else the base model's. */
+int64_t ref_grad_total(const ref_net *net);
+
 /* Replaces b's reference log-probs by those of the reference model m, computed by the oracle:
  * DPO the per-row sum of target log-probs (the mean for ipo), GRPO per target at the objective's
- * temperature. */
-int ref_set_reference(sbp_batch *b, const ref_model *m, const sbp_objective *o, sbp_err *err);
+ * temperature; rows that see no key follow `unattended`, as in the policy's pass. */
+int ref_set_reference(sbp_batch *b, const ref_model *m, const sbp_objective *o,
+                      sbp_unattended unattended, sbp_err *err);
 
 /* ---------------------------------------------------------------------------------------------
  * The oracle */
 
-/* The truth of one step from the files alone: model directory, batch file, objective and, for
- * DPO/GRPO, an optional reference model directory; the loss and d loss / d w in m's layout (m is
- * filled, free it with ref_model_free). f32: the float32 loops instead of float64. A mismatch
- * between config.json and the weights is reported as by ref_model_read. */
-int ref_truth_files(double *loss, double **grads /* (m->ps.total), malloc'd */, ref_model *m,
-                    const char *model_dir, const char *batch_path, const sbp_objective *o,
-                    int scale_rewards, const char *ref_model_dir, int f32, char *mismatch,
-                    size_t n_mismatch, sbp_err *err);
+/* The files of one step, as the verifier's commands name them. */
+typedef struct {
+    const char *model_dir, *batch_path;
+    const sbp_objective *o;
+    int scale_rewards;         /* GRPO rewards: divide by the group std */
+    const char *ref_model_dir; /* DPO/GRPO: the reference model, or NULL (the batch's values) */
+    const char *lora_dir;      /* an adapter on the policy, or NULL */
+    sbp_unattended unattended;
+    int f32; /* the float32 loops instead of float64 */
+} ref_files;
 
-/* The same on a model and a batch already read: the loss and grads (m->ps.total, overwritten).
- * The batch's step normalisers in o (num_items, num_sequences, max_completion_length) apply. */
-int ref_truth(double *loss, double *grads, const ref_model *m, const sbp_batch *b,
+/* The truth of one step from the files alone: the loss and d loss / d w (the adapter's with
+ * f->lora_dir, in lora's layout, else the model's in m's layout). m (and lora, with an adapter)
+ * are filled: free them with ref_model_free and ref_lora_free. A mismatch between config.json
+ * and the weights is reported as by ref_model_read. */
+int ref_truth_files(double *loss, double **grads /* malloc'd */, ref_model *m, ref_lora *lora,
+                    const ref_files *f, char *mismatch, size_t n_mismatch, sbp_err *err);
+
+/* The same on a network and a batch already read: the loss and grads (ref_grad_total(net),
+ * overwritten). The batch's step normalisers in o (num_items, num_sequences,
+ * max_completion_length) apply. */
+int ref_truth(double *loss, double *grads, const ref_net *net, const sbp_batch *b,
               const sbp_objective *o, int f32, sbp_err *err);
 
 /* Per-target log-probabilities:
  *   logp[b*T + t] = log softmax(logits[b,t,:] / temperature)[labels[b][t+1]]
  * for t in [0, T-1) where labels[b][t+1] != -100; 0 elsewhere (including t = T-1).
  * temperature must be > 0. */
-int ref_logprobs(double *logp /* (B*T) */, const sbp_config *cfg, const sbp_params *ps,
-                 const double *w /* (ps->total) */, const sbp_batch *b, double temperature,
-                 sbp_err *err);
-int ref_logprobs_f32(double *logp, const sbp_config *cfg, const sbp_params *ps, const double *w,
-                     const sbp_batch *b, double temperature, sbp_err *err);
+int ref_logprobs(double *logp /* (B*T) */, const ref_net *net, const sbp_batch *b,
+                 double temperature, sbp_err *err);
+int ref_logprobs_f32(double *logp, const ref_net *net, const sbp_batch *b, double temperature,
+                     sbp_err *err);
 
 /* Adds to grads the gradient of L = Σ_{b,t} coef[b*T+t] · logp[b*T+t] (logp as above; coef is
  * ignored where there is no target). Recomputes the forward pass. */
-int ref_backward(double *grads /* (ps->total), accumulated */, const double *coef /* (B*T) */,
-                 const sbp_config *cfg, const sbp_params *ps, const double *w /* (ps->total) */,
-                 const sbp_batch *b, double temperature, sbp_err *err);
-int ref_backward_f32(double *grads, const double *coef, const sbp_config *cfg, const sbp_params *ps,
-                     const double *w, const sbp_batch *b, double temperature, sbp_err *err);
+int ref_backward(double *grads /* (ref_grad_total(net)), accumulated */,
+                 const double *coef /* (B*T) */, const ref_net *net, const sbp_batch *b,
+                 double temperature, sbp_err *err);
+int ref_backward_f32(double *grads, const double *coef, const ref_net *net, const sbp_batch *b,
+                     double temperature, sbp_err *err);
 
 /* SFT (HF causal-LM loss): loss = −(1/N) Σ logp over the N valid targets of the batch, at
  * temperature 1; grads (unless NULL) is overwritten with d loss / d w. N = 0 is an input error.
  * (num_items of a step is not taken here: ref_truth applies it.) */
-int ref_sft(double *loss, double *grads /* (ps->total), overwritten, or NULL */,
-            const sbp_config *cfg, const sbp_params *ps, const double *w /* (ps->total) */,
-            const sbp_batch *b, sbp_err *err);
-int ref_sft_f32(double *loss, double *grads, const sbp_config *cfg, const sbp_params *ps,
-                const double *w, const sbp_batch *b, sbp_err *err);
+int ref_sft(double *loss, double *grads /* (ref_grad_total(net)), overwritten, or NULL */,
+            const ref_net *net, const sbp_batch *b, sbp_err *err);
+int ref_sft_f32(double *loss, double *grads, const ref_net *net, const sbp_batch *b,
+                sbp_err *err);
 
 /* DPO (TRL DPOTrainer; SEMANTICS.md "DPO"): b holds 2·pairs rows, chosen rows [0, pairs), rejected
  * rows [pairs, 2·pairs), and b->ref_seq_logps (2·pairs), the reference statistic of each row (a
@@ -123,11 +165,10 @@ int ref_sft_f32(double *loss, double *grads, const sbp_config *cfg, const sbp_pa
  * batch's). o->kind must be SBP_OBJ_DPO and o->temperature 0 or 1. Writes the loss and, unless
  * grads is NULL (loss only), overwrites grads with d loss / d w. A pair with a row without
  * targets is an input error. */
-int ref_dpo(double *loss, double *grads /* (ps->total), overwritten, or NULL */,
-            const sbp_config *cfg, const sbp_params *ps, const double *w /* (ps->total) */,
-            const sbp_batch *b, const sbp_objective *o, sbp_err *err);
-int ref_dpo_f32(double *loss, double *grads, const sbp_config *cfg, const sbp_params *ps,
-                const double *w, const sbp_batch *b, const sbp_objective *o, sbp_err *err);
+int ref_dpo(double *loss, double *grads /* (ref_grad_total(net)), overwritten, or NULL */,
+            const ref_net *net, const sbp_batch *b, const sbp_objective *o, sbp_err *err);
+int ref_dpo_f32(double *loss, double *grads, const ref_net *net, const sbp_batch *b,
+                const sbp_objective *o, sbp_err *err);
 
 /* GRPO (TRL GRPOTrainer; SEMANTICS.md "GRPO"): b->advantages (B) set; b->old_logps and
  * b->ref_logps (B·T, by predicting position) may be NULL (old: the current log-probs, detached;
@@ -136,10 +177,9 @@ int ref_dpo_f32(double *loss, double *grads, const sbp_config *cfg, const sbp_pa
  * num_sequences (grpo, dr_grpo) and num_items (bnpo, dapo); 0: this batch's. o->kind must be
  * SBP_OBJ_GRPO. loss and grads as for ref_dpo. dapo over a step without completion tokens is an
  * input error (TRL divides 0 by 0 there). */
-int ref_grpo(double *loss, double *grads /* (ps->total), overwritten, or NULL */,
-             const sbp_config *cfg, const sbp_params *ps, const double *w /* (ps->total) */,
-             const sbp_batch *b, const sbp_objective *o, sbp_err *err);
-int ref_grpo_f32(double *loss, double *grads, const sbp_config *cfg, const sbp_params *ps,
-                 const double *w, const sbp_batch *b, const sbp_objective *o, sbp_err *err);
+int ref_grpo(double *loss, double *grads /* (ref_grad_total(net)), overwritten, or NULL */,
+             const ref_net *net, const sbp_batch *b, const sbp_objective *o, sbp_err *err);
+int ref_grpo_f32(double *loss, double *grads, const ref_net *net, const sbp_batch *b,
+                 const sbp_objective *o, sbp_err *err);
 
 #endif

@@ -10,7 +10,9 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
 status=0
 for t in "$@"; do
     echo "== $t"
-    "$t" || status=1
+    t0=$(date +%s)
+    "$t" || { status=1; echo "FAILED: $t"; }
+    echo "   ($t: $(($(date +%s) - t0)) s)"
 done
 # The Python helper (python/): its tests and the CI example, with /usr/bin/python3 when it can
 # import torch and pytest; skipped, and said so, otherwise.

@@ -53,9 +53,8 @@ static const char *families[] = {"qwen3-tiny", "llama3-tiny"};
 /* ---------------------------------------------------------------------------------------------
  * Cases */
 
-typedef int (*ref_loss_fn)(double *loss, double *grads, const sbp_config *cfg, const sbp_params *ps,
-                           const double *w, const sbp_batch *b, const sbp_objective *o,
-                           sbp_err *err);
+typedef int (*ref_loss_fn)(double *loss, double *grads, const ref_net *net, const sbp_batch *b,
+                           const sbp_objective *o, sbp_err *err);
 
 typedef struct {
     char name[96];
@@ -158,7 +157,7 @@ static int row_targets(const sbp_batch *b, int r) {
 static double *ref_logp(const sbp_model *m, const sbp_batch *b, double tau) {
     double *logp = alloc_doubles((size_t)b->B * b->T);
     sbp_err err = {0};
-    if (ref_logprobs(logp, &m->cfg, &m->params, m->w, b, tau, &err))
+    if (ref_logprobs(logp, REF_NET(&m->cfg, &m->params, m->w), b, tau, &err))
         ck_abort_msg("ref_logprobs: %s", err.msg);
     return logp;
 }
@@ -211,7 +210,7 @@ static double *ref_grads(double *loss, const sbp_model *m, const sbp_batch *b,
     double *g = alloc_doubles((size_t)m->params.total);
     sbp_err err = {0};
     ref_loss_fn fn = o->kind == SBP_OBJ_DPO ? ref_dpo : ref_grpo;
-    if (fn(loss, g, &m->cfg, &m->params, m->w, b, o, &err))
+    if (fn(loss, g, REF_NET(&m->cfg, &m->params, m->w), b, o, &err))
         ck_abort_msg("%s: ref: %s", what, err.msg);
     return g;
 }
@@ -221,7 +220,7 @@ static double ref_loss_only(const sbp_model *m, const double *w, const sbp_batch
     double loss;
     sbp_err err = {0};
     ref_loss_fn fn = o->kind == SBP_OBJ_DPO ? ref_dpo : ref_grpo;
-    if (fn(&loss, NULL, &m->cfg, &m->params, w, b, o, &err)) ck_abort_msg("ref: %s", err.msg);
+    if (fn(&loss, NULL, REF_NET(&m->cfg, &m->params, w), b, o, &err)) ck_abort_msg("ref: %s", err.msg);
     return loss;
 }
 
@@ -533,56 +532,56 @@ START_TEST(errors) {
     ck_assert_ptr_nonnull(lab);
     memcpy(lab, d.labels, sizeof *lab * (size_t)d.B * d.T);
     for (int t = 0; t < d.T; t++) d.labels[3 * d.T + t] = SBP_IGNORE;
-    EXPECT(ref_dpo(&loss, gr, &m.cfg, &m.params, m.w, &d, &dpo, &err), SBP_EINPUT,
+    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &dpo, &err), SBP_EINPUT,
            "rejected row 3 has no target");
     memcpy(d.labels, lab, sizeof *lab * (size_t)d.B * d.T);
     free(lab);
     /* DPO: no reference values; β ≤ 0; a temperature; label smoothing; GRPO objective */
     double *rs = d.ref_seq_logps;
     d.ref_seq_logps = NULL;
-    EXPECT(ref_dpo(&loss, gr, &m.cfg, &m.params, m.w, &d, &dpo, &err), SBP_EINPUT, "no reference");
+    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &dpo, &err), SBP_EINPUT, "no reference");
     d.ref_seq_logps = rs;
     o = dpo, o.beta = 0;
-    EXPECT(ref_dpo(&loss, gr, &m.cfg, &m.params, m.w, &d, &o, &err), SBP_EUSAGE, "beta");
+    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &o, &err), SBP_EUSAGE, "beta");
     o = dpo, o.temperature = 0.7;
-    EXPECT(ref_dpo(&loss, gr, &m.cfg, &m.params, m.w, &d, &o, &err), SBP_EUSAGE, "temperature");
+    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &o, &err), SBP_EUSAGE, "temperature");
     o = dpo, o.label_smoothing = -0.1;
-    EXPECT(ref_dpo(&loss, gr, &m.cfg, &m.params, m.w, &d, &o, &err), SBP_EUSAGE, "smoothing");
-    EXPECT(ref_dpo(&loss, gr, &m.cfg, &m.params, m.w, &d, &grpo, &err), SBP_EUSAGE, "not DPO");
+    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &o, &err), SBP_EUSAGE, "smoothing");
+    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &grpo, &err), SBP_EUSAGE, "not DPO");
     /* DPO: rows that are not pairs */
     d.pairs = 1;
-    EXPECT(ref_dpo(&loss, gr, &m.cfg, &m.params, m.w, &d, &dpo, &err), SBP_EINPUT, "pairs");
+    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &dpo, &err), SBP_EINPUT, "pairs");
     d.pairs = 2;
     /* GRPO: β > 0 without reference log-probs; bad temperatures; bad ε; no advantages */
     double *rl = g.ref_logps;
     g.ref_logps = NULL;
-    EXPECT(ref_grpo(&loss, gr, &m.cfg, &m.params, m.w, &g, &grpo, &err), SBP_EINPUT,
+    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &grpo, &err), SBP_EINPUT,
            "needs reference");
     g.ref_logps = rl;
     o = grpo, o.temperature = -1;
-    EXPECT(ref_grpo(&loss, gr, &m.cfg, &m.params, m.w, &g, &o, &err), SBP_EUSAGE, "temperature");
+    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &o, &err), SBP_EUSAGE, "temperature");
     o.temperature = NAN;
-    EXPECT(ref_grpo(&loss, gr, &m.cfg, &m.params, m.w, &g, &o, &err), SBP_EUSAGE, "temperature");
+    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &o, &err), SBP_EUSAGE, "temperature");
     o = grpo, o.epsilon_high = -0.1;
-    EXPECT(ref_grpo(&loss, gr, &m.cfg, &m.params, m.w, &g, &o, &err), SBP_EUSAGE, "epsilon");
+    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &o, &err), SBP_EUSAGE, "epsilon");
     o = grpo, o.beta = -1;
-    EXPECT(ref_grpo(&loss, gr, &m.cfg, &m.params, m.w, &g, &o, &err), SBP_EUSAGE, "beta");
-    EXPECT(ref_grpo(&loss, gr, &m.cfg, &m.params, m.w, &g, &dpo, &err), SBP_EUSAGE, "not GRPO");
+    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &o, &err), SBP_EUSAGE, "beta");
+    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &dpo, &err), SBP_EUSAGE, "not GRPO");
     double *adv = g.advantages;
     g.advantages = NULL;
-    EXPECT(ref_grpo(&loss, gr, &m.cfg, &m.params, m.w, &g, &grpo, &err), SBP_EINPUT,
+    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &grpo, &err), SBP_EINPUT,
            "no advantages");
     g.advantages = adv;
     /* GRPO dapo over a batch without completion tokens: 0/0 */
     for (size_t i = 0; i < (size_t)g.B * g.T; i++) g.labels[i] = SBP_IGNORE;
     o = grpo, o.grpo_loss = SBP_GRPO_DAPO;
-    EXPECT(ref_grpo(&loss, gr, &m.cfg, &m.params, m.w, &g, &o, &err), SBP_EINPUT, "none");
+    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &o, &err), SBP_EINPUT, "none");
 #undef EXPECT
     ck_assert(loss == 42);
     for (size_t i = 0; i < n; i++) ck_assert(gr[i] == 7);
     /* the other loss types accept it: rows without targets contribute nothing */
     o = grpo, o.grpo_loss = SBP_GRPO_BNPO;
-    ck_assert_int_eq(ref_grpo(&loss, gr, &m.cfg, &m.params, m.w, &g, &o, &err), 0);
+    ck_assert_int_eq(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &o, &err), 0);
     ck_assert(loss == 0);
     for (size_t i = 0; i < n; i++) ck_assert(gr[i] == 0);
     free(gr);

@@ -73,7 +73,7 @@ static double objective(const sbp_model *m, const sbp_batch *b, const double *w,
     double *logp = malloc(sizeof *logp * n), f = 0;
     ck_assert_ptr_nonnull(logp);
     sbp_err err = {0};
-    if (ref_logprobs(logp, &m->cfg, &m->params, w, b, tau, &err))
+    if (ref_logprobs(logp, REF_NET(&m->cfg, &m->params, w), b, tau, &err))
         ck_abort_msg("ref_logprobs: %s", err.msg);
     for (size_t i = 0; i < n; i++) f += coef[i] * logp[i];
     free(logp);
@@ -85,7 +85,7 @@ static double *ref_grads(double *loss, const sbp_model *m, const sbp_batch *b) {
     double *g = malloc(sizeof *g * (size_t)m->params.total);
     ck_assert_ptr_nonnull(g);
     sbp_err err = {0};
-    if (ref_sft(loss, g, &m->cfg, &m->params, m->w, b, &err)) ck_abort_msg("ref_sft: %s", err.msg);
+    if (ref_sft(loss, g, REF_NET(&m->cfg, &m->params, m->w), b, &err)) ck_abort_msg("ref_sft: %s", err.msg);
     return g;
 }
 
@@ -199,14 +199,14 @@ START_TEST(fd_temperature_and_coef) {
     sbp_rng_seed(&rng, 5);
     for (size_t i = 0; i < n; i++) coef[i] = sbp_rng_normal(&rng) / 10;
     sbp_err err = {0};
-    ck_assert_msg(ref_backward(g, coef, &m.cfg, &m.params, m.w, &b, 0.7, &err) == 0, "%s", err.msg);
+    ck_assert_msg(ref_backward(g, coef, REF_NET(&m.cfg, &m.params, m.w), &b, 0.7, &err) == 0, "%s", err.msg);
     fd_check(&m, &b, coef, 0.7, g, 2, 300, "qwen2-tiny tau 0.7, random coef");
     double *g2 = malloc(sizeof *g2 * (size_t)m.params.total);
     ck_assert_ptr_nonnull(g2);
     /* ref_backward accumulates: a second call on top of the first doubles the gradient (up to
      * the rounding of the additions) */
     memcpy(g2, g, sizeof *g2 * (size_t)m.params.total);
-    ck_assert_int_eq(ref_backward(g2, coef, &m.cfg, &m.params, m.w, &b, 0.7, &err), 0);
+    ck_assert_int_eq(ref_backward(g2, coef, REF_NET(&m.cfg, &m.params, m.w), &b, 0.7, &err), 0);
     double num = 0, den = 0;
     for (int64_t i = 0; i < m.params.total; i++) {
         num += (g2[i] - 2 * g[i]) * (g2[i] - 2 * g[i]);
@@ -232,7 +232,7 @@ START_TEST(padding_semantics) {
     make_pad_batch(&b, m.cfg.vocab);
     double a[PB * PT], c[PB * PT];
     sbp_err err = {0};
-    ck_assert_msg(ref_logprobs(a, &m.cfg, &m.params, m.w, &b, 1.0, &err) == 0, "%s", err.msg);
+    ck_assert_msg(ref_logprobs(a, REF_NET(&m.cfg, &m.params, m.w), &b, 1.0, &err) == 0, "%s", err.msg);
     for (int r = 0; r < PB; r++)
         for (int t = 0; t < PT; t++) {
             int i = r * PT + t, has = t + 1 < PT && b.labels[i + 1] != SBP_IGNORE;
@@ -240,7 +240,7 @@ START_TEST(padding_semantics) {
         }
     const int changed[] = {0, 1, 3 * PT};
     for (int k = 0; k < 3; k++) b.ids[changed[k]] = (b.ids[changed[k]] + 1 + k) % m.cfg.vocab;
-    ck_assert_int_eq(ref_logprobs(c, &m.cfg, &m.params, m.w, &b, 1.0, &err), 0);
+    ck_assert_int_eq(ref_logprobs(c, REF_NET(&m.cfg, &m.params, m.w), &b, 1.0, &err), 0);
     ck_assert(c[0] != a[0] && c[3 * PT] != a[3 * PT]); /* their own tokens changed */
     for (int i = 0; i < PB * PT; i++)
         if (i != 0 && i != 3 * PT)
@@ -267,18 +267,18 @@ START_TEST(errors) {
     int32_t labels[PB * PT];
     memcpy(labels, b.labels, sizeof labels);
     for (int i = 0; i < PB * PT; i++) b.labels[i] = SBP_IGNORE;
-    ck_assert_int_eq(ref_sft(&loss, g, &m.cfg, &m.params, m.w, &b, &err), SBP_EINPUT);
+    ck_assert_int_eq(ref_sft(&loss, g, REF_NET(&m.cfg, &m.params, m.w), &b, &err), SBP_EINPUT);
     ck_assert_ptr_nonnull(strstr(err.msg, "no target"));
     memcpy(b.labels, labels, sizeof labels);
     /* a token id outside the vocabulary */
     b.ids[3] = m.cfg.vocab;
     err.msg[0] = '\0';
-    ck_assert_int_eq(ref_sft(&loss, g, &m.cfg, &m.params, m.w, &b, &err), SBP_EINPUT);
+    ck_assert_int_eq(ref_sft(&loss, g, REF_NET(&m.cfg, &m.params, m.w), &b, &err), SBP_EINPUT);
     ck_assert_ptr_nonnull(strstr(err.msg, "input_ids[0][3]"));
     b.ids[3] = 0;
     /* a temperature that is not > 0 */
-    ck_assert_int_eq(ref_logprobs(logp, &m.cfg, &m.params, m.w, &b, 0.0, &err), SBP_EUSAGE);
-    ck_assert_int_eq(ref_backward(g, logp, &m.cfg, &m.params, m.w, &b, -1.0, &err), SBP_EUSAGE);
+    ck_assert_int_eq(ref_logprobs(logp, REF_NET(&m.cfg, &m.params, m.w), &b, 0.0, &err), SBP_EUSAGE);
+    ck_assert_int_eq(ref_backward(g, logp, REF_NET(&m.cfg, &m.params, m.w), &b, -1.0, &err), SBP_EUSAGE);
     ck_assert(loss == 42);
     for (size_t i = 0; i < n; i++) ck_assert(g[i] == 7);
     free(g);
@@ -641,16 +641,18 @@ START_TEST(ref32_error) {
     double loss, loss32, *g;
     sbp_err err = {0};
     sbp_objective o = {.kind = SBP_OBJ_SFT};
-    ck_assert_msg(ref_truth_files(&loss, &g, &m, tu_model(families[_i], 1),
-                                  "data/batches/sft-tiny.safetensors", &o, 1, NULL, 0, NULL, 0,
-                                  &err) == SBP_OK,
-                  "%s", err.msg);
+    const ref_files f = {.model_dir = tu_model(families[_i], 1),
+                         .batch_path = "data/batches/sft-tiny.safetensors",
+                         .o = &o,
+                         .scale_rewards = 1};
+    ck_assert_msg(ref_truth_files(&loss, &g, &m, NULL, &f, NULL, 0, &err) == SBP_OK, "%s",
+                  err.msg);
     sbp_batch b;
     ck_assert_int_eq(
         ref_batch_read(&b, "data/batches/sft-tiny.safetensors", &m.cfg, SBP_OBJ_SFT, 1, &err),
         SBP_OK);
     double *g32 = malloc(sizeof *g32 * (size_t)m.ps.total);
-    ck_assert_int_eq(ref_truth(&loss32, g32, &m, &b, &o, 1, &err), SBP_OK);
+    ck_assert_int_eq(ref_truth(&loss32, g32, REF_NET(&m.cfg, &m.ps, m.w), &b, &o, 1, &err), SBP_OK);
     double worst = 0, best = 1;
     for (int i = 0; i < m.ps.n; i++) {
         const sbp_param *p = &m.ps.p[i];

@@ -37,8 +37,13 @@ static sbp_status oracle_grad(double *loss, double *grads /* (total) */, const s
                               const sbp_audit_opts *o, sbp_err *err) {
     ref_model rm;
     double *tg;
-    sbp_status st = ref_truth_files(loss, &tg, &rm, o->model, o->batch, &o->objective,
-                                    !o->no_scale_rewards, o->ref_model, 0, NULL, 0, err);
+    const ref_files f = {.model_dir = o->model,
+                         .batch_path = o->batch,
+                         .o = &o->objective,
+                         .scale_rewards = !o->no_scale_rewards,
+                         .ref_model_dir = o->ref_model,
+                         .unattended = o->unattended};
+    sbp_status st = ref_truth_files(loss, &tg, &rm, NULL, &f, NULL, 0, err);
     if (st) return st;
     for (int i = 0; i < m64->params.n && !st; i++) {
         const sbp_param *p = &m64->params.p[i];

@@ -222,8 +222,12 @@ static sbp_status truth_of(ctx *x, sbp_err *err) {
         double *g32 = malloc(sizeof(double) * (size_t)x->rm->ps.total);
         double *t32 = malloc(sizeof(double) * (size_t)ps->total);
         sbp_status st = !g || !g32 || !t32 ? sbp_fail(err, SBP_ENOMEM, "out of memory") : SBP_OK;
-        if (!st) st = ref_truth(&x->rep->truth_loss, g, x->rm, x->rb, o, 0, err);
-        if (!st) st = ref_truth(&loss32, g32, x->rm, x->rb, o, 1, err);
+        const ref_net net = {.cfg = &x->rm->cfg,
+                             .ps = &x->rm->ps,
+                             .w = x->rm->w,
+                             .unattended = x->o->unattended};
+        if (!st) st = ref_truth(&x->rep->truth_loss, g, &net, x->rb, o, 0, err);
+        if (!st) st = ref_truth(&loss32, g32, &net, x->rb, o, 1, err);
         if (!st) {
             to_library_layout(x->truth, g, x->rm, ps);
             to_library_layout(t32, g32, x->rm, ps);
@@ -400,7 +404,7 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
         if (!rst && o.ref_model) {
             ref_model rr;
             if (!(rst = ref_model_read(&rr, o.ref_model, NULL, 0, &rerr))) {
-                rst = ref_set_reference(&rb, &rr, &o.objective, &rerr);
+                rst = ref_set_reference(&rb, &rr, &o.objective, o.unattended, &rerr);
                 ref_model_free(&rr);
             }
         }
