@@ -489,15 +489,16 @@ static int lora_config_read(ref_lora *a, const char *path, sbp_err *err) {
     else if (!cJSON_IsNumber(r) || r->valuedouble < 1 || r->valuedouble > 65536 ||
              r->valuedouble != floor(r->valuedouble))
         st = sbp_fail(err, SBP_EINPUT, "ref: %s: r is not a positive integer", path);
-    else if (!cJSON_IsNumber(alpha) || !isfinite(alpha->valuedouble))
-        st = sbp_fail(err, SBP_EINPUT, "ref: %s: lora_alpha is not a number", path);
+    else if (!cJSON_IsNumber(alpha) || !isfinite(alpha->valuedouble) || alpha->valuedouble <= 0)
+        st = sbp_fail(err, SBP_EINPUT, "ref: %s: lora_alpha is not a positive number", path);
     else if ((bias && strcmp(bias, "none")) || cJSON_IsTrue(cJSON_GetObjectItem(o, "use_dora")) ||
              cJSON_IsTrue(cJSON_GetObjectItem(o, "fan_in_fan_out")) ||
              (cJSON_IsObject(rp) && cJSON_GetArraySize(rp)) ||
-             (cJSON_IsObject(ap) && cJSON_GetArraySize(ap)) || (lt && !cJSON_IsNull(lt)))
+             (cJSON_IsObject(ap) && cJSON_GetArraySize(ap)) || (lt && !cJSON_IsNull(lt)) ||
+             cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(o, "modules_to_save")))
         st = sbp_fail(err, SBP_EINPUT,
                       "ref: %s: only plain LoRA is implemented (bias none, no DoRA, no per-module "
-                      "rank or alpha, every layer)",
+                      "rank or alpha, every layer, no modules_to_save)",
                       path);
     if (!st) {
         a->r = (int)r->valuedouble;

@@ -138,8 +138,12 @@ sbp_status obj_reference(const obj_args *a, sbp_batch *b, int n, const sbp_confi
                         "%s: the reference model's vocabulary (%d) differs from the policy's (%d)",
                         a->ref_model, ref.cfg.vocab, policy->vocab);
     }
+    /* the reference model is a plain model: a LoRA adapter belongs to the policy only (as TRL
+     * runs peft's reference with the adapter disabled) */
+    sbp_grad_opts ref_g = *g;
+    ref_g.lora = NULL;
     for (int i = 0; i < n && !st; i++)
-        st = sbp_batch_set_reference(&b[i], &ref, &a->obj, g, lg, err);
+        st = sbp_batch_set_reference(&b[i], &ref, &a->obj, &ref_g, lg, err);
     sbp_model_free(&ref, lg);
     return st;
 }
