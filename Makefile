@@ -118,10 +118,14 @@ $(BUILD)/tests/%.o: tests/%.c | check-deps
 $(BUILD)/tests/test_%: $(BUILD)/tests/test_%.o $(BUILD)/tests/testutil.o $(F64_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
+# make test SUITES="io train emu": only those suites (tests/test_<name>.c, emu = the emulator's own
+# test); every suite otherwise. The golden digests of the other builds run with the full set only.
+RUN_TESTS = $(if $(SUITES),$(filter $(addprefix %/test_,$(SUITES)),$(TESTS)),$(TESTS))
+
 test: deps
-	@$(MAKE) --no-print-directory $(BIN) $(TESTS) plants
-	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(TESTS)
-ifneq ($(SAN),1)
+	@$(MAKE) --no-print-directory $(BIN) $(RUN_TESTS) $(if $(filter %/test_plant,$(RUN_TESTS)),plants)
+	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(RUN_TESTS)
+ifeq ($(SAN)$(SUITES),0)
 	@echo "== golden digests on the CUDA kernels in the SIMT emulator, shuffled thread order"
 	@SBP_GOLDEN_DEVICE=cuda-emu SBP_EMU_ORDER=shuffle:7 STREAMBP=$(BIN) \
 	  tests/run.sh $(BUILD)/tests/test_golden
