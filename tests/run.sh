@@ -1,5 +1,8 @@
 #!/bin/sh
-# Runs each test binary given on the command line from the repository root; fails if any fails.
+# Runs each test binary given on the command line from the repository root, SBP_TEST_JOBS of them
+# at once (default: the number of cores), and prints each one's output in the order given; fails
+# if any fails. Every suite works in a temporary directory of its own (tests/testutil.c), so they
+# can run side by side; the longest start first.
 cd "$(dirname "$0")/.." || exit 2
 # OpenMP threads that spin while waiting steal the cores from another process (a test and the
 # streambp it runs); passive waiting costs nothing measurable here and keeps runs predictable.
@@ -7,12 +10,26 @@ export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 # Under make test SAN=1: leaks are errors too (LeakSanitizer, at the exit of every process a
 # test runs, Check's forked test processes included).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
+jobs="${SBP_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}"
+logs=$(mktemp -d) || exit 2
+trap 'rm -rf "$logs"' EXIT
+slow="test_verify test_ref test_unattended test_plant test_cuda_emu test_schedules test_objectives"
+{
+    for t in "$@"; do case " $slow " in *" ${t##*/} "*) echo "$t" ;; esac; done
+    for t in "$@"; do case " $slow " in *" ${t##*/} "*) ;; *) echo "$t" ;; esac; done
+} | xargs -P "$jobs" -I{} sh -c '
+    t=$1; log=$2/$(echo "$t" | tr / _); s=$(date +%s)
+    if "$t" >"$log" 2>&1; then r=0; else r=1; fi
+    echo "$r $(($(date +%s) - s))" >"$log.rc"
+    echo "   done: $t ($(($(date +%s) - s)) s)"' _ {} "$logs"
 status=0
 for t in "$@"; do
+    log=$logs/$(echo "$t" | tr / _) secs=
     echo "== $t"
-    t0=$(date +%s)
-    "$t" || { status=1; echo "FAILED: $t"; }
-    echo "   ($t: $(($(date +%s) - t0)) s)"
+    cat "$log" 2>/dev/null
+    read -r r secs <"$log.rc" 2>/dev/null || r=1
+    [ "$r" = 0 ] || { status=1; echo "FAILED: $t"; }
+    echo "   ($t: ${secs:-?} s)"
 done
 # The Python helper (python/): its tests and the CI example, with /usr/bin/python3 when it can
 # import torch and pytest; skipped, and said so, otherwise.

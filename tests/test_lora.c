@@ -41,7 +41,7 @@ static const char *adapter(const char *name, const char *m, const char *opts) {
     const char *dir = tu_path("adapter-%s", name);
     int rc = tu_sh("%s lora init --model %s --out %s %s", tu_bin(), m, dir, opts);
     ck_assert_msg(rc == 0, "lora init %s: %s", opts, tu_last_output());
-    return strdup(dir); /* tu_path's buffers are a ring; the tests hold adapters a while */
+    return tu_keep(dir); /* tu_path's buffers are a ring; the tests hold adapters a while */
 }
 
 /* The peft-initialised adapter of the training tests: B = 0, every linear layer. */
@@ -277,11 +277,11 @@ static const char *edited_config(const char *name, const char *src, const char *
     tu_spit(path, out, strlen(out));
     free(out), free(text);
     cJSON_Delete(c);
-    return strdup(dst);
+    return tu_keep(dst);
 }
 
 START_TEST(bad_adapters_overwrite_nothing) {
-    const char *m = model(), *never = strdup(tu_path("never"));
+    const char *m = model(), *never = tu_keep(tu_path("never"));
     /* lora init: rank 0, alpha <= 0, unknown target; nothing is created */
     expect_usage("--r must be a positive integer", "lora init --model %s --out %s --r 0", m, never);
     expect_usage("--alpha must be > 0", "lora init --model %s --out %s --alpha 0", m, never);
@@ -320,7 +320,7 @@ START_TEST(bad_adapters_overwrite_nothing) {
     }
     bad[nb] = other; /* llama3-tiny's adapter on qwen3-tiny: q_proj is [Q, C] of another C */
     why[nb++] = "the model needs";
-    const char *missing = strdup(tu_path("missing-tensor"));
+    const char *missing = tu_keep(tu_path("missing-tensor"));
     ck_assert_int_eq(tu_sh("rm -rf '%s' && mkdir '%s' && cp '%s/adapter_config.json' '%s/'",
                            missing, missing, good, missing),
                      0);
@@ -328,7 +328,7 @@ START_TEST(bad_adapters_overwrite_nothing) {
     why[nb++] = "adapter_model.safetensors";
 
     /* grad --lora leaves an existing --out as it was; train --lora creates nothing */
-    const char *out = strdup(tu_path("grad-out.safetensors"));
+    const char *out = tu_keep(tu_path("grad-out.safetensors"));
     tu_spit(out, "precious", 8);
     for (int i = 0; i < nb; i++) {
         expect_usage(why[i],
@@ -353,7 +353,7 @@ END_TEST
 START_TEST(bad_resume_overwrites_nothing) {
     const char *m = model(), *lora = demo_adapter();
     /* strdup: tu_path's buffers are a ring that the many calls below go round */
-    const char *run = strdup(tu_path("r-run")), *full = strdup(tu_path("r-full"));
+    const char *run = tu_keep(tu_path("r-run")), *full = tu_keep(tu_path("r-full"));
     ck_assert_msg(train(lora, run, "stream", 10, 1, "--stop-at 6 --save-every 3") == 0, "%s",
                   tu_last_output());
     ck_assert_msg(tu_sh("%s train --model %s " DEMO_DATA " --steps 10 --threads 1 --out %s "
@@ -361,7 +361,7 @@ START_TEST(bad_resume_overwrites_nothing) {
                         tu_bin(), m, full) == 0,
                   "%s", tu_last_output());
     char *before = snapshot(run), *full_before = snapshot(full);
-    const char *ck = strdup(tu_join(run, "checkpoint-6")), *fresh = strdup(tu_path("r-new"));
+    const char *ck = tu_keep(tu_join(run, "checkpoint-6")), *fresh = tu_keep(tu_path("r-new"));
     /* another adapter: other initial tensors, another alpha, another rank */
     const char *seed = adapter("seed4", m, "--r 4 --alpha 8 --targets all-linear --seed 4");
     const char *alpha = adapter("alpha", m, "--r 4 --alpha 16 --targets all-linear --seed 3");
@@ -386,7 +386,7 @@ START_TEST(bad_resume_overwrites_nothing) {
                  "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s --resume %s", m,
                  lora, fresh, tu_join(full, "checkpoint-3"));
     /* a checkpoint whose adapter was replaced by another configuration */
-    const char *swapped = strdup(tu_path("r-swapped"));
+    const char *swapped = tu_keep(tu_path("r-swapped"));
     ck_assert_int_eq(tu_sh("rm -rf '%s' && cp -r '%s' '%s' && cp '%s'/adapter_* '%s/'", swapped, ck,
                            swapped, rank, swapped),
                      0);

@@ -260,6 +260,34 @@ const char *tu_join(const char *dir, const char *leaf) {
     return p;
 }
 
+/* The copies of tu_keep: a list freed by atexit (which runs before LeakSanitizer's check, whose
+ * handler was registered first). */
+typedef struct kept {
+    struct kept *next;
+    char s[];
+} kept;
+
+static kept **kept_list(void) {
+    static kept *head;
+    return &head;
+}
+
+static void kept_free(void) {
+    for (kept *k = *kept_list(), *next; k; k = next) next = k->next, free(k);
+    *kept_list() = NULL;
+}
+
+const char *tu_keep(const char *s) {
+    kept **head = kept_list();
+    if (!*head) atexit(kept_free);
+    kept *k = malloc(sizeof *k + strlen(s) + 1);
+    ck_assert_ptr_nonnull(k);
+    strcpy(k->s, s);
+    k->next = *head;
+    *head = k;
+    return k->s;
+}
+
 char *tu_slurp(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
     ck_assert_msg(f != NULL, "cannot open %s", path);

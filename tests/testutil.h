@@ -44,6 +44,9 @@ int tu_exists(const char *path);
  * buffers, so a test can hold several at once. */
 const char *tu_path(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *tu_join(const char *dir, const char *leaf);
+/* A copy of s that lives until the process exits (freed then, so LeakSanitizer stays quiet): for
+ * paths and outputs a test holds longer than the ring of tu_path lasts. */
+const char *tu_keep(const char *s);
 /* A whole file, NUL-terminated (its length in *n unless n is NULL); fails the test if unreadable.
  */
 char *tu_slurp(const char *path, size_t *n);
