@@ -365,6 +365,40 @@ format-cuda:
 
 -include $(shell find build/nvcc build/nvcc32 build/nvcc64 -name '*.d' 2>/dev/null)
 
+# ---- fuzzing (libFuzzer with clang; not part of make test) ---------------------------------------
+# make fuzz builds tests/fuzz/fuzz_<target> against src/core and src/io with ASan and UBSan, and
+# runs each for FUZZ_SECONDS from its committed corpus (tests/fuzz/corpus/<target>); new inputs go
+# to build-fuzz/corpus/<target>, findings (crash-*, leak-*, timeout-*) to build-fuzz/. CI runs it
+# for a short fixed time. Needs clang and libclang-rt-14-dev (Debian 12).
+
+FUZZ_TARGETS := safetensors config batch index
+FUZZ_SECONDS ?= 60
+FUZZ_CC      ?= clang
+FUZZ_FLAGS   := -std=gnu11 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
+                -fno-sanitize-recover=undefined $(if $(HAVE_PKGS),$(shell pkg-config --cflags libcjson))
+FUZZ_OBJ     := $(patsubst %.c,build-fuzz/obj/%.o,$(wildcard src/core/*.c src/io/*.c))
+.SECONDARY: $(FUZZ_OBJ)
+
+build-fuzz/obj/%.o: %.c | check-deps
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_OBJ)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJ) \
+	  $(if $(HAVE_PKGS),$(shell pkg-config --libs libcjson)) -lm
+
+fuzz: deps
+	@$(FUZZ_CC) --version >/dev/null 2>&1 || { echo "make fuzz needs clang"; exit 2; }
+	@$(MAKE) --no-print-directory $(FUZZ_TARGETS:%=build-fuzz/fuzz_%)
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/corpus/$$t; \
+	  echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; \
+	  build-fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=20 -rss_limit_mb=4096 \
+	    -artifact_prefix=build-fuzz/ -print_final_stats=1 \
+	    build-fuzz/corpus/$$t tests/fuzz/corpus/$$t 2>build-fuzz/$$t.log || \
+	    { tail -60 build-fuzz/$$t.log; exit 1; }; \
+	  grep -E '^stat::number_of_executed_units|Done' build-fuzz/$$t.log | tail -2; done
+
 # ---- housekeeping -------------------------------------------------------------------------------
 
 FORMAT_SRC := $(shell find src ref tests verify cuda -name '*.[ch]' 2>/dev/null)
