@@ -40,8 +40,8 @@ __device__ inline real warp_sum(real s) {
 }
 
 __global__ void attention_forward_kernel(real *o, real *lse, const real *q, const real *k,
-                                         const real *v, const uint8_t *kmask, int s, int M,
-                                         int NH, int NKV, int HD) {
+                                         const real *v, const uint8_t *kmask, int s, int M, int NH,
+                                         int NKV, int HD) {
     const int lane = threadIdx.x % WARP, task = blockIdx.x * WARPS + threadIdx.x / WARP;
     if (task >= M * NH) return; /* the whole warp */
     const int r = task / NH, h = task % NH, g = h / (NH / NKV), i = s + r;
@@ -103,9 +103,9 @@ __global__ void dsum_kernel(real *dsum, const real *dout, const real *o, int M, 
  * [max(s, j0), e) of the chunk. Thread t owns the elements el = t + THREADS·u of the tile's
  * (W, HD) block: key c = el / HD, dim d = el % HD. */
 __global__ void attention_dkdv_kernel(real *dk, real *dv, const real *dout, const real *lse,
-                                      const real *dsum, const real *q, const real *k,
-                                      const real *v, const uint8_t *kmask, int s, int e, int T,
-                                      int NH, int NKV, int HD) {
+                                      const real *dsum, const real *q, const real *k, const real *v,
+                                      const uint8_t *kmask, int s, int e, int T, int NH, int NKV,
+                                      int HD) {
     SBP_SHARED(real, P, W);
     SBP_SHARED(real, dSs, W);
     const int g = blockIdx.y, j0 = blockIdx.x * W, tid = threadIdx.x, rep = NH / NKV;
@@ -127,10 +127,10 @@ __global__ void attention_dkdv_kernel(real *dk, real *dv, const real *dout, cons
             const real *q_i = q + qo, *do_i = dout + qo;
             if (tid < W) { /* P of key tid */
                 const int c = tid;
-                const real S = c < n && kmask[j0 + c]
-                                   ? score(q_i, k + (size_t)(j0 + c) * KV + (size_t)g * HD, HD,
-                                           scale)
-                                   : -INFINITY;
+                const real S =
+                    c < n && kmask[j0 + c]
+                        ? score(q_i, k + (size_t)(j0 + c) * KV + (size_t)g * HD, HD, scale)
+                        : -INFINITY;
                 P[c] = rexp(S - lse[ro]);
             } else if (tid < 2 * W) { /* dP of key tid − W, kept in dSs for now */
                 const int c = tid - W;
@@ -217,8 +217,8 @@ void attention_forward(const eng *e, real *o, real *lse, const real *q, const re
 }
 
 void attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum, const real *dout,
-                        const real *o, const real *lse, const real *q, const real *k,
-                        const real *v, const uint8_t *kmask, int s, int M) {
+                        const real *o, const real *lse, const real *q, const real *k, const real *v,
+                        const uint8_t *kmask, int s, int M) {
     const int NH = e->NH, NKV = e->NKV, HD = e->HD, end = s + M;
     /* rows without a key first: they precede every row with one (src/kernels/unattended.c) */
     unattended_backward(e, dq, dk, dv, dout, o, q, k, v, kmask, s, M);

@@ -27,10 +27,10 @@ __global__ void pgemm_kernel(real *C, size_t ldc, const real *A, size_t rsa, siz
         const int kn = K - k0 < KT ? K - k0 : KT;
         for (int l = tid; l < KT * TILE; l += SIDE * SIDE) {
             const int kk = l / TILE, r = l % TILE;
-            As[kk][r] = kk < kn && i0 + r < M ? A[(size_t)(i0 + r) * rsa + (size_t)(k0 + kk) * csa]
-                                              : 0;
-            Bs[kk][r] = kk < kn && j0 + r < N ? B[(size_t)(k0 + kk) * rsb + (size_t)(j0 + r) * csb]
-                                              : 0;
+            As[kk][r] =
+                kk < kn && i0 + r < M ? A[(size_t)(i0 + r) * rsa + (size_t)(k0 + kk) * csa] : 0;
+            Bs[kk][r] =
+                kk < kn && j0 + r < N ? B[(size_t)(k0 + kk) * rsb + (size_t)(j0 + r) * csb] : 0;
         }
         __syncthreads();
         for (int kk = 0; kk < kn; kk++) /* only p < K: the chain has exactly K links */
@@ -46,8 +46,8 @@ __global__ void pgemm_kernel(real *C, size_t ldc, const real *A, size_t rsa, siz
         }
 }
 
-void pgemm(const eng *e, real *C, size_t ldc, const real *A, size_t rsa, size_t csa,
-           const real *B, size_t rsb, size_t csb, int M, int N, int K) {
+void pgemm(const eng *e, real *C, size_t ldc, const real *A, size_t rsa, size_t csa, const real *B,
+           size_t rsb, size_t csb, int M, int N, int K) {
     if (M <= 0 || N <= 0 || K <= 0) return;
     const dim3 grid(blocks_for((size_t)N, TILE), blocks_for((size_t)M, TILE)), block(SIDE, SIDE);
     SBP_LAUNCH(pgemm_kernel, grid, block, 0, C, ldc, A, rsa, csa, B, rsb, csb, M, N, K);

@@ -13,7 +13,8 @@ const void *sbp_ops_cuda_f64(void);
 
 /* The sbp_ops of device d in precision p, or NULL when this build does not have it. */
 const void *sbp_cuda_ops(sbp_device d, sbp_precision p) {
-    if (d == SBP_DEVICE_CUDA_EMU) return p == SBP_FP64 ? sbp_ops_cuda_emu_f64() : sbp_ops_cuda_emu_f32();
+    if (d == SBP_DEVICE_CUDA_EMU)
+        return p == SBP_FP64 ? sbp_ops_cuda_emu_f64() : sbp_ops_cuda_emu_f32();
 #if SBP_HAVE_NVCC
     if (d == SBP_DEVICE_CUDA) return p == SBP_FP64 ? sbp_ops_cuda_f64() : sbp_ops_cuda_f32();
 #endif

@@ -45,14 +45,15 @@ __global__ void rmsnorm_dw_kernel(real *dw, const real *dout, const real *x, con
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     real acc = dw[c];
-    for (int r = 0; r < M; r++) acc = rfma(dout[(size_t)r * C + c], x[(size_t)r * C + c] * rstd[r], acc);
+    for (int r = 0; r < M; r++)
+        acc = rfma(dout[(size_t)r * C + c], x[(size_t)r * C + c] * rstd[r], acc);
     dw[c] = acc;
 }
 
 void rmsnorm_forward(const eng *e, real *out, real *rstd, const real *x, const real *w, int M,
                      int C) {
-    SBP_LAUNCH(rmsnorm_forward_kernel, blocks_for((size_t)M, WARPS), THREADS, 0, out, rstd, x, w,
-               M, C, (real)e->cfg->eps);
+    SBP_LAUNCH(rmsnorm_forward_kernel, blocks_for((size_t)M, WARPS), THREADS, 0, out, rstd, x, w, M,
+               C, (real)e->cfg->eps);
     check(e, "rmsnorm_forward_kernel");
 }
 

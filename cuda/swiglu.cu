@@ -26,8 +26,8 @@ void swiglu_forward(const eng *e, real *h, const real *g, const real *u, size_t 
     check(e, "swiglu_forward_kernel");
 }
 
-void swiglu_backward(const eng *e, real *dg, real *du, const real *dh, const real *g,
-                     const real *u, size_t n) {
+void swiglu_backward(const eng *e, real *dg, real *du, const real *dh, const real *g, const real *u,
+                     size_t n) {
     SBP_LAUNCH(swiglu_backward_kernel, blocks_for(n, THREADS), THREADS, 0, dg, du, dh, g, u, n);
     check(e, "swiglu_backward_kernel");
 }

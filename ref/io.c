@@ -457,8 +457,8 @@ static const struct {
     const char *name, *path;
     sbp_param_kind kind;
 } lora_modules[] = {
-    {"q_proj", "self_attn.q_proj", SBP_P_Q}, {"k_proj", "self_attn.k_proj", SBP_P_K},
-    {"v_proj", "self_attn.v_proj", SBP_P_V}, {"o_proj", "self_attn.o_proj", SBP_P_O},
+    {"q_proj", "self_attn.q_proj", SBP_P_Q},    {"k_proj", "self_attn.k_proj", SBP_P_K},
+    {"v_proj", "self_attn.v_proj", SBP_P_V},    {"o_proj", "self_attn.o_proj", SBP_P_O},
     {"gate_proj", "mlp.gate_proj", SBP_P_GATE}, {"up_proj", "mlp.up_proj", SBP_P_UP},
     {"down_proj", "mlp.down_proj", SBP_P_DOWN},
 };
@@ -525,8 +525,7 @@ static int lora_config_read(ref_lora *a, const char *path, sbp_err *err) {
         } else {
             st = sbp_fail(err, SBP_EINPUT, "ref: %s: no target_modules", path);
         }
-        if (!st && !a->targets)
-            st = sbp_fail(err, SBP_EINPUT, "ref: %s: no target module", path);
+        if (!st && !a->targets) st = sbp_fail(err, SBP_EINPUT, "ref: %s: no target module", path);
     }
     cJSON_Delete(o);
     return st;
@@ -548,8 +547,9 @@ int ref_lora_read(ref_lora *a, const char *dir, const sbp_config *c, sbp_err *er
             if (!(a->targets >> k & 1)) continue;
             for (int which = 1; which <= 2; which++) {
                 sbp_param *p = &a->ps.p[a->ps.n++];
-                snprintf(p->name, sizeof p->name, "base_model.model.model.layers.%d.%s.lora_%c.weight",
-                         l, lora_modules[k].path, which == 1 ? 'A' : 'B');
+                snprintf(p->name, sizeof p->name,
+                         "base_model.model.model.layers.%d.%s.lora_%c.weight", l,
+                         lora_modules[k].path, which == 1 ? 'A' : 'B');
                 p->kind = lora_modules[k].kind, p->layer = l, p->lora = which, p->ndim = 2;
                 p->shape[0] = which == 1 ? R : out[k];
                 p->shape[1] = which == 1 ? in[k] : R;
@@ -575,15 +575,15 @@ int ref_lora_read(ref_lora *a, const char *dir, const sbp_config *c, sbp_err *er
         st = st_get(&t, &found, &f, p->name, err);
         if (!found) {
             st = sbp_fail(err, SBP_EINPUT, "ref: %s: no tensor \"%s\"", path, p->name);
-        } else if (!st && (t.ndim != 2 || t.shape[0] != p->shape[0] ||
-                           t.shape[1] != p->shape[1] || !t.is_float)) {
+        } else if (!st && (t.ndim != 2 || t.shape[0] != p->shape[0] || t.shape[1] != p->shape[1] ||
+                           !t.is_float)) {
             st = sbp_fail(err, SBP_EINPUT, "ref: %s: \"%s\" is not a float tensor [%lld, %lld]",
                           path, p->name, (long long)p->shape[0], (long long)p->shape[1]);
         } else if (!st) {
             for (int64_t j = 0; j < p->numel && !st; j++)
                 if (!isfinite(t.v[j]))
-                    st = sbp_fail(err, SBP_EINPUT, "ref: %s: \"%s\" holds a non-finite value",
-                                  path, p->name);
+                    st = sbp_fail(err, SBP_EINPUT, "ref: %s: \"%s\" holds a non-finite value", path,
+                                  p->name);
             memcpy(a->w + p->offset, t.v, sizeof *t.v * (size_t)p->numel);
         }
         free(t.v);
@@ -879,8 +879,8 @@ int ref_truth(double *loss, double *grads, const ref_net *net, const sbp_batch *
     return st;
 }
 
-int ref_truth_files(double *loss, double **grads, ref_model *m, ref_lora *lora,
-                    const ref_files *f, char *mismatch, size_t n_mismatch, sbp_err *err) {
+int ref_truth_files(double *loss, double **grads, ref_model *m, ref_lora *lora, const ref_files *f,
+                    char *mismatch, size_t n_mismatch, sbp_err *err) {
     *grads = NULL;
     if (lora) memset(lora, 0, sizeof *lora);
     int st = ref_model_read(m, f->model_dir, mismatch, n_mismatch, err);

@@ -408,8 +408,8 @@ static void unattended_probs(real_t *p /* (T) */, const real_t *qt /* (HD) */,
  * exp(s_tj'), o[t,h] = Σ_j p_tj v[j,g]; p_tj = 0 for invisible keys, and a query with no visible
  * key has p_t· = 0 and o[t,h] = 0. The log-sum-exp subtracts the row maximum before exp (the same
  * value, without overflow). In modes hf-eager and hf-sdpa a query with no visible key attends
- * to all T keys instead (unattended_probs). Only lse is kept (NH×T, +inf for a query without keys); the backward
- * recomputes the scores, so no T×T array exists and long sequences fit. */
+ * to all T keys instead (unattended_probs). Only lse is kept (NH×T, +inf for a query without keys);
+ * the backward recomputes the scores, so no T×T array exists and long sequences fit. */
 static void attention_fwd(real_t *lse /* (NH, T) */, real_t *o /* (T, Q) */,
                           const real_t *q /* (T, Q) */, const real_t *k /* (T, KV) */,
                           const real_t *v /* (T, KV) */, const int *vis, int n_vis,
@@ -455,8 +455,9 @@ static void attention_fwd(real_t *lse /* (NH, T) */, real_t *o /* (T, Q) */,
  *                                      (from ∂p_tj/∂s_tk = p_tj (δ_jk − p_tk));
  *   s_tj = q_t·k_j / sqrt(HD)      so  dq_t += Σ_j ds_tj k_j / sqrt(HD),  dk_j += ds_tj q_t /
  * sqrt(HD). Invisible keys have p_tj = 0, hence ds_tj = 0 and no gradient; a query with no visible
- * key has p_t· = 0 and passes no gradient to q, k or v in mode zero (unattended_bwd otherwise). dk and dv of kv head g collect the
- * gradients of all NH/NKV query heads that read it. p_tj is recomputed from the scores and lse. */
+ * key has p_t· = 0 and passes no gradient to q, k or v in mode zero (unattended_bwd otherwise). dk
+ * and dv of kv head g collect the gradients of all NH/NKV query heads that read it. p_tj is
+ * recomputed from the scores and lse. */
 /* A query that sees no key, with p (T) over all T keys from unattended_probs: the same chain as
  * below, o = Σ_j p_j v_j and ds_j = p_j (dp_j − Σ_j' p_j' dp_j'), over every key. In hf-eager
  * p does not depend on the scores' values, but autograd still differentiates through them
@@ -679,8 +680,8 @@ static void seq_alloc(seq_acts *s, layer_scratch *sc, pool *pl, const dims *d) {
 }
 
 /* One decoder layer, from a->x (already filled) to y. */
-static void layer_fwd(layer_acts *a, real_t *y /* (T, C) */, const layer_w *lw,
-                      const adapter *ad, int l, const seq_acts *s, const dims *d) {
+static void layer_fwd(layer_acts *a, real_t *y /* (T, C) */, const layer_w *lw, const adapter *ad,
+                      int l, const seq_acts *s, const dims *d) {
     const real_t *cs = s->cs, *sn = s->sn;
     int T = d->T, C = d->C, Q = d->Q, KV = d->KV, F = d->F, HD = d->HD;
     for (int t = 0; t < T; t++)
@@ -961,8 +962,8 @@ static int lora_check(const ref_lora *la, const dims *d, sbp_err *err) {
     for (int i = 0; i < la->ps.n; i++) {
         const sbp_param *p = &la->ps.p[i];
         int64_t in = p->kind == SBP_P_O ? d->Q : p->kind == SBP_P_DOWN ? d->F : d->C;
-        int64_t out = p->kind == SBP_P_Q                       ? d->Q
-                      : p->kind == SBP_P_K || p->kind == SBP_P_V ? d->KV
+        int64_t out = p->kind == SBP_P_Q                             ? d->Q
+                      : p->kind == SBP_P_K || p->kind == SBP_P_V     ? d->KV
                       : p->kind == SBP_P_GATE || p->kind == SBP_P_UP ? d->F
                                                                      : d->C;
         int proj = p->kind == SBP_P_Q || p->kind == SBP_P_K || p->kind == SBP_P_V ||
@@ -1028,7 +1029,8 @@ static int run(double *logp /* (B*T) or NULL */, double *grads /* (ref_grad_tota
         for (int64_t i = 0; i < NA; i++) aw[i] = (real_t)la->w[i];
 #else
     const real_t *w = net->w;
-    real_t *g = grads && la ? pool_get(&pl, (size_t)ps->total) : grads; /* scratch with an adapter */
+    real_t *g =
+        grads && la ? pool_get(&pl, (size_t)ps->total) : grads; /* scratch with an adapter */
     ad.w = la ? la->w : NULL;
     ad.g = la ? grads : NULL;
 #endif
@@ -1066,8 +1068,8 @@ static int run(double *logp /* (B*T) or NULL */, double *grads /* (ref_grad_tota
     return SBP_OK;
 }
 
-int REF_NAME(ref_logprobs)(double *logp, const ref_net *net, const sbp_batch *b,
-                           double temperature, sbp_err *err) {
+int REF_NAME(ref_logprobs)(double *logp, const ref_net *net, const sbp_batch *b, double temperature,
+                           sbp_err *err) {
     return run(logp, NULL, NULL, net, b, temperature, err);
 }
 

@@ -155,8 +155,7 @@ int ref_backward_f32(double *grads, const double *coef, const ref_net *net, cons
  * (num_items of a step is not taken here: ref_truth applies it.) */
 int ref_sft(double *loss, double *grads /* (ref_grad_total(net)), overwritten, or NULL */,
             const ref_net *net, const sbp_batch *b, sbp_err *err);
-int ref_sft_f32(double *loss, double *grads, const ref_net *net, const sbp_batch *b,
-                sbp_err *err);
+int ref_sft_f32(double *loss, double *grads, const ref_net *net, const sbp_batch *b, sbp_err *err);
 
 /* DPO (TRL DPOTrainer; SEMANTICS.md "DPO"): b holds 2·pairs rows, chosen rows [0, pairs), rejected
  * rows [pairs, 2·pairs), and b->ref_seq_logps (2·pairs), the reference statistic of each row (a

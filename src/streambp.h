@@ -174,8 +174,8 @@ typedef struct {
     int64_t at_peak[SBP_MEM_NCATS]; /* each category at the moment of the total peak */
     int64_t cur_total, peak_total;
     int64_t n_allocs;
-    int plan; /* set before use: allocations only reserve address space (PROT_NONE), so a
-               * planning run that touched a buffer would fault instead of computing */
+    int plan;       /* set before use: allocations only reserve address space (PROT_NONE), so a
+                     * planning run that touched a buffer would fault instead of computing */
     void *pool;     /* freed large blocks kept for reuse (sbp_ledger_keep_blocks), or NULL */
     int64_t cached; /* bytes of those blocks as last used (not in cur_total) */
 } sbp_ledger;
@@ -371,7 +371,11 @@ typedef enum { SBP_DEVICE_CPU, SBP_DEVICE_CUDA, SBP_DEVICE_CUDA_EMU } sbp_device
  *            uniform over all T keys; autograd still passes dS = P(dP − D) to q and k;
  *   HF_SDPA  HF's sdpa path: the row is unmasked and attends to every key with its real scores.
  * Only such rows change; ref/SEMANTICS.md gives the formulas. */
-typedef enum { SBP_UNATTENDED_ZERO, SBP_UNATTENDED_HF_EAGER, SBP_UNATTENDED_HF_SDPA } sbp_unattended;
+typedef enum {
+    SBP_UNATTENDED_ZERO,
+    SBP_UNATTENDED_HF_EAGER,
+    SBP_UNATTENDED_HF_SDPA
+} sbp_unattended;
 
 const char *sbp_unattended_name(sbp_unattended u);
 int sbp_unattended_parse(const char *s, sbp_unattended *out); /* 1 on success */
@@ -397,9 +401,9 @@ typedef struct {
     const sbp_lora *lora;      /* with an adapter: the base model is frozen, and the gradient is
                                 * the adapter's (laid out as lora->params, lora->prec = the
                                 * model's) */
-    int emulate_bf16;        /* float32 engine only: round every stored tensor and the gradients to
-                              * bfloat16, as pure-bf16 training does (give it a model whose weights
-                              * went through sbp_model_round_bf16); verify audit's bf16 yardstick */
+    int emulate_bf16; /* float32 engine only: round every stored tensor and the gradients to
+                       * bfloat16, as pure-bf16 training does (give it a model whose weights
+                       * went through sbp_model_round_bf16); verify audit's bf16 yardstick */
 } sbp_grad_opts;
 
 typedef struct {

@@ -10,7 +10,8 @@
  * The binary under test is $STREAMBP (default build/streambp): `make test` runs this test again
  * against the same sources built with clang and with -march=x86-64 (no AVX, no hardware FMA),
  * and with SBP_GOLDEN_DEVICE=cuda-emu (the CUDA kernels in the SIMT emulator; `make gpu-check`
- * sets cuda), and the digests must not change. SBP_GOLDEN_UPDATE=1 rewrites the golden files instead
+ * sets cuda), and the digests must not change. SBP_GOLDEN_UPDATE=1 rewrites the golden files
+ * instead
  * (`make golden`): only for a deliberate change of the portable arithmetic, with the reason in
  * the commit message. */
 #include "testutil.h"
@@ -47,8 +48,8 @@ static const char *model_dir(const char *family) {
 
 /* The fingerprint of one run, as text (allocated). */
 static char *fingerprint(const char *family, int obj, const char *prec, int run) {
-    const char *out = tu_path("golden-%s-%s-%s-%d.safetensors", family, objectives[obj].name,
-                              prec, run);
+    const char *out =
+        tu_path("golden-%s-%s-%s-%d.safetensors", family, objectives[obj].name, prec, run);
     const char *device = getenv("SBP_GOLDEN_DEVICE") ? getenv("SBP_GOLDEN_DEVICE") : "cpu";
     if (tu_sh("'%s' grad --model '%s' --batch %s %s --precision %s --numerics portable %s "
               "--device %s --out '%s'",
@@ -84,8 +85,7 @@ START_TEST(golden_digests) {
     const char *family = families[_i / 6], *prec = _i % 2 ? "fp64" : "fp32";
     const int obj = _i / 2 % 3;
     char golden[256], what[640];
-    snprintf(golden, sizeof golden, "data/golden/%s-%s-%s.txt", family, objectives[obj].name,
-             prec);
+    snprintf(golden, sizeof golden, "data/golden/%s-%s-%s.txt", family, objectives[obj].name, prec);
     char *first = fingerprint(family, obj, prec, 0);
     for (int r = 1; r < 3; r++) {
         char *other = fingerprint(family, obj, prec, r);

@@ -475,7 +475,8 @@ static void attn_naive(double *o, double *lse, const double *q, const double *k,
 /* Inputs, outputs and gradients of one attention problem over the whole sequence. */
 typedef struct {
     attn_cfg c;
-    int portable; /* the portable kernel (tiles of ATTN_TILE), else BLAS tiles of attention_tile(blk) */
+    int portable; /* the portable kernel (tiles of ATTN_TILE), else BLAS tiles of
+                     attention_tile(blk) */
     int Q, KV;
     double *q, *k, *v, *o, *lse, *r, *dq, *dk, *dv, *dsum, *scratch;
     uint8_t *kmask;
@@ -498,7 +499,8 @@ static void attn_init(attn_prob *p, attn_cfg c, uint64_t seed, int portable) {
     p->dv = zeros(T * p->KV);
     p->dsum = zeros(T * c.NH);
     p->portable = portable;
-    p->scratch = zeros(portable ? attention_workspace(c.HD) : blas_attention_workspace(c.blk, c.HD));
+    p->scratch =
+        zeros(portable ? attention_workspace(c.HD) : blas_attention_workspace(c.blk, c.HD));
     p->kmask = make_mask(c.T, c.pad);
 }
 
@@ -512,8 +514,8 @@ static void attn_fwd_range(attn_prob *p, double *o, double *lse, int s, int e) {
     const attn_cfg c = p->c;
     if (p->portable)
         attention_forward(o + (size_t)s * p->Q, lse + (size_t)s * c.NH, p->scratch,
-                          p->q + (size_t)s * p->Q, p->k, p->v, p->kmask, s, e - s, c.T, c.NH,
-                          c.NKV, c.HD);
+                          p->q + (size_t)s * p->Q, p->k, p->v, p->kmask, s, e - s, c.T, c.NH, c.NKV,
+                          c.HD);
     else
         blas_attention_forward(o + (size_t)s * p->Q, lse + (size_t)s * c.NH, p->scratch,
                                p->q + (size_t)s * p->Q, p->k, p->v, p->kmask, s, e - s, c.T, c.NH,
@@ -526,8 +528,8 @@ static void attn_bwd_range(attn_prob *p, double *dq, double *dk, double *dv, int
     const size_t so = (size_t)s * p->Q, sl = (size_t)s * c.NH;
     if (p->portable)
         attention_backward(dq + so, dk, dv, p->dsum + sl, p->scratch, p->r + so, p->o + so,
-                           p->lse + sl, p->q + so, p->k, p->v, p->kmask, s, e - s, c.T, c.NH,
-                           c.NKV, c.HD);
+                           p->lse + sl, p->q + so, p->k, p->v, p->kmask, s, e - s, c.T, c.NH, c.NKV,
+                           c.HD);
     else
         blas_attention_backward(dq + so, dk, dv, p->dsum + sl, p->scratch, p->r + so, p->o + so,
                                 p->lse + sl, p->q + so, p->k, p->v, p->kmask, s, e - s, c.T, c.NH,
@@ -910,7 +912,8 @@ END_TEST
 static double ulp_of(double x, int is_float) {
     int e;
     frexp(x, &e); /* |x| in [2^(e−1), 2^e) */
-    const double u = ldexp(1.0, e - 1 - (is_float ? 23 : 52)), sub = is_float ? 0x1p-149 : 0x1p-1074;
+    const double u = ldexp(1.0, e - 1 - (is_float ? 23 : 52)),
+                 sub = is_float ? 0x1p-149 : 0x1p-1074;
     return u > sub ? u : sub; /* subnormal results: the spacing of the subnormals */
 }
 
@@ -944,7 +947,8 @@ static double worst_ulp(int f, double lo, double hi, int log_scale, double floor
         double u = lo + (hi - lo) * sbp_rng_uniform(&r), x = log_scale ? exp(u) : u;
         if (f == F_EXPF || f == F_LOGF) x = (float)x;
         long double want = f == F_LOG || f == F_LOGF ? logl(x) : f == F_SIN ? sinl(x) : cosl(x);
-        if ((f == F_LOG || f == F_LOGF || f == F_SIN || f == F_COS) && fabsl(want) < floor) continue;
+        if ((f == F_LOG || f == F_LOGF || f == F_SIN || f == F_COS) && fabsl(want) < floor)
+            continue;
         double e = ulp_err(f, x);
         if (e > worst) worst = e, *at = x;
     }
@@ -965,11 +969,11 @@ START_TEST(pmath_ulp) {
         double floor, bound;
         const char *name;
     } cases[] = {
-        {F_EXPF, -87, 88.7, 0, 0, 1.5, "expf"},       {F_EXP, -700, 709.7, 0, 0, 1.5, "exp"},
-        {F_EXP, -708, -700, 0, 0, 2.5, "exp (low)"},  {F_EXPF, -103, -87, 0, 0, 1.5, "expf (sub)"},
-        {F_EXP, -744, -708, 0, 0, 1.5, "exp (sub)"},  {F_LOGF, -87, 88, 1, 1e-3, 1.5, "logf"},
-        {F_LOG, -700, 700, 1, 1e-3, 1.5, "log"},      {F_LOG1P, 0, 1e-3, 0, 0, 1.5, "log1p"},
-        {F_SIN, 0, 1e6, 0, 1e-3, 3, "sin"},           {F_COS, 0, 1e6, 0, 1e-3, 3, "cos"},
+        {F_EXPF, -87, 88.7, 0, 0, 1.5, "expf"},      {F_EXP, -700, 709.7, 0, 0, 1.5, "exp"},
+        {F_EXP, -708, -700, 0, 0, 2.5, "exp (low)"}, {F_EXPF, -103, -87, 0, 0, 1.5, "expf (sub)"},
+        {F_EXP, -744, -708, 0, 0, 1.5, "exp (sub)"}, {F_LOGF, -87, 88, 1, 1e-3, 1.5, "logf"},
+        {F_LOG, -700, 700, 1, 1e-3, 1.5, "log"},     {F_LOG1P, 0, 1e-3, 0, 0, 1.5, "log1p"},
+        {F_SIN, 0, 1e6, 0, 1e-3, 3, "sin"},          {F_COS, 0, 1e6, 0, 1e-3, 3, "cos"},
     };
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
         double at = 0;
@@ -1009,7 +1013,8 @@ static void chain_ref(double *C, size_t ldc, const double *A, size_t rsa, size_t
 }
 
 START_TEST(pgemm_chains) {
-    static const int shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {13, 37, 300}, {100, 70, 600}, {9, 33, 257}};
+    static const int shapes[][3] = {
+        {1, 1, 1}, {7, 5, 3}, {13, 37, 300}, {100, 70, 600}, {9, 33, 257}};
     for (int t = 1; t <= 2; t++) {
         omp_set_num_threads(t);
         double *ws = zeros(pgemm_workspace());
@@ -1026,7 +1031,8 @@ START_TEST(pgemm_chains) {
                 pgemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K);
                 chain_ref(R, ldc, A, rsa, csa, B, rsb, csb, M, N, K);
                 char what[96];
-                snprintf(what, sizeof what, "pgemm %dx%dx%d transposes %d, %d threads", M, N, K, tr, t);
+                snprintf(what, sizeof what, "pgemm %dx%dx%d transposes %d, %d threads", M, N, K, tr,
+                         t);
                 assert_bitwise(what, C, R, (size_t)M * ldc);
                 free(A), free(B), free(C), free(R);
             }

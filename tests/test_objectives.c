@@ -220,7 +220,8 @@ static double ref_loss_only(const sbp_model *m, const double *w, const sbp_batch
     double loss;
     sbp_err err = {0};
     ref_loss_fn fn = o->kind == SBP_OBJ_DPO ? ref_dpo : ref_grpo;
-    if (fn(&loss, NULL, REF_NET(&m->cfg, &m->params, w), b, o, &err)) ck_abort_msg("ref: %s", err.msg);
+    if (fn(&loss, NULL, REF_NET(&m->cfg, &m->params, w), b, o, &err))
+        ck_abort_msg("ref: %s", err.msg);
     return loss;
 }
 
@@ -539,18 +540,23 @@ START_TEST(errors) {
     /* DPO: no reference values; β ≤ 0; a temperature; label smoothing; GRPO objective */
     double *rs = d.ref_seq_logps;
     d.ref_seq_logps = NULL;
-    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &dpo, &err), SBP_EINPUT, "no reference");
+    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &dpo, &err), SBP_EINPUT,
+           "no reference");
     d.ref_seq_logps = rs;
     o = dpo, o.beta = 0;
     EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &o, &err), SBP_EUSAGE, "beta");
     o = dpo, o.temperature = 0.7;
-    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &o, &err), SBP_EUSAGE, "temperature");
+    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &o, &err), SBP_EUSAGE,
+           "temperature");
     o = dpo, o.label_smoothing = -0.1;
-    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &o, &err), SBP_EUSAGE, "smoothing");
-    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &grpo, &err), SBP_EUSAGE, "not DPO");
+    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &o, &err), SBP_EUSAGE,
+           "smoothing");
+    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &grpo, &err), SBP_EUSAGE,
+           "not DPO");
     /* DPO: rows that are not pairs */
     d.pairs = 1;
-    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &dpo, &err), SBP_EINPUT, "pairs");
+    EXPECT(ref_dpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &d, &dpo, &err), SBP_EINPUT,
+           "pairs");
     d.pairs = 2;
     /* GRPO: β > 0 without reference log-probs; bad temperatures; bad ε; no advantages */
     double *rl = g.ref_logps;
@@ -559,14 +565,18 @@ START_TEST(errors) {
            "needs reference");
     g.ref_logps = rl;
     o = grpo, o.temperature = -1;
-    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &o, &err), SBP_EUSAGE, "temperature");
+    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &o, &err), SBP_EUSAGE,
+           "temperature");
     o.temperature = NAN;
-    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &o, &err), SBP_EUSAGE, "temperature");
+    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &o, &err), SBP_EUSAGE,
+           "temperature");
     o = grpo, o.epsilon_high = -0.1;
-    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &o, &err), SBP_EUSAGE, "epsilon");
+    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &o, &err), SBP_EUSAGE,
+           "epsilon");
     o = grpo, o.beta = -1;
     EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &o, &err), SBP_EUSAGE, "beta");
-    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &dpo, &err), SBP_EUSAGE, "not GRPO");
+    EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &dpo, &err), SBP_EUSAGE,
+           "not GRPO");
     double *adv = g.advantages;
     g.advantages = NULL;
     EXPECT(ref_grpo(&loss, gr, REF_NET(&m.cfg, &m.params, m.w), &g, &grpo, &err), SBP_EINPUT,

@@ -96,7 +96,8 @@ static double *ref_grads(double *loss, const sbp_model *m, const sbp_batch *b) {
     double *g = malloc(sizeof *g * (size_t)m->params.total);
     ck_assert_ptr_nonnull(g);
     sbp_err err = {0};
-    if (ref_sft(loss, g, REF_NET(&m->cfg, &m->params, m->w), b, &err)) ck_abort_msg("ref_sft: %s", err.msg);
+    if (ref_sft(loss, g, REF_NET(&m->cfg, &m->params, m->w), b, &err))
+        ck_abort_msg("ref_sft: %s", err.msg);
     return g;
 }
 
@@ -210,7 +211,8 @@ START_TEST(fd_temperature_and_coef) {
     sbp_rng_seed(&rng, 5);
     for (size_t i = 0; i < n; i++) coef[i] = sbp_rng_normal(&rng) / 10;
     sbp_err err = {0};
-    ck_assert_msg(ref_backward(g, coef, REF_NET(&m.cfg, &m.params, m.w), &b, 0.7, &err) == 0, "%s", err.msg);
+    ck_assert_msg(ref_backward(g, coef, REF_NET(&m.cfg, &m.params, m.w), &b, 0.7, &err) == 0, "%s",
+                  err.msg);
     fd_check(&m, &b, coef, 0.7, g, 2, 300, "qwen2-tiny tau 0.7, random coef");
     double *g2 = malloc(sizeof *g2 * (size_t)m.params.total);
     ck_assert_ptr_nonnull(g2);
@@ -243,7 +245,8 @@ START_TEST(padding_semantics) {
     make_pad_batch(&b, m.cfg.vocab);
     double a[PB * PT], c[PB * PT];
     sbp_err err = {0};
-    ck_assert_msg(ref_logprobs(a, REF_NET(&m.cfg, &m.params, m.w), &b, 1.0, &err) == 0, "%s", err.msg);
+    ck_assert_msg(ref_logprobs(a, REF_NET(&m.cfg, &m.params, m.w), &b, 1.0, &err) == 0, "%s",
+                  err.msg);
     for (int r = 0; r < PB; r++)
         for (int t = 0; t < PT; t++) {
             int i = r * PT + t, has = t + 1 < PT && b.labels[i + 1] != SBP_IGNORE;
@@ -288,8 +291,10 @@ START_TEST(errors) {
     ck_assert_ptr_nonnull(strstr(err.msg, "input_ids[0][3]"));
     b.ids[3] = 0;
     /* a temperature that is not > 0 */
-    ck_assert_int_eq(ref_logprobs(logp, REF_NET(&m.cfg, &m.params, m.w), &b, 0.0, &err), SBP_EUSAGE);
-    ck_assert_int_eq(ref_backward(g, logp, REF_NET(&m.cfg, &m.params, m.w), &b, -1.0, &err), SBP_EUSAGE);
+    ck_assert_int_eq(ref_logprobs(logp, REF_NET(&m.cfg, &m.params, m.w), &b, 0.0, &err),
+                     SBP_EUSAGE);
+    ck_assert_int_eq(ref_backward(g, logp, REF_NET(&m.cfg, &m.params, m.w), &b, -1.0, &err),
+                     SBP_EUSAGE);
     ck_assert(loss == 42);
     for (size_t i = 0; i < n; i++) ck_assert(g[i] == 7);
     free(g);
@@ -372,8 +377,8 @@ static void run_against_ref(const char *family, const char *model_dir, const sbp
 }
 
 /* Every family × both batches × full, ckpt (materialised and chunked logits) and stream with a
- * block-multiple chunk and a ragged one, float64 and float32, fast and portable numerics. One test, so that the worst values
- * over all of it are printed once. */
+ * block-multiple chunk and a ragged one, float64 and float32, fast and portable numerics. One test,
+ * so that the worst values over all of it are printed once. */
 START_TEST(src_against_ref) {
     /* sft-tiny: T = 24, block 4; sft-demo: T = 96, block 16 */
     const sched tiny[] = {{SBP_FULL, 4, 0, 0, 0},    {SBP_CKPT, 4, 0, 0, 0},
@@ -1165,8 +1170,7 @@ START_TEST(ref32_error) {
                          .batch_path = "data/batches/sft-tiny.safetensors",
                          .o = &o,
                          .scale_rewards = 1};
-    ck_assert_msg(ref_truth_files(&loss, &g, &m, NULL, &f, NULL, 0, &err) == SBP_OK, "%s",
-                  err.msg);
+    ck_assert_msg(ref_truth_files(&loss, &g, &m, NULL, &f, NULL, 0, &err) == SBP_OK, "%s", err.msg);
     sbp_batch b;
     ck_assert_int_eq(
         ref_batch_read(&b, "data/batches/sft-tiny.safetensors", &m.cfg, SBP_OBJ_SFT, 1, &err),

@@ -26,12 +26,12 @@ typedef struct {
     sbp_theirs_precision precision;
     double slack; /* 0: 4 */
     int no_ref;
-    int block;               /* 0: 256 */
-    sbp_objective objective; /* zero: SFT */
-    int no_scale_rewards;    /* GRPO rewards: advantages r − mean, without the std (TRL's
-                              * scale_rewards=False) */
-    const char *ref_model;   /* DPO/GRPO reference log-probs from this model, or NULL */
-    sbp_numerics numerics;   /* of our runs (the yardstick, and the truth with no_ref) */
+    int block;                 /* 0: 256 */
+    sbp_objective objective;   /* zero: SFT */
+    int no_scale_rewards;      /* GRPO rewards: advantages r − mean, without the std (TRL's
+                                * scale_rewards=False) */
+    const char *ref_model;     /* DPO/GRPO reference log-probs from this model, or NULL */
+    sbp_numerics numerics;     /* of our runs (the yardstick, and the truth with no_ref) */
     sbp_unattended unattended; /* rows with no visible key, in every run and in the oracle */
 } sbp_audit_opts;
 

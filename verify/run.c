@@ -33,10 +33,10 @@ typedef struct {
     const sbp_batch *b;
     const ref_model *rm; /* the oracle's reading of the model and batch; NULL with --no-ref */
     const sbp_batch *rb;
-    double *truth;    /* (params.total) */
-    double *budget32; /* (params.n) relative-L2 budget per tensor */
+    double *truth;     /* (params.total) */
+    double *budget32;  /* (params.n) relative-L2 budget per tensor */
     int have_budget32; /* --no-ref: set by the first float32 full BP */
-    double *ta, *tb;  /* scratch: one tensor as doubles */
+    double *ta, *tb;   /* scratch: one tensor as doubles */
 } ctx;
 
 static void label(char *buf, size_t n, sbp_device dev, sbp_numerics num, sbp_precision p,
@@ -163,8 +163,8 @@ static sbp_status run_precision(ctx *x, sbp_precision p, const run_cfg *cfgs, in
             sbp_set_threads(o->threads[t]);
             if ((st = run(&rt, x, p, c, err))) break;
             label(what, sizeof what, SBP_DEVICE_CPU, x->numerics, p, c, o->threads[t]);
-            compare(x, portable ? SBP_VG_PORTABLE : SBP_VG_THREADS, what, rt.grads, a->grads, p,
-                    0, NULL);
+            compare(x, portable ? SBP_VG_PORTABLE : SBP_VG_THREADS, what, rt.grads, a->grads, p, 0,
+                    NULL);
             sbp_grad_result_free(&rt, NULL);
         }
         if (k >= 0) sbp_grad_result_free(&r0, NULL);
@@ -222,10 +222,8 @@ static sbp_status truth_of(ctx *x, sbp_err *err) {
         double *g32 = malloc(sizeof(double) * (size_t)x->rm->ps.total);
         double *t32 = malloc(sizeof(double) * (size_t)ps->total);
         sbp_status st = !g || !g32 || !t32 ? sbp_fail(err, SBP_ENOMEM, "out of memory") : SBP_OK;
-        const ref_net net = {.cfg = &x->rm->cfg,
-                             .ps = &x->rm->ps,
-                             .w = x->rm->w,
-                             .unattended = x->o->unattended};
+        const ref_net net = {
+            .cfg = &x->rm->cfg, .ps = &x->rm->ps, .w = x->rm->w, .unattended = x->o->unattended};
         if (!st) st = ref_truth(&x->rep->truth_loss, g, &net, x->rb, o, 0, err);
         if (!st) st = ref_truth(&loss32, g32, &net, x->rb, o, 1, err);
         if (!st) {
@@ -326,10 +324,9 @@ static void default_chunks(sbp_verify_report *rep) {
     }
 }
 
-static const char *group_titles[SBP_VG_N] = {
-    "loading", "fp64 vs truth", "fp32 vs truth", "schedules",
-    "threads", "ragged chunks", "portable",      "devices",
-    "micro-batches"};
+static const char *group_titles[SBP_VG_N] = {"loading",   "fp64 vs truth", "fp32 vs truth",
+                                             "schedules", "threads",       "ragged chunks",
+                                             "portable",  "devices",       "micro-batches"};
 
 /* One row per tensor of table ps in every group. */
 static sbp_status make_groups(sbp_verify_report *rep, const sbp_params *ps, sbp_err *err) {

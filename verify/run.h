@@ -51,11 +51,11 @@ typedef struct {
     const char *model, *batch;
     int block;                         /* 0: 16 when T < 1024, else 256 */
     int chunks[SBP_VERIFY_MAX_CHUNKS]; /* stream chunks (and logit chunks) */
-    int n_chunks;   /* 0: block multiples B, 2B, 4B, T and ragged 1, 7, T−1, T+5 */
-    int schedules;  /* bit set of 1 << sbp_schedule; 0: all three */
-    int precisions; /* bit set of 1 << sbp_precision; 0: both */
-    int numerics;   /* bit set of 1 << sbp_numerics; 0: both */
-    int devices;    /* bit set of 1 << sbp_device beyond the CPU's; 0: the CPU only */
+    int n_chunks;              /* 0: block multiples B, 2B, 4B, T and ragged 1, 7, T−1, T+5 */
+    int schedules;             /* bit set of 1 << sbp_schedule; 0: all three */
+    int precisions;            /* bit set of 1 << sbp_precision; 0: both */
+    int numerics;              /* bit set of 1 << sbp_numerics; 0: both */
+    int devices;               /* bit set of 1 << sbp_device beyond the CPU's; 0: the CPU only */
     sbp_unattended unattended; /* rows with no visible key (the oracle follows it too) */
     int threads[4];
     int n_threads;           /* 0: 1 and 2 */

@@ -27,8 +27,8 @@ int parse_unattended(const char *cmd, const char *text, sbp_unattended *out);
 /* The --help text of --unattended, shared by grad, verify and audit. */
 #define UNATTENDED_USAGE                                                                           \
     "  --unattended MODE    attention rows that see no key (queries before the first real token\n" \
-    "                       of a left-padded row): zero (output 0, the default), hf-eager (HF\n"  \
-    "                       eager attention: uniform over all T keys), hf-sdpa (HF sdpa: the\n"   \
+    "                       of a left-padded row): zero (output 0, the default), hf-eager (HF\n"   \
+    "                       eager attention: uniform over all T keys), hf-sdpa (HF sdpa: the\n"    \
     "                       row unmasked, every key with its real score)\n"
 /* A finite number >= min for option opt; prints an error naming cmd and returns 0 if bad. */
 int parse_number(const char *cmd, const char *opt, const char *text, double min, double *out);

@@ -28,15 +28,15 @@ typedef struct {
 /* The tensors of one layer: weights, or their gradients (same layout). NULL where the family has
  * no such tensor, and for the gradients of a frozen base model. Backend memory. */
 typedef struct {
-    real *wq, *bq;         /* (Q, C), (Q) */
-    real *wk, *bk;         /* (KV, C), (KV) */
-    real *wv, *bv;         /* (KV, C), (KV) */
-    real *wo;              /* (C, Q) */
-    real *q_norm, *k_norm; /* (HD) each, Qwen3 */
-    real *wg, *wu;         /* (F, C) each */
-    real *wd;              /* (C, F) */
-    real *in_norm;         /* (C) */
-    real *post_norm;       /* (C) */
+    real *wq, *bq;                      /* (Q, C), (Q) */
+    real *wk, *bk;                      /* (KV, C), (KV) */
+    real *wv, *bv;                      /* (KV, C), (KV) */
+    real *wo;                           /* (C, Q) */
+    real *q_norm, *k_norm;              /* (HD) each, Qwen3 */
+    real *wg, *wu;                      /* (F, C) each */
+    real *wd;                           /* (C, F) */
+    real *in_norm;                      /* (C) */
+    real *post_norm;                    /* (C) */
     lora_ab aq, ak, av, ao, ag, au, ad; /* adapters of q, k, v, o, gate, up, down */
 } layer_p;
 
@@ -198,9 +198,9 @@ int head_logprobs(eng *e, double *logp, const real *hL /* (B, T, C) */, const sb
 /* What distinguishes the schedules, and nothing else (driver.c has the table). */
 typedef struct {
     const char *name;
-    int keep_all;      /* the forward keeps every activation (else only the layer inputs) */
-    int chunked;       /* the layer runs in chunks of the user's size (else one chunk of T) */
-    int chunk_logits;  /* the logits run in passes of rows (else B·T·V materialised) */
+    int keep_all;     /* the forward keeps every activation (else only the layer inputs) */
+    int chunked;      /* the layer runs in chunks of the user's size (else one chunk of T) */
+    int chunk_logits; /* the logits run in passes of rows (else B·T·V materialised) */
 } sched_row;
 
 const sched_row *sched_row_of(sbp_schedule s);

@@ -11,7 +11,7 @@ typedef struct {
     sbp_numerics numerics;
     const void *device_ops; /* the sbp_ops of a device backend (cuda/), else NULL: the CPU's */
     sbp_unattended unattended;
-    const sbp_lora *lora; /* adapters: the base is frozen, grads are the adapter's */
+    const sbp_lora *lora;          /* adapters: the base is frozen, grads are the adapter's */
     int block, chunk, logit_chunk; /* resolved: >= 1, chunk and logit_chunk <= T */
     int materialise;               /* full/ckpt: one B·T·V logits buffer */
     int plan;                      /* planning run: allocate only (the ledger must be planning) */

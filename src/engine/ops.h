@@ -57,7 +57,7 @@ typedef struct sbp_ops {
     void (*copy)(const eng *e, real *y, const real *x, size_t n);
     void (*add)(const eng *e, real *y, const real *a, const real *b, size_t n); /* y = a + b */
     void (*scale)(const eng *e, real *x, real a, size_t n);                     /* x = x·a */
-    void (*axpy)(const eng *e, real *y, real a, const real *x, size_t n); /* y = y + x·a */
+    void (*axpy)(const eng *e, real *y, real a, const real *x, size_t n);       /* y = y + x·a */
     void (*store)(const eng *e, real *x, size_t n); /* round to the storage precision */
 
     /* ---- the kernel pairs of kernels.h (shapes there) ---- */

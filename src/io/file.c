@@ -267,4 +267,3 @@ sbp_status sbp_make_dirs(const char *dir, sbp_err *err) {
         *p = '/';
     }
 }
-

@@ -186,7 +186,8 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, cons
         for (int i = j0 > s ? j0 : s; i < e; i++) {
             const int n = i + 1 - j0 < W ? i + 1 - j0 : W;
             for (int h = g * rep; h < (g + 1) * rep; h++) {
-                const size_t qo = (size_t)(i - s) * Q + (size_t)h * HD, ro = (size_t)(i - s) * NH + h;
+                const size_t qo = (size_t)(i - s) * Q + (size_t)h * HD,
+                             ro = (size_t)(i - s) * NH + h;
                 const real *q_i = q + qo, *do_i = dout + qo;
                 tile_grads(P, dSs, q_i, do_i, kt, vt, kmask, i, j0, HD, scale, lse[ro], dsum[ro]);
                 for (int c = 0; c < n; c++) {
@@ -222,7 +223,8 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, cons
             pack_t(vt, v, j0, nk, g, KV, HD);
             for (int r = j0 > i0 ? j0 - i0 : 0; r < nq; r++) {
                 const int i = i0 + r, n = i + 1 - j0 < W ? i + 1 - j0 : W;
-                const size_t qo = (size_t)(i - s) * Q + (size_t)h * HD, ro = (size_t)(i - s) * NH + h;
+                const size_t qo = (size_t)(i - s) * Q + (size_t)h * HD,
+                             ro = (size_t)(i - s) * NH + h;
                 tile_grads(P, dSs, q + qo, dout + qo, kt, vt, kmask, i, j0, HD, scale, lse[ro],
                            dsum[ro]);
                 real *adq_r = adq + (size_t)r * HD;

@@ -55,8 +55,7 @@ static void micro_kernel(real *restrict c, size_t ldc, const real *restrict a,
 
 /* A partial tile (mr < MR or nr < NR) goes through a full-size copy: the extra rows and
  * columns compute on zero padding and are dropped. */
-static void edge_kernel(real *c, size_t ldc, const real *a, const real *b, int kc, int mr,
-                        int nr) {
+static void edge_kernel(real *c, size_t ldc, const real *a, const real *b, int kc, int mr, int nr) {
     real tile[MR * NR] = {0};
     for (int i = 0; i < mr; i++) memcpy(tile + i * NR, c + i * ldc, sizeof(real) * (size_t)nr);
     micro_kernel(tile, NR, a, b, kc);
@@ -110,8 +109,8 @@ void pgemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa,
             const int nrow = (M + MC - 1) / MC, ncol = (nc + NCHUNK - 1) / NCHUNK;
 #pragma omp parallel
             {
-                real *apack = ws + (size_t)KC * (NC + NR) +
-                              (size_t)omp_get_thread_num() * KC * (MC + MR);
+                real *apack =
+                    ws + (size_t)KC * (NC + NR) + (size_t)omp_get_thread_num() * KC * (MC + MR);
                 int packed_ic = -1;
 #pragma omp for schedule(dynamic, 1)
                 for (int task = 0; task < nrow * ncol; task++) {

@@ -37,7 +37,8 @@ size_t pgemm_workspace(void);
 void pgemm(real *C, size_t ldc, real *ws /* (pgemm_workspace()) */, const real *A, size_t rsa,
            size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K);
 
-/* ---- linear layers: y = x·Wᵀ + b, rows [s, e) ------------------------------------------------- */
+/* ---- linear layers: y = x·Wᵀ + b, rows [s, e) -------------------------------------------------
+ */
 
 /* portable (linear.c): y = (Σ_k x·w, a chain from 0) + b */
 void linear_forward(real *y,       /* (e-s, N) */
@@ -101,7 +102,7 @@ void rope_backward(real *dx,                        /* (M, H, HD), in place */
 /* portable (attention.c): key tiles of ATTN_TILE keys at fixed absolute positions; a query's
  * result depends on its position and the keys alone, never on the chunk it is computed in. */
 enum { ATTN_TILE = 64 };
-size_t attention_workspace(int HD); /* reals, for the current OpenMP thread count */
+size_t attention_workspace(int HD);          /* reals, for the current OpenMP thread count */
 void attention_forward(real *o,              /* (M, NH·HD) queries s .. s+M-1 */
                        real *lse,            /* (M, NH) */
                        real *ws,             /* (attention_workspace(HD)) */
@@ -138,7 +139,7 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws,
 /* Rows with no visible key (unattended.c): mode is an sbp_unattended. The attention kernels
  * leave such rows at O = 0, lse = +inf and add nothing for them in the backward; these give the
  * row HF's output, after the forward kernel, and its gradients, before the backward kernel. */
-size_t unattended_workspace(int T); /* reals */
+size_t unattended_workspace(int T);           /* reals */
 void unattended_forward(real *o,              /* (M, NH·HD) rows without a key overwritten */
                         real *ws,             /* (unattended_workspace(T)) */
                         const real *q,        /* (M, NH·HD) */

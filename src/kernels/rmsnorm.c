@@ -37,7 +37,7 @@ void rmsnorm_backward(real *dx, real *dw, const real *dout, const real *x, const
         }
     }
     if (!dw) return; /* a frozen weight */
-    /* dw: threads own column ranges; rows ascending within each column */
+        /* dw: threads own column ranges; rows ascending within each column */
 #pragma omp parallel if ((size_t)M * C > 65536)
     {
         const int nth = omp_get_num_threads(), id = omp_get_thread_num();

@@ -5,8 +5,8 @@ void rope_table(real *cos_t, real *sin_t, int T, int HD, double theta, int llama
                 double low_freq, double high_freq, double orig_max) {
     const int half = HD / 2;
     for (int i = 0; i < half; i++) {
-        const double f = sbp_rope_inv_freq(i, HD, theta, llama3, factor, low_freq, high_freq,
-                                           orig_max);
+        const double f =
+            sbp_rope_inv_freq(i, HD, theta, llama3, factor, low_freq, high_freq, orig_max);
 #pragma omp parallel for schedule(static) if (T > 4096)
         for (int t = 0; t < T; t++) {
             double sn, cs;

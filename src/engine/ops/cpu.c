@@ -216,13 +216,13 @@ static void cpu_logprob_backward(const eng *e, real *logits, const double *coef,
 #define CPU_COMMON                                                                                 \
     .begin = sbp_cpu_begin, .end = sbp_cpu_end, .alloc = sbp_cpu_alloc, .free = sbp_cpu_free,      \
     .mirror = sbp_cpu_mirror, .unmirror = sbp_cpu_unmirror, .download = cpu_move,                  \
-    .upload = cpu_move, .zero = cpu_zero, .copy = cpu_copy, .add = cpu_add, .scale = cpu_scale, .axpy = cpu_axpy,    \
-    .store = store, .rope_table = cpu_rope_table, .rmsnorm_forward = cpu_rmsnorm_forward,          \
-    .rmsnorm_backward = cpu_rmsnorm_backward, .rope_forward = cpu_rope_forward,                    \
-    .rope_backward = cpu_rope_backward, .swiglu_forward = cpu_swiglu_forward,                      \
-    .swiglu_backward = cpu_swiglu_backward, .embedding_forward = cpu_embedding_forward,            \
-    .embedding_backward = cpu_embedding_backward, .logprob_forward = cpu_logprob_forward,          \
-    .logprob_backward = cpu_logprob_backward
+    .upload = cpu_move, .zero = cpu_zero, .copy = cpu_copy, .add = cpu_add, .scale = cpu_scale,    \
+    .axpy = cpu_axpy, .store = store, .rope_table = cpu_rope_table,                                \
+    .rmsnorm_forward = cpu_rmsnorm_forward, .rmsnorm_backward = cpu_rmsnorm_backward,              \
+    .rope_forward = cpu_rope_forward, .rope_backward = cpu_rope_backward,                          \
+    .swiglu_forward = cpu_swiglu_forward, .swiglu_backward = cpu_swiglu_backward,                  \
+    .embedding_forward = cpu_embedding_forward, .embedding_backward = cpu_embedding_backward,      \
+    .logprob_forward = cpu_logprob_forward, .logprob_backward = cpu_logprob_backward
 
 const sbp_ops sbp_ops_cpu_fast = {
     .name = "cpu-fast",

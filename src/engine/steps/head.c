@@ -54,8 +54,8 @@ static real *logits_at(const eng *e, const head_work *w, const head_opts *o, int
 }
 
 /* hn, the (temperature-scaled) logits and the log-probs of rows [s, end) of sequence bi. */
-static void head_forward(const eng *e, head_work *w, double *logp, real *z, const real *h_s,
-                         int bi, int s, int end, double inv_tau) {
+static void head_forward(const eng *e, head_work *w, double *logp, real *z, const real *h_s, int bi,
+                         int s, int end, double inv_tau) {
     const sbp_ops *op = e->ops;
     const int M = end - s;
     op->rmsnorm_forward(e, w->hn, w->rstd, h_s, e->fnorm, M, e->C);
@@ -69,7 +69,8 @@ static void head_forward(const eng *e, head_work *w, double *logp, real *z, cons
 static int first_pass(eng *e, double *loss, head_work *w, const real *hL, const sbp_batch *b,
                       const head_opts *o) {
     const size_t BT = (size_t)b->B * e->T;
-    double *logp = ealloc_bytes(e, SBP_MEM_LOGITS, sizeof(double) * BT, "log-probs of every target");
+    double *logp =
+        ealloc_bytes(e, SBP_MEM_LOGITS, sizeof(double) * BT, "log-probs of every target");
     double *h_logp = malloc(sizeof(double) * BT);
     if (!logp || !h_logp) {
         e->oom = 1;

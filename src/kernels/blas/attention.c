@@ -55,8 +55,8 @@ static void mask_tile(real *S, int i0, int nq, int j0, int nk, int ldS, const ui
 }
 
 void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, const real *k,
-                       const real *v, const uint8_t *kmask, int s, int M, int T, int NH, int NKV,
-                       int HD, int blk) {
+                            const real *v, const uint8_t *kmask, int s, int M, int T, int NH,
+                            int NKV, int HD, int blk) {
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(blk), e = s + M;
     const real scale = 1 / sqrt((real)HD);
     const size_t per_thread = blas_attention_workspace(blk, HD) / (size_t)omp_get_max_threads();
@@ -125,10 +125,10 @@ static void tile_grads(real *P, real *dS, real *dP, const real *q_I, const real 
     }
 }
 
-void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scratch, const real *dout,
-                        const real *o, const real *lse, const real *q, const real *k, const real *v,
-                        const uint8_t *kmask, int s, int M, int T, int NH, int NKV, int HD,
-                        int blk) {
+void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scratch,
+                             const real *dout, const real *o, const real *lse, const real *q,
+                             const real *k, const real *v, const uint8_t *kmask, int s, int M,
+                             int T, int NH, int NKV, int HD, int blk) {
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(blk), e = s + M;
     const real scale = 1 / sqrt((real)HD);
     const size_t per_thread = blas_attention_workspace(blk, HD) / (size_t)omp_get_max_threads();

@@ -10,7 +10,7 @@
 #include "blas.h"
 
 void blas_linear_forward(real *y, const real *x, const real *w, const real *b, int s, int e, int N,
-                    int K, int blk) {
+                         int K, int blk) {
     for (int r0 = s, r1; r0 < e; r0 = r1) {
         r1 = block_end(r0, e, blk);
         real *y_r = y + (size_t)(r0 - s) * N;
@@ -22,8 +22,8 @@ void blas_linear_forward(real *y, const real *x, const real *w, const real *b, i
         for (int n = 0; n < N; n++) y[(size_t)r * N + n] += b[n];
 }
 
-void blas_linear_backward(real *dx, real *dw, real *db, const real *dy, const real *x, const real *w,
-                     int s, int e, int N, int K, int blk) {
+void blas_linear_backward(real *dx, real *dw, real *db, const real *dy, const real *x,
+                          const real *w, int s, int e, int N, int K, int blk) {
     for (int r0 = s, r1; r0 < e; r0 = r1) {
         r1 = block_end(r0, e, blk);
         const real *dy_r = dy + (size_t)(r0 - s) * N, *x_r = x + (size_t)(r0 - s) * K;
