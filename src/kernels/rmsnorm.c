@@ -37,9 +37,9 @@ void rmsnorm_backward(real *dx, real *dw, const real *dout, const real *x, const
         }
     }
     if (!dw) return; /* a frozen weight */
-        /* dw: threads own column ranges; rows ascending within each column */
 #pragma omp parallel if ((size_t)M * C > 65536)
     {
+        /* dw: threads own column ranges; rows ascending within each column */
         const int nth = omp_get_num_threads(), id = omp_get_thread_num();
         const int c0 = (int)((long)C * id / nth), c1 = (int)((long)C * (id + 1) / nth);
         for (int r = 0; r < M; r++) {
