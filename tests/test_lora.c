@@ -63,11 +63,6 @@ static void assert_same_file(const char *a, const char *b) {
     free(x), free(y);
 }
 
-static void assert_clean_output(void) {
-    const char *o = tu_last_output();
-    ck_assert_msg(!strstr(o, "runtime error") && !strstr(o, "Sanitizer"), "sanitizer: %s", o);
-}
-
 /* Loss of row `step` of a loss log (1-based). */
 static double loss_at(const char *csv, int step) {
     for (const char *l = strchr(csv, '\n'); l && l[1]; l = strchr(l + 1, '\n')) {
@@ -89,7 +84,7 @@ START_TEST(fifty_steps_bitwise_across_schedules) {
         int rc =
             train(lora, tu_path("run-%s", sched[s]), sched[s], 50, threads[s], "--log-every 10");
         ck_assert_msg(rc == 0, "%s: %s", sched[s], tu_last_output());
-        assert_clean_output();
+        tu_assert_clean_output();
     }
     for (int s = 0; s < 2; s++) {
         assert_same_file(tu_path("run-%s/adapter_model.safetensors", sched[s]),
@@ -235,33 +230,6 @@ END_TEST
 
 /* ---- bad input ------------------------------------------------------------------------------- */
 
-/* A listing of every file under dir with its checksum: "nothing overwritten" is this unchanged. */
-static char *snapshot(const char *dir) {
-    ck_assert_int_eq(tu_sh("cd '%s' && find . -type f | sort | xargs -r sha256sum", dir), 0);
-    return strdup(tu_last_output());
-}
-
-/* Runs `streambp CMD ARGS`: it must exit 2, name `expect` on stderr and print nothing on
- * stdout. */
-static void expect_usage(const char *expect, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void expect_usage(const char *expect, const char *fmt, ...) {
-    char args[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    const char *stdout_path = tu_path("bad.stdout");
-    int rc = tu_sh("%s %s > '%s'", tu_bin(), args, stdout_path);
-    ck_assert_msg(rc == 2, "exit %d, expected 2, for: %s\n%s", rc, args, tu_last_output());
-    ck_assert_msg(strstr(tu_last_output(), expect), "the message lacks \"%s\": %s", expect,
-                  tu_last_output());
-    assert_clean_output();
-    size_t n;
-    free(tu_slurp(stdout_path, &n));
-    ck_assert_msg(n == 0, "stdout not empty for: %s", args);
-}
-
 /* A copy of adapter src whose adapter_config.json has key set to the JSON value v. */
 static const char *edited_config(const char *name, const char *src, const char *key,
                                  const char *v) {
@@ -283,13 +251,14 @@ static const char *edited_config(const char *name, const char *src, const char *
 START_TEST(bad_adapters_overwrite_nothing) {
     const char *m = model(), *never = tu_keep(tu_path("never"));
     /* lora init: rank 0, alpha <= 0, unknown target; nothing is created */
-    expect_usage("--r must be a positive integer", "lora init --model %s --out %s --r 0", m, never);
-    expect_usage("--alpha must be > 0", "lora init --model %s --out %s --alpha 0", m, never);
-    expect_usage("--alpha must be a finite number >= 0", "lora init --model %s --out %s --alpha -2",
-                 m, never);
-    expect_usage("--targets \"q_proj,lm_head\"",
-                 "lora init --model %s --out %s --targets q_proj,lm_head", m, never);
-    expect_usage("config.json", "lora init --model %s --out %s", tu_path("no-model"), never);
+    tu_expect_usage("--r must be a positive integer", "lora init --model %s --out %s --r 0", m,
+                    never);
+    tu_expect_usage("--alpha must be > 0", "lora init --model %s --out %s --alpha 0", m, never);
+    tu_expect_usage("--alpha must be a finite number >= 0",
+                    "lora init --model %s --out %s --alpha -2", m, never);
+    tu_expect_usage("--targets \"q_proj,lm_head\"",
+                    "lora init --model %s --out %s --targets q_proj,lm_head", m, never);
+    tu_expect_usage("config.json", "lora init --model %s --out %s", tu_path("no-model"), never);
     ck_assert_msg(!tu_exists(never), "%s was created by a failed lora init", never);
 
     /* adapters that do not fit: edited configs, another model's adapter, a missing tensor */
@@ -331,11 +300,11 @@ START_TEST(bad_adapters_overwrite_nothing) {
     const char *out = tu_keep(tu_path("grad-out.safetensors"));
     tu_spit(out, "precious", 8);
     for (int i = 0; i < nb; i++) {
-        expect_usage(why[i],
-                     "grad --model %s --batch data/batches/sft-tiny.safetensors --lora %s --out %s",
-                     m, bad[i], out);
-        expect_usage(why[i], "train --model %s --lora %s " DEMO_DATA " --steps 2 --out %s", m,
-                     bad[i], never);
+        tu_expect_usage(
+            why[i], "grad --model %s --batch data/batches/sft-tiny.safetensors --lora %s --out %s",
+            m, bad[i], out);
+        tu_expect_usage(why[i], "train --model %s --lora %s " DEMO_DATA " --steps 2 --out %s", m,
+                        bad[i], never);
     }
     size_t n;
     char *kept = tu_slurp(out, &n);
@@ -360,45 +329,45 @@ START_TEST(bad_resume_overwrites_nothing) {
                         "--stop-at 3",
                         tu_bin(), m, full) == 0,
                   "%s", tu_last_output());
-    char *before = snapshot(run), *full_before = snapshot(full);
+    char *before = tu_snapshot(run), *full_before = tu_snapshot(full);
     const char *ck = tu_keep(tu_join(run, "checkpoint-6")), *fresh = tu_keep(tu_path("r-new"));
     /* another adapter: other initial tensors, another alpha, another rank */
     const char *seed = adapter("seed4", m, "--r 4 --alpha 8 --targets all-linear --seed 4");
     const char *alpha = adapter("alpha", m, "--r 4 --alpha 16 --targets all-linear --seed 3");
     const char *rank = adapter("rank", m, "--r 2 --alpha 8 --targets all-linear --seed 3");
-    expect_usage("initial adapter (hash of --lora's tensors)",
-                 "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s --resume %s", m,
-                 seed, fresh, ck);
-    expect_usage("alpha 8, use_rslora 0, targets q_proj",
-                 "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s --resume %s", m,
-                 alpha, fresh, ck);
-    expect_usage("the LoRA adapter (--lora: its adapter_config.json) = r 4",
-                 "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s --resume %s", m,
-                 rank, fresh, ck);
+    tu_expect_usage("initial adapter (hash of --lora's tensors)",
+                    "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s --resume %s", m,
+                    seed, fresh, ck);
+    tu_expect_usage("alpha 8, use_rslora 0, targets q_proj",
+                    "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s --resume %s", m,
+                    alpha, fresh, ck);
+    tu_expect_usage("the LoRA adapter (--lora: its adapter_config.json) = r 4",
+                    "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s --resume %s", m,
+                    rank, fresh, ck);
     /* another base model under the same adapter shapes */
-    expect_usage("initial weights (hash of --model's weights)",
-                 "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s --resume %s",
-                 tu_model("qwen3-tiny", 2), lora, fresh, ck);
+    tu_expect_usage("initial weights (hash of --model's weights)",
+                    "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s --resume %s",
+                    tu_model("qwen3-tiny", 2), lora, fresh, ck);
     /* a LoRA checkpoint without --lora, a full-weight checkpoint with it */
-    expect_usage("trains a LoRA adapter (r 4",
-                 "train --model %s " DEMO_DATA " --steps 10 --out %s --resume %s", m, fresh, ck);
-    expect_usage("the checkpoint's run trains the full weights; this run a LoRA adapter",
-                 "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s --resume %s", m,
-                 lora, fresh, tu_join(full, "checkpoint-3"));
+    tu_expect_usage("trains a LoRA adapter (r 4",
+                    "train --model %s " DEMO_DATA " --steps 10 --out %s --resume %s", m, fresh, ck);
+    tu_expect_usage("the checkpoint's run trains the full weights; this run a LoRA adapter",
+                    "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s --resume %s", m,
+                    lora, fresh, tu_join(full, "checkpoint-3"));
     /* a checkpoint whose adapter was replaced by another configuration */
     const char *swapped = tu_keep(tu_path("r-swapped"));
     ck_assert_int_eq(tu_sh("rm -rf '%s' && cp -r '%s' '%s' && cp '%s'/adapter_* '%s/'", swapped, ck,
                            swapped, rank, swapped),
                      0);
-    expect_usage("is not the one the run trains",
-                 "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s "
-                 "--resume %s",
-                 m, lora, fresh, swapped);
+    tu_expect_usage("is not the one the run trains",
+                    "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s "
+                    "--resume %s",
+                    m, lora, fresh, swapped);
     /* a fresh LoRA run into a run directory */
-    expect_usage("already holds a training run",
-                 "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s", m, lora, run);
+    tu_expect_usage("already holds a training run",
+                    "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s", m, lora, run);
     ck_assert(!tu_exists(fresh));
-    char *after = snapshot(run), *full_after = snapshot(full);
+    char *after = tu_snapshot(run), *full_after = tu_snapshot(full);
     ck_assert_str_eq(before, after);
     ck_assert_str_eq(full_before, full_after);
     free(before), free(after), free(full_before), free(full_after);

@@ -43,11 +43,6 @@ static void assert_same_file(const char *a, const char *b) {
     free(x), free(y);
 }
 
-static void assert_clean_output(void) {
-    const char *o = tu_last_output();
-    ck_assert_msg(!strstr(o, "runtime error") && !strstr(o, "Sanitizer"), "sanitizer: %s", o);
-}
-
 /* Loss of row `step` of a loss log (1-based), and the number of rows. */
 static double loss_at(const char *csv, int step, int *rows) {
     double found = NAN;
@@ -378,7 +373,7 @@ START_TEST(fifty_steps_bitwise_across_schedules) {
     for (int s = 0; s < 3; s++) {
         int rc = train(tu_path("run-%s", sched[s]), sched[s], 50, threads[s], "--log-every 10");
         ck_assert_msg(rc == 0, "%s: %s", sched[s], tu_last_output());
-        assert_clean_output();
+        tu_assert_clean_output();
     }
     for (int s = 0; s < 2; s++) {
         assert_same_file(tu_path("run-%s/model.safetensors", sched[s]),
@@ -553,32 +548,8 @@ END_TEST
 
 /* ---- bad input ------------------------------------------------------------------------------- */
 
-/* A listing of every file under dir with its checksum: "nothing overwritten" is this unchanged. */
-static char *snapshot(const char *dir) {
-    ck_assert_int_eq(tu_sh("cd '%s' && find . -type f | sort | xargs -r sha256sum", dir), 0);
-    return strdup(tu_last_output());
-}
-
-/* Runs a train command that must fail with exit 2, naming `expect` on stderr, printing nothing
- * on stdout. */
-static void expect_usage(const char *expect, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void expect_usage(const char *expect, const char *fmt, ...) {
-    char args[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    const char *stdout_path = tu_path("bad.stdout");
-    int rc = tu_sh("%s train %s > '%s'", tu_bin(), args, stdout_path);
-    ck_assert_msg(rc == 2, "exit %d, expected 2, for: %s\n%s", rc, args, tu_last_output());
-    ck_assert_msg(strstr(tu_last_output(), expect), "the message lacks \"%s\": %s", expect,
-                  tu_last_output());
-    assert_clean_output();
-    size_t n;
-    free(tu_slurp(stdout_path, &n));
-    ck_assert_msg(n == 0, "stdout not empty for: %s", args);
-}
+/* A train command that must fail with exit 2 (tu_expect_usage). */
+#define expect_usage(expect, ...) tu_expect_usage(expect, "train " __VA_ARGS__)
 
 START_TEST(bad_options_and_data) {
     const char *m = model(), *out = tu_path("never");
@@ -639,7 +610,7 @@ START_TEST(bad_resume_overwrites_nothing) {
     const char *run = tu_path("r-run"), *m = model();
     ck_assert_msg(train(run, "stream", 10, 1, "--stop-at 6 --save-every 3") == 0, "%s",
                   tu_last_output());
-    char *before = snapshot(run);
+    char *before = tu_snapshot(run);
     const char *ck = tu_join(run, "checkpoint-6");
     /* another model: other weights of the same architecture, another architecture */
     expect_usage("initial weights (hash of --model's weights)",
@@ -671,7 +642,7 @@ START_TEST(bad_resume_overwrites_nothing) {
                  m, tu_path("r-other"), tu_path("r-nothing"));
     const char *other = tu_path("r-other");
     ck_assert_msg(train(other, "stream", 2, 1, "") == 0, "%s", tu_last_output());
-    char *other_before = snapshot(other);
+    char *other_before = tu_snapshot(other);
     expect_usage("holds another training run",
                  "--model %s " DEMO_DATA " --steps 10 --out %s --resume %s", m, other, ck);
     /* a damaged trainer state */
@@ -683,7 +654,7 @@ START_TEST(bad_resume_overwrites_nothing) {
                  "--model %s " DEMO_DATA " --steps 10 --out %s --resume %s", m, tu_path("r-new"),
                  dam);
     ck_assert(!tu_exists(tu_path("r-new")));
-    char *after = snapshot(run), *other_after = snapshot(other);
+    char *after = tu_snapshot(run), *other_after = tu_snapshot(other);
     ck_assert_str_eq(before, after);
     ck_assert_str_eq(other_before, other_after);
     free(before), free(after), free(other_before), free(other_after);

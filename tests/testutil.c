@@ -260,6 +260,33 @@ const char *tu_join(const char *dir, const char *leaf) {
     return p;
 }
 
+void tu_assert_clean_output(void) {
+    const char *o = tu_last_output();
+    ck_assert_msg(!strstr(o, "runtime error") && !strstr(o, "Sanitizer"), "sanitizer: %s", o);
+}
+
+char *tu_snapshot(const char *dir) {
+    ck_assert_int_eq(tu_sh("cd '%s' && find . -type f | sort | xargs -r sha256sum", dir), 0);
+    return strdup(tu_last_output());
+}
+
+void tu_expect_usage(const char *expect, const char *fmt, ...) {
+    char args[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    const char *stdout_path = tu_path("bad.stdout");
+    int rc = tu_sh("%s %s > '%s'", tu_bin(), args, stdout_path);
+    ck_assert_msg(rc == 2, "exit %d, expected 2, for: %s\n%s", rc, args, tu_last_output());
+    ck_assert_msg(strstr(tu_last_output(), expect), "the message lacks \"%s\": %s", expect,
+                  tu_last_output());
+    tu_assert_clean_output();
+    size_t n;
+    free(tu_slurp(stdout_path, &n));
+    ck_assert_msg(n == 0, "stdout not empty for: %s", args);
+}
+
 /* The copies of tu_keep: a list freed by atexit (which runs before LeakSanitizer's check, whose
  * handler was registered first). */
 typedef struct kept {

@@ -44,6 +44,15 @@ int tu_exists(const char *path);
  * buffers, so a test can hold several at once. */
 const char *tu_path(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *tu_join(const char *dir, const char *leaf);
+/* Fails the test if the last command printed a sanitizer report. */
+void tu_assert_clean_output(void);
+/* A listing of every file under dir with its checksum (free it): "nothing overwritten" is this
+ * unchanged. */
+char *tu_snapshot(const char *dir);
+/* Runs `streambp ARGS` (printf-style): it must exit 2, name `expect` on stderr and print nothing
+ * on stdout. */
+void tu_expect_usage(const char *expect, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 /* A copy of s that lives until the process exits (freed then, so LeakSanitizer stays quiet): for
  * paths and outputs a test holds longer than the ring of tu_path lasts. */
 const char *tu_keep(const char *s);
