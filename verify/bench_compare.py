@@ -12,6 +12,8 @@ speed of one build is only ever compared with another measured in the same run (
 import argparse
 import csv
 import io
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -21,6 +23,24 @@ def options(binary):
     """Older builds lack --numerics (fast was all there was) and --no-train."""
     help_text = subprocess.run([binary, "bench", "--help"], capture_output=True, text=True).stdout
     return [o for o in (["--numerics", "fast"], ["--no-train"]) if o[0] in help_text]
+
+
+def same_kernels(new):
+    """OpenBLAS 0.3.21 takes newer CPUs for Prescott (generic SSE3 kernels, ~6x slower); newer
+    builds set OPENBLAS_CORETYPE themselves (src/cli/main.c), older ones did not. Both builds get
+    the kernels the new one runs with, so the comparison is of our code, not of OpenBLAS's
+    choice."""
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        return os.environ["OPENBLAS_CORETYPE"]
+    out = subprocess.run([new, "bench", "--seq", "16", "--reps", "1", "--schedules", "stream",
+                          "--json"] + sum(options(new), []), capture_output=True, text=True).stdout
+    try:
+        core = json.loads(out).get("blas_kernels")
+    except ValueError:
+        core = None
+    if core:
+        os.environ["OPENBLAS_CORETYPE"] = core
+    return core or "OpenBLAS's own choice"
 
 
 def one(binary, args):
@@ -40,6 +60,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--schedules", default="full,ckpt,stream")
     args = ap.parse_args()
+    kernels = same_kernels(args.new)
     times = {"old": {}, "new": {}}
     for k in range(args.rounds):
         order = ("old", "new") if k % 2 == 0 else ("new", "old")
@@ -48,8 +69,8 @@ def main():
             for s, v in t.items():
                 times[which].setdefault(s, []).append(v)
         print("round %d/%d done" % (k + 1, args.rounds), file=sys.stderr)
-    print("T = %d, %d threads, %d interleaved rounds, fast numerics; medians in seconds"
-          % (args.seq, args.threads, args.rounds))
+    print("T = %d, %d threads, %d interleaved rounds, fast numerics, OpenBLAS kernels %s; "
+          "medians in seconds" % (args.seq, args.threads, args.rounds, kernels))
     print("%-10s %10s %10s %10s" % ("schedule", "old", "new", "new/old"))
     worst = 0.0
     for s in times["old"]:
