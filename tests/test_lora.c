@@ -18,12 +18,10 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 /* The training demo of test_train.c, with an adapter. */
@@ -191,32 +189,9 @@ START_TEST(kill_and_resume_is_bitwise) {
              "--threads 1",
              tu_bin(), model(), lora);
     ck_assert_msg(tu_sh("%s --out %s", cmd, whole) == 0, "%s", tu_last_output());
-    fflush(NULL);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        char full[2300];
-        snprintf(full, sizeof full, "exec %s --out %s --save-every 5 >/dev/null 2>&1", cmd, killed);
-        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
-        _exit(127);
-    }
-    const char *marker = tu_join(killed, "checkpoint-20/trainer_state.json");
-    int status = 0, exited = 0;
-    for (int i = 0; i < 120000 && !tu_exists(marker); i++) {
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            exited = 1;
-            break;
-        }
-        usleep(500);
-    }
-    if (!exited) {
-        kill(pid, SIGKILL);
-        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    }
-    ck_assert_msg(tu_exists(marker), "no checkpoint-20 appeared");
-    int was_killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-    ck_assert_msg(was_killed || (WIFEXITED(status) && WEXITSTATUS(status) == 0),
-                  "the run failed on its own (status %d)", status);
+    char run[2300];
+    snprintf(run, sizeof run, "%s --out %s --save-every 5", cmd, killed);
+    const int was_killed = tu_kill_after(run, tu_join(killed, "checkpoint-20/trainer_state.json"));
     printf("LoRA kill: the run was %s\n",
            was_killed ? "killed by SIGKILL after checkpoint-20" : "already finished");
     int rc = tu_sh("%s --out %s --save-every 5 --resume %s", cmd, killed, killed);

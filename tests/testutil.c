@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -285,6 +286,36 @@ void tu_expect_usage(const char *expect, const char *fmt, ...) {
     size_t n;
     free(tu_slurp(stdout_path, &n));
     ck_assert_msg(n == 0, "stdout not empty for: %s", args);
+}
+
+int tu_kill_after(const char *cmd, const char *marker) {
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char *line = malloc(strlen(cmd) + 32);
+        if (!line) _exit(127);
+        sprintf(line, "exec %s >/dev/null 2>&1", cmd);
+        execl("/bin/sh", "sh", "-c", line, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0, exited = 0;
+    for (int i = 0; i < 120000 && !tu_exists(marker); i++) {
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            exited = 1;
+            break;
+        }
+        usleep(500);
+    }
+    if (!exited) {
+        kill(pid, SIGKILL);
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    }
+    ck_assert_msg(tu_exists(marker), "%s never appeared", marker);
+    const int killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    ck_assert_msg(killed || (WIFEXITED(status) && WEXITSTATUS(status) == 0),
+                  "the run failed on its own (status %d)", status);
+    return killed;
 }
 
 /* The copies of tu_keep: a list freed by atexit (which runs before LeakSanitizer's check, whose

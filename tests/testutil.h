@@ -53,6 +53,10 @@ char *tu_snapshot(const char *dir);
  * on stdout. */
 void tu_expect_usage(const char *expect, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* Runs `sh -c "exec CMD"` (its output discarded) in a child and SIGKILLs it as soon as the file
+ * `marker` exists; fails the test if the marker never appears or the run fails on its own.
+ * Returns 1 if the run was killed, 0 if it had finished first. */
+int tu_kill_after(const char *cmd, const char *marker);
 /* A copy of s that lives until the process exits (freed then, so LeakSanitizer stays quiet): for
  * paths and outputs a test holds longer than the ring of tu_path lasts. */
 const char *tu_keep(const char *s);
