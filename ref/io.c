@@ -48,6 +48,19 @@ static int slurp(unsigned char **out, size_t *n, const char *path, sbp_err *err)
     return SBP_OK;
 }
 
+/* The JSON object in the file at path, or NULL with *st set (the caller deletes it). */
+static cJSON *json_object_read(const char *path, int *st, sbp_err *err) {
+    unsigned char *text;
+    size_t n;
+    if ((*st = slurp(&text, &n, path, err))) return NULL;
+    cJSON *o = cJSON_ParseWithLength((const char *)text, n);
+    free(text);
+    if (cJSON_IsObject(o)) return o;
+    cJSON_Delete(o);
+    *st = sbp_fail(err, SBP_EFORMAT, "ref: %s: not a JSON object", path);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * config.json */
 
@@ -96,16 +109,9 @@ static int cfg_rope(sbp_config *c, const cJSON *rs, const char *path, sbp_err *e
 }
 
 int ref_config_read(sbp_config *cfg, const char *path, sbp_err *err) {
-    unsigned char *text;
-    size_t n;
-    int st = slurp(&text, &n, path, err);
-    if (st) return st;
-    cJSON *o = cJSON_ParseWithLength((const char *)text, n);
-    free(text);
-    if (!cJSON_IsObject(o)) {
-        cJSON_Delete(o);
-        return sbp_fail(err, SBP_EFORMAT, "ref: %s: not a JSON object", path);
-    }
+    int st;
+    cJSON *o = json_object_read(path, &st, err);
+    if (!o) return st;
     sbp_config c;
     memset(&c, 0, sizeof c);
     const char *mt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "model_type"));
@@ -466,16 +472,9 @@ static const struct {
 /* The settings of adapter_config.json that the oracle implements; anything that changes the
  * function computed (DoRA, per-module ranks, biases, ...) is refused. */
 static int lora_config_read(ref_lora *a, const char *path, sbp_err *err) {
-    unsigned char *text;
-    size_t n;
-    int st = slurp(&text, &n, path, err);
-    if (st) return st;
-    cJSON *o = cJSON_ParseWithLength((const char *)text, n);
-    free(text);
-    if (!cJSON_IsObject(o)) {
-        cJSON_Delete(o);
-        return sbp_fail(err, SBP_EFORMAT, "ref: %s: not a JSON object", path);
-    }
+    int st;
+    cJSON *o = json_object_read(path, &st, err);
+    if (!o) return st;
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(o, "peft_type");
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "r");
     const cJSON *alpha = cJSON_GetObjectItemCaseSensitive(o, "lora_alpha");
