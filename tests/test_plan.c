@@ -399,6 +399,26 @@ START_TEST(ledger_pool) {
 }
 END_TEST
 
+/* A block's capacity is what it was mapped for, not the mapping's slack: the smallest pooled size
+ * (4 MiB, full BP's (T, C) activations at T = 2048, C = 512) is served again for the same
+ * request, and never for a larger one. */
+START_TEST(ledger_pool_exact_size) {
+    sbp_ledger lg = {0};
+    sbp_ledger_keep_blocks(&lg);
+    const size_t sz = (size_t)4 << 20;
+    void *a = sbp_ledger_alloc_raw(&lg, SBP_MEM_LAYER, sz);
+    ck_assert_ptr_nonnull(a);
+    sbp_ledger_free(&lg, a);
+    void *b = sbp_ledger_alloc_raw(&lg, SBP_MEM_LAYER, sz);
+    ck_assert_ptr_eq(b, a);
+    sbp_ledger_free(&lg, b);
+    void *c = sbp_ledger_alloc_raw(&lg, SBP_MEM_LAYER, sz + ((size_t)1 << 20));
+    ck_assert_ptr_ne(c, a);
+    sbp_ledger_free(&lg, c);
+    sbp_ledger_drop_blocks(&lg);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("plan");
@@ -406,6 +426,7 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, plan_equals_measured, 0, 18);
     tcase_add_loop_test(tc, plan_equals_measured_objectives_lora, 0, 18);
     tcase_add_test(tc, ledger_pool);
+    tcase_add_test(tc, ledger_pool_exact_size);
     tcase_add_test(tc, plan_large_model);
     tcase_add_loop_test(tc, categories_sum_to_total, 0, 6);
     tcase_add_loop_test(tc, budget_finds_the_boundary, 0, 3);

@@ -90,7 +90,11 @@ static char *map_huge(size_t bytes, void **raw, size_t *mapped) {
 /* Freed huge blocks kept for reuse: what the user asked for, and the mapping behind it. */
 typedef struct {
     char *p;
-    size_t cap;  /* usable bytes from p to the end of the mapping */
+    size_t cap;  /* the bytes the block was mapped for (its first request): a later user may
+                  * have them all, and no more. Not the mapping's end, which lies up to two huge
+                  * pages further: counting that slack let a 4 MiB block look 8 MiB large, fail
+                  * the quarter-waste test for the next 4 MiB request and go unused — full BP's
+                  * (T, C) activations then missed the pool and were mapped anew every step. */
     size_t used; /* bytes its last user had: what it can hold resident */
     void *raw;
     size_t mapped;
@@ -143,7 +147,7 @@ static int to_pool(sbp_ledger *lg, char *p, size_t used, void *raw, size_t mappe
         if (!nb) return 0;
         bp->b = nb, bp->cap = cap;
     }
-    bp->b[bp->n++] = (pooled){p, mapped - (size_t)(p - (char *)raw), used, raw, mapped};
+    bp->b[bp->n++] = (pooled){p, mapped - 2 * HUGE_PAGE, used, raw, mapped}; /* map_huge */
     lg->cached += (int64_t)used;
     return 1;
 }
