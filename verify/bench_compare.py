@@ -3,9 +3,12 @@
 
     verify/bench_compare.py OLD_BIN NEW_BIN [--seq T] [--rounds N] [--threads N] [--schedules L]
 
-Round k runs `bench --reps 1` of the old binary, then of the new one (the order alternates from
+Round k runs `bench --reps R` of the old binary, then of the new one (the order alternates from
 round to round), each in a process of its own, so that a drift of the machine's speed touches
-both alike. Prints each schedule's median step time for both and their ratio (new / old). The
+both alike. Each round gives one ratio per schedule (new's median step over old's, both taken
+minutes apart at most); the verdict is the median of those ratios, printed with their quartiles.
+Paired ratios, not the ratio of two medians: on a shared VM the speed of the machine drifts by
+10-20% within an hour, and only the pairing cancels that. The
 speed of one build is only ever compared with another measured in the same run (README,
 "Performance"). Used for the fast mode's no-regression check: `make bench-compare OLD=<rev>`.
 """
@@ -44,7 +47,7 @@ def same_kernels(new):
 
 
 def one(binary, args):
-    cmd = [binary, "bench", "--seq", str(args.seq), "--reps", "1", "--threads", str(args.threads),
+    cmd = [binary, "bench", "--seq", str(args.seq), "--reps", str(args.reps), "--threads", str(args.threads),
            "--schedules", args.schedules, "--csv"] + sum(options(binary), [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     rows = list(csv.DictReader(io.StringIO(out)))
@@ -57,26 +60,35 @@ def main():
     ap.add_argument("new")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=3, help="timed steps per process (bench --reps)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--schedules", default="full,ckpt,stream")
     args = ap.parse_args()
     kernels = same_kernels(args.new)
     times = {"old": {}, "new": {}}
+    ratios = {}
     for k in range(args.rounds):
         order = ("old", "new") if k % 2 == 0 else ("new", "old")
+        got = {which: one(getattr(args, which), args) for which in order}
         for which in order:
-            t = one(getattr(args, which), args)
-            for s, v in t.items():
+            for s, v in got[which].items():
                 times[which].setdefault(s, []).append(v)
-        print("round %d/%d done" % (k + 1, args.rounds), file=sys.stderr)
-    print("T = %d, %d threads, %d interleaved rounds, fast numerics, OpenBLAS kernels %s; "
-          "medians in seconds" % (args.seq, args.threads, args.rounds, kernels))
-    print("%-10s %10s %10s %10s" % ("schedule", "old", "new", "new/old"))
+        for s in got["old"]:
+            ratios.setdefault(s, []).append(got["new"][s] / got["old"][s])
+        print("round %d/%d: %s" % (k + 1, args.rounds, " ".join(
+            "%s %.3f" % (s, r[-1]) for s, r in ratios.items())), file=sys.stderr)
+    print("T = %d, %d threads, %d interleaved rounds of %d steps, fast numerics, OpenBLAS kernels "
+          "%s; medians in seconds; new/old: the median of the rounds' ratios [quartiles]"
+          % (args.seq, args.threads, args.rounds, args.reps, kernels))
+    print("%-10s %10s %10s %10s   %s" % ("schedule", "old", "new", "new/old", "quartiles"))
     worst = 0.0
     for s in times["old"]:
         o, n = statistics.median(times["old"][s]), statistics.median(times["new"][s])
-        worst = max(worst, n / o)
-        print("%-10s %10.3f %10.3f %10.3f" % (s, o, n, n / o))
+        r = ratios[s]
+        q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0], r[0], r[0]]
+        worst = max(worst, statistics.median(r))
+        print("%-10s %10.3f %10.3f %10.3f   [%.3f, %.3f]" % (s, o, n, statistics.median(r), q[0],
+                                                            q[2]))
     print("worst ratio %.3f (%s)" % (worst, "within 3%" if worst <= 1.03 else "SLOWER by more than 3%"))
     return 0
 
