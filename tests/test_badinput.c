@@ -934,6 +934,11 @@ START_TEST(nonfinite_gradient) {
     expect_grad(d, good_batch(), "", 1, "not finite", "gradient of \"model.embed_tokens.weight\"");
     /* 1e15 * 1e15 fits a double: the same model is fine in fp64. */
     expect_grad(d, good_batch(), "--precision fp64", 0, NULL);
+    /* with rms_norm_eps 1e-300 each norm's backward multiplies by 1e150: three of them overflow a
+     * double too (the scan of a float64 gradient is its own code path) */
+    edit_config(tu_path("zero-rows/config.json"), "rms_norm_eps", cJSON_CreateNumber(1e-300));
+    expect_grad(d, good_batch(), "--precision fp64", 1, "not finite",
+                "gradient of \"model.embed_tokens.weight\"");
 }
 END_TEST
 

@@ -159,11 +159,11 @@ static int all_finite(const void *x, int64_t n, sbp_precision prec) {
     int bad = 0;
     if (prec == SBP_FP64) {
         const uint64_t *u = x, e = 0x7ff0000000000000ull;
-#pragma omp parallel for simd reduction(| : bad) schedule(static)
+#pragma omp parallel for reduction(| : bad) schedule(static)
         for (int64_t j = 0; j < n; j++) bad |= (u[j] & e) == e;
     } else {
         const uint32_t *u = x, e = 0x7f800000u;
-#pragma omp parallel for simd reduction(| : bad) schedule(static)
+#pragma omp parallel for reduction(| : bad) schedule(static)
         for (int64_t j = 0; j < n; j++) bad |= (u[j] & e) == e;
     }
     return !bad;
