@@ -232,13 +232,13 @@ bench-torch: all
 	  /usr/bin/python3 verify/torch_bench.py --streambp $(BIN); fi
 
 # Fast mode against an earlier revision, same machine, interleaved rounds (no-regression check):
-# make bench-compare OLD=<git revision>
+# make bench-compare OLD=<git revision> [ROUNDS=N] (default 5; the README's numbers: ROUNDS=10)
 bench-compare: all
 	@test -n "$(OLD)" || { echo "usage: make bench-compare OLD=<git revision>"; exit 2; }
 	rm -rf build-old && mkdir -p build-old/src
 	git archive $(OLD) | tar -x -C build-old/src
 	$(MAKE) -C build-old/src CUDA=0 build/streambp
-	/usr/bin/python3 verify/bench_compare.py build-old/src/build/streambp $(BIN) --seq 2048
+	/usr/bin/python3 verify/bench_compare.py build-old/src/build/streambp $(BIN) --seq 2048 --rounds $(or $(ROUNDS),5)
 
 plots: all
 	@command -v gnuplot >/dev/null || { $(SUDO) apt-get install -y -q gnuplot-nox; }
