@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Two builds of streambp timed against each other in one run, in interleaved rounds.
 
-    verify/bench_compare.py OLD_BIN NEW_BIN [--seq T] [--rounds N] [--threads N] [--schedules L]
+    verify/bench_compare.py OLD_BIN NEW_BIN [--seq T] [--rounds N] [--reps R] [--threads N]
+                            [--schedules L]
 
 Round k runs `bench --reps R` of the old binary, then of the new one (the order alternates from
 round to round), each in a process of its own, so that a drift of the machine's speed touches
@@ -47,8 +48,8 @@ def same_kernels(new):
 
 
 def one(binary, args):
-    cmd = [binary, "bench", "--seq", str(args.seq), "--reps", str(args.reps), "--threads", str(args.threads),
-           "--schedules", args.schedules, "--csv"] + sum(options(binary), [])
+    cmd = [binary, "bench", "--seq", str(args.seq), "--reps", str(args.reps),
+           "--threads", str(args.threads), "--schedules", args.schedules, "--csv"] + sum(options(binary), [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     rows = list(csv.DictReader(io.StringIO(out)))
     return {r["schedule"]: float(r["median_s"]) for r in rows}

@@ -173,7 +173,7 @@ static int all_finite(const void *x, int64_t n, sbp_precision prec) {
 static sbp_status check_finite(double loss, const void *grads, const sbp_params *ps,
                                sbp_precision prec, sbp_err *err) {
     if (!isfinite(loss)) return sbp_fail(err, SBP_ENUMERIC, "the loss is not finite (%g)", loss);
-    if (ps->n > 0 && all_finite(grads, ps->total, prec)) return SBP_OK;
+    if (all_finite(grads, ps->total, prec)) return SBP_OK;
     for (int i = 0; i < ps->n; i++) {
         const sbp_param *p = &ps->p[i];
         for (int64_t j = 0; j < p->numel; j++) {

@@ -31,6 +31,7 @@
 #define HEADER    64
 #define HUGE_PAGE ((size_t)2 << 20)
 #define HUGE_MIN  ((size_t)4 << 20)
+#define MAP_SLACK (2 * HUGE_PAGE) /* map_huge maps this much beyond a request, for alignment */
 
 typedef struct {
     size_t bytes;
@@ -77,8 +78,8 @@ static void *reserve(size_t bytes) {
 
 /* A zeroed block of huge-page-aligned memory; the header sits just below it. */
 static char *map_huge(size_t bytes, void **raw, size_t *mapped) {
-    if (bytes > SIZE_MAX - 2 * HUGE_PAGE) return NULL;
-    size_t len = bytes + 2 * HUGE_PAGE;
+    if (bytes > SIZE_MAX - MAP_SLACK) return NULL;
+    size_t len = bytes + MAP_SLACK;
     char *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) return NULL;
     char *p = (char *)(((uintptr_t)base + HEADER + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE);
@@ -92,7 +93,7 @@ typedef struct {
     char *p;
     size_t cap;  /* the bytes the block was mapped for (its first request): a later user may
                   * have them all, and no more. Not the mapping's end, which lies up to two huge
-                  * pages further: counting that slack let a 4 MiB block look 8 MiB large, fail
+                  * pages further: counting that slack let a 4 MiB block look 6-8 MiB large, fail
                   * the quarter-waste test for the next 4 MiB request and go unused — full BP's
                   * (T, C) activations then missed the pool and were mapped anew every step. */
     size_t used; /* bytes its last user had: what it can hold resident */
@@ -147,7 +148,7 @@ static int to_pool(sbp_ledger *lg, char *p, size_t used, void *raw, size_t mappe
         if (!nb) return 0;
         bp->b = nb, bp->cap = cap;
     }
-    bp->b[bp->n++] = (pooled){p, mapped - 2 * HUGE_PAGE, used, raw, mapped}; /* map_huge */
+    bp->b[bp->n++] = (pooled){p, mapped - MAP_SLACK, used, raw, mapped};
     lg->cached += (int64_t)used;
     return 1;
 }
