@@ -58,7 +58,7 @@ TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIB        := $(BUILD)/libstreambp.a
 BIN        := $(BUILD)/streambp
 
-.PHONY: all deps demo train-demo test format clean check-deps bench bench-torch plots bench-compare \
+.PHONY: all deps demo train-demo test format clean check-deps bench bench-torch bench-blas plots bench-compare \
         portable-builds golden plants fuzz
 all: deps
 	@$(MAKE) --no-print-directory $(BIN) $(LIB)
@@ -226,10 +226,22 @@ bench-torch: all
 	  python3 -m venv $(TORCH_VENV) && $(TORCH_VENV)/bin/pip install -q torch==2.6.0 \
 	    transformers==4.51.3 || rm -rf $(TORCH_VENV); fi
 	@if [ -x $(TORCH_VENV)/bin/python ]; then \
-	  $(TORCH_VENV)/bin/python verify/torch_bench.py --streambp $(BIN); else \
+	  $(TORCH_VENV)/bin/python bench/torch_bench.py --streambp $(BIN); else \
 	  echo "bench-torch: no PyPI; Debian's torch 1.13 instead"; \
 	  /usr/bin/python3 -c 'import torch' 2>/dev/null || $(SUDO) apt-get install -y -q python3-torch; \
-	  /usr/bin/python3 verify/torch_bench.py --streambp $(BIN); fi
+	  /usr/bin/python3 bench/torch_bench.py --streambp $(BIN); fi
+
+# The BLAS at our shapes: OpenBLAS (the default) against BLIS (Debian) and MKL (PyPI's mkl-devel
+# in a venv), interleaved rounds at 1 and 2 threads, bench/blas.sh (ROUNDS=N, default 5).
+MKL_VENV := $(BUILD)/mkl-venv
+bench-blas:
+	@[ -e /usr/lib/x86_64-linux-gnu/blis-openmp/libblis.so ] || \
+	  $(SUDO) apt-get install -y -q libblis-openmp-dev || echo "bench-blas: BLIS not installed"
+	@[ -e $(MKL_VENV)/include/mkl.h ] || { python3 -m venv $(MKL_VENV) && \
+	  $(MKL_VENV)/bin/pip install -q mkl-devel; } || { rm -rf $(MKL_VENV); echo "bench-blas: no MKL"; }
+	@mkdir -p $(BENCH_DIR)
+	CC="$(CC)" bench/blas.sh $(BENCH_DIR)/blas $(or $(ROUNDS),5) $(BLAS_DIR) $(MKL_VENV) \
+	  | tee $(BENCH_DIR)/blas.txt
 
 # Fast mode against an earlier revision, same machine, interleaved rounds (no-regression check):
 # make bench-compare OLD=<git revision> [ROUNDS=N] (default 5; the README's numbers: ROUNDS=10)
@@ -238,7 +250,7 @@ bench-compare: all
 	rm -rf build-old && mkdir -p build-old/src
 	git archive $(OLD) | tar -x -C build-old/src
 	$(MAKE) -C build-old/src CUDA=0 build/streambp
-	/usr/bin/python3 verify/bench_compare.py build-old/src/build/streambp $(BIN) --seq 2048 --rounds $(or $(ROUNDS),5)
+	/usr/bin/python3 bench/bench_compare.py build-old/src/build/streambp $(BIN) --seq 2048 --rounds $(or $(ROUNDS),5)
 
 plots: all
 	@command -v gnuplot >/dev/null || { $(SUDO) apt-get install -y -q gnuplot-nox; }
@@ -401,7 +413,7 @@ fuzz: deps
 
 # ---- housekeeping -------------------------------------------------------------------------------
 
-FORMAT_SRC := $(shell find src ref tests verify cuda -name '*.[ch]' 2>/dev/null)
+FORMAT_SRC := $(shell find src ref tests verify bench cuda -name '*.[ch]' 2>/dev/null)
 format:
 	clang-format -i $(FORMAT_SRC)
 

@@ -13,7 +13,7 @@ its peak RSS is its own; a step is zero_grad + forward (labels = input ids) + ba
 the median of --reps steps after one warm-up. streambp's numbers for the same T and threads come
 from `streambp bench --csv` (fast numerics, warm, interleaved rounds) in the same run.
 
-Usage: python3 verify/torch_bench.py [--streambp build/streambp] [--seq 2048 8192]
+Usage: python3 bench/torch_bench.py [--streambp build/streambp] [--seq 2048 8192]
     [--threads 1 2] [--reps 3]
 """
 import argparse

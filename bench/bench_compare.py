@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Two builds of streambp timed against each other in one run, in interleaved rounds.
 
-    verify/bench_compare.py OLD_BIN NEW_BIN [--seq T] [--rounds N] [--reps R] [--threads N]
+    bench/bench_compare.py OLD_BIN NEW_BIN [--seq T] [--rounds N] [--reps R] [--threads N]
                             [--schedules L]
 
 Round k runs `bench --reps R` of the old binary, then of the new one (the order alternates from
