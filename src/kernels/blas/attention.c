@@ -125,6 +125,43 @@ static void tile_grads(real *P, real *dS, real *dP, const real *q_I, const real 
     }
 }
 
+typedef struct {
+    real *dq, *dk, *dv;
+    const real *dout, *lse, *dsum, *q, *k, *v;
+    const uint8_t *kmask;
+    real *scratch;
+    size_t per_thread;
+    int s, e, NH, NKV, HD, W, Q, KV;
+    real scale;
+} bwd_args;
+
+/* Key tile [j0, j0+W) of kv head g against every query tile of the chunk at or past it, in
+ * ascending order, and each head of the group: dV_J += Pᵀ·dO_I, dK_J += dSᵀ·Q_I / sqrt(HD);
+ * with_dq: also dQ_I += dS·K_J / sqrt(HD). */
+static void key_tile(const bwd_args *a, int g, int j0, int with_dq) {
+    const int W = a->W, e = a->e, s = a->s, rep = a->NH / a->NKV, nk = j0 + W < e ? W : e - j0;
+    real *P = a->scratch + a->per_thread * (size_t)omp_get_thread_num();
+    real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W;
+    const size_t kv_J = (size_t)j0 * a->KV + (size_t)g * a->HD;
+    const real *k_J = a->k + kv_J, *v_J = a->v + kv_J;
+    for (int i0 = j0 > s ? j0 : s, i1; i0 < e; i0 = i1) {
+        i1 = tile_end(i0, e, W);
+        const int nq = i1 - i0;
+        for (int h = g * rep; h < (g + 1) * rep; h++) {
+            const size_t q_I = (size_t)(i0 - s) * a->Q + (size_t)h * a->HD;
+            tile_grads(P, dS, dP, a->q + q_I, a->dout + q_I, k_J, v_J, a->lse, a->dsum, a->kmask,
+                       i0, nq, j0, nk, W, s, h, a->NH, a->Q, a->KV, a->HD, a->scale);
+            gemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, a->HD, nq, 1, P, W, a->dout + q_I,
+                 a->Q, 1, a->dv + kv_J, a->KV);
+            gemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, a->HD, nq, a->scale, dS, W,
+                 a->q + q_I, a->Q, 1, a->dk + kv_J, a->KV);
+            if (with_dq)
+                gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, a->HD, nk, a->scale, dS, W, k_J,
+                     a->KV, 1, a->dq + q_I, a->Q);
+        }
+    }
+}
+
 void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scratch,
                              const real *dout, const real *o, const real *lse, const real *q,
                              const real *k, const real *v, const uint8_t *kmask, int s, int M,
@@ -144,33 +181,24 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
             dsum[(size_t)r * NH + h] = D;
         }
 
-        /* Pass 1: dK, dV of key tile J for kv head g; early tiles see the most queries: first. */
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int task = 0; task < nktiles * NKV; task++) {
-        const int g = task % NKV, j0 = (task / NKV) * W, nk = j0 + W < e ? W : e - j0;
-        real *P = scratch + per_thread * (size_t)omp_get_thread_num();
-        real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W;
-        const real *k_J = k + (size_t)j0 * KV + (size_t)g * HD;
-        const real *v_J = v + (size_t)j0 * KV + (size_t)g * HD;
-        real *dk_J = dk + (size_t)j0 * KV + (size_t)g * HD;
-        real *dv_J = dv + (size_t)j0 * KV + (size_t)g * HD;
-        for (int i0 = j0 > s ? j0 : s, i1; i0 < e; i0 = i1) {
-            i1 = tile_end(i0, e, W);
-            const int nq = i1 - i0;
-            for (int h = g * rep; h < (g + 1) * rep; h++) {
-                const real *q_I = q + (size_t)(i0 - s) * Q + (size_t)h * HD;
-                const real *do_I = dout + (size_t)(i0 - s) * Q + (size_t)h * HD;
-                tile_grads(P, dS, dP, q_I, do_I, k_J, v_J, lse, dsum, kmask, i0, nq, j0, nk, W, s,
-                           h, NH, Q, KV, HD, scale);
-                gemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HD, nq, 1, P, W, do_I, Q, 1, dv_J,
-                     KV);
-                gemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, HD, nq, scale, dS, W, q_I, Q, 1,
-                     dk_J, KV);
-            }
-        }
+    const bwd_args a = {dq,         dk, dv, dout, lse, dsum, q, k, v,  kmask, scratch,
+                        per_thread, s,  e,  NH,   NKV, HD,   W, Q, KV, scale};
+    if (NKV % omp_get_max_threads() == 0) {
+        /* One pass: each thread takes whole kv heads and their key tiles in ascending order, so
+         * dQ of a query tile receives its key tiles in ascending order, the same products in
+         * the same order as pass 2 below: the same bits, without pass 2's second computation
+         * of P and dP (2 of the 7 tile products) and of the exponentials. */
+#pragma omp parallel for schedule(static)
+        for (int g = 0; g < NKV; g++)
+            for (int j0 = 0; j0 < e; j0 += W) key_tile(&a, g, j0, 1);
+        return;
     }
 
-    /* Pass 2: dQ of query tile I for head h, key tiles in ascending order. */
+    /* Pass 1: dK, dV of key tile J for kv head g; early tiles see the most queries: first. */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int task = 0; task < nktiles * NKV; task++) key_tile(&a, task % NKV, (task / NKV) * W, 0);
+
+        /* Pass 2: dQ of query tile I for head h, key tiles in ascending order. */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < NH * nqtiles; task++) {
         const int h = task % NH, g = h / rep, tile = first + nqtiles - 1 - task / NH;
