@@ -399,6 +399,7 @@ int cmd_bench(int argc, char **argv) {
     const double nparam = (double)ps.total;
     sbp_params_free(&ps);
 
+    sbp_set_threads(threads); /* the steps run in children; the FLOP count reads it here */
     child_result sg;
     sgemm_arg sa = {.threads = threads, .M = 2048, .K = cfg.hidden, .N = {cfg.ffn, 0, cfg.vocab}};
     fprintf(stderr, "streambp bench: measuring the sgemm rate...\n");

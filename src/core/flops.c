@@ -3,8 +3,9 @@
  *
  * Per sequence, with P = the projections' FLOPs per token (2·(C·Q + 2·C·KV + Q·C + 3·C·F)),
  * H = 2·C·V per token and attention on W-wide tiles (each (query tile, key tile) pair at or
- * below the diagonal costs per head 4·wq·wk·HD in the forward, 8 in pass 1 and 6 in pass 2 of
- * the backward):
+ * below the diagonal costs per head 4·wq·wk·HD in the forward and, in the backward, 10 in one
+ * pass or 8 in pass 1 and 6 in pass 2 — one pass when the kv heads divide among the threads
+ * (sbp_set_threads; src/kernels/blas/attention.c)):
  *   full   = L·(3P + A_fwd + A_bwd) + 3H·T               (forward, then dX and dW)
  *   ckpt   = full + L·(P − 2·F·C + A_fwd)                (the recompute skips the down projection)
  *   stream = ckpt                                        (K and V are projected once per layer)
@@ -15,7 +16,8 @@
  * projection's), and 6rK + 4rN backward (x·Aᵀ again, dt and dB, dX and dA). */
 #include "../streambp.h"
 
-int attention_tile(int blk); /* tiles.c */
+int attention_tile(int blk);          /* tiles.c */
+int attention_one_pass(int kv_heads); /* tiles.c */
 
 double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o) {
     const double C = c->hidden, F = c->ffn, V = c->vocab, HD = c->head_dim;
@@ -28,7 +30,8 @@ double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o)
         for (int j0 = 0; j0 < i0 + wq; j0 += W)
             pairs += (double)wq * (j0 + W < i0 + wq ? W : i0 + wq - j0);
     }
-    const double afwd = 4 * pairs * HD * c->heads, abwd = 14 * pairs * HD * c->heads;
+    const double afwd = 4 * pairs * HD * c->heads,
+                 abwd = (attention_one_pass(c->kv_heads) ? 10 : 14) * pairs * HD * c->heads;
     const int recompute = o->schedule != SBP_FULL;
     double f;
     if (!o->lora) {

@@ -126,7 +126,8 @@ void attention_backward(real *dq,             /* (M, NH·HD) += */
                         int s, int M, int T, int NH, int NKV, int HD);
 
 /* fast (blas/attention.c): tiles of attention_tile(blk) on the global grid, products on BLAS */
-int attention_tile(int blk); /* the largest divisor of blk up to 128 (src/core/tiles.c) */
+int attention_tile(int blk);          /* the largest divisor of blk up to 128 (src/core/tiles.c) */
+int attention_one_pass(int kv_heads); /* the backward's form at this thread count (tiles.c) */
 size_t blas_attention_workspace(int blk, int HD);
 void blas_attention_forward(real *o, real *lse, real *ws, const real *q, const real *k,
                             const real *v, const uint8_t *kmask, int s, int M, int T, int NH,

@@ -183,7 +183,7 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
 
     const bwd_args a = {dq,         dk, dv, dout, lse, dsum, q, k, v,  kmask, scratch,
                         per_thread, s,  e,  NH,   NKV, HD,   W, Q, KV, scale};
-    if (NKV % omp_get_max_threads() == 0) {
+    if (attention_one_pass(NKV)) {
         /* One pass: each thread takes whole kv heads and their key tiles in ascending order, so
          * dQ of a query tile receives its key tiles in ascending order, the same products in
          * the same order as pass 2 below: the same bits, without pass 2's second computation
