@@ -8,8 +8,11 @@
  *   accumulator:  O_I += exp(S − m)·V_J.   At the end O = O_I / l and lse = m + log l.
  * Backward, with P = exp(S − lse), D_i = dO_i·O_i, dP = dO·Vᵀ, dS = P ∘ (dP − D):
  *   dV_J += P ᵀ·dO_I,   dK_J += dSᵀ·Q_I / sqrt(HD),   dQ_I += dS·K_J / sqrt(HD).
- * Two passes give every output one owner: pass 1 over (kv head, key tile) forms dK and dV,
- * pass 2 over (query head, query tile) forms dQ; P and dS are recomputed in each.
+ * Every output has one owner. When the kv heads divide among the threads, one pass does it all:
+ * a thread takes whole kv heads, their key tiles in ascending order, and forms dK, dV and the
+ * dQ terms of its heads. Otherwise two passes: pass 1 over (kv head, key tile) forms dK and dV,
+ * pass 2 over (query head, query tile) forms dQ, with P and dS computed again. Either way dQ of
+ * a query tile receives its key tiles in ascending order, so both give the same bits.
  *
  * Why the result does not depend on the chunking: the caller picks W dividing the token block,
  * so chunks that are block multiples consist of whole query tiles. Each (query tile, key tile)
