@@ -54,6 +54,7 @@ typedef struct {
     int ok;
     char err[800];
     double times[2 * PLAN_N_SCHEDULES][16]; /* step times per configuration and round */
+    double sgemm[16];                       /* the sgemm rate timed in each round (0: not) */
     int n_times;                            /* rounds timed */
     double loss;
     sbp_ledger lg;
@@ -142,6 +143,50 @@ static void sgemm_child(child_result *r, const void *p) {
     r->ok = 1;
 }
 
+/* The step's three characteristic products, each once (after one warm-up call the first time):
+ * the mean of their GFLOP/s, the same definition as sgemm_child's. The steps' timing rounds call
+ * it between rounds, so that the fraction of sgemm compares two things timed seconds apart on a
+ * machine whose speed drifts. A, B and C hold the largest shape; 0 when they could not be had. */
+typedef struct {
+    float *A, *B, *C;
+    int M, K, N[3];
+} sgemm_bufs;
+
+static size_t max3(size_t a, size_t b, size_t c) {
+    return a > b ? (a > c ? a : c) : (b > c ? b : c);
+}
+
+static int sgemm_bufs_init(sgemm_bufs *g, int M, int K, int F, int V) {
+    *g = (sgemm_bufs){.M = M, .K = K, .N = {F, K, V}};
+    const size_t na = (size_t)M * max3((size_t)K, (size_t)F, 0);
+    const size_t nb = (size_t)K * max3((size_t)F, (size_t)V, 0);
+    const size_t nc = (size_t)M * max3((size_t)K, (size_t)F, (size_t)V);
+    g->A = malloc(sizeof(float) * na), g->B = malloc(sizeof(float) * nb);
+    g->C = malloc(sizeof(float) * nc);
+    if (!g->A || !g->B || !g->C) return 0;
+    for (size_t i = 0; i < na; i++) g->A[i] = (float)((i * 7 % 13) - 6) * 0.01f;
+    for (size_t i = 0; i < nb; i++) g->B[i] = (float)((i * 5 % 11) - 5) * 0.01f;
+    return 1;
+}
+
+static double sgemm_round(const sgemm_bufs *g) {
+    /* (K, N): projections in (C → F) and out (F → C), and the LM head (C → V) */
+    const int shapes[3][2] = {{g->K, g->N[0]}, {g->N[0], g->N[1]}, {g->K, g->N[2]}};
+    double sum = 0;
+    for (int s = 0; s < 3; s++) {
+        const int K = shapes[s][0], N = shapes[s][1];
+        double t0 = now_seconds();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->M, N, K, 1, g->A, K, g->B, K, 0,
+                    g->C, N);
+        sum += 2.0 * g->M * N * K / (now_seconds() - t0) / 1e9;
+    }
+    return sum / 3;
+}
+
+static void sgemm_bufs_free(sgemm_bufs *g) {
+    free(g->A), free(g->B), free(g->C);
+}
+
 /* ---- one step measurement ------------------------------------------------------------------ */
 
 /* The schedules g[0..n) at one T: a warm-up round (if asked), then `reps` rounds that run each
@@ -151,6 +196,7 @@ typedef struct {
     const char *model;
     int T, reps, warmup, threads, n;
     int train;            /* whole training steps: gradient, clipping, AdamW (n = 1) */
+    int sgemm;            /* time the sgemm products after every round (fast numerics, CPU) */
     sbp_lora_config lora; /* r > 0: the training step trains an adapter of this config */
     sbp_grad_opts g[2 * PLAN_N_SCHEDULES];
 } step_arg;
@@ -198,6 +244,10 @@ static void step_child(child_result *r, const void *p) {
     }
     const int64_t n_trained = a->lora.r ? ad.params.total : m.params.total;
     ok = ok && (!a->train || sbp_adamw_init(&opt, &ao, m.prec, n_trained, &r->lg, &err) == 0);
+    sgemm_bufs sg = {0};
+    const int with_sgemm =
+        a->sgemm && sgemm_bufs_init(&sg, 2048, m.cfg.hidden, m.cfg.ffn, m.cfg.vocab);
+    if (with_sgemm) sgemm_round(&sg); /* warm-up */
     for (int i = 0; ok && i < a->warmup + a->reps; i++) {
         for (int k = 0; ok && k < a->n; k++) {
             sbp_grad_result res;
@@ -213,8 +263,10 @@ static void step_child(child_result *r, const void *p) {
             r->loss = a->train ? sr.loss : res.loss;
             if (!a->train) sbp_grad_result_free(&res, &r->lg);
         }
+        if (ok && i >= a->warmup && with_sgemm) r->sgemm[i - a->warmup] = sgemm_round(&sg);
         if (ok && i >= a->warmup) r->n_times++;
     }
+    sgemm_bufs_free(&sg);
     if (!ok) snprintf(r->err, sizeof r->err, "%s", err.msg);
     sbp_adamw_free(&opt, &r->lg);
     if (ad.w) sbp_lora_free(&ad, host_lg);
@@ -245,15 +297,18 @@ typedef struct {
     cJSON *rows;
 } row_out;
 
-/* One row of the table: a step of T tokens that took t seconds (median of nt runs). */
+/* One row of the table: a step of T tokens that took t seconds (median of nt runs); of_sgemm: the
+ * median over the rounds of the step's rate over the sgemm rate timed in the same round (NaN:
+ * against the run's sgemm rate instead). */
 static void emit(row_out *o, const sbp_config *cfg, const char *name, int T, const sbp_grad_opts *g,
-                 double t, int nt, const child_result *r, const sbp_ledger *plan) {
+                 double t, int nt, double of_sgemm, const child_result *r, const sbp_ledger *plan) {
     double flop = sbp_step_flops(cfg, 1, T, g), gfs = flop / t / 1e9;
+    if (isnan(of_sgemm)) of_sgemm = gfs / o->sgemm;
     double peak = (double)r->lg.peak_total;
     const char *num = sbp_numerics_name(g->numerics);
     if (o->csv) {
         printf("%d,%s,%s,%d,%.6f,%.3f,%.3f,%.2f,%.1f,%lld,%lld,%lld,%.17g\n", T, name, num, nt, t,
-               flop / 1e9, gfs, 100 * gfs / o->sgemm, T / t, (long long)r->lg.peak_total,
+               flop / 1e9, gfs, 100 * of_sgemm, T / t, (long long)r->lg.peak_total,
                (long long)plan->peak_total, r->rss, r->loss);
     } else if (o->json) {
         cJSON *j = cJSON_CreateObject();
@@ -264,7 +319,7 @@ static void emit(row_out *o, const sbp_config *cfg, const char *name, int T, con
         cJSON_AddNumberToObject(j, "median_seconds", t);
         cJSON_AddNumberToObject(j, "gflop", flop / 1e9);
         cJSON_AddNumberToObject(j, "gflops", gfs);
-        cJSON_AddNumberToObject(j, "fraction_of_sgemm", gfs / o->sgemm);
+        cJSON_AddNumberToObject(j, "fraction_of_sgemm", of_sgemm);
         cJSON_AddNumberToObject(j, "tokens_per_second", T / t);
         cJSON_AddItemToObject(j, "memory", ledger_json(&r->lg));
         cJSON_AddNumberToObject(j, "planned_peak_bytes", (double)plan->peak_total);
@@ -275,7 +330,7 @@ static void emit(row_out *o, const sbp_config *cfg, const char *name, int T, con
         snprintf(label, sizeof label, "%s%s", name,
                  g->numerics == SBP_NUMERICS_PORTABLE ? " (portable)" : "");
         printf("%7d %-22s %4d %9.3f %9.1f %8.1f %6.1f%% %9.0f %10.1f %10.1f %9.1f %8.2f\n", T,
-               label, nt, t, flop / 1e9, gfs, 100 * gfs / o->sgemm, T / t, mib(r->lg.peak_total),
+               label, nt, t, flop / 1e9, gfs, 100 * of_sgemm, T / t, mib(r->lg.peak_total),
                mib(plan->peak_total), mib(r->rss), r->rss / peak);
     }
 }
@@ -443,7 +498,8 @@ int cmd_bench(int argc, char **argv) {
                            .reps = reps               ? reps
                                    : seqs[si] <= 4096 ? 3
                                                       : 1,
-                           .warmup = seqs[si] <= 4096 && !largest};
+                           .warmup = seqs[si] <= 4096 && !largest,
+                           .sgemm = device == SBP_DEVICE_CPU};
         /* configuration q: schedule q % PLAN_N_SCHEDULES in numerics q / PLAN_N_SCHEDULES */
         const int nums = device != SBP_DEVICE_CPU       ? 1 << SBP_NUMERICS_PORTABLE
                          : numerics                     ? numerics
@@ -507,7 +563,14 @@ int cmd_bench(int argc, char **argv) {
             double *tv = timed ? tr.times[kidx[q]] : mem[q].times[0];
             int nt = timed ? tr.n_times : 1;
             sbp_grad_opts g = timing.g[kidx[q]];
-            emit(&out, &cfg, kinds[k].name, Ts[q], &g, median(tv, nt), nt, &mem[q], &plan[q]);
+            double of_sgemm = NAN, ratio[16];
+            if (timed && tr.sgemm[0] > 0) {
+                const double flop = sbp_step_flops(&cfg, 1, Ts[q], &g);
+                for (int i = 0; i < nt; i++) ratio[i] = flop / tv[i] / 1e9 / tr.sgemm[i];
+                of_sgemm = median(ratio, nt);
+            }
+            emit(&out, &cfg, kinds[k].name, Ts[q], &g, median(tv, nt), nt, of_sgemm, &mem[q],
+                 &plan[q]);
         }
         /* whole training steps, each alone: every weight, then (up to T = 4096) an adapter */
         for (int lo = 0; lo < 2 && train && !largest && device == SBP_DEVICE_CPU; lo++) {
@@ -542,7 +605,7 @@ int cmd_bench(int argc, char **argv) {
             sbp_lora flops_view = {.cfg = lc}; /* the FLOP count reads the adapter's config */
             if (lo) g.lora = &flops_view;
             emit(&out, &cfg, lo ? "train-stream-lora" : "train-stream", seqs[si], &g,
-                 median(t.times[0], t.n_times), t.n_times, &t, &tplan);
+                 median(t.times[0], t.n_times), t.n_times, NAN, &t, &tplan);
         }
         fflush(stdout);
     }
@@ -564,7 +627,9 @@ int cmd_bench(int argc, char **argv) {
                    "the whole process, binary and libraries included; train-stream: a stream step, "
                    "clipping and the AdamW update, the two moments in the ledger and the plan; "
                    "train-stream-lora: the same for a LoRA adapter r 32 on every linear layer, the "
-                   "base frozen; GFLOP counts the step's matrix products)\n");
+                   "base frozen; GFLOP counts the step's matrix products; %%sgemm: the median over "
+                   "the rounds of the step's GFLOP/s over the sgemm rate timed in the same round "
+                   "(the training rows: over the run's sgemm rate))\n");
     }
     if (dir[0]) {
         char p[1200];
