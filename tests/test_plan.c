@@ -399,39 +399,6 @@ START_TEST(ledger_pool) {
 }
 END_TEST
 
-/* A freed block too large for the room left under the peak displaces smaller pooled blocks when
- * it is the larger: full BP's logits (250 MB) are freed while layer buffers wait in the pool,
- * and keeping the logits saves the kernel faulting them in again every step. */
-START_TEST(ledger_pool_keeps_larger) {
-    sbp_ledger lg = {0};
-    sbp_ledger_keep_blocks(&lg);
-    const size_t small = (size_t)4 << 20, large = (size_t)40 << 20;
-    void *s1 = sbp_ledger_alloc_raw(&lg, SBP_MEM_LAYER, small);
-    void *s2 = sbp_ledger_alloc_raw(&lg, SBP_MEM_LAYER, small);
-    void *big = sbp_ledger_alloc_raw(&lg, SBP_MEM_LOGITS, large);
-    ck_assert(s1 && s2 && big);
-    sbp_ledger_free(&lg, s1);
-    sbp_ledger_free(&lg, s2);
-    ck_assert_int_eq(lg.cached, (int64_t)(2 * small));
-    void *mid = sbp_ledger_alloc_raw(&lg, SBP_MEM_LAYER, 2 * small); /* no pooled block fits */
-    ck_assert_ptr_nonnull(mid);
-    /* in use 8 MiB + pooled 8 MiB + 40 MiB > the 48 MiB peak: the two small blocks go */
-    sbp_ledger_free(&lg, big);
-    ck_assert_int_eq(lg.cached, (int64_t)large);
-    ck_assert(lg.cur_total + lg.cached <= lg.peak_total);
-    void *again = sbp_ledger_alloc_raw(&lg, SBP_MEM_LOGITS, large);
-    ck_assert_ptr_eq(again, big);
-    /* the other way round the large pooled block stays: a freed 12 MiB block would need it gone */
-    sbp_ledger_free(&lg, again);
-    void *odd = sbp_ledger_alloc_raw(&lg, SBP_MEM_LAYER, 3 * small); /* 40 MiB would waste > 1/4 */
-    ck_assert(odd && odd != big);
-    sbp_ledger_free(&lg, odd);
-    ck_assert_int_eq(lg.cached, (int64_t)large);
-    sbp_ledger_free(&lg, mid);
-    sbp_ledger_drop_blocks(&lg);
-}
-END_TEST
-
 /* A block's capacity is what it was mapped for, not the mapping's slack: the smallest pooled size
  * (4 MiB, full BP's (T, C) activations at T = 2048, C = 512) is served again for the same
  * request, and never for a larger one. */
@@ -460,7 +427,6 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, plan_equals_measured_objectives_lora, 0, 18);
     tcase_add_test(tc, ledger_pool);
     tcase_add_test(tc, ledger_pool_exact_size);
-    tcase_add_test(tc, ledger_pool_keeps_larger);
     tcase_add_test(tc, plan_large_model);
     tcase_add_loop_test(tc, categories_sum_to_total, 0, 6);
     tcase_add_loop_test(tc, budget_finds_the_boundary, 0, 3);

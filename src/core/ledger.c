@@ -137,38 +137,11 @@ static char *from_pool(sbp_ledger *lg, size_t bytes, void **raw, size_t *mapped)
     return k.p;
 }
 
-static int by_capacity(const void *a, const void *b) {
-    const size_t x = ((const pooled *)a)->cap, y = ((const pooled *)b)->cap;
-    return (x > y) - (x < y);
-}
-
-/* Room for a freed block of `keep` bytes within the peak: unmaps pooled blocks, smallest first,
- * `need` bytes or more in all, but only if they come to less than `keep`. Full BP frees its
- * logits (250 MB at the bench model, T = 2048) while smaller blocks wait in the pool for the
- * layers' backward; keeping the logits and mapping the small ones again next step has the kernel
- * fault in and zero a fifth of the memory (at 1 thread on the VM of README "Performance", the
- * difference between a step with the logits pooled and one without was ~0.5 s). 1 if made. */
-static int evict(sbp_ledger *lg, int64_t need, int64_t keep) {
-    block_pool *bp = lg->pool;
-    qsort(bp->b, (size_t)bp->n, sizeof *bp->b, by_capacity);
-    int64_t got = 0;
-    int k = 0;
-    while (k < bp->n && got < need) got += (int64_t)bp->b[k++].used;
-    if (got < need || got >= keep) return 0;
-    for (int i = 0; i < k; i++) munmap(bp->b[i].raw, bp->b[i].mapped);
-    memmove(bp->b, bp->b + k, sizeof *bp->b * (size_t)(bp->n - k));
-    bp->n -= k;
-    lg->cached -= got;
-    return 1;
-}
-
 /* Keeps a freed huge block of `used` bytes when the pool is on and buffers in use plus pooled
  * blocks stay within the recorded peak; 1 if kept. */
 static int to_pool(sbp_ledger *lg, char *p, size_t used, void *raw, size_t mapped) {
     block_pool *bp = lg ? lg->pool : NULL;
-    if (!bp) return 0;
-    const int64_t over = lg->cur_total + lg->cached + (int64_t)used - lg->peak_total;
-    if (over > 0 && !evict(lg, over, (int64_t)used)) return 0;
+    if (!bp || lg->cur_total + lg->cached + (int64_t)used > lg->peak_total) return 0;
     if (bp->n == bp->cap) {
         int cap = bp->cap ? 2 * bp->cap : 32;
         pooled *nb = realloc(bp->b, sizeof *nb * (size_t)cap);
