@@ -96,38 +96,78 @@ static int in_child(child_result *r, void (*fn)(child_result *, const void *), c
 
 /* ---- the sgemm rate ------------------------------------------------------------------------ */
 
+/* The step's three characteristic products at M rows — projections in (C → F) and out (F → C),
+ * and the LM head (C → V) — as C(M, N) = A(M, K)·B(N, K)ᵀ; the operands are sized for the
+ * largest and filled once. */
+typedef struct {
+    float *A, *B, *C;
+    int M, K[3], N[3];
+} sgemm_set;
+
+static size_t max2(size_t a, size_t b) {
+    return a > b ? a : b;
+}
+
+static int sgemm_set_init(sgemm_set *g, int M, int C, int F, int V) {
+    *g = (sgemm_set){.M = M, .K = {C, F, C}, .N = {F, C, V}};
+    const size_t na = (size_t)M * max2((size_t)C, (size_t)F);
+    const size_t nb = (size_t)C * max2((size_t)F, (size_t)V);
+    const size_t nc = (size_t)M * max2((size_t)F, (size_t)V);
+    g->A = malloc(sizeof(float) * na), g->B = malloc(sizeof(float) * nb);
+    g->C = malloc(sizeof(float) * nc);
+    if (!g->A || !g->B || !g->C) return 0;
+    for (size_t i = 0; i < na; i++) g->A[i] = (float)((i * 7 % 13) - 6) * 0.01f;
+    for (size_t i = 0; i < nb; i++) g->B[i] = (float)((i * 5 % 11) - 5) * 0.01f;
+    return 1;
+}
+
+static void sgemm_set_free(sgemm_set *g) {
+    free(g->A), free(g->B), free(g->C);
+}
+
+/* GFLOP/s of one product s, on OpenBLAS or on our portable product */
+static double sgemm_once(const sgemm_set *g, int s, int portable) {
+    const int M = g->M, K = g->K[s], N = g->N[s];
+    double t0 = now_seconds();
+    if (portable)
+        sbp_portable_gemm_f32(g->C, g->A, g->B, M, N, K);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, g->A, K, g->B, K, 0, g->C,
+                    N);
+    return 2.0 * M * N * K / (now_seconds() - t0) / 1e9;
+}
+
+/* The mean of the three products' rates, each timed once: the steps' timing rounds call it after
+ * every round, so that the fraction of sgemm compares two things timed seconds apart on a
+ * machine whose speed drifts. */
+static double sgemm_round(const sgemm_set *g) {
+    double sum = 0;
+    for (int s = 0; s < 3; s++) sum += sgemm_once(g, s, 0);
+    return sum / 3;
+}
+
 typedef struct {
     int threads;
-    int M, K, N[3];
+    int M, C, F, V;
 } sgemm_arg;
 
+/* The run's sgemm rate and the portable product's: per product the median of 7 calls after a
+ * warm-up call. */
 static void sgemm_child(child_result *r, const void *p) {
     const sgemm_arg *a = p;
     sbp_set_threads(a->threads);
-    /* the step's three characteristic products: projections in and out, and the LM head */
-    int shapes[3][2] = {{a->K, a->N[0]}, {a->N[0], a->K}, {a->K, a->N[2]}};
+    sgemm_set g;
+    if (!sgemm_set_init(&g, a->M, a->C, a->F, a->V)) {
+        sgemm_set_free(&g);
+        snprintf(r->err, sizeof r->err, "out of memory");
+        return;
+    }
     for (int s = 0; s < 3; s++) {
-        int K = shapes[s][0], N = shapes[s][1], M = a->M;
-        float *A = malloc(sizeof(float) * (size_t)M * K),
-              *B = malloc(sizeof(float) * (size_t)N * K);
-        float *C = malloc(sizeof(float) * (size_t)M * N);
-        if (!A || !B || !C) {
-            snprintf(r->err, sizeof r->err, "out of memory");
-            return;
-        }
-        for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)((i * 7 % 13) - 6) * 0.01f;
-        for (size_t i = 0; i < (size_t)N * K; i++) B[i] = (float)((i * 5 % 11) - 5) * 0.01f;
         for (int portable = 0; portable < 2; portable++) {
             double best[7];
             for (int rep = 0; rep < 8; rep++) { /* interleaved with nothing: one product each */
-                double t0 = now_seconds();
-                if (portable)
-                    sbp_portable_gemm_f32(C, A, B, M, N, K);
-                else
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, A, K, B, K, 0,
-                                C, N);
-                double t = now_seconds() - t0;
-                if (rep) best[rep - 1] = 2.0 * M * N * K / t / 1e9; /* the first call warms up */
+                const double rate = sgemm_once(&g, s, portable);
+                if (rep) best[rep - 1] = rate; /* the first call warms up */
             }
             for (int i = 0; i < 7; i++) /* median of 7 */
                 for (int j = i + 1; j < 7; j++)
@@ -138,53 +178,9 @@ static void sgemm_child(child_result *r, const void *p) {
             r->times[portable][s] = best[3];
         }
         r->n_times++;
-        free(A), free(B), free(C);
     }
+    sgemm_set_free(&g);
     r->ok = 1;
-}
-
-/* The step's three characteristic products, each once (after one warm-up call the first time):
- * the mean of their GFLOP/s, the same definition as sgemm_child's. The steps' timing rounds call
- * it between rounds, so that the fraction of sgemm compares two things timed seconds apart on a
- * machine whose speed drifts. A, B and C hold the largest shape; 0 when they could not be had. */
-typedef struct {
-    float *A, *B, *C;
-    int M, K, N[3];
-} sgemm_bufs;
-
-static size_t max3(size_t a, size_t b, size_t c) {
-    return a > b ? (a > c ? a : c) : (b > c ? b : c);
-}
-
-static int sgemm_bufs_init(sgemm_bufs *g, int M, int K, int F, int V) {
-    *g = (sgemm_bufs){.M = M, .K = K, .N = {F, K, V}};
-    const size_t na = (size_t)M * max3((size_t)K, (size_t)F, 0);
-    const size_t nb = (size_t)K * max3((size_t)F, (size_t)V, 0);
-    const size_t nc = (size_t)M * max3((size_t)K, (size_t)F, (size_t)V);
-    g->A = malloc(sizeof(float) * na), g->B = malloc(sizeof(float) * nb);
-    g->C = malloc(sizeof(float) * nc);
-    if (!g->A || !g->B || !g->C) return 0;
-    for (size_t i = 0; i < na; i++) g->A[i] = (float)((i * 7 % 13) - 6) * 0.01f;
-    for (size_t i = 0; i < nb; i++) g->B[i] = (float)((i * 5 % 11) - 5) * 0.01f;
-    return 1;
-}
-
-static double sgemm_round(const sgemm_bufs *g) {
-    /* (K, N): projections in (C → F) and out (F → C), and the LM head (C → V) */
-    const int shapes[3][2] = {{g->K, g->N[0]}, {g->N[0], g->N[1]}, {g->K, g->N[2]}};
-    double sum = 0;
-    for (int s = 0; s < 3; s++) {
-        const int K = shapes[s][0], N = shapes[s][1];
-        double t0 = now_seconds();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->M, N, K, 1, g->A, K, g->B, K, 0,
-                    g->C, N);
-        sum += 2.0 * g->M * N * K / (now_seconds() - t0) / 1e9;
-    }
-    return sum / 3;
-}
-
-static void sgemm_bufs_free(sgemm_bufs *g) {
-    free(g->A), free(g->B), free(g->C);
 }
 
 /* ---- one step measurement ------------------------------------------------------------------ */
@@ -244,9 +240,9 @@ static void step_child(child_result *r, const void *p) {
     }
     const int64_t n_trained = a->lora.r ? ad.params.total : m.params.total;
     ok = ok && (!a->train || sbp_adamw_init(&opt, &ao, m.prec, n_trained, &r->lg, &err) == 0);
-    sgemm_bufs sg = {0};
+    sgemm_set sg = {0};
     const int with_sgemm =
-        a->sgemm && sgemm_bufs_init(&sg, 2048, m.cfg.hidden, m.cfg.ffn, m.cfg.vocab);
+        a->sgemm && sgemm_set_init(&sg, 2048, m.cfg.hidden, m.cfg.ffn, m.cfg.vocab);
     if (with_sgemm) sgemm_round(&sg); /* warm-up */
     for (int i = 0; ok && i < a->warmup + a->reps; i++) {
         for (int k = 0; ok && k < a->n; k++) {
@@ -266,7 +262,7 @@ static void step_child(child_result *r, const void *p) {
         if (ok && i >= a->warmup && with_sgemm) r->sgemm[i - a->warmup] = sgemm_round(&sg);
         if (ok && i >= a->warmup) r->n_times++;
     }
-    sgemm_bufs_free(&sg);
+    sgemm_set_free(&sg);
     if (!ok) snprintf(r->err, sizeof r->err, "%s", err.msg);
     sbp_adamw_free(&opt, &r->lg);
     if (ad.w) sbp_lora_free(&ad, host_lg);
@@ -456,7 +452,7 @@ int cmd_bench(int argc, char **argv) {
 
     sbp_set_threads(threads); /* the steps run in children; the FLOP count reads it here */
     child_result sg;
-    sgemm_arg sa = {.threads = threads, .M = 2048, .K = cfg.hidden, .N = {cfg.ffn, 0, cfg.vocab}};
+    sgemm_arg sa = {.threads = threads, .M = 2048, .C = cfg.hidden, .F = cfg.ffn, .V = cfg.vocab};
     fprintf(stderr, "streambp bench: measuring the sgemm rate...\n");
     in_child(&sg, sgemm_child, &sa);
     double sgemm = sg.ok ? (sg.times[0][0] + sg.times[0][1] + sg.times[0][2]) / 3 : NAN;

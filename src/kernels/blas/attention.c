@@ -199,9 +199,11 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
 
     /* Pass 1: dK, dV of key tile J for kv head g; early tiles see the most queries: first. */
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int task = 0; task < nktiles * NKV; task++) key_tile(&a, task % NKV, (task / NKV) * W, 0);
+    for (int task = 0; task < nktiles * NKV; task++) {
+        key_tile(&a, task % NKV, (task / NKV) * W, 0);
+    }
 
-        /* Pass 2: dQ of query tile I for head h, key tiles in ascending order. */
+    /* Pass 2: dQ of query tile I for head h, key tiles in ascending order. */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < NH * nqtiles; task++) {
         const int h = task % NH, g = h / rep, tile = first + nqtiles - 1 - task / NH;
