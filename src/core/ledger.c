@@ -9,11 +9,11 @@
  * The price: the kernel zeroes every large block anew (clear_page: ~7% of perf's samples in a
  * full-BP bench step at T = 2048); a cache of freed blocks would save that and break the RSS
  * correspondence.
- * Pool (sbp_ledger_keep_blocks): a ledger that runs many steps (bench, train) keeps freed large
- * blocks and hands them out again for allocations that fit, so the second step neither maps nor
+ * Pool (sbp_ledger_keep_blocks, pool.c): a ledger that runs many steps (bench, train) carves its
+ * large blocks from huge-page regions that stay mapped, so the second step neither maps nor
  * faults nor has the kernel zero its buffers. The ledger's figures stay those of the buffers in
- * use; the pool is bounded so that buffers in use plus pooled blocks never exceed the peak the
- * ledger has already recorded — the process's RSS follows the ledger's peak as before.
+ * use; the pool hands pages back whenever buffers in use plus the pool's resident unused pages
+ * would exceed the peak the ledger has recorded, so the process's RSS follows that peak.
  * sbp_ledger_alloc_raw skips zeroing where the caller overwrites the block anyway (the engine's
  * buffers); in a sanitizer build it fills the block with 0xff bytes (NaN in float and double)
  * so that a read of a value nothing wrote shows up in the tests.
@@ -21,6 +21,7 @@
  * one-page readable header: sizes up to hundreds of GB cost nothing, pointer arithmetic on the
  * buffers stays valid, and any read or write of one faults. */
 #include "../streambp.h"
+#include "pool.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -31,17 +32,22 @@
 #define HEADER    64
 #define HUGE_PAGE ((size_t)2 << 20)
 #define HUGE_MIN  ((size_t)4 << 20)
+#define POOL_MIN  ((size_t)128 << 10)
 #define MAP_SLACK (2 * HUGE_PAGE) /* map_huge maps this much beyond a request, for alignment */
 
 typedef struct {
     size_t bytes;
     int cat;
-    int how;       /* how the block was obtained: calloc, a huge-page mapping, a reservation */
-    void *raw;     /* what calloc or mmap returned */
+    int how;       /* how the block was obtained: calloc, a huge-page mapping, the pool, a
+                    * reservation */
+    void *raw;     /* what calloc or mmap returned, or the pool's region */
     size_t mapped; /* bytes mapped at raw */
+    pool *owner;   /* the pool of a pooled block */
 } block_header;
 
-enum { BY_CALLOC, BY_MMAP, BY_PLAN };
+_Static_assert(sizeof(block_header) <= HEADER && HEADER == POOL_HEADER, "the block header");
+
+enum { BY_CALLOC, BY_MMAP, BY_POOL, BY_PLAN };
 
 const char *sbp_mem_cat_name(sbp_mem_cat c) {
     static const char *names[SBP_MEM_NCATS] = {
@@ -88,69 +94,23 @@ static char *map_huge(size_t bytes, void **raw, size_t *mapped) {
     return p;
 }
 
-/* Freed huge blocks kept for reuse: what the user asked for, and the mapping behind it. */
-typedef struct {
-    char *p;
-    size_t cap;  /* the bytes the block was mapped for (its first request): a later user may
-                  * have them all, and no more. Not the mapping's end, which lies up to two huge
-                  * pages further: counting that slack let a 4 MiB block look 6-8 MiB large, fail
-                  * the quarter-waste test for the next 4 MiB request and go unused — full BP's
-                  * (T, C) activations then missed the pool and were mapped anew every step. */
-    size_t used; /* bytes its last user had: what it can hold resident */
-    void *raw;
-    size_t mapped;
-} pooled;
-
-typedef struct {
-    pooled *b;
-    int n, cap;
-} block_pool;
-
 void sbp_ledger_keep_blocks(sbp_ledger *lg) {
     if (!lg || lg->plan || lg->pool) return;
-    lg->pool = calloc(1, sizeof(block_pool)); /* without it, blocks go back as before */
+    lg->pool = pool_new(); /* without it, blocks are mapped and unmapped one by one as before */
 }
 
 void sbp_ledger_drop_blocks(sbp_ledger *lg) {
-    block_pool *bp = lg ? lg->pool : NULL;
-    if (!bp) return;
-    for (int i = 0; i < bp->n; i++) munmap(bp->b[i].raw, bp->b[i].mapped);
-    free(bp->b);
-    free(bp);
-    lg->pool = NULL;
+    if (!lg || !lg->pool) return;
+    if (pool_close(lg->pool)) lg->pool = NULL; /* else the last block in use frees it */
     lg->cached = 0;
 }
 
-/* The smallest pooled block that holds bytes without wasting more than a quarter of it. */
-static char *from_pool(sbp_ledger *lg, size_t bytes, void **raw, size_t *mapped) {
-    block_pool *bp = lg ? lg->pool : NULL;
-    int best = -1;
-    for (int i = 0; bp && i < bp->n; i++)
-        if (bp->b[i].cap >= bytes && bp->b[i].cap - bytes <= bp->b[i].cap / 4 &&
-            (best < 0 || bp->b[i].cap < bp->b[best].cap))
-            best = i;
-    if (best < 0) return NULL;
-    pooled k = bp->b[best];
-    bp->b[best] = bp->b[--bp->n];
-    lg->cached -= (int64_t)k.used;
-    *raw = k.raw, *mapped = k.mapped;
-    return k.p;
-}
-
-/* Keeps a freed huge block of `used` bytes when the pool is on and buffers in use plus pooled
- * blocks stay within the recorded peak; 1 if kept. */
-static int to_pool(sbp_ledger *lg, char *p, size_t used, void *raw, size_t mapped) {
-    block_pool *bp = lg ? lg->pool : NULL;
-    if (!bp || lg->cur_total + lg->cached + (int64_t)used > lg->peak_total) return 0;
-    if (bp->n == bp->cap) {
-        int cap = bp->cap ? 2 * bp->cap : 32;
-        pooled *nb = realloc(bp->b, sizeof *nb * (size_t)cap);
-        if (!nb) return 0;
-        bp->b = nb, bp->cap = cap;
-    }
-    bp->b[bp->n++] = (pooled){p, mapped - MAP_SLACK, used, raw, mapped};
-    lg->cached += (int64_t)used;
-    return 1;
+/* Buffers in use plus the pool's resident unused pages within the recorded peak. */
+static void bound_pool(sbp_ledger *lg) {
+    pool *bp = lg->pool;
+    const int64_t over = lg->cur_total + pool_cached(bp) - lg->peak_total;
+    if (over > 0) pool_trim(bp, over);
+    lg->cached = pool_cached(bp);
 }
 
 void sbp_ledger_charge(sbp_ledger *lg, sbp_mem_cat cat, int64_t bytes) {
@@ -177,12 +137,15 @@ static void *alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes, int zero) {
     if (lg && lg->plan) {
         if (!(p = reserve(bytes))) return NULL;
         how = BY_PLAN;
+    } else if (bytes >= POOL_MIN && lg && lg->pool && !pool_closing(lg->pool)) {
+        region *g;
+        int dirty;
+        if (!(p = pool_take(lg->pool, bytes, &g, &dirty))) return NULL;
+        if (zero && dirty) zero_parallel(p, bytes);
+        raw = g;
+        how = BY_POOL;
     } else if (bytes >= HUGE_MIN) {
-        if ((p = from_pool(lg, bytes, &raw, &mapped))) {
-            if (zero) zero_parallel(p, bytes);
-        } else if (!(p = map_huge(bytes, &raw, &mapped))) {
-            return NULL;
-        }
+        if (!(p = map_huge(bytes, &raw, &mapped))) return NULL;
         how = BY_MMAP;
     } else {
         /* calloc, not malloc + memset: glibc knows when the pages come fresh (and zeroed) from
@@ -198,7 +161,9 @@ static void *alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes, int zero) {
     h->how = how;
     h->raw = raw;
     h->mapped = mapped;
+    h->owner = how == BY_POOL ? lg->pool : NULL;
     charge(lg, cat, (int64_t)bytes);
+    if (how == BY_POOL) bound_pool(lg);
 #if defined(__SANITIZE_ADDRESS__)
     if (!zero && how != BY_PLAN) memset(p, 0xff, bytes); /* NaN: a read of unwritten memory */
 #endif
@@ -222,7 +187,16 @@ void sbp_ledger_free(sbp_ledger *lg, void *p) {
         size_t page = (size_t)sysconf(_SC_PAGESIZE);
         munmap((char *)p - page, page + bytes);
     } else if (h->how == BY_MMAP) {
-        if (!to_pool(lg, p, bytes, h->raw, h->mapped)) munmap(h->raw, h->mapped);
+        munmap(h->raw, h->mapped);
+    } else if (h->how == BY_POOL) {
+        pool *owner = h->owner; /* the header goes with the region when the pool closes */
+        const int freed = pool_give(owner, h->raw, p, bytes);
+        if (lg && lg->pool == owner) {
+            if (freed)
+                lg->pool = NULL; /* closed, and this was its last block */
+            else if (!pool_closing(lg->pool))
+                bound_pool(lg);
+        }
     } else {
         free(h->raw);
     }
