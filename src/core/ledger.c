@@ -32,8 +32,8 @@
 #define HEADER    64
 #define HUGE_PAGE ((size_t)2 << 20)
 #define HUGE_MIN  ((size_t)4 << 20)
-#define POOL_MIN  ((size_t)128 << 10)
-#define MAP_SLACK (2 * HUGE_PAGE) /* map_huge maps this much beyond a request, for alignment */
+#define POOL_MIN  ((size_t)128 << 10) /* with the pool: glibc mmaps blocks this large afresh */
+#define MAP_SLACK (2 * HUGE_PAGE)     /* map_huge maps this much beyond a request, for alignment */
 
 typedef struct {
     size_t bytes;
