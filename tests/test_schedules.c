@@ -85,6 +85,14 @@ START_TEST(bitwise_demo_blocks) {
 }
 END_TEST
 
+/* qwen3-wide: qwen3-tiny with V = 8300, so the LM head's products run in column slabs
+ * (blas/linear.c) — two whole and a ragged one, the embedding tied. _i: fp32, fp64. */
+START_TEST(bitwise_wide_vocab) {
+    check_family("qwen3-wide", _i ? SBP_FP64 : SBP_FP32, "data/batches/sft-tiny.safetensors", 4,
+                 tiny_chunks, 5);
+}
+END_TEST
+
 /* Default options (block 256 > T): one block, one chunk; still all three identical. */
 START_TEST(bitwise_defaults) {
     sbp_model m;
@@ -103,14 +111,16 @@ START_TEST(bitwise_defaults) {
 }
 END_TEST
 
-/* 1 vs 2 and 3 threads, each schedule, both precisions. qwen3-tiny has 2 kv heads: at 1 and 2
- * threads the attention backward takes its one-pass form, at 3 its two-pass form
- * (src/kernels/blas/attention.c), which must give the same bits. */
+/* 1 vs 2 and 3 threads, each schedule, both precisions (_i % 2), qwen3-tiny and qwen3-wide (the
+ * LM head in column slabs). Both have 2 kv heads: at 1 and 2 threads the attention backward
+ * takes its one-pass form, at 3 its two-pass form (src/kernels/blas/attention.c), which must
+ * give the same bits. */
 START_TEST(thread_count_invariance) {
-    sbp_precision prec = _i ? SBP_FP64 : SBP_FP32;
+    sbp_precision prec = _i % 2 ? SBP_FP64 : SBP_FP32;
     sbp_model m;
     sbp_batch b;
-    tu_load(&m, &b, tu_model("qwen3-tiny", 7), "data/batches/sft-demo.safetensors", prec);
+    tu_load(&m, &b, tu_model(_i / 2 ? "qwen3-wide" : "qwen3-tiny", 7),
+            "data/batches/sft-demo.safetensors", prec);
     for (sbp_schedule s = SBP_FULL; s <= SBP_STREAM; s++) {
         sbp_grad_result one, more;
         sbp_set_threads(1);
@@ -260,7 +270,8 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, bitwise_fp64, 0, 3);
     tcase_add_loop_test(tc, bitwise_demo_blocks, 0, 2);
     tcase_add_test(tc, bitwise_defaults);
-    tcase_add_loop_test(tc, thread_count_invariance, 0, 2);
+    tcase_add_loop_test(tc, bitwise_wide_vocab, 0, 2);
+    tcase_add_loop_test(tc, thread_count_invariance, 0, 4);
     tcase_add_test(tc, chunk_clamped_to_T);
     suite_add_tcase(s, tc);
     TCase *pt = tcase_create("portable");
