@@ -352,8 +352,9 @@ const char *sbp_schedule_name(sbp_schedule s);
 int sbp_schedule_parse(const char *s, sbp_schedule *out); /* 1 on success */
 
 /* How the arithmetic is done (README, "Exactness"; DESIGN §11):
- *   FAST      products and attention tiles on OpenBLAS: the three schedules agree bit for bit
- *             for chunks that are multiples of the block; the bits depend on the machine;
+ *   FAST      products and attention tiles on OpenBLAS, one single-threaded call per tile: the
+ *             three schedules agree bit for bit for chunks that are multiples of the block, at
+ *             any thread count; the bits depend on the machine;
  *   PORTABLE  every operation by the portable arithmetic contract: the bits of every gradient
  *             and of the loss depend on (model, batch, objective, precision) only — not on the
  *             schedule, the chunk sizes, the thread count, the machine or the compiler. */
