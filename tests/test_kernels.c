@@ -1100,7 +1100,6 @@ static Suite *suite(void) {
     tcase_add_checked_fixture(tc, one_thread, NULL);
     tcase_add_loop_test(tc, linear_fd, 0, 8);
     tcase_add_loop_test(tc, linear_block_split, 0, 4);
-    tcase_add_test(tc, linear_thread_invariance);
     tcase_add_test(tc, rmsnorm_fd);
     tcase_add_loop_test(tc, rope_table_formula, 0, 2);
     tcase_add_test(tc, rope_fd);
@@ -1120,6 +1119,7 @@ static Suite *suite(void) {
     tcase_add_loop_test(inv, attention_chunk_invariance, 0,
                         2 * (int)(sizeof chunk_cfgs / sizeof chunk_cfgs[0]));
     tcase_add_loop_test(inv, attention_thread_invariance, 0, 2);
+    tcase_add_test(inv, linear_thread_invariance);
     suite_add_tcase(s, inv);
     return s;
 }

@@ -85,8 +85,9 @@ START_TEST(bitwise_demo_blocks) {
 }
 END_TEST
 
-/* qwen3-wide: qwen3-tiny with V = 8300, so the LM head's products run in column slabs
- * (blas/linear.c) — two whole and a ragged one, the embedding tied. _i: fp32, fp64. */
+/* qwen3-wide: qwen3-tiny with V = 8300, so the LM head's products run on several feature panels
+ * of the fast mode's tile grid (blas/linear.c), the last one ragged, and sum over a K that is no
+ * multiple of 32; the embedding tied. _i: fp32, fp64. */
 START_TEST(bitwise_wide_vocab) {
     check_family("qwen3-wide", _i ? SBP_FP64 : SBP_FP32, "data/batches/sft-tiny.safetensors", 4,
                  tiny_chunks, 5);
@@ -112,9 +113,9 @@ START_TEST(bitwise_defaults) {
 END_TEST
 
 /* 1 vs 2 and 3 threads, each schedule, both precisions (_i % 2), qwen3-tiny and qwen3-wide (the
- * LM head in column slabs). Both have 2 kv heads: at 1 and 2 threads the attention backward
- * takes its one-pass form, at 3 its two-pass form (src/kernels/blas/attention.c), which must
- * give the same bits. */
+ * LM head on several feature panels). Both have 2 kv heads: at 1 and 2 threads the attention
+ * backward takes its one-pass form, at 3 its two-pass form (src/kernels/blas/attention.c), which
+ * must give the same bits. */
 START_TEST(thread_count_invariance) {
     sbp_precision prec = _i % 2 ? SBP_FP64 : SBP_FP32;
     sbp_model m;
