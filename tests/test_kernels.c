@@ -22,6 +22,7 @@
 #include "testutil.h"
 #include "../src/core/rng.h"
 #include "../src/io/safetensors.h"
+#include "../src/kernels/blas/blas.h"
 #include "../src/kernels/kernels.h"
 
 #include <float.h>
@@ -543,8 +544,8 @@ static void attn_init(attn_prob *p, attn_cfg c, uint64_t seed, int portable) {
     p->dv = zeros(T * p->KV);
     p->dsum = zeros(T * c.NH);
     p->portable = portable;
-    p->scratch =
-        zeros(portable ? attention_workspace(c.HD) : blas_attention_workspace(c.blk, c.HD));
+    p->scratch = zeros(portable ? attention_workspace(c.HD)
+                                : blas_attention_workspace(c.blk, c.T, c.NKV, c.HD));
     p->kmask = make_mask(c.T, c.pad);
 }
 
@@ -1086,6 +1087,44 @@ START_TEST(pgemm_chains) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------
+ * The attention tiles' product (blas/tile_mm.c): bit for bit alpha·(one fma chain from 0, p
+ * ascending), added to C when beta, for every element — whether it falls in a full register
+ * block, a single-row block, a one-vector column block or the scalar tail — with A plain or
+ * read transposed in place, C and B rows with gaps. The shapes are those of the tiles (128 ×
+ * 128 × 64, 128 × 64 × 128) and ragged ones that reach every edge path. */
+START_TEST(tile_mm_chains) {
+    static const int shapes[][3] = {{1, 1, 1},      {7, 5, 3},    {13, 37, 64}, {128, 128, 64},
+                                    {128, 64, 128}, {9, 70, 129}, {6, 33, 1}};
+    for (int si = 0; si < 7; si++)
+        for (int form = 0; form < 8; form++) { /* A transposed, beta, alpha = 1 or 1/8 */
+            const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+            const int tr = form & 1, beta = form >> 1 & 1;
+            const double alpha = form & 4 ? 0.125 : 1;
+            const size_t ldc = (size_t)N + 3, ldb = (size_t)N + 5;
+            double *A = randn((size_t)M * K, 1301 + (uint64_t)si, 1, 0);
+            double *B = randn((size_t)K * ldb, 1311 + (uint64_t)si, 1, 0);
+            double *C = randn((size_t)M * ldc, 1321 + (uint64_t)si, 1, 0);
+            double *R = dup(C, (size_t)M * ldc);
+            const size_t ars = tr ? 1 : (size_t)K, acs = tr ? (size_t)M : 1;
+            tile_mm(C, ldc, A, ars, acs, B, ldb, M, N, K, alpha, beta);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double acc = 0;
+                    for (int p = 0; p < K; p++)
+                        acc = fma(A[i * ars + p * acs], B[p * ldb + j], acc);
+                    const double t = alpha * acc;
+                    R[i * ldc + j] = beta ? R[i * ldc + j] + t : t;
+                }
+            char what[96];
+            snprintf(what, sizeof what, "tile_mm %dx%dx%d, A %s, beta %d, alpha %g", M, N, K,
+                     tr ? "transposed" : "plain", beta, alpha);
+            assert_bitwise(what, C, R, (size_t)M * ldc);
+            free(A), free(B), free(C), free(R);
+        }
+}
+END_TEST
+
 /* Checks with one thread: the finite differences call the kernels thousands of times on tiny
  * problems, where a second thread only adds fork/join waits (and stalls on a loaded machine).
  * The thread-count tests below show the results are the same bits with two. */
@@ -1113,6 +1152,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, round_to_bf16_matches_conversion);
     tcase_add_test(tc, pmath_ulp);
     tcase_add_test(tc, pgemm_chains);
+    tcase_add_test(tc, tile_mm_chains);
     suite_add_tcase(s, tc);
     TCase *inv = tcase_create("invariance");
     tcase_set_timeout(inv, 120);

@@ -12,8 +12,9 @@
  *    outputs only. Their bits depend on the inputs alone: not on the machine, the compiler, the
  *    thread count, or how the rows are split between calls. The CUDA kernels of cuda/ compute
  *    the same chains.
- *  - the BLAS kernels (blas/) are the fast mode's products: the linear layers and the attention
- *    tiles on OpenBLAS, issued over fixed global token blocks [kB, (k+1)B) so that full BP,
+ *  - the kernels of blas/ are the fast mode's products: the linear layers on OpenBLAS and the
+ *    attention tiles on a register-blocked product of our own (blas/tile_mm.c, the machine's
+ *    vector fma), issued over fixed global token blocks [kB, (k+1)B) so that full BP,
  *    checkpointing and StreamBP make the same calls whenever their chunks are multiples of B.
  * The elementwise and row kernels (RMSNorm, RoPE, SwiGLU, embedding, log-prob) are the portable
  * ones in both modes.
@@ -129,10 +130,11 @@ void attention_backward(real *dq,             /* (M, NH·HD) += */
                         const uint8_t *kmask, /* (T) */
                         int s, int M, int T, int NH, int NKV, int HD);
 
-/* fast (blas/attention.c): tiles of attention_tile(blk) on the global grid, products on BLAS */
+/* fast (blas/attention.c): tiles of attention_tile(blk) on the global grid, products in registers
+ * (blas/tile_mm.c) */
 int attention_tile(int blk);          /* the largest divisor of blk up to 128 (src/core/tiles.c) */
 int attention_one_pass(int kv_heads); /* the backward's form at this thread count (tiles.c) */
-size_t blas_attention_workspace(int blk, int HD);
+size_t blas_attention_workspace(int blk, int T, int NKV, int HD); /* reals */
 void blas_attention_forward(real *o, real *lse, real *ws, const real *q, const real *k,
                             const real *v, const uint8_t *kmask, int s, int M, int T, int NH,
                             int NKV, int HD, int blk);

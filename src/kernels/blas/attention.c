@@ -1,5 +1,5 @@
 /* blas/attention.c — causal grouped-query attention, tiled with an online softmax (FlashAttention's
- * scheme), with the tile products on BLAS.
+ * scheme), with the tile products in registers (tile_mm.c).
  *
  * Queries and keys are cut into tiles of W rows on fixed global boundaries (multiples of W).
  * Forward, per head h (kv head g = h / (NH/NKV)) and query tile I:
@@ -16,23 +16,50 @@
  *
  * Why the result does not depend on the chunking: the caller picks W dividing the token block,
  * so chunks that are block multiples consist of whole query tiles. Each (query tile, key tile)
- * product is then the same BLAS call, on the same operands, in every schedule; dQ of a tile
+ * product is then the same tile_mm call, on the same operands, in every schedule (and an
+ * element of a tile_mm product depends on its operands alone: one fma chain); dQ of a tile
  * sums its key tiles in ascending order; dK and dV of a key tile receive one beta = 1 product
  * per (query tile, head), in ascending query-tile order, straight into the caller's
  * whole-sequence accumulators, so processing queries chunk by chunk adds the same terms in the
- * same order as one pass over all queries. The BLAS calls run inside OpenMP tasks, where the
- * OpenMP build of OpenBLAS uses one thread, and each output has one owner, so the thread count
- * does not change any bit. */
+ * same order as one pass over all queries. Each output has one owner, so the thread count does
+ * not change any bit.
+ *
+ * Kᵀ and Vᵀ of keys [0, e) are formed once per call (the products with them then read rows);
+ * they take 2·T·KV reals of the workspace, a little under the K and V the caller keeps. */
 #include "../lanes.h"
 #include "blas.h"
 
 #include <omp.h>
 #include <string.h>
 
-size_t blas_attention_workspace(int blk, int HD) {
-    size_t W = (size_t)attention_tile(blk);
-    /* per thread: S, P, dP tiles, the O accumulator, and m, l per row */
-    return (size_t)omp_get_max_threads() * (3 * W * W + W * (size_t)HD + 2 * W);
+/* The keys' transposes: K and V of kv head g as (HD, ·) rows of ld_t reals, key j in column j,
+ * so that the products with Kᵀ and Vᵀ read rows too (tile_mm.c). ld_t is T rounded up to 16 and
+ * then off a power of two, which would map every row of a tile to the same cache sets. */
+static size_t ld_t(int T) {
+    return ((size_t)T + 15) / 16 * 16 + 16;
+}
+
+/* per thread: S, P, dP tiles, the O accumulator, and m, l per row */
+static size_t per_thread_ws(int W, int HD) {
+    return 3 * (size_t)W * W + (size_t)W * HD + 2 * (size_t)W;
+}
+
+size_t blas_attention_workspace(int blk, int T, int NKV, int HD) {
+    return 2 * (size_t)NKV * HD * ld_t(T) +
+           (size_t)omp_get_max_threads() * per_thread_ws(attention_tile(blk), HD);
+}
+
+/* xt = xᵀ per kv head for keys [0, e): xt[(g·HD + d)·ld + j] = x[j·KV + g·HD + d] */
+static void transpose_keys(real *xt, const real *x, int e, int NKV, int HD, size_t ld) {
+    const int KV = NKV * HD, JB = 64, nb = (e + JB - 1) / JB;
+#pragma omp parallel for schedule(static)
+    for (int task = 0; task < NKV * nb; task++) {
+        const int g = task / nb, j0 = (task % nb) * JB, j1 = j0 + JB < e ? j0 + JB : e;
+        for (int d = 0; d < HD; d++) {
+            real *row = xt + ((size_t)g * HD + d) * ld;
+            for (int j = j0; j < j1; j++) row[j] = x[(size_t)j * KV + (size_t)g * HD + d];
+        }
+    }
 }
 
 /* End of the tile that starts at i: the next multiple of W, or e. */
@@ -62,23 +89,23 @@ void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, co
                             int NKV, int HD, int blk) {
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(blk), e = s + M;
     const real scale = 1 / sqrt((real)HD);
-    const size_t per_thread = blas_attention_workspace(blk, HD) / (size_t)omp_get_max_threads();
+    const size_t ld = ld_t(T), per_thread = per_thread_ws(W, HD);
+    real *kt = scratch, *tiles = kt + (size_t)NKV * HD * ld;
+    transpose_keys(kt, k, e, NKV, HD, ld);
     /* query tiles of the chunk, each aligned to the global W grid */
     const int first = s / W, ntiles = (e - 1) / W - first + 1;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < NH * ntiles; task++) {
         const int h = task % NH, g = h / rep, tile = first + ntiles - 1 - task / NH;
         const int i0 = tile * W > s ? tile * W : s, i1 = tile_end(i0, e, W), nq = i1 - i0;
-        real *S = scratch + per_thread * (size_t)omp_get_thread_num();
+        real *S = tiles + per_thread * (size_t)omp_get_thread_num();
         real *acc = S + 3 * (size_t)W * W, *m = acc + (size_t)W * HD, *l = m + W;
         const real *q_I = q + (size_t)(i0 - s) * Q + (size_t)h * HD;
         for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
         memset(acc, 0, sizeof(real) * (size_t)nq * HD);
         for (int j0 = 0; j0 < i1; j0 += W) {
             const int nk = j0 + W < i1 ? W : i1 - j0;
-            const real *k_J = k + (size_t)j0 * KV + (size_t)g * HD;
-            gemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HD, scale, q_I, Q, k_J, KV, 0, S,
-                 W);
+            tile_mm(S, W, q_I, Q, 1, kt + (size_t)g * HD * ld + j0, ld, nq, nk, HD, scale, 0);
             mask_tile(S, i0, nq, j0, nk, W, kmask);
             for (int r = 0; r < nq; r++) {
                 real *S_r = S + (size_t)r * W;
@@ -93,8 +120,7 @@ void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, co
                 for (int d = 0; d < HD; d++) acc[(size_t)r * HD + d] *= corr;
                 m[r] = mnew;
             }
-            gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, HD, nk, 1, S, W,
-                 v + (size_t)j0 * KV + (size_t)g * HD, KV, 1, acc, HD);
+            tile_mm(acc, HD, S, W, 1, v + (size_t)j0 * KV + (size_t)g * HD, KV, nq, HD, nk, 1, 1);
         }
         for (int r = 0; r < nq; r++) {
             real *o_i = o + (size_t)(i0 - s + r) * Q + (size_t)h * HD;
@@ -112,11 +138,11 @@ void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, co
 /* For query tile [i0, i0+nq) of head h against key tile [j0, j0+nk): P and dS (scaled by
  * 1/sqrt(HD) later, in the products that use it). dP is scratch. */
 static void tile_grads(real *P, real *dS, real *dP, const real *q_I, const real *do_I,
-                       const real *k_J, const real *v_J, const real *lse, const real *dsum,
-                       const uint8_t *kmask, int i0, int nq, int j0, int nk, int W, int s, int h,
-                       int NH, int Q, int KV, int HD, real scale) {
-    gemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HD, scale, q_I, Q, k_J, KV, 0, P, W);
-    gemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, HD, 1, do_I, Q, v_J, KV, 0, dP, W);
+                       const real *kt_J, const real *vt_J, size_t ld, const real *lse,
+                       const real *dsum, const uint8_t *kmask, int i0, int nq, int j0, int nk,
+                       int W, int s, int h, int NH, int Q, int HD, real scale) {
+    tile_mm(P, W, q_I, Q, 1, kt_J, ld, nq, nk, HD, scale, 0);
+    tile_mm(dP, W, do_I, Q, 1, vt_J, ld, nq, nk, HD, 1, 0);
     mask_tile(P, i0, nq, j0, nk, W, kmask);
     for (int r = 0; r < nq; r++) {
         const real L = lse[(size_t)(i0 - s + r) * NH + h], D = dsum[(size_t)(i0 - s + r) * NH + h];
@@ -130,10 +156,10 @@ static void tile_grads(real *P, real *dS, real *dP, const real *q_I, const real 
 
 typedef struct {
     real *dq, *dk, *dv;
-    const real *dout, *lse, *dsum, *q, *k, *v;
+    const real *dout, *lse, *dsum, *q, *k, *v, *kt, *vt;
     const uint8_t *kmask;
-    real *scratch;
-    size_t per_thread;
+    real *tiles;
+    size_t per_thread, ld;
     int s, e, NH, NKV, HD, W, Q, KV;
     real scale;
 } bwd_args;
@@ -143,24 +169,23 @@ typedef struct {
  * with_dq: also dQ_I += dS·K_J / sqrt(HD). */
 static void key_tile(const bwd_args *a, int g, int j0, int with_dq) {
     const int W = a->W, e = a->e, s = a->s, rep = a->NH / a->NKV, nk = j0 + W < e ? W : e - j0;
-    real *P = a->scratch + a->per_thread * (size_t)omp_get_thread_num();
+    real *P = a->tiles + a->per_thread * (size_t)omp_get_thread_num();
     real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W;
     const size_t kv_J = (size_t)j0 * a->KV + (size_t)g * a->HD;
-    const real *k_J = a->k + kv_J, *v_J = a->v + kv_J;
+    const size_t t_J = (size_t)g * a->HD * a->ld + (size_t)j0;
+    const real *k_J = a->k + kv_J;
     for (int i0 = j0 > s ? j0 : s, i1; i0 < e; i0 = i1) {
         i1 = tile_end(i0, e, W);
         const int nq = i1 - i0;
         for (int h = g * rep; h < (g + 1) * rep; h++) {
             const size_t q_I = (size_t)(i0 - s) * a->Q + (size_t)h * a->HD;
-            tile_grads(P, dS, dP, a->q + q_I, a->dout + q_I, k_J, v_J, a->lse, a->dsum, a->kmask,
-                       i0, nq, j0, nk, W, s, h, a->NH, a->Q, a->KV, a->HD, a->scale);
-            gemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, a->HD, nq, 1, P, W, a->dout + q_I,
-                 a->Q, 1, a->dv + kv_J, a->KV);
-            gemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, a->HD, nq, a->scale, dS, W,
-                 a->q + q_I, a->Q, 1, a->dk + kv_J, a->KV);
+            tile_grads(P, dS, dP, a->q + q_I, a->dout + q_I, a->kt + t_J, a->vt + t_J, a->ld,
+                       a->lse, a->dsum, a->kmask, i0, nq, j0, nk, W, s, h, a->NH, a->Q, a->HD,
+                       a->scale);
+            tile_mm(a->dv + kv_J, a->KV, P, 1, W, a->dout + q_I, a->Q, nk, a->HD, nq, 1, 1);
+            tile_mm(a->dk + kv_J, a->KV, dS, 1, W, a->q + q_I, a->Q, nk, a->HD, nq, a->scale, 1);
             if (with_dq)
-                gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, a->HD, nk, a->scale, dS, W, k_J,
-                     a->KV, 1, a->dq + q_I, a->Q);
+                tile_mm(a->dq + q_I, a->Q, dS, W, 1, k_J, a->KV, nq, a->HD, nk, a->scale, 1);
         }
     }
 }
@@ -171,7 +196,10 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
                              int T, int NH, int NKV, int HD, int blk) {
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(blk), e = s + M;
     const real scale = 1 / sqrt((real)HD);
-    const size_t per_thread = blas_attention_workspace(blk, HD) / (size_t)omp_get_max_threads();
+    const size_t ld = ld_t(T), per_thread = per_thread_ws(W, HD);
+    real *kt = scratch, *vt = kt + (size_t)NKV * HD * ld, *tiles = vt + (size_t)NKV * HD * ld;
+    transpose_keys(kt, k, e, NKV, HD, ld);
+    transpose_keys(vt, v, e, NKV, HD, ld);
     const int first = s / W, nqtiles = (e - 1) / W - first + 1, nktiles = (e + W - 1) / W;
 
 #pragma omp parallel for schedule(static)
@@ -184,8 +212,30 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
             dsum[(size_t)r * NH + h] = D;
         }
 
-    const bwd_args a = {dq,         dk, dv, dout, lse, dsum, q, k, v,  kmask, scratch,
-                        per_thread, s,  e,  NH,   NKV, HD,   W, Q, KV, scale};
+    const bwd_args a = {.dq = dq,
+                        .dk = dk,
+                        .dv = dv,
+                        .dout = dout,
+                        .lse = lse,
+                        .dsum = dsum,
+                        .q = q,
+                        .k = k,
+                        .v = v,
+                        .kt = kt,
+                        .vt = vt,
+                        .kmask = kmask,
+                        .tiles = tiles,
+                        .per_thread = per_thread,
+                        .ld = ld,
+                        .s = s,
+                        .e = e,
+                        .NH = NH,
+                        .NKV = NKV,
+                        .HD = HD,
+                        .W = W,
+                        .Q = Q,
+                        .KV = KV,
+                        .scale = scale};
     if (attention_one_pass(NKV)) {
         /* One pass: each thread takes whole kv heads and their key tiles in ascending order, so
          * dQ of a query tile receives its key tiles in ascending order, the same products in
@@ -208,19 +258,18 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
     for (int task = 0; task < NH * nqtiles; task++) {
         const int h = task % NH, g = h / rep, tile = first + nqtiles - 1 - task / NH;
         const int i0 = tile * W > s ? tile * W : s, i1 = tile_end(i0, e, W), nq = i1 - i0;
-        real *P = scratch + per_thread * (size_t)omp_get_thread_num();
+        real *P = tiles + per_thread * (size_t)omp_get_thread_num();
         real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W;
         const real *q_I = q + (size_t)(i0 - s) * Q + (size_t)h * HD;
         const real *do_I = dout + (size_t)(i0 - s) * Q + (size_t)h * HD;
         real *dq_I = dq + (size_t)(i0 - s) * Q + (size_t)h * HD;
         for (int j0 = 0; j0 < i1; j0 += W) {
             const int nk = j0 + W < i1 ? W : i1 - j0;
-            const real *k_J = k + (size_t)j0 * KV + (size_t)g * HD;
-            const real *v_J = v + (size_t)j0 * KV + (size_t)g * HD;
-            tile_grads(P, dS, dP, q_I, do_I, k_J, v_J, lse, dsum, kmask, i0, nq, j0, nk, W, s, h,
-                       NH, Q, KV, HD, scale);
-            gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, HD, nk, scale, dS, W, k_J, KV, 1,
-                 dq_I, Q);
+            const size_t t_J = (size_t)g * HD * ld + (size_t)j0;
+            tile_grads(P, dS, dP, q_I, do_I, kt + t_J, vt + t_J, ld, lse, dsum, kmask, i0, nq, j0,
+                       nk, W, s, h, NH, Q, HD, scale);
+            tile_mm(dq_I, Q, dS, W, 1, k + (size_t)j0 * KV + (size_t)g * HD, KV, nq, HD, nk, scale,
+                    1);
         }
     }
 }
