@@ -174,10 +174,14 @@ typedef struct {
     int64_t at_peak[SBP_MEM_NCATS]; /* each category at the moment of the total peak */
     int64_t cur_total, peak_total;
     int64_t n_allocs;
-    int plan;       /* set before use: allocations only reserve address space (PROT_NONE), so a
-                     * planning run that touched a buffer would fault instead of computing */
-    void *pool;     /* regions large blocks are carved from (sbp_ledger_keep_blocks), or NULL */
-    int64_t cached; /* their resident bytes that no block uses (not in cur_total) */
+    int plan;         /* set before use: allocations only reserve address space (PROT_NONE), so a
+                       * planning run that touched a buffer would fault instead of computing */
+    void *pool;       /* regions large blocks are carved from (sbp_ledger_keep_blocks), or NULL */
+    int64_t cached;   /* their resident bytes that no block uses (not in cur_total) */
+    int64_t slack;    /* the regions' rounding to small pages (two a region): in use plus
+                         cached stays within the recorded peak plus this */
+    int64_t returned; /* bytes the pool has given back to the system so far (to be faulted in
+                         again when a block covers them) */
 } sbp_ledger;
 
 const char *sbp_mem_cat_name(sbp_mem_cat c);
@@ -189,8 +193,9 @@ void *sbp_ledger_alloc_raw(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes);
 void sbp_ledger_free(sbp_ledger *lg, void *p);
 /* For a ledger that runs many steps: large blocks are carved from regions that stay mapped, so
  * later steps reuse the first one's pages (no new mapping, no page faults); in-use plus cached
- * bytes stay within the ledger's recorded peak. drop hands the regions back (those still holding
- * blocks when the last of them is freed). A pooled block is freed with the ledger it came from. */
+ * bytes stay within the ledger's recorded peak (plus slack). drop hands the regions back (those
+ * still holding blocks when the last of them is freed). A pooled block is freed with the ledger it
+ * came from. */
 void sbp_ledger_keep_blocks(sbp_ledger *lg);
 void sbp_ledger_drop_blocks(sbp_ledger *lg);
 /* Records memory allocated elsewhere (a GPU's): bytes > 0 when it is allocated, < 0 when freed. */

@@ -380,7 +380,7 @@ END_TEST
 
 /* The ledger's pool (bench and train): a freed block's pages are handed out again, zeroed when
  * asked; the figures are those of the blocks in use; in use plus cached never exceeds the
- * recorded peak. */
+ * recorded peak by more than the regions' rounding (two small pages a region). */
 START_TEST(ledger_pool) {
     sbp_ledger lg = {0};
     sbp_ledger_keep_blocks(&lg);
@@ -390,10 +390,11 @@ START_TEST(ledger_pool) {
     memset(a, 7, big);
     sbp_ledger_free(&lg, a);
     ck_assert(lg.cached > 0 && lg.cur_total == 0 && lg.peak_total == (int64_t)big);
-    ck_assert(lg.cur_total + lg.cached <= lg.peak_total);
+    ck_assert_int_le(lg.slack, 2 * 4096);
+    ck_assert(lg.cur_total + lg.cached <= lg.peak_total + lg.slack);
     unsigned char *b = sbp_ledger_alloc(&lg, SBP_MEM_LAYER, big - 4096);
-    ck_assert_ptr_eq(b, a); /* the same pages */
-    ck_assert_int_eq(lg.cached, 0);
+    ck_assert_ptr_eq(b, a);                /* the same pages */
+    ck_assert_int_le(lg.cached, lg.slack); /* at most the region's short last unit, unused */
     for (size_t i = 0; i < big - 4096; i += 4093) ck_assert_int_eq(b[i], 0); /* zeroed */
     sbp_ledger_free(&lg, b);
     sbp_ledger_drop_blocks(&lg);
@@ -422,7 +423,7 @@ START_TEST(ledger_pool_carves) {
     ck_assert(d >= c + 11 * mib || d + (300 << 10) <= c);
     ck_assert(d >= b + 4 * mib || d + (300 << 10) <= b);
     ck_assert_int_eq(lg.cur_total, (int64_t)(15 * mib + (300 << 10)));
-    ck_assert(lg.cur_total + lg.cached <= lg.peak_total);
+    ck_assert(lg.cur_total + lg.cached <= lg.peak_total + lg.slack);
     sbp_ledger_free(&lg, c), sbp_ledger_free(&lg, b), sbp_ledger_free(&lg, d);
     char *e = sbp_ledger_alloc_raw(&lg, SBP_MEM_LOGITS, 64 * mib);
     ck_assert_ptr_eq(e, a);
@@ -448,7 +449,7 @@ static void pool_step(sbp_ledger *lg) {
         p[i] = sbp_ledger_alloc_raw(lg, SBP_MEM_ACTIVATIONS, sizes[i]);
         ck_assert_ptr_nonnull(p[i]);
         memset(p[i], i + 1, sizes[i]);
-        ck_assert(lg->cur_total + lg->cached <= lg->peak_total);
+        ck_assert(lg->cur_total + lg->cached <= lg->peak_total + lg->slack);
     }
     sbp_ledger_free(lg, p[6]); /* the largest freed, then working buffers in its place */
     char *w[3];
@@ -457,11 +458,11 @@ static void pool_step(sbp_ledger *lg) {
         ck_assert_ptr_nonnull(w[i]);
         for (size_t k = 0; k < sizes[i]; k += 4096) ck_assert_int_eq(w[i][k], 0);
         memset(w[i], 9, sizes[i]);
-        ck_assert(lg->cur_total + lg->cached <= lg->peak_total);
+        ck_assert(lg->cur_total + lg->cached <= lg->peak_total + lg->slack);
     }
     for (int i = 5; i >= 0; i--) {
         sbp_ledger_free(lg, p[i]);
-        ck_assert(lg->cur_total + lg->cached <= lg->peak_total);
+        ck_assert(lg->cur_total + lg->cached <= lg->peak_total + lg->slack);
     }
     for (int i = 0; i < 3; i++) sbp_ledger_free(lg, w[i]);
     ck_assert_int_eq(lg->cur_total, 0);
@@ -471,12 +472,15 @@ START_TEST(ledger_pool_steps) {
     sbp_ledger lg = {0};
     sbp_ledger_keep_blocks(&lg);
     pool_step(&lg);
-    const int64_t peak = lg.peak_total;
+    const int64_t peak = lg.peak_total, returned = lg.returned;
     const long f0 = minor_faults();
     pool_step(&lg);
     pool_step(&lg);
     const long faults = minor_faults() - f0;
     ck_assert_int_eq(lg.peak_total, peak);
+    /* nothing given back, so nothing to fault in again (this once failed by a 1 MiB short unit
+     * a step: the regions' rounding put every step's end a few KB over the peak) */
+    ck_assert_int_eq(lg.returned, returned);
     /* the first step faulted in 73 MiB: ~37 huge pages or ~19,000 small ones. Under ASan the
      * count is the sanitizer's own (its shadow memory and allocator fault pages in), so only
      * the bound and the peak are checked there. */
@@ -487,6 +491,46 @@ START_TEST(ledger_pool_steps) {
 #endif
     sbp_ledger_drop_blocks(&lg);
     ck_assert_ptr_null(lg.pool);
+}
+END_TEST
+
+/* The pool under the engine: repeated full-BP steps of the bench model (T = 2048, 262 MB of
+ * logits) give (almost) nothing back to the system once the first step has mapped its regions.
+ * Counting a region's short last unit as "not resident" once sent small blocks into the freed
+ * logits, the logits then no longer fit there, and the pool gave back and faulted in the whole
+ * logits buffer every step (262 MB, 518 MB over steps 2 and 3; pool.c, pool_take). Three
+ * steps take ~10 s; under the sanitizers several times that, so there only the synthetic steps
+ * above run. */
+START_TEST(ledger_pool_engine_steps) {
+#if defined(__SANITIZE_ADDRESS__) || SBP_TEST_HAS_ASAN
+    return;
+#endif
+    sbp_ledger lg = {0};
+    sbp_ledger_keep_blocks(&lg);
+    sbp_model m;
+    sbp_err err = {0};
+    if (sbp_model_load(&m, tu_model("bench", 7), SBP_FP32, &lg, &err)) ck_abort_msg("%s", err.msg);
+    enum { T = 2048 };
+    static int32_t ids[T], labels[T];
+    static uint8_t mask[T];
+    for (int t = 0; t < T; t++) ids[t] = labels[t] = (t * 7919 + 13) % m.cfg.vocab, mask[t] = 1;
+    sbp_batch b = {.B = 1, .T = T, .kind = SBP_OBJ_SFT, .ids = ids, .labels = labels, .mask = mask};
+    sbp_batch_count_targets(&b);
+    sbp_grad_opts o = {.schedule = SBP_FULL, .block = 256, .chunk = 1024, .logit_chunk = 256};
+    int64_t returned[3];
+    for (int step = 0; step < 3; step++) {
+        sbp_grad_result r;
+        if (sbp_grad(&r, &m, &b, &o, &lg, &err)) ck_abort_msg("%s", err.msg);
+        sbp_grad_result_free(&r, &lg);
+        returned[step] = lg.returned;
+    }
+    const int64_t logits = (int64_t)T * m.cfg.vocab * 4;
+    ck_assert_msg(returned[2] - returned[0] < logits / 8,
+                  "steps 2 and 3 gave back %lld bytes (the logits are %lld)",
+                  (long long)(returned[2] - returned[0]), (long long)logits);
+    ck_assert(lg.cur_total + lg.cached <= lg.peak_total + lg.slack);
+    sbp_model_free(&m, &lg);
+    sbp_ledger_drop_blocks(&lg);
 }
 END_TEST
 
@@ -521,6 +565,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, ledger_pool_carves);
     tcase_add_test(tc, ledger_pool_steps);
     tcase_add_test(tc, ledger_pool_drop_in_use);
+    tcase_add_test(tc, ledger_pool_engine_steps);
     tcase_add_test(tc, plan_large_model);
     tcase_add_loop_test(tc, categories_sum_to_total, 0, 6);
     tcase_add_loop_test(tc, budget_finds_the_boundary, 0, 3);

@@ -102,14 +102,18 @@ void sbp_ledger_keep_blocks(sbp_ledger *lg) {
 void sbp_ledger_drop_blocks(sbp_ledger *lg) {
     if (!lg || !lg->pool) return;
     if (pool_close(lg->pool)) lg->pool = NULL; /* else the last block in use frees it */
-    lg->cached = 0;
+    lg->cached = 0, lg->slack = 0;
 }
 
-/* Buffers in use plus the pool's resident unused pages within the recorded peak. */
+/* Buffers in use plus the pool's resident unused pages within the recorded peak, give or take
+ * the regions' rounding to pages (pool_slack): without it, every step ended a few KB over the
+ * peak, and the pages given back to meet it (a whole short unit, up to 2 MiB) were faulted in
+ * again by the next step. */
 static void bound_pool(sbp_ledger *lg) {
     pool *bp = lg->pool;
-    const int64_t over = lg->cur_total + pool_cached(bp) - lg->peak_total;
-    if (over > 0) pool_trim(bp, over);
+    lg->slack = pool_slack(bp);
+    const int64_t over = lg->cur_total + pool_cached(bp) - lg->peak_total - lg->slack;
+    if (over > 0) lg->returned += pool_trim(bp, over);
     lg->cached = pool_cached(bp);
 }
 

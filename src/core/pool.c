@@ -3,8 +3,12 @@
  *
  * A region is one mapping, 2 MiB aligned and marked for transparent huge pages, cut into free
  * extents and blocks; a returned block merges with its free neighbours. A block goes where it
- * touches the fewest bytes that are not resident (the start or the end of a free extent),
- * then into the smallest such extent; only when no extent holds it is a region mapped for it.
+ * touches the fewest huge pages that are not resident (the start or the end of a free extent),
+ * then preferably into an extent it fills to within a huge page, then where it touches the
+ * fewest non-resident bytes, then into the smallest extent; only when no extent holds it is a
+ * region mapped for it. (Scoring by bytes alone sent small blocks whose own region had a few
+ * small pages given back into the freed logits, which then no longer fitted there: 250 MB
+ * given back and faulted in again every step of full BP.)
  * So a step's blocks settle into the regions the first step mapped: full BP's 250 MB logits,
  * freed after the head, hold the layers' backward buffers, and the next step's activations and
  * logits find them resident again — no new mapping, no page faults, no pages for the kernel to
@@ -14,10 +18,12 @@
  * resident from the time a block covers it until pool_trim gives it back (madvise
  * MADV_DONTNEED: the pages go back to the system and read as zeros when touched again), which
  * the ledger does whenever blocks in use plus resident unused bytes would exceed its recorded
- * peak. A unit counts as resident once any block has covered it, touched or not: the figures
- * are an upper bound on what the process holds. */
+ * peak by more than the regions' rounding to pages (pool_slack). A unit counts as resident once any
+ * block has covered it, touched or not: the figures are an upper bound on what the process holds.
+ */
 #include "pool.h"
 
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,18 +107,21 @@ int64_t pool_cached(const pool *bp) {
     return bp->cached;
 }
 
+int64_t pool_slack(const pool *bp) {
+    return (int64_t)bp->n * 2 * (int64_t)PAGE;
+}
+
 int pool_closing(const pool *bp) {
     return bp->closing;
 }
 
-/* Bytes of units in [off, off + len) that are not resident. */
-static size_t fresh_bytes(const region *g, size_t off, size_t len) {
+/* Huge pages and bytes in [off, off + len) that are not resident. */
+static void fresh(const region *g, size_t off, size_t len, int *units, size_t *bytes) {
     int u0, u1;
     units_of(off, len, &u0, &u1);
-    size_t n = 0;
+    *units = 0, *bytes = 0;
     for (int u = u0; u < u1; u++)
-        if (!g->res[u]) n += unit_size(g, u);
-    return n;
+        if (!g->res[u]) *units += unit_size(g, u) == UNIT, *bytes += unit_size(g, u);
 }
 
 /* Takes [off, off + len) out of free extent i, which holds it. */
@@ -184,7 +193,9 @@ char *pool_take(pool *bp, size_t bytes, region **out, int *dirty) {
     const size_t len = (bytes + ALIGN - 1) / ALIGN * ALIGN + POOL_HEADER;
     region *g = NULL;
     int gi = -1;
-    size_t off = 0, best_fresh = SIZE_MAX, best_len = SIZE_MAX;
+    size_t off = 0;
+    /* the best so far: (huge pages to fault in, not snug, bytes to fault in, extent length) */
+    size_t best[4] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
     for (int k = 0; k < bp->n; k++) {
         region *h = bp->r[k];
         for (int i = 0; i < h->n_free; i++) {
@@ -192,9 +203,17 @@ char *pool_take(pool *bp, size_t bytes, region **out, int *dirty) {
             if (e.len < len) continue;
             const size_t at[2] = {e.off, e.off + e.len - len};
             for (int s = 0; s < (at[1] != at[0] ? 2 : 1); s++) {
-                const size_t f = fresh_bytes(h, at[s], len);
-                if (f < best_fresh || (f == best_fresh && e.len < best_len))
-                    g = h, gi = i, off = at[s], best_fresh = f, best_len = e.len;
+                int fu;
+                size_t fb;
+                fresh(h, at[s], len, &fu, &fb);
+                const size_t key[4] = {(size_t)fu, e.len - len >= UNIT, fb, e.len};
+                int better = 0;
+                for (int j = 0; j < 4; j++)
+                    if (key[j] != best[j]) {
+                        better = key[j] < best[j];
+                        break;
+                    }
+                if (better) g = h, gi = i, off = at[s], memcpy(best, key, sizeof best);
             }
         }
     }
@@ -250,11 +269,13 @@ static int64_t trim_region(pool *bp, region *g, int64_t bytes, int tail) {
 
 /* The short last units first: what exceeds the bound is mostly the bytes by which blocks
  * overhang whole huge pages, and those units hold small pages, cheap to fault in again. */
-void pool_trim(pool *bp, int64_t bytes) {
+int64_t pool_trim(pool *bp, int64_t bytes) {
+    int64_t given = 0;
     for (int tail = 1; tail >= 0; tail--)
-        for (int k = 0; k < bp->n && bytes > 0; k++)
-            bytes -= trim_region(bp, bp->r[k], bytes, tail);
+        for (int k = 0; k < bp->n && bytes > given; k++)
+            given += trim_region(bp, bp->r[k], bytes - given, tail);
     drop_empty(bp);
+    return given;
 }
 
 static void pool_free(pool *bp) {

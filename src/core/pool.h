@@ -21,8 +21,11 @@ char *pool_take(pool *bp, size_t bytes, region **r, int *dirty);
 int pool_give(pool *bp, region *r, char *p, size_t bytes);
 /* Hands resident pages that no block uses back to the system, at least `bytes` of them where
  * there are so many; regions left empty are unmapped. */
-void pool_trim(pool *bp, int64_t bytes);
-int64_t pool_cached(const pool *bp); /* resident bytes that no block uses */
+int64_t pool_trim(pool *bp, int64_t bytes); /* the bytes given back */
+int64_t pool_cached(const pool *bp);        /* resident bytes that no block uses */
+/* What the regions hold beyond the bytes of their blocks, at most: each region's size is its
+ * first block's, rounded up to a small page, with a header and alignment (two pages a region). */
+int64_t pool_slack(const pool *bp);
 /* Hands every page not in use back; 1 if the pool is freed (no block in use), else it closes:
  * pool_take must not be called again, and the last pool_give frees it. */
 int pool_close(pool *bp);
