@@ -545,7 +545,7 @@ static void attn_init(attn_prob *p, attn_cfg c, uint64_t seed, int portable) {
     p->dsum = zeros(T * c.NH);
     p->portable = portable;
     p->scratch = zeros(portable ? attention_workspace(c.HD)
-                                : blas_attention_workspace(c.blk, c.T, c.NKV, c.HD));
+                                : blas_attention_workspace(c.blk, c.NH, c.NKV, c.HD));
     p->kmask = make_mask(c.T, c.pad);
 }
 

@@ -134,7 +134,7 @@ void attention_backward(real *dq,             /* (M, NH·HD) += */
  * (blas/tile_mm.c) */
 int attention_tile(int blk);          /* the largest divisor of blk up to 128 (src/core/tiles.c) */
 int attention_one_pass(int kv_heads); /* the backward's form at this thread count (tiles.c) */
-size_t blas_attention_workspace(int blk, int T, int NKV, int HD); /* reals */
+size_t blas_attention_workspace(int blk, int NH, int NKV, int HD); /* reals */
 void blas_attention_forward(real *o, real *lse, real *ws, const real *q, const real *k,
                             const real *v, const uint8_t *kmask, int s, int M, int T, int NH,
                             int NKV, int HD, int blk);

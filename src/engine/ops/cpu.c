@@ -53,7 +53,7 @@ static size_t unattended_ws(const eng *e) {
 }
 
 static size_t fast_workspace(const eng *e) {
-    return max2(blas_attention_workspace(e->blk, e->T, e->NKV, e->HD), unattended_ws(e));
+    return max2(blas_attention_workspace(e->blk, e->NH, e->NKV, e->HD), unattended_ws(e));
 }
 
 static size_t portable_workspace(const eng *e) {

@@ -24,42 +24,30 @@
  * same order as one pass over all queries. Each output has one owner, so the thread count does
  * not change any bit.
  *
- * Kᵀ and Vᵀ of keys [0, e) are formed once per call (the products with them then read rows);
- * they take 2·T·KV reals of the workspace, a little under the K and V the caller keeps. */
+ * The products with Kᵀ and Vᵀ read rows of a key tile's transpose, formed by the thread that
+ * uses it: once per key tile in the backward (for every query tile and head it meets), once per
+ * key tile and query tile in the forward, whose tasks take a whole kv group so that its heads
+ * share it. The workspace does not grow with T. */
 #include "../lanes.h"
 #include "blas.h"
 
 #include <omp.h>
 #include <string.h>
 
-/* The keys' transposes: K and V of kv head g as (HD, ·) rows of ld_t reals, key j in column j,
- * so that the products with Kᵀ and Vᵀ read rows too (tile_mm.c). ld_t is T rounded up to 16 and
- * then off a power of two, which would map every row of a tile to the same cache sets. */
-static size_t ld_t(int T) {
-    return ((size_t)T + 15) / 16 * 16 + 16;
+/* per thread: S, P, dP tiles; Kᵀ and Vᵀ of a key tile; per head of a kv group, the O
+ * accumulator and m, l per row */
+static size_t per_thread_ws(int W, int HD, int rep) {
+    return 3 * (size_t)W * W + 2 * (size_t)W * HD + (size_t)rep * ((size_t)W * HD + 2 * (size_t)W);
 }
 
-/* per thread: S, P, dP tiles, the O accumulator, and m, l per row */
-static size_t per_thread_ws(int W, int HD) {
-    return 3 * (size_t)W * W + (size_t)W * HD + 2 * (size_t)W;
+size_t blas_attention_workspace(int blk, int NH, int NKV, int HD) {
+    return (size_t)omp_get_max_threads() * per_thread_ws(attention_tile(blk), HD, NH / NKV);
 }
 
-size_t blas_attention_workspace(int blk, int T, int NKV, int HD) {
-    return 2 * (size_t)NKV * HD * ld_t(T) +
-           (size_t)omp_get_max_threads() * per_thread_ws(attention_tile(blk), HD);
-}
-
-/* xt = xᵀ per kv head for keys [0, e): xt[(g·HD + d)·ld + j] = x[j·KV + g·HD + d] */
-static void transpose_keys(real *xt, const real *x, int e, int NKV, int HD, size_t ld) {
-    const int KV = NKV * HD, JB = 64, nb = (e + JB - 1) / JB;
-#pragma omp parallel for schedule(static)
-    for (int task = 0; task < NKV * nb; task++) {
-        const int g = task / nb, j0 = (task % nb) * JB, j1 = j0 + JB < e ? j0 + JB : e;
-        for (int d = 0; d < HD; d++) {
-            real *row = xt + ((size_t)g * HD + d) * ld;
-            for (int j = j0; j < j1; j++) row[j] = x[(size_t)j * KV + (size_t)g * HD + d];
-        }
-    }
+/* xt = x_Jᵀ for a key tile of nk keys: xt[d·W + c] = x_J[c·KV + d], c < nk */
+static void transpose_tile(real *xt, const real *x_J, int nk, int KV, int HD, int W) {
+    for (int c = 0; c < nk; c++)
+        for (int d = 0; d < HD; d++) xt[(size_t)d * W + c] = x_J[(size_t)c * KV + d];
 }
 
 /* End of the tile that starts at i: the next multiple of W, or e. */
@@ -89,47 +77,58 @@ void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, co
                             int NKV, int HD, int blk) {
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(blk), e = s + M;
     const real scale = 1 / sqrt((real)HD);
-    const size_t ld = ld_t(T), per_thread = per_thread_ws(W, HD);
-    real *kt = scratch, *tiles = kt + (size_t)NKV * HD * ld;
-    transpose_keys(kt, k, e, NKV, HD, ld);
-    /* query tiles of the chunk, each aligned to the global W grid */
+    const size_t per_thread = per_thread_ws(W, HD, rep);
+    /* query tiles of the chunk, each aligned to the global W grid; a task is a query tile of
+     * a kv group: its heads share the transpose of each key tile */
     const int first = s / W, ntiles = (e - 1) / W - first + 1;
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int task = 0; task < NH * ntiles; task++) {
-        const int h = task % NH, g = h / rep, tile = first + ntiles - 1 - task / NH;
+    for (int task = 0; task < NKV * ntiles; task++) {
+        const int g = task % NKV, tile = first + ntiles - 1 - task / NKV;
         const int i0 = tile * W > s ? tile * W : s, i1 = tile_end(i0, e, W), nq = i1 - i0;
-        real *S = tiles + per_thread * (size_t)omp_get_thread_num();
-        real *acc = S + 3 * (size_t)W * W, *m = acc + (size_t)W * HD, *l = m + W;
-        const real *q_I = q + (size_t)(i0 - s) * Q + (size_t)h * HD;
-        for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
-        memset(acc, 0, sizeof(real) * (size_t)nq * HD);
+        real *S = scratch + per_thread * (size_t)omp_get_thread_num();
+        real *kt = S + 3 * (size_t)W * W, *acc = kt + 2 * (size_t)W * HD;
+        real *m = acc + (size_t)rep * W * HD, *l = m + (size_t)rep * W;
+        for (int r = 0; r < rep * W; r++) m[r] = -INFINITY, l[r] = 0;
+        memset(acc, 0, sizeof(real) * (size_t)rep * W * HD);
         for (int j0 = 0; j0 < i1; j0 += W) {
             const int nk = j0 + W < i1 ? W : i1 - j0;
-            tile_mm(S, W, q_I, Q, 1, kt + (size_t)g * HD * ld + j0, ld, nq, nk, HD, scale, 0);
-            mask_tile(S, i0, nq, j0, nk, W, kmask);
-            for (int r = 0; r < nq; r++) {
-                real *S_r = S + (size_t)r * W;
-                const real mt = lanes_max(S_r, nk);
-                if (mt == -INFINITY) { /* no visible key in this tile: the row adds nothing */
-                    for (int c = 0; c < nk; c++) S_r[c] = 0;
-                    continue;
+            const size_t kv_J = (size_t)j0 * KV + (size_t)g * HD;
+            transpose_tile(kt, k + kv_J, nk, KV, HD, W);
+            for (int hh = 0; hh < rep; hh++) {
+                const real *q_I = q + (size_t)(i0 - s) * Q + (size_t)(g * rep + hh) * HD;
+                real *acc_h = acc + (size_t)hh * W * HD, *m_h = m + (size_t)hh * W;
+                real *l_h = l + (size_t)hh * W;
+                tile_mm(S, W, q_I, Q, 1, kt, W, nq, nk, HD, scale, 0);
+                mask_tile(S, i0, nq, j0, nk, W, kmask);
+                for (int r = 0; r < nq; r++) {
+                    real *S_r = S + (size_t)r * W;
+                    const real mt = lanes_max(S_r, nk);
+                    if (mt == -INFINITY) { /* no visible key in this tile: the row adds nothing */
+                        for (int c = 0; c < nk; c++) S_r[c] = 0;
+                        continue;
+                    }
+                    const real mnew = m_h[r] > mt ? m_h[r] : mt, corr = rexp(m_h[r] - mnew);
+                    for (int c = 0; c < nk; c++) S_r[c] = rexp(S_r[c] - mnew);
+                    l_h[r] = l_h[r] * corr + lanes_sum(S_r, nk);
+                    for (int d = 0; d < HD; d++) acc_h[(size_t)r * HD + d] *= corr;
+                    m_h[r] = mnew;
                 }
-                const real mnew = m[r] > mt ? m[r] : mt, corr = rexp(m[r] - mnew);
-                for (int c = 0; c < nk; c++) S_r[c] = rexp(S_r[c] - mnew);
-                l[r] = l[r] * corr + lanes_sum(S_r, nk);
-                for (int d = 0; d < HD; d++) acc[(size_t)r * HD + d] *= corr;
-                m[r] = mnew;
+                tile_mm(acc_h, HD, S, W, 1, v + kv_J, KV, nq, HD, nk, 1, 1);
             }
-            tile_mm(acc, HD, S, W, 1, v + (size_t)j0 * KV + (size_t)g * HD, KV, nq, HD, nk, 1, 1);
         }
-        for (int r = 0; r < nq; r++) {
-            real *o_i = o + (size_t)(i0 - s + r) * Q + (size_t)h * HD;
-            if (l[r] == 0) { /* no visible key at all (a left-padded query) */
-                for (int d = 0; d < HD; d++) o_i[d] = 0;
-                lse[(size_t)(i0 - s + r) * NH + h] = INFINITY;
-            } else {
-                for (int d = 0; d < HD; d++) o_i[d] = acc[(size_t)r * HD + d] / l[r];
-                lse[(size_t)(i0 - s + r) * NH + h] = m[r] + rlog(l[r]);
+        for (int hh = 0; hh < rep; hh++) {
+            const int h = g * rep + hh;
+            const real *acc_h = acc + (size_t)hh * W * HD, *m_h = m + (size_t)hh * W;
+            const real *l_h = l + (size_t)hh * W;
+            for (int r = 0; r < nq; r++) {
+                real *o_i = o + (size_t)(i0 - s + r) * Q + (size_t)h * HD;
+                if (l_h[r] == 0) { /* no visible key at all (a left-padded query) */
+                    for (int d = 0; d < HD; d++) o_i[d] = 0;
+                    lse[(size_t)(i0 - s + r) * NH + h] = INFINITY;
+                } else {
+                    for (int d = 0; d < HD; d++) o_i[d] = acc_h[(size_t)r * HD + d] / l_h[r];
+                    lse[(size_t)(i0 - s + r) * NH + h] = m_h[r] + rlog(l_h[r]);
+                }
             }
         }
     }
@@ -156,10 +155,10 @@ static void tile_grads(real *P, real *dS, real *dP, const real *q_I, const real 
 
 typedef struct {
     real *dq, *dk, *dv;
-    const real *dout, *lse, *dsum, *q, *k, *v, *kt, *vt;
+    const real *dout, *lse, *dsum, *q, *k, *v;
     const uint8_t *kmask;
     real *tiles;
-    size_t per_thread, ld;
+    size_t per_thread;
     int s, e, NH, NKV, HD, W, Q, KV;
     real scale;
 } bwd_args;
@@ -170,18 +169,19 @@ typedef struct {
 static void key_tile(const bwd_args *a, int g, int j0, int with_dq) {
     const int W = a->W, e = a->e, s = a->s, rep = a->NH / a->NKV, nk = j0 + W < e ? W : e - j0;
     real *P = a->tiles + a->per_thread * (size_t)omp_get_thread_num();
-    real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W;
+    real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W, *kt = dP + (size_t)W * W;
+    real *vt = kt + (size_t)W * a->HD;
     const size_t kv_J = (size_t)j0 * a->KV + (size_t)g * a->HD;
-    const size_t t_J = (size_t)g * a->HD * a->ld + (size_t)j0;
     const real *k_J = a->k + kv_J;
+    transpose_tile(kt, k_J, nk, a->KV, a->HD, W);
+    transpose_tile(vt, a->v + kv_J, nk, a->KV, a->HD, W);
     for (int i0 = j0 > s ? j0 : s, i1; i0 < e; i0 = i1) {
         i1 = tile_end(i0, e, W);
         const int nq = i1 - i0;
         for (int h = g * rep; h < (g + 1) * rep; h++) {
             const size_t q_I = (size_t)(i0 - s) * a->Q + (size_t)h * a->HD;
-            tile_grads(P, dS, dP, a->q + q_I, a->dout + q_I, a->kt + t_J, a->vt + t_J, a->ld,
-                       a->lse, a->dsum, a->kmask, i0, nq, j0, nk, W, s, h, a->NH, a->Q, a->HD,
-                       a->scale);
+            tile_grads(P, dS, dP, a->q + q_I, a->dout + q_I, kt, vt, W, a->lse, a->dsum, a->kmask,
+                       i0, nq, j0, nk, W, s, h, a->NH, a->Q, a->HD, a->scale);
             tile_mm(a->dv + kv_J, a->KV, P, 1, W, a->dout + q_I, a->Q, nk, a->HD, nq, 1, 1);
             tile_mm(a->dk + kv_J, a->KV, dS, 1, W, a->q + q_I, a->Q, nk, a->HD, nq, a->scale, 1);
             if (with_dq)
@@ -196,10 +196,7 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
                              int T, int NH, int NKV, int HD, int blk) {
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(blk), e = s + M;
     const real scale = 1 / sqrt((real)HD);
-    const size_t ld = ld_t(T), per_thread = per_thread_ws(W, HD);
-    real *kt = scratch, *vt = kt + (size_t)NKV * HD * ld, *tiles = vt + (size_t)NKV * HD * ld;
-    transpose_keys(kt, k, e, NKV, HD, ld);
-    transpose_keys(vt, v, e, NKV, HD, ld);
+    const size_t per_thread = per_thread_ws(W, HD, rep);
     const int first = s / W, nqtiles = (e - 1) / W - first + 1, nktiles = (e + W - 1) / W;
 
 #pragma omp parallel for schedule(static)
@@ -221,12 +218,9 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
                         .q = q,
                         .k = k,
                         .v = v,
-                        .kt = kt,
-                        .vt = vt,
                         .kmask = kmask,
-                        .tiles = tiles,
+                        .tiles = scratch,
                         .per_thread = per_thread,
-                        .ld = ld,
                         .s = s,
                         .e = e,
                         .NH = NH,
@@ -258,18 +252,21 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
     for (int task = 0; task < NH * nqtiles; task++) {
         const int h = task % NH, g = h / rep, tile = first + nqtiles - 1 - task / NH;
         const int i0 = tile * W > s ? tile * W : s, i1 = tile_end(i0, e, W), nq = i1 - i0;
-        real *P = tiles + per_thread * (size_t)omp_get_thread_num();
-        real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W;
+        real *P = scratch + per_thread * (size_t)omp_get_thread_num();
+        real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W, *kt = dP + (size_t)W * W;
+        real *vt = kt + (size_t)W * HD;
         const real *q_I = q + (size_t)(i0 - s) * Q + (size_t)h * HD;
         const real *do_I = dout + (size_t)(i0 - s) * Q + (size_t)h * HD;
         real *dq_I = dq + (size_t)(i0 - s) * Q + (size_t)h * HD;
         for (int j0 = 0; j0 < i1; j0 += W) {
             const int nk = j0 + W < i1 ? W : i1 - j0;
-            const size_t t_J = (size_t)g * HD * ld + (size_t)j0;
-            tile_grads(P, dS, dP, q_I, do_I, kt + t_J, vt + t_J, ld, lse, dsum, kmask, i0, nq, j0,
-                       nk, W, s, h, NH, Q, HD, scale);
-            tile_mm(dq_I, Q, dS, W, 1, k + (size_t)j0 * KV + (size_t)g * HD, KV, nq, HD, nk, scale,
-                    1);
+            const size_t kv_J = (size_t)j0 * KV + (size_t)g * HD;
+            /* per query tile: pass 2 is the rare form */
+            transpose_tile(kt, k + kv_J, nk, KV, HD, W);
+            transpose_tile(vt, v + kv_J, nk, KV, HD, W);
+            tile_grads(P, dS, dP, q_I, do_I, kt, vt, W, lse, dsum, kmask, i0, nq, j0, nk, W, s, h,
+                       NH, Q, HD, scale);
+            tile_mm(dq_I, Q, dS, W, 1, k + kv_J, KV, nq, HD, nk, scale, 1);
         }
     }
 }
