@@ -520,8 +520,8 @@ static void attn_naive(double *o, double *lse, const double *q, const double *k,
 /* Inputs, outputs and gradients of one attention problem over the whole sequence. */
 typedef struct {
     attn_cfg c;
-    int portable; /* the portable kernel (tiles of ATTN_TILE), else BLAS tiles of
-                     attention_tile(blk) */
+    int portable; /* the portable kernel (tiles of ATTN_TILE), else the fast one (tiles of
+                     attention_tile(blk), products in tile_mm) */
     int Q, KV;
     double *q, *k, *v, *o, *lse, *r, *dq, *dk, *dv, *dsum, *scratch;
     uint8_t *kmask;

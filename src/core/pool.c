@@ -23,7 +23,6 @@
  */
 #include "pool.h"
 
-#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

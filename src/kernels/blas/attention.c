@@ -137,11 +137,11 @@ void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, co
 /* For query tile [i0, i0+nq) of head h against key tile [j0, j0+nk): P and dS (scaled by
  * 1/sqrt(HD) later, in the products that use it). dP is scratch. */
 static void tile_grads(real *P, real *dS, real *dP, const real *q_I, const real *do_I,
-                       const real *kt_J, const real *vt_J, size_t ld, const real *lse,
-                       const real *dsum, const uint8_t *kmask, int i0, int nq, int j0, int nk,
-                       int W, int s, int h, int NH, int Q, int HD, real scale) {
-    tile_mm(P, W, q_I, Q, 1, kt_J, ld, nq, nk, HD, scale, 0);
-    tile_mm(dP, W, do_I, Q, 1, vt_J, ld, nq, nk, HD, 1, 0);
+                       const real *kt_J, const real *vt_J, const real *lse, const real *dsum,
+                       const uint8_t *kmask, int i0, int nq, int j0, int nk, int W, int s, int h,
+                       int NH, int Q, int HD, real scale) {
+    tile_mm(P, W, q_I, Q, 1, kt_J, W, nq, nk, HD, scale, 0);
+    tile_mm(dP, W, do_I, Q, 1, vt_J, W, nq, nk, HD, 1, 0);
     mask_tile(P, i0, nq, j0, nk, W, kmask);
     for (int r = 0; r < nq; r++) {
         const real L = lse[(size_t)(i0 - s + r) * NH + h], D = dsum[(size_t)(i0 - s + r) * NH + h];
@@ -157,7 +157,7 @@ typedef struct {
     real *dq, *dk, *dv;
     const real *dout, *lse, *dsum, *q, *k, *v;
     const uint8_t *kmask;
-    real *tiles;
+    real *scratch;
     size_t per_thread;
     int s, e, NH, NKV, HD, W, Q, KV;
     real scale;
@@ -168,7 +168,7 @@ typedef struct {
  * with_dq: also dQ_I += dS·K_J / sqrt(HD). */
 static void key_tile(const bwd_args *a, int g, int j0, int with_dq) {
     const int W = a->W, e = a->e, s = a->s, rep = a->NH / a->NKV, nk = j0 + W < e ? W : e - j0;
-    real *P = a->tiles + a->per_thread * (size_t)omp_get_thread_num();
+    real *P = a->scratch + a->per_thread * (size_t)omp_get_thread_num();
     real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W, *kt = dP + (size_t)W * W;
     real *vt = kt + (size_t)W * a->HD;
     const size_t kv_J = (size_t)j0 * a->KV + (size_t)g * a->HD;
@@ -180,8 +180,8 @@ static void key_tile(const bwd_args *a, int g, int j0, int with_dq) {
         const int nq = i1 - i0;
         for (int h = g * rep; h < (g + 1) * rep; h++) {
             const size_t q_I = (size_t)(i0 - s) * a->Q + (size_t)h * a->HD;
-            tile_grads(P, dS, dP, a->q + q_I, a->dout + q_I, kt, vt, W, a->lse, a->dsum, a->kmask,
-                       i0, nq, j0, nk, W, s, h, a->NH, a->Q, a->HD, a->scale);
+            tile_grads(P, dS, dP, a->q + q_I, a->dout + q_I, kt, vt, a->lse, a->dsum, a->kmask, i0,
+                       nq, j0, nk, W, s, h, a->NH, a->Q, a->HD, a->scale);
             tile_mm(a->dv + kv_J, a->KV, P, 1, W, a->dout + q_I, a->Q, nk, a->HD, nq, 1, 1);
             tile_mm(a->dk + kv_J, a->KV, dS, 1, W, a->q + q_I, a->Q, nk, a->HD, nq, a->scale, 1);
             if (with_dq)
@@ -219,7 +219,7 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
                         .k = k,
                         .v = v,
                         .kmask = kmask,
-                        .tiles = scratch,
+                        .scratch = scratch,
                         .per_thread = per_thread,
                         .s = s,
                         .e = e,
@@ -264,8 +264,8 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
             /* per query tile: pass 2 is the rare form */
             transpose_tile(kt, k + kv_J, nk, KV, HD, W);
             transpose_tile(vt, v + kv_J, nk, KV, HD, W);
-            tile_grads(P, dS, dP, q_I, do_I, kt, vt, W, lse, dsum, kmask, i0, nq, j0, nk, W, s, h,
-                       NH, Q, HD, scale);
+            tile_grads(P, dS, dP, q_I, do_I, kt, vt, lse, dsum, kmask, i0, nq, j0, nk, W, s, h, NH,
+                       Q, HD, scale);
             tile_mm(dq_I, Q, dS, W, 1, k + kv_J, KV, nq, HD, nk, scale, 1);
         }
     }
