@@ -194,6 +194,32 @@ START_TEST(plan_large_model) {
 }
 END_TEST
 
+/* What full BP keeps, to the byte: the L + 1 hidden states, and per layer K and V, the queries,
+ * the attention output and its row log-sum-exp, the attention residual x2, the gate and up
+ * projections (Qwen3: also q and k before their norms and those norms' rstd). Not the outputs of
+ * the two RMSNorms nor silu(g)·u: those are formed again in the backward (engine.h,
+ * chunk_formed); keeping any of them again fails here. */
+START_TEST(full_keeps_no_formed_rows) {
+    static const char *models[] = {"data/models/bench.json", "data/models/qwen3-tiny.json"};
+    sbp_config c;
+    sbp_err err = {0};
+    if (sbp_config_load(&c, models[_i], &err)) ck_abort_msg("%s", err.msg);
+    const int64_t B = 2, T = 96, eb = 4, L = c.layers, C = c.hidden, F = c.ffn;
+    const int64_t Q = (int64_t)c.heads * c.head_dim, KV = (int64_t)c.kv_heads * c.head_dim;
+    sbp_plan_opts o = {.grad = {.schedule = SBP_FULL, .block = 32, .logit_chunk = 32},
+                       .B = (int)B,
+                       .T = (int)T,
+                       .storage_bytes = (int)eb};
+    sbp_ledger lg;
+    if (sbp_plan(&lg, &c, &o, &err)) ck_abort_msg("%s", err.msg);
+    int64_t per_layer = 2 * KV + 2 * Q + c.heads + C + 2 * F;
+    if (c.qk_norm) per_layer += KV + c.kv_heads + Q + c.heads;
+    const int64_t kept = B * T * eb * ((L + 1) * C + L * per_layer);
+    ck_assert_msg(lg.peak[SBP_MEM_ACTIVATIONS] == kept, "%s: full keeps %lld bytes, expected %lld",
+                  models[_i], (long long)lg.peak[SBP_MEM_ACTIVATIONS], (long long)kept);
+}
+END_TEST
+
 /* At the total peak the categories add up to the total; no category's own peak is below its
  * share at the total peak; the whole ledger is returned by the end of the step. */
 START_TEST(categories_sum_to_total) {
@@ -567,6 +593,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, ledger_pool_drop_in_use);
     tcase_add_test(tc, ledger_pool_engine_steps);
     tcase_add_test(tc, plan_large_model);
+    tcase_add_loop_test(tc, full_keeps_no_formed_rows, 0, 2);
     tcase_add_loop_test(tc, categories_sum_to_total, 0, 6);
     tcase_add_loop_test(tc, budget_finds_the_boundary, 0, 3);
     suite_add_tcase(s, tc);

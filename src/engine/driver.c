@@ -4,7 +4,7 @@
  * the steps, their order, the buffers and when they live — is the same for every row:
  *
  *   row      keeps after the forward       layer chunk   logits
- *   full     every activation              T             B·T·V materialised
+ *   full     every activation (*)          T             B·T·V materialised
  *   ckpt     the layer inputs              T             B·T·V materialised
  *   stream   the layer inputs              c             passes of rows
  *
@@ -14,7 +14,9 @@
  * tokens, then walks the sequence in chunks [s, e) in ascending order, recomputing and
  * backpropagating each chunk's queries, attention and MLP and accumulating dK/dV of keys [0, e);
  * the K/V side is backpropagated once at the end. Checkpointing is the same loop with one chunk
- * of T rows; full BP keeps what checkpointing recomputes.
+ * of T rows; full BP keeps what checkpointing recomputes. (*) Every schedule forms the outputs of
+ * the norms and of SwiGLU again in the backward (chunk_formed, engine.h): no product and no
+ * attention is recomputed in full BP.
  *
  * Buffer lifetimes, one rule for every row:
  *   - the kept tensors (layer inputs, or every activation) live from the forward that writes
@@ -45,7 +47,8 @@ typedef struct {
     real *g;        /* (B, T, C) the hidden-state gradient, updated in place layer by layer */
     kv_acts *kv;    /* (L·B) when every activation is kept, else (1) */
     chunk_acts *ca; /* the same */
-    int n_kept;     /* L·B or 1 */
+    chunk_formed fm;
+    int n_kept; /* L·B or 1 */
     norm_block nb;
     lora_work lw;
     chunk_grads cg;
@@ -55,7 +58,9 @@ typedef struct {
 /* The working set of one pass (engine.h's rule): allocated at its start, freed at its end. */
 static int pass_begin(eng *e, run_bufs *r, const sched_row *row, int c, int backward) {
     const int blk = e->blk < e->T ? e->blk : e->T; /* the K/V side's rows per call */
-    if (!norm_block_alloc(e, &r->nb) || !lora_work_alloc(e, &r->lw, c > blk ? c : blk)) return 0;
+    if (!norm_block_alloc(e, &r->nb) || !lora_work_alloc(e, &r->lw, c > blk ? c : blk) ||
+        !chunk_formed_alloc(e, &r->fm, c))
+        return 0;
     if (!row->keep_all && (!kv_acts_alloc(e, &r->kv[0], SBP_MEM_LAYER) ||
                            !chunk_acts_alloc(e, &r->ca[0], c, SBP_MEM_LAYER)))
         return 0;
@@ -65,6 +70,7 @@ static int pass_begin(eng *e, run_bufs *r, const sched_row *row, int c, int back
 static void pass_end(eng *e, run_bufs *r, const sched_row *row) {
     norm_block_free(e, &r->nb);
     lora_work_free(e, &r->lw);
+    chunk_formed_free(e, &r->fm);
     if (!row->keep_all) kv_acts_free(e, &r->kv[0]), chunk_acts_free(e, &r->ca[0]);
     kv_work_free(e, &r->kvw);
     chunk_grads_free(e, &r->cg);
@@ -83,6 +89,7 @@ static layer_run layer_at(eng *e, run_bufs *r, const sched_row *row, const sbp_b
                     .kmask = e->mask + (size_t)bi * e->T,
                     .kv = &r->kv[k],
                     .acts = &r->ca[k],
+                    .fm = &r->fm,
                     .cg = &r->cg,
                     .kvw = &r->kvw,
                     .nb = &r->nb,
@@ -96,6 +103,7 @@ static void free_bufs(eng *e, run_bufs *r) {
     free(r->kv), free(r->ca);
     norm_block_free(e, &r->nb);
     lora_work_free(e, &r->lw);
+    chunk_formed_free(e, &r->fm);
     kv_work_free(e, &r->kvw);
     chunk_grads_free(e, &r->cg);
     efree(e, r->g), efree(e, r->xL), efree(e, r->xs);
@@ -191,6 +199,7 @@ int drive_logprobs(eng *e, double *logp, const sbp_batch *b, int chunk, const he
                             .kmask = e->mask + (size_t)bi * T,
                             .kv = &kv,
                             .acts = &ca,
+                            .fm = &r.fm,
                             .nb = &r.nb,
                             .lw = &r.lw};
             kv_forward(e, &lr);

@@ -87,22 +87,30 @@ typedef struct {
     real *v;     /* (T, KV) */
 } kv_acts;
 
-/* Activations of `rows` consecutive rows of one layer for one sequence. */
+/* What a chunk's backward reads of one layer, for `rows` consecutive rows of one sequence (all
+ * T rows in full BP). The outputs of the two norms and of the SwiGLU product are not here: see
+ * chunk_formed. */
 typedef struct {
     int rows;    /* capacity */
-    real *xn;    /* (rows, C) input RMSNorm output */
-    real *rstd1; /* (rows) */
     real *qpre;  /* (rows, Q) q before q_norm (Qwen3 only, else NULL) */
     real *qrstd; /* (rows, NH) (Qwen3 only) */
     real *q;     /* (rows, Q) after q_norm and RoPE */
     real *o;     /* (rows, Q) attention output */
     real *lse;   /* (rows, NH) */
     real *x2;    /* (rows, C) residual after attention */
-    real *xn2;   /* (rows, C) post-attention RMSNorm output */
-    real *rstd2; /* (rows) */
     real *g, *u; /* (rows, F) gate and up projections */
-    real *h;     /* (rows, F) silu(g)·u */
 } chunk_acts;
+
+/* The product inputs that are formed, never kept: xn = rmsnorm(x), xn2 = rmsnorm(x2) and
+ * h = silu(g)·u, one after another in the same rows. The forward of a chunk forms each just before
+ * its products read it; the backward forms each again from the kept x, x2, g and u (a norm or an
+ * elementwise pass over the chunk, no product) just before its weight gradient reads it. The
+ * bits are the same either time, so every schedule's gradients are unchanged; in full BP this
+ * keeps 2C + F fewer reals per token and layer (a third of the bench model's activations). */
+typedef struct {
+    real *t;    /* (c, max(C, F)) xn, xn2 or h of the chunk's rows */
+    real *rstd; /* (c) the rstd of the norm formed last */
+} chunk_formed;
 
 /* Gradients of one chunk's intermediate tensors; c = capacity in rows. */
 typedef struct {
@@ -139,6 +147,8 @@ int kv_acts_alloc(eng *e, kv_acts *a, sbp_mem_cat cat);
 void kv_acts_free(eng *e, kv_acts *a);
 int chunk_acts_alloc(eng *e, chunk_acts *a, int rows, sbp_mem_cat cat);
 void chunk_acts_free(eng *e, chunk_acts *a);
+int chunk_formed_alloc(eng *e, chunk_formed *f, int c);
+void chunk_formed_free(eng *e, chunk_formed *f);
 int chunk_grads_alloc(eng *e, chunk_grads *d, int c);
 void chunk_grads_free(eng *e, chunk_grads *d);
 int kv_work_alloc(eng *e, kv_work *d);
@@ -158,6 +168,7 @@ typedef struct {
     const uint8_t *kmask; /* (T) */
     kv_acts *kv;          /* the K/V side */
     chunk_acts *acts;     /* rows [0, T) when it holds T rows (full BP), else the current chunk */
+    chunk_formed *fm;     /* the current chunk's formed rows */
     chunk_grads *cg;      /* the chunk's gradients */
     kv_work *kvw;         /* dK, dV accumulators */
     norm_block *nb;

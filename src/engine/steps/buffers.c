@@ -38,8 +38,6 @@ int chunk_acts_alloc(eng *e, chunk_acts *a, int rows, sbp_mem_cat cat) {
     const size_t n = (size_t)rows;
     memset(a, 0, sizeof *a);
     a->rows = rows;
-    a->xn = ealloc(e, cat, n * e->C, "input-norm output");
-    a->rstd1 = ealloc(e, cat, n, "input-norm rstd");
     if (e->cfg->qk_norm) {
         a->qpre = ealloc(e, cat, n * e->Q, "q before q_norm");
         a->qrstd = ealloc(e, cat, n * e->NH, "q_norm rstd");
@@ -48,20 +46,30 @@ int chunk_acts_alloc(eng *e, chunk_acts *a, int rows, sbp_mem_cat cat) {
     a->o = ealloc(e, cat, n * e->Q, "attention output");
     a->lse = ealloc(e, cat, n * e->NH, "attention lse");
     a->x2 = ealloc(e, cat, n * e->C, "attention residual");
-    a->xn2 = ealloc(e, cat, n * e->C, "post-norm output");
-    a->rstd2 = ealloc(e, cat, n, "post-norm rstd");
     a->g = ealloc(e, cat, n * e->F, "gate projection");
     a->u = ealloc(e, cat, n * e->F, "up projection");
-    a->h = ealloc(e, cat, n * e->F, "MLP activation");
     if (e->oom) chunk_acts_free(e, a);
     return !e->oom;
 }
 
 void chunk_acts_free(eng *e, chunk_acts *a) {
-    efree(e, a->xn), efree(e, a->rstd1), efree(e, a->qpre), efree(e, a->qrstd), efree(e, a->q);
-    efree(e, a->o), efree(e, a->lse), efree(e, a->x2), efree(e, a->xn2), efree(e, a->rstd2);
-    efree(e, a->g), efree(e, a->u), efree(e, a->h);
+    efree(e, a->qpre), efree(e, a->qrstd), efree(e, a->q), efree(e, a->o), efree(e, a->lse);
+    efree(e, a->x2), efree(e, a->g), efree(e, a->u);
     memset(a, 0, sizeof *a);
+}
+
+int chunk_formed_alloc(eng *e, chunk_formed *f, int c) {
+    const size_t n = (size_t)c, w = (size_t)(e->C > e->F ? e->C : e->F);
+    memset(f, 0, sizeof *f);
+    f->t = ealloc(e, SBP_MEM_LAYER, n * w, "norm or MLP activation rows");
+    f->rstd = ealloc(e, SBP_MEM_LAYER, n, "norm rstd rows");
+    if (e->oom) chunk_formed_free(e, f);
+    return !e->oom;
+}
+
+void chunk_formed_free(eng *e, chunk_formed *f) {
+    efree(e, f->t), efree(e, f->rstd);
+    memset(f, 0, sizeof *f);
 }
 
 int chunk_grads_alloc(eng *e, chunk_grads *d, int c) {

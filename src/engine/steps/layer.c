@@ -8,6 +8,7 @@
  *   xn2 = rmsnorm(x2, w_post)
  *   h   = silu(xn2·Wgᵀ) ⊙ (xn2·Wuᵀ)
  *   y   = x2 + h·Wdᵀ
+ * xn, xn2 and h are formed, not kept (engine.h, chunk_formed): the backward forms each again.
  * The backward walks the same lines in reverse; each step names the line it differentiates.
  * The input norm's backward is linear in its output gradient, so it is applied in two parts,
  * the query path per chunk and the K/V path at the end, in the same order in every schedule.
@@ -25,9 +26,8 @@ static int block_end(int r, int e, int blk) {
 static chunk_acts rows_from(const eng *e, const chunk_acts *a, int s) {
     const size_t r = a->rows >= e->T ? (size_t)s : 0;
     chunk_acts v = *a;
-    v.xn += r * e->C, v.rstd1 += r, v.q += r * e->Q, v.o += r * e->Q, v.lse += r * e->NH;
-    v.x2 += r * e->C, v.xn2 += r * e->C, v.rstd2 += r;
-    v.g += r * e->F, v.u += r * e->F, v.h += r * e->F;
+    v.q += r * e->Q, v.o += r * e->Q, v.lse += r * e->NH, v.x2 += r * e->C;
+    v.g += r * e->F, v.u += r * e->F;
     if (v.qpre) v.qpre += r * e->Q, v.qrstd += r * e->NH;
     return v;
 }
@@ -90,23 +90,24 @@ void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
     const layer_p *w = lr->w;
     const real *x = lr->x + (size_t)s * C;
     const chunk_acts a = rows_from(e, lr->acts, s);
-    op->rmsnorm_forward(e, a.xn, a.rstd1, x, w->in_norm, M, C);
+    real *xn = lr->fm->t, *xn2 = lr->fm->t, *h = lr->fm->t, *rstd = lr->fm->rstd;
+    op->rmsnorm_forward(e, xn, rstd, x, w->in_norm, M, C);
     real *q = a.qpre ? a.qpre : a.q;
-    proj_forward(e, lr->lw, q, a.xn, w->wq, w->bq, &w->aq, s, end, Q, C);
+    proj_forward(e, lr->lw, q, xn, w->wq, w->bq, &w->aq, s, end, Q, C);
     if (a.qpre) op->rmsnorm_forward(e, a.q, a.qrstd, a.qpre, w->q_norm, M * e->NH, e->HD);
     op->rope_forward(e, a.q, s, M, e->NH);
     op->attention_forward(e, a.o, a.lse, a.q, lr->kv->k, lr->kv->v, lr->kmask, s, M);
     /* x2 = x + o·Woᵀ */
     proj_forward(e, lr->lw, a.x2, a.o, w->wo, NULL, &w->ao, s, end, C, Q);
     op->add(e, a.x2, x, a.x2, MC);
-    op->rmsnorm_forward(e, a.xn2, a.rstd2, a.x2, w->post_norm, M, C);
-    proj_forward(e, lr->lw, a.g, a.xn2, w->wg, NULL, &w->ag, s, end, F, C);
-    proj_forward(e, lr->lw, a.u, a.xn2, w->wu, NULL, &w->au, s, end, F, C);
-    op->swiglu_forward(e, a.h, a.g, a.u, (size_t)M * F);
+    op->rmsnorm_forward(e, xn2, rstd, a.x2, w->post_norm, M, C);
+    proj_forward(e, lr->lw, a.g, xn2, w->wg, NULL, &w->ag, s, end, F, C);
+    proj_forward(e, lr->lw, a.u, xn2, w->wu, NULL, &w->au, s, end, F, C);
     if (!lr->y) return; /* a recompute needs the activations, not the output */
     /* y = x2 + h·Wdᵀ */
+    op->swiglu_forward(e, h, a.g, a.u, (size_t)M * F);
     real *y = lr->y + (size_t)s * C;
-    proj_forward(e, lr->lw, y, a.h, w->wd, NULL, &w->ad, s, end, C, F);
+    proj_forward(e, lr->lw, y, h, w->wd, NULL, &w->ad, s, end, C, F);
     op->add(e, y, a.x2, y, MC);
 }
 
@@ -126,6 +127,7 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     layer_p *gw = lr->g;
     chunk_grads *d = lr->cg;
     const chunk_acts a = rows_from(e, lr->acts, s);
+    real *xn = lr->fm->t, *xn2 = lr->fm->t, *h = lr->fm->t, *rstd = lr->fm->rstd;
     const real *x = lr->x + (size_t)s * C;
     real *dx = lr->dx + (size_t)s * C; /* dY on entry */
     op->zero(e, d->dh, MF), op->zero(e, d->dg, MF), op->zero(e, d->du, MF);
@@ -134,16 +136,18 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     if (d->dqpre) op->zero(e, d->dqpre, MQ);
     /* y = x2 + h·Wdᵀ: dx2 = dy, dh = dy·Wd (the last reads of dy: dx is dy) */
     op->copy(e, d->dx2, dx, MC);
-    proj_backward(e, lr->lw, d->dh, gw->wd, NULL, &gw->ad, dx, a.h, w->wd, &w->ad, s, end, C, F);
+    op->swiglu_forward(e, h, a.g, a.u, MF); /* formed again */
+    proj_backward(e, lr->lw, d->dh, gw->wd, NULL, &gw->ad, dx, h, w->wd, &w->ad, s, end, C, F);
     /* h = silu(g) ⊙ u */
     op->swiglu_backward(e, d->dg, d->du, d->dh, a.g, a.u, MF);
     /* g = xn2·Wgᵀ, u = xn2·Wuᵀ */
-    proj_backward(e, lr->lw, d->dxn2, gw->wg, NULL, &gw->ag, d->dg, a.xn2, w->wg, &w->ag, s, end, F,
+    op->rmsnorm_forward(e, xn2, rstd, a.x2, w->post_norm, M, C); /* formed again */
+    proj_backward(e, lr->lw, d->dxn2, gw->wg, NULL, &gw->ag, d->dg, xn2, w->wg, &w->ag, s, end, F,
                   C);
-    proj_backward(e, lr->lw, d->dxn2, gw->wu, NULL, &gw->au, d->du, a.xn2, w->wu, &w->au, s, end, F,
+    proj_backward(e, lr->lw, d->dxn2, gw->wu, NULL, &gw->au, d->du, xn2, w->wu, &w->au, s, end, F,
                   C);
     /* xn2 = rmsnorm(x2, w_post) */
-    op->rmsnorm_backward(e, d->dx2, gw->post_norm, d->dxn2, a.x2, a.rstd2, w->post_norm, M, C);
+    op->rmsnorm_backward(e, d->dx2, gw->post_norm, d->dxn2, a.x2, rstd, w->post_norm, M, C);
     /* x2 = x + o·Woᵀ: the residual path is dx's first term, and dO */
     op->copy(e, dx, d->dx2, MC);
     proj_backward(e, lr->lw, d->dout, gw->wo, NULL, &gw->ao, d->dx2, a.o, w->wo, &w->ao, s, end, C,
@@ -160,9 +164,10 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
         dqpre = d->dqpre;
     }
     /* qpre = xn·Wqᵀ + bq, xn = rmsnorm(x, w_in): the query path into dx */
-    proj_backward(e, lr->lw, d->dxn, gw->wq, gw->bq, &gw->aq, dqpre, a.xn, w->wq, &w->aq, s, end, Q,
+    op->rmsnorm_forward(e, xn, rstd, x, w->in_norm, M, C); /* formed again */
+    proj_backward(e, lr->lw, d->dxn, gw->wq, gw->bq, &gw->aq, dqpre, xn, w->wq, &w->aq, s, end, Q,
                   C);
-    op->rmsnorm_backward(e, dx, gw->in_norm, d->dxn, x, a.rstd1, w->in_norm, M, C);
+    op->rmsnorm_backward(e, dx, gw->in_norm, d->dxn, x, rstd, w->in_norm, M, C);
 }
 
 void kv_backward(const eng *e, layer_run *lr) {
