@@ -4,7 +4,7 @@
  * the steps, their order, the buffers and when they live — is the same for every row:
  *
  *   row      keeps after the forward       layer chunk   logits
- *   full     every activation (*)          T             B·T·V materialised
+ *   full     every activation (*)          T (**)        B·T·V materialised
  *   ckpt     the layer inputs              T             B·T·V materialised
  *   stream   the layer inputs              c             passes of rows
  *
@@ -16,7 +16,8 @@
  * the K/V side is backpropagated once at the end. Checkpointing is the same loop with one chunk
  * of T rows; full BP keeps what checkpointing recomputes. (*) Every schedule forms the outputs of
  * the norms and of SwiGLU again in the backward (chunk_formed, engine.h): no product and no
- * attention is recomputed in full BP.
+ * attention is recomputed in full BP. (**) The backward's chunk; full BP's forward runs in chunks
+ * of whole token blocks (forward_rows).
  *
  * Buffer lifetimes, one rule for every row:
  *   - the kept tensors (layer inputs, or every activation) live from the forward that writes
@@ -109,9 +110,24 @@ static void free_bufs(eng *e, run_bufs *r) {
     efree(e, r->g), efree(e, r->xL), efree(e, r->xs);
 }
 
+/* Rows per chunk of the forward. A row that keeps every activation recomputes nothing from its
+ * forward, so the forward need not run as one chunk of T: it runs in chunks of whole token
+ * blocks near the user's chunk (block multiples change no bit, README "Exactness"), and its
+ * working set (the formed rows) is one such chunk's, not T rows. A T-row working set that lives
+ * only in the forward is given back by the pool at the head, where the ledger peaks, and
+ * displaced a kept tensor into the logits' pages in the next step: 1 GB re-faulted every step
+ * of full BP at T = 8192. */
+static int forward_rows(const eng *e, const sched_row *row, int chunk) {
+    if (row->chunked) return chunk;
+    if (!row->keep_all || e->blk >= e->T) return e->T;
+    const int c = chunk / e->blk * e->blk;
+    return c < e->blk ? e->blk : c < e->T ? c : e->T;
+}
+
 int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int chunk,
           const head_opts *h) {
     const int B = b->B, L = e->L, T = e->T, c = row->chunked ? chunk : T;
+    const int fc = forward_rows(e, row, chunk);
     const size_t BTC = (size_t)B * T * e->C;
     const sbp_mem_cat kept = row->keep_all ? SBP_MEM_ACTIVATIONS : SBP_MEM_CHECKPOINTS;
     run_bufs r = {.n_kept = row->keep_all ? L * B : 1};
@@ -126,7 +142,7 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
     /* forward */
     for (int bi = 0; bi < B; bi++)
         e->ops->embedding_forward(e, r.xs + bi * (size_t)T * e->C, e->ids + (size_t)bi * T, T);
-    if (!pass_begin(e, &r, row, c, 0)) goto out;
+    if (!pass_begin(e, &r, row, fc, 0)) goto out;
     for (int l = 0; l < L; l++)
         for (int bi = 0; bi < B; bi++) {
             layer_run lr = layer_at(e, &r, row, b, l, bi);
@@ -135,7 +151,7 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
                 goto out;
             kv_forward(e, &lr);
             for (int s = 0, end; s < T; s = end) {
-                end = s + c < T ? s + c : T;
+                end = s + fc < T ? s + fc : T;
                 chunk_forward(e, &lr, s, end);
             }
         }
