@@ -9,12 +9,14 @@ vocabulary 32000), float32, timed two ways: "hf-sdpa" (the sdpa attention, plain
 "hf-ckpt" (the same with gradient_checkpointing_enable()). Without transformers (Debian's torch
 1.13), the same model written by hand as HF's eager path computes it: "torch" and "torch-ckpt"
 (torch.utils.checkpoint around every layer). Every (T, threads, mode) runs in a fresh process, so
-its peak RSS is its own; a step is zero_grad + forward (labels = input ids) + backward, B = 1,
-the median of --reps steps after one warm-up. streambp's numbers for the same T and threads come
-from `streambp bench --csv` (fast numerics, warm, interleaved rounds) in the same run.
+its peak RSS is its own; a step is zero_grad + forward (labels = input ids) + backward, B = 1.
+Each point is --rounds paired rounds: a round times one step of each side after a warm-up step
+(streambp: `streambp bench --csv --reps 1`, fast numerics, full and stream), the two sides run
+back to back with their order alternating, and the verdict is the median of the rounds' time
+ratios: this VM's speed drifts by 20-30% within an hour, and only pairing cancels that.
 
 Usage: python3 bench/torch_bench.py [--streambp build/streambp] [--seq 2048 8192]
-    [--threads 1 2] [--reps 3]
+    [--threads 1 2] [--rounds 3]
 """
 import argparse
 import json
@@ -134,19 +136,27 @@ def have_transformers():
         return False
 
 
-def ours(a, threads):
-    """streambp's rows at every T for one thread count: {(T, schedule): row}."""
-    cmd = [a.streambp, "bench", "--csv", "--threads", str(threads), "--reps", str(a.reps),
-           "--numerics", "fast", "--no-train", "--schedules", "full,ckpt,stream"]
-    for T in a.seq:
-        cmd += ["--seq", str(T)]
+def ours(a, threads, T):
+    """One round of streambp at one T: {schedule: row} (a warm-up, then one step of each)."""
+    cmd = [a.streambp, "bench", "--csv", "--threads", str(threads), "--reps", "1", "--seq", str(T),
+           "--numerics", "fast", "--no-train", "--schedules", "full,stream"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
     head = out[0].split(",")
-    rows = {}
-    for line in out[1:]:
-        row = dict(zip(head, line.split(",")))
-        rows[(int(row["T"]), row["schedule"])] = row
-    return rows
+    rows = [dict(zip(head, line.split(","))) for line in out[1:]]
+    return {r["schedule"]: {"median_s": float(r["median_s"]), "rss_bytes": int(r["rss_bytes"]),
+                            "pct_sgemm": float(r["pct_sgemm"])} for r in rows}
+
+
+def theirs(a, threads, T, mode):
+    """One round of HF (or the hand-written model) at one T: a fresh process, a warm-up step,
+    then one timed step; None when it failed."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    r = subprocess.run([sys.executable, __file__, "--child", str(T), mode, "--threads",
+                        str(threads), "--reps", "1"], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        print("%7d %-16s failed: %s" % (T, mode, r.stderr.strip().splitlines()[-1:]))
+        return None
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def sgemm_rate(a, threads):
@@ -157,12 +167,19 @@ def sgemm_rate(a, threads):
     return json.loads(out)["sgemm_gflops"]
 
 
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--streambp", default=os.path.join(HERE, "..", "build", "streambp"))
     ap.add_argument("--seq", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help=argparse.SUPPRESS)  # the children's
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -178,39 +195,41 @@ def main():
     modes = ("hf-sdpa", "hf-ckpt") if hf else ("torch", "torch-ckpt")
     versions = "torch %s%s" % (torch.__version__, ", transformers " + __import__(
         "transformers").__version__ if hf else " (no transformers: HF's eager path by hand)")
-    print("step = forward + backward, float32, B = 1; median of %d steps after a warm-up; peak "
-          "RSS of a process that ran only that point; %s" % (a.reps, versions))
+    print("step = forward + backward, float32, B = 1, each side in fresh processes, one warm-up "
+          "step then one timed step per round; %d paired rounds per point, the order of the "
+          "two sides alternating; time: median over rounds; ratio: median [min, max] of the "
+          "rounds' ratios (> 1: streambp faster); RSS: peak of the process, largest over "
+          "rounds; %s" % (a.rounds, versions))
     for threads in a.threads:
-        rate = sgemm_rate(a, threads)
-        mine = ours(a, threads)
-        print("\n%d thread%s; OpenBLAS sgemm in this run: %.1f GFLOP/s" % (
-            threads, "s" if threads > 1 else "", rate))
+        print("\n%d thread%s; OpenBLAS sgemm at the start: %.1f GFLOP/s" % (
+            threads, "s" if threads > 1 else "", sgemm_rate(a, threads)))
         print("%7s %-16s %10s %10s  %s" % ("T", "run", "median s", "RSS MiB",
-                                           "torch / streambp (full, or stream for the ckpt mode)"))
+                                           "their time / ours [min, max], RSS ours / theirs"))
         for T in a.seq:
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-            rows = []
-            for mode in modes:
-                r = subprocess.run([sys.executable, __file__, "--child", str(T), mode, "--threads",
-                                    str(threads), "--reps", str(a.reps)], capture_output=True,
-                                   text=True, env=env)
-                if r.returncode != 0:
-                    print("%7d %-16s failed: %s" % (T, mode, r.stderr.strip().splitlines()[-1:]))
+            mine, them = [], {m: [] for m in modes}
+            for k in range(a.rounds):
+                if k % 2 == 0:
+                    mine.append(ours(a, threads, T))
+                for m in modes:
+                    them[m].append(theirs(a, threads, T, m))
+                if k % 2 == 1:
+                    mine.append(ours(a, threads, T))
+            for s in ("full", "stream"):
+                print("%7d %-16s %10.3f %10.1f  %.0f%% of sgemm" % (
+                    T, "streambp " + s, median([r[s]["median_s"] for r in mine]),
+                    max(r[s]["rss_bytes"] for r in mine) / 2**20,
+                    median([r[s]["pct_sgemm"] for r in mine])))
+            for m in modes:
+                s = "stream" if m.endswith("ckpt") else "full"
+                pairs = [(t, o) for t, o in zip(them[m], mine) if t]
+                if not pairs:
                     continue
-                rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
-            for s in ("full", "ckpt", "stream"):
-                o = mine.get((T, s))
-                if o:
-                    print("%7d %-16s %10.3f %10.1f  %.0f%% of sgemm" % (
-                        T, "streambp " + s, float(o["median_s"]), int(o["rss_bytes"]) / 2**20,
-                        float(o["pct_sgemm"])))
-            for row in rows:
-                base = mine.get((T, "stream" if row["mode"].endswith("ckpt") else "full"))
-                ratio = ("%.2fx time, %.2fx RSS" % (
-                    row["median_s"] / float(base["median_s"]),
-                    row["rss_bytes"] / float(base["rss_bytes"]))) if base else ""
-                print("%7d %-16s %10.3f %10.1f  %s" % (T, row["mode"], row["median_s"],
-                                                       row["rss_bytes"] / 2**20, ratio))
+                ratios = [t["median_s"] / o[s]["median_s"] for t, o in pairs]
+                rss_t = max(t["rss_bytes"] for t, _ in pairs)
+                rss_o = max(o[s]["rss_bytes"] for _, o in pairs)
+                print("%7d %-16s %10.3f %10.1f  %.2fx [%.2f, %.2f] of %s, RSS %.0f%%" % (
+                    T, m, median([t["median_s"] for t, _ in pairs]), rss_t / 2**20,
+                    median(ratios), min(ratios), max(ratios), s, 100.0 * rss_o / rss_t))
             sys.stdout.flush()
     return 0
 
