@@ -11,7 +11,8 @@ vocabulary 32000), float32, timed two ways: "hf-sdpa" (the sdpa attention, plain
 (torch.utils.checkpoint around every layer). Every (T, threads, mode) runs in a fresh process, so
 its peak RSS is its own; a step is zero_grad + forward (labels = input ids) + backward, B = 1.
 Each point is --rounds paired rounds: a round times one step of each side after a warm-up step
-(streambp: `streambp bench --csv --reps 1`, fast numerics, full and stream), the two sides run
+(streambp: `streambp bench --csv --reps 1`, fast numerics, full and stream each in a process of
+its own), the two sides run
 back to back with their order alternating, and the verdict is the median of the rounds' time
 ratios: this VM's speed drifts by 20-30% within an hour, and only pairing cancels that.
 
@@ -137,14 +138,18 @@ def have_transformers():
 
 
 def ours(a, threads, T):
-    """One round of streambp at one T: {schedule: row} (a warm-up, then one step of each)."""
-    cmd = [a.streambp, "bench", "--csv", "--threads", str(threads), "--reps", "1", "--seq", str(T),
-           "--numerics", "fast", "--no-train", "--schedules", "full,stream"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
-    head = out[0].split(",")
-    rows = [dict(zip(head, line.split(","))) for line in out[1:]]
-    return {r["schedule"]: {"median_s": float(r["median_s"]), "rss_bytes": int(r["rss_bytes"]),
-                            "pct_sgemm": float(r["pct_sgemm"])} for r in rows}
+    """One round of streambp at one T: {schedule: row}. Each schedule in a process of its own, a
+    warm-up step then one timed step, as the other side gets: in one process a step after
+    another schedule's finds the pool's pages laid out for that one."""
+    rows = {}
+    for s in ("full", "stream"):
+        cmd = [a.streambp, "bench", "--csv", "--threads", str(threads), "--reps", "1", "--seq",
+               str(T), "--numerics", "fast", "--no-train", "--schedules", s]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
+        r = dict(zip(out[0].split(","), out[1].split(",")))
+        rows[s] = {"median_s": float(r["median_s"]), "rss_bytes": int(r["rss_bytes"]),
+                   "pct_sgemm": float(r["pct_sgemm"])}
+    return rows
 
 
 def theirs(a, threads, T, mode):
