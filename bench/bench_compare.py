@@ -24,9 +24,17 @@ import sys
 
 
 def options(binary):
-    """Older builds lack --numerics (fast was all there was) and --no-train."""
+    """Older builds lack --numerics (fast was all there was), --no-train and --warmup."""
     help_text = subprocess.run([binary, "bench", "--help"], capture_output=True, text=True).stdout
-    return [o for o in (["--numerics", "fast"], ["--no-train"]) if o[0] in help_text]
+    return [o for o in (["--numerics", "fast"], ["--no-train"], ["--warmup", "1"])
+            if o[0] in help_text]
+
+
+def common_options(old, new):
+    """The options both builds take: a warm-up step before the timed ones only when both do one
+    (without --warmup, bench times a cold first step above T = 4096)."""
+    theirs = options(old)
+    return [o for o in options(new) if o in theirs]
 
 
 def same_kernels(new):
@@ -49,7 +57,7 @@ def same_kernels(new):
 
 def one(binary, args):
     cmd = [binary, "bench", "--seq", str(args.seq), "--reps", str(args.reps),
-           "--threads", str(args.threads), "--schedules", args.schedules, "--csv"] + sum(options(binary), [])
+           "--threads", str(args.threads), "--schedules", args.schedules, "--csv"] + args.common
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     rows = list(csv.DictReader(io.StringIO(out)))
     return {r["schedule"]: float(r["median_s"]) for r in rows}
@@ -65,6 +73,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--schedules", default="full,ckpt,stream")
     args = ap.parse_args()
+    args.common = sum(common_options(args.old, args.new), [])
     kernels = same_kernels(args.new)
     times = {"old": {}, "new": {}}
     ratios = {}

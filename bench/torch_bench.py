@@ -11,8 +11,8 @@ vocabulary 32000), float32, timed two ways: "hf-sdpa" (the sdpa attention, plain
 (torch.utils.checkpoint around every layer). Every (T, threads, mode) runs in a fresh process, so
 its peak RSS is its own; a step is zero_grad + forward (labels = input ids) + backward, B = 1.
 Each point is --rounds paired rounds: a round times one step of each side after a warm-up step
-(streambp: `streambp bench --csv --reps 1`, fast numerics, full and stream each in a process of
-its own), the two sides run
+(streambp: `streambp bench --csv --warmup 1 --reps 1`, fast numerics, full and stream each in a
+process of its own, which also gives its peak RSS), the two sides run
 back to back with their order alternating, and the verdict is the median of the rounds' time
 ratios: this VM's speed drifts by 20-30% within an hour, and only pairing cancels that.
 
@@ -143,8 +143,8 @@ def ours(a, threads, T):
     another schedule's finds the pool's pages laid out for that one."""
     rows = {}
     for s in ("full", "stream"):
-        cmd = [a.streambp, "bench", "--csv", "--threads", str(threads), "--reps", "1", "--seq",
-               str(T), "--numerics", "fast", "--no-train", "--schedules", s]
+        cmd = [a.streambp, "bench", "--csv", "--threads", str(threads), "--warmup", "1", "--reps",
+               "1", "--seq", str(T), "--numerics", "fast", "--no-train", "--schedules", s]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
         r = dict(zip(out[0].split(","), out[1].split(",")))
         rows[s] = {"median_s": float(r["median_s"]), "rss_bytes": int(r["rss_bytes"]),

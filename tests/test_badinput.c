@@ -812,6 +812,35 @@ START_TEST(option_help) {
 }
 END_TEST
 
+/* bench --warmup: 0..15, else a usage error naming it. With one schedule and a warm-up, one
+ * process times the steps and reports their memory: one CSV row of one timed run, its ledger
+ * peak the planner's, its RSS above that. */
+START_TEST(option_bench_warmup) {
+    static const char *const bad[] = {"-1", "16", "x", "1x", ""};
+    for (int i = 0; i < 5; i++)
+        check_run(run_cli("bench --model '%s' --seq 16 --warmup '%s'", good_model(), bad[i]), 2,
+                  (const char *const[]){"--warmup", "0..15", NULL});
+    check_run(
+        run_cli("bench --model '%s' --seq 16 --warmup 1 --reps 1 --schedules full "
+                "--numerics fast --no-train --csv",
+                good_model()),
+        0,
+        (const char *const[]){"1 warm-up and 1 timed round of 1 schedule, and its memory", NULL});
+    char sched[16], num[16];
+    int T = 0, runs = 0;
+    long long ledger = 0, plan = 0, rss = 0;
+    const char *row = strchr(last_stdout, '\n');
+    ck_assert_msg(row && sscanf(row + 1, "%d,%15[^,],%15[^,],%d,%*f,%*f,%*f,%*f,%*f,%lld,%lld,%lld",
+                                &T, sched, num, &runs, &ledger, &plan, &rss) == 7,
+                  "%s", last_stdout);
+    ck_assert_int_eq(T, 16);
+    ck_assert_str_eq(sched, "full");
+    ck_assert_int_eq(runs, 1);
+    ck_assert_msg(ledger > 0 && ledger == plan && rss > ledger, "%s", last_stdout);
+    ck_assert_msg(!strchr(strchr(row + 1, '\n') + 1, '\n'), "more than one row:\n%s", last_stdout);
+}
+END_TEST
+
 /* A chunk beyond T is clamped to T, in the report and in the file's metadata. */
 START_TEST(option_chunk_clamped) {
     const char *dir = fresh_dir();
@@ -1184,6 +1213,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, option_missing_model);
     tcase_add_test(tc, option_missing_batch);
     tcase_add_test(tc, option_help);
+    tcase_add_test(tc, option_bench_warmup);
     tcase_add_test(tc, option_chunk_clamped);
 
     tcase_add_test(tc, out_dir_missing);

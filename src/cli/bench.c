@@ -34,9 +34,12 @@ static const char usage[] =
     "                     portable product's rate is measured beside sgemm's at the same shapes\n"
     "  --threads N        default 2\n"
     "  --reps N           timed rounds per T (default 3 up to T = 4096, then 1); a round runs\n"
-    "                     every schedule once, in one process, after an untimed warm-up round\n"
-    "                     (up to T = 4096); memory is measured by one step per schedule, each\n"
-    "                     in a process of its own\n"
+    "                     every schedule once, in one process, after the warm-up rounds;\n"
+    "                     memory is measured by one step per schedule, each in a process of\n"
+    "                     its own (one schedule and a warm-up: by the timing process itself)\n"
+    "  --warmup N         untimed rounds before the timed ones (default 1 up to T = 4096, then\n"
+    "                     0: a step at T > 4096 is then the process's first, its buffers\n"
+    "                     faulted in; give --warmup 1 to compare warm steps at any T)\n"
     "  --block N, --chunk N, --logit-chunk N   as for grad (defaults 256, 1024, 256)\n"
     "  --largest SIZE     instead: the largest T of each schedule under SIZE (e.g. 512M), found\n"
     "                     with the planner and confirmed by a real step\n"
@@ -331,26 +334,29 @@ static void emit(row_out *o, const sbp_config *cfg, const char *name, int T, con
     }
 }
 
+/* A count of rounds, 0..15 */
+static int parse_rounds(const char *text, int *out) {
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end || v < 0 || v > 15) return 0;
+    *out = (int)v;
+    return 1;
+}
+
 int cmd_bench(int argc, char **argv) {
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
-                                         {"config", required_argument, 0, 'c'},
-                                         {"seq", required_argument, 0, 'T'},
-                                         {"schedules", required_argument, 0, 's'},
-                                         {"threads", required_argument, 0, 't'},
-                                         {"reps", required_argument, 0, 'r'},
-                                         {"block", required_argument, 0, 'B'},
-                                         {"chunk", required_argument, 0, 'C'},
-                                         {"logit-chunk", required_argument, 0, 'l'},
-                                         {"largest", required_argument, 0, 'L'},
-                                         {"numerics", required_argument, 0, 'N'},
-                                         {"no-train", no_argument, 0, 'X'},
-                                         {"device", required_argument, 0, 'D'},
-                                         {"csv", no_argument, 0, 'v'},
-                                         {"json", no_argument, 0, 'j'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},   {"config", required_argument, 0, 'c'},
+        {"seq", required_argument, 0, 'T'},     {"schedules", required_argument, 0, 's'},
+        {"threads", required_argument, 0, 't'}, {"reps", required_argument, 0, 'r'},
+        {"warmup", required_argument, 0, 'w'},  {"block", required_argument, 0, 'B'},
+        {"chunk", required_argument, 0, 'C'},   {"logit-chunk", required_argument, 0, 'l'},
+        {"largest", required_argument, 0, 'L'}, {"numerics", required_argument, 0, 'N'},
+        {"no-train", no_argument, 0, 'X'},      {"device", required_argument, 0, 'D'},
+        {"csv", no_argument, 0, 'v'},           {"json", no_argument, 0, 'j'},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     const char *model = NULL, *config = NULL, *sched = "full,ckpt,stream";
     int seqs[32], n_seqs = 0, threads = 2, reps = 0, block = 256, chunk = 1024, lchunk = 256;
+    int warmup = -1; /* -1: the default, by T */
     int csv = 0, json = 0, train = 1, c;
     int numerics = 0; /* bit set of 1 << sbp_numerics; 0: the default */
     sbp_device device = SBP_DEVICE_CPU;
@@ -372,6 +378,12 @@ int cmd_bench(int argc, char **argv) {
         case 'r':
             if (!parse_pos_int("bench", "reps", optarg, &reps) || reps > 15) {
                 fprintf(stderr, "streambp bench: --reps must be 1..15\n");
+                return EXIT_USAGE;
+            }
+            break;
+        case 'w':
+            if (!parse_rounds(optarg, &warmup)) {
+                fprintf(stderr, "streambp bench: --warmup must be 0..15, got \"%s\"\n", optarg);
                 return EXIT_USAGE;
             }
             break;
@@ -494,14 +506,25 @@ int cmd_bench(int argc, char **argv) {
                            .reps = reps               ? reps
                                    : seqs[si] <= 4096 ? 3
                                                       : 1,
-                           .warmup = seqs[si] <= 4096 && !largest,
+                           .warmup = largest       ? 0
+                                     : warmup >= 0 ? warmup
+                                                   : seqs[si] <= 4096,
                            .sgemm = device == SBP_DEVICE_CPU};
         /* configuration q: schedule q % PLAN_N_SCHEDULES in numerics q / PLAN_N_SCHEDULES */
         const int nums = device != SBP_DEVICE_CPU       ? 1 << SBP_NUMERICS_PORTABLE
                          : numerics                     ? numerics
                          : seqs[si] <= 4096 && !largest ? 3
                                                         : 1;
-        int kidx[2 * PLAN_N_SCHEDULES], Ts[2 * PLAN_N_SCHEDULES];
+        int kidx[2 * PLAN_N_SCHEDULES], Ts[2 * PLAN_N_SCHEDULES], n_cfg = 0;
+        for (int q = 0; q < 2 * PLAN_N_SCHEDULES; q++)
+            n_cfg += use[q % PLAN_N_SCHEDULES] && (nums & (1 << q / PLAN_N_SCHEDULES));
+        /* one configuration with a warm-up: the timing process is that schedule alone, and its
+         * memory is measured there, over warm steps (no separate cold step); it times no sgemm
+         * between rounds (the products' operands would count in its RSS), so its fraction of
+         * sgemm is of the run's rate */
+        const int timed = !largest && n_cfg && (timing.reps > 1 || timing.warmup);
+        const int solo = timed && n_cfg == 1;
+        timing.sgemm = timing.sgemm && !solo;
         for (int q = 0; q < 2 * PLAN_N_SCHEDULES; q++) {
             const int k = q % PLAN_N_SCHEDULES, num = q / PLAN_N_SCHEDULES;
             mem[q].ok = 0;
@@ -528,9 +551,12 @@ int cmd_bench(int argc, char **argv) {
             }
             Ts[q] = T;
             step_arg a = {.model = mdir, .T = T, .threads = threads, .reps = 1, .n = 1, .g = {g}};
-            fprintf(stderr, "  T = %d, %s, %s numerics: memory...\n", T, kinds[k].name,
-                    sbp_numerics_name(g.numerics));
-            in_child(&mem[q], step_child, &a);
+            if (!solo) {
+                fprintf(stderr, "  T = %d, %s, %s numerics: memory...\n", T, kinds[k].name,
+                        sbp_numerics_name(g.numerics));
+                in_child(&mem[q], step_child, &a);
+            }
+            mem[q].ok |= solo;
             if (!mem[q].ok) {
                 fprintf(stderr, "streambp bench: T = %d, %s: %s\n", T, kinds[k].name, mem[q].err);
                 failures++;
@@ -541,11 +567,10 @@ int cmd_bench(int argc, char **argv) {
         }
         /* time: every schedule in one process, interleaved (unless one step is all there is) */
         child_result tr = {0};
-        int timed = !largest && timing.n && (timing.reps > 1 || timing.warmup);
-        if (timed) {
-            fprintf(stderr, "  T = %d: %d interleaved round%s of %d schedule%s...\n", seqs[si],
-                    timing.reps + timing.warmup, timing.reps + timing.warmup > 1 ? "s" : "",
-                    timing.n, timing.n > 1 ? "s" : "");
+        if (timed && timing.n) {
+            fprintf(stderr, "  T = %d: %d warm-up and %d timed round%s of %d schedule%s%s...\n",
+                    seqs[si], timing.warmup, timing.reps, timing.reps > 1 ? "s" : "", timing.n,
+                    timing.n > 1 ? "s" : "", solo ? ", and its memory" : "");
             in_child(&tr, step_child, &timing);
             if (!tr.ok) {
                 fprintf(stderr, "streambp bench: T = %d: %s\n", seqs[si], tr.err);
@@ -553,6 +578,8 @@ int cmd_bench(int argc, char **argv) {
                 continue;
             }
         }
+        for (int q = 0; solo && q < 2 * PLAN_N_SCHEDULES; q++)
+            if (mem[q].ok) mem[q] = tr; /* its ledger, RSS and loss */
         for (int q = 0; q < 2 * PLAN_N_SCHEDULES; q++) {
             const int k = q % PLAN_N_SCHEDULES;
             if (!use[k] || !mem[q].ok) continue;
@@ -619,13 +646,14 @@ int cmd_bench(int argc, char **argv) {
     } else {
         cJSON_Delete(jrows);
         if (!csv)
-            printf("(peak MiB: the ledger's peak; plan MiB: the planner's for the same step; RSS: "
-                   "the whole process, binary and libraries included; train-stream: a stream step, "
-                   "clipping and the AdamW update, the two moments in the ledger and the plan; "
-                   "train-stream-lora: the same for a LoRA adapter r 32 on every linear layer, the "
-                   "base frozen; GFLOP counts the step's matrix products; %%sgemm: the median over "
-                   "the rounds of the step's GFLOP/s over the sgemm rate timed in the same round "
-                   "(the training rows: over the run's sgemm rate))\n");
+            printf(
+                "(peak MiB: the ledger's peak; plan MiB: the planner's for the same step; RSS: "
+                "the whole process, binary and libraries included; train-stream: a stream step, "
+                "clipping and the AdamW update, the two moments in the ledger and the plan; "
+                "train-stream-lora: the same for a LoRA adapter r 32 on every linear layer, the "
+                "base frozen; GFLOP counts the step's matrix products; %%sgemm: the median over "
+                "the rounds of the step's GFLOP/s over the sgemm rate timed in the same round "
+                "(one schedule timed alone, and the training rows: over the run's sgemm rate))\n");
     }
     if (dir[0]) {
         char p[1200];
