@@ -191,15 +191,6 @@ void *sbp_ledger_alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes);
 /* The same without the promise of zeros (the caller writes before it reads). */
 void *sbp_ledger_alloc_raw(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes);
 void sbp_ledger_free(sbp_ledger *lg, void *p);
-/* A zero-filled block charged part by part: nothing when it is allocated, each part when the
- * caller declares it in use (sbp_ledger_commit), as torch allocates a parameter's .grad when the
- * backward first reaches it. Its pages come from a fresh mapping (never the pool's: a reused
- * page would have to be cleared, i.e. touched, at once), so a part no one has written takes no
- * memory. The gradient slab of a step (sbp_grad) is one. Freed with sbp_ledger_free. */
-void *sbp_ledger_alloc_deferred(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes);
-/* Charges `bytes` more of a deferred block, at most what is left of it (SIZE_MAX: all of the
- * rest); the caller writes only parts it has committed. Does nothing on any other block. */
-void sbp_ledger_commit(sbp_ledger *lg, void *p, size_t bytes);
 /* For a ledger that runs many steps: large blocks are carved from regions that stay mapped, so
  * later steps reuse the first one's pages (no new mapping, no page faults); in-use plus cached
  * bytes stay within the ledger's recorded peak (plus slack). drop hands the regions back (those
@@ -433,9 +424,7 @@ typedef struct {
 
 /* One forward + backward step. The gradient slab is allocated into res->grads (free it with
  * sbp_grad_result_free). The ledger records every buffer of the step: on the CPU, the gradient
- * slab included (with B·T·V logits and one batch, each part of it from when the backward first
- * reaches it, as torch allocates each .grad; whole by the time the step returns); on a device
- * (opts->device), the device's buffers only. */
+ * slab included; on a device (opts->device), the device's buffers only. */
 sbp_status sbp_grad(sbp_grad_result *res, const sbp_model *m, const sbp_batch *b,
                     const sbp_grad_opts *opts, sbp_ledger *lg, sbp_err *err);
 void sbp_grad_result_free(sbp_grad_result *res, sbp_ledger *lg);
@@ -479,10 +468,6 @@ typedef struct {
     sbp_lora_config lora; /* r > 0: a LoRA adapter of this rank on these targets is trained:
                            * the base is frozen (its weights, no gradients), the adapter's
                            * weights, gradients (and moments) are charged; alpha is not read */
-    int accumulating;     /* one micro-batch of a step of several (sbp_grad_batches): the
-                           * gradient slab is charged whole from the start, since the micro-batches
-                           * after the first add into all of it; otherwise, with B·T·V logits,
-                           * each part of it is charged when the backward first reaches it */
 } sbp_plan_opts;
 
 /* Fills lg (zeroed first) with the ledger of one step of model cfg: the weights (and adapter),

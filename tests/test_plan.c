@@ -5,11 +5,7 @@
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
@@ -68,29 +64,9 @@ START_TEST(plan_equals_measured) {
         ck_assert_int_eq(plan.cur_total, 0);
         assert_same_ledger(&plan, &real, what);
         sbp_grad_result_free(&r, &real);
+        sbp_batch_free(&b);
         sbp_model_free(&m, &real);
         ck_assert_int_eq(real.cur_total, 0);
-        /* two micro-batches of that shape: the slab charged whole from the start, and planned so
-         * (each part charged when its backward starts would under-plan the second) */
-        sbp_ledger acc = {0};
-        if (sbp_model_load(&m, tu_model(family, 1), SBP_FP32, &acc, &err))
-            ck_abort_msg("%s", err.msg);
-        const sbp_batch two[2] = {b, b};
-        if (sbp_grad_batches(&r, &m, two, 2, &o, &acc, &err)) ck_abort_msg("%s", err.msg);
-        po.accumulating = 1;
-        if (sbp_plan(&plan, &m.cfg, &po, &err)) ck_abort_msg("plan: %s", err.msg);
-        /* sbp_grad_batches holds both batches' host arrays; the plan is of one */
-        const int64_t second = sbp_batch_bytes(&b);
-        ck_assert_msg(acc.peak_total == plan.peak_total + second,
-                      "%s, 2 micro-batches: measured peak %lld, planned %lld + %lld", what,
-                      (long long)acc.peak_total, (long long)plan.peak_total, (long long)second);
-        for (int c = 0; c < SBP_MEM_NCATS; c++)
-            ck_assert_int_eq(acc.at_peak[c], plan.at_peak[c] + (c == SBP_MEM_BATCH ? second : 0));
-        ck_assert_int_eq(acc.at_peak[SBP_MEM_GRADS], 4 * m.params.total);
-        sbp_grad_result_free(&r, &acc);
-        sbp_batch_free(&b);
-        sbp_model_free(&m, &acc);
-        ck_assert_int_eq(acc.cur_total, 0);
     }
 }
 END_TEST
@@ -275,10 +251,7 @@ START_TEST(categories_sum_to_total) {
         ck_assert_int_eq(sum, lg.peak_total);
         ck_assert_int_eq(lg.cur_total, 0);
         ck_assert_int_gt(lg.at_peak[SBP_MEM_WEIGHTS], 0);
-        /* every part of the gradient arrives during the backward: the category's own peak is
-         * the whole slab (the weights' size); at the total peak only the parts that have */
-        ck_assert_int_eq(lg.peak[SBP_MEM_GRADS], lg.at_peak[SBP_MEM_WEIGHTS]);
-        ck_assert_int_le(lg.at_peak[SBP_MEM_GRADS], lg.peak[SBP_MEM_GRADS]);
+        ck_assert_int_eq(lg.at_peak[SBP_MEM_WEIGHTS], lg.at_peak[SBP_MEM_GRADS]);
         ck_assert_int_eq(lg.at_peak[SBP_MEM_OPTIMIZER] > 0, o.optimizer);
     }
 }
@@ -485,86 +458,6 @@ START_TEST(ledger_pool_carves) {
 }
 END_TEST
 
-/* A deferred block takes memory part by part: charged nothing and holding no resident page
- * when allocated, each commit charged (never past the block's size), every page zero, the
- * charged bytes returned by the free; a commit on any other block does nothing. */
-static size_t resident_bytes(const void *p, size_t bytes) {
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE), n = (bytes + page - 1) / page;
-    unsigned char *v = malloc(n);
-    ck_assert_ptr_nonnull(v);
-    ck_assert_int_eq(mincore((void *)p, bytes, v), 0);
-    size_t r = 0;
-    for (size_t i = 0; i < n; i++) r += (v[i] & 1) * page;
-    free(v);
-    return r;
-}
-
-START_TEST(ledger_deferred) {
-    const size_t mib = (size_t)1 << 20, n = 64 * mib;
-    for (int pooled = 0; pooled < 2; pooled++) {
-        sbp_ledger lg = {0};
-        if (pooled) sbp_ledger_keep_blocks(&lg); /* a deferred block never comes from the pool */
-        char *held = sbp_ledger_alloc(&lg, SBP_MEM_WEIGHTS, 8 * mib);
-        char *g = sbp_ledger_alloc_deferred(&lg, SBP_MEM_GRADS, n);
-        ck_assert_ptr_nonnull(g);
-        ck_assert_int_eq(lg.cur[SBP_MEM_GRADS], 0);
-        ck_assert_int_eq(lg.cur_total, (int64_t)(8 * mib));
-        ck_assert_uint_eq(resident_bytes(g, n), 0);
-        sbp_ledger_commit(&lg, g, 16 * mib);
-        ck_assert_int_eq(lg.cur[SBP_MEM_GRADS], (int64_t)(16 * mib));
-        ck_assert_int_eq(lg.peak_total, (int64_t)(24 * mib));
-        for (size_t i = 0; i < 16 * mib; i += 4096) ck_assert_int_eq(g[n - 1 - i], 0);
-        memset(g + n - 16 * mib, 7, 16 * mib); /* the committed part, at the block's end */
-        const size_t r = resident_bytes(g, n);
-        ck_assert_msg(r >= 16 * mib && r <= 18 * mib, "%zu bytes resident", r);
-        sbp_ledger_commit(&lg, g, 40 * mib);
-        sbp_ledger_commit(&lg, g, SIZE_MAX); /* the rest: 8 MiB */
-        sbp_ledger_commit(&lg, g, 1);        /* nothing is left */
-        ck_assert_int_eq(lg.cur[SBP_MEM_GRADS], (int64_t)n);
-        ck_assert_int_eq(lg.peak[SBP_MEM_GRADS], (int64_t)n);
-        sbp_ledger_commit(&lg, held, mib); /* not deferred: charged whole already */
-        ck_assert_int_eq(lg.cur_total, (int64_t)(n + 8 * mib));
-        sbp_ledger_free(&lg, g);
-        ck_assert_int_eq(lg.cur[SBP_MEM_GRADS], 0);
-        g = sbp_ledger_alloc_deferred(&lg, SBP_MEM_GRADS, n);
-        sbp_ledger_commit(&lg, g, mib); /* freed part-committed: only the part is returned */
-        sbp_ledger_free(&lg, g);
-        sbp_ledger_free(&lg, held);
-        ck_assert_int_eq(lg.cur_total, 0);
-        if (pooled) ck_assert(lg.cur_total + lg.cached <= lg.peak_total + lg.slack);
-        sbp_ledger_drop_blocks(&lg);
-    }
-}
-END_TEST
-
-/* With B·T·V logits the gradient slab of a step arrives as torch's .grad tensors do: a part when
- * the backward first reaches it. Full BP and ckpt peak at the head, where only the head's and
- * the final norm's gradients exist; the layers' and the embedding's come later. With a streamed
- * head the slab is charged whole from the start. */
-START_TEST(grads_arrive_with_their_backward) {
-    sbp_config c;
-    sbp_err err = {0};
-    if (sbp_config_load(&c, "data/models/bench.json", &err)) ck_abort_msg("%s", err.msg);
-    ck_assert(!c.tied);
-    sbp_plan_opts o = {.grad = {.schedule = SBP_FULL}, .B = 1, .T = 2048, .storage_bytes = 4};
-    sbp_ledger lg;
-    if (sbp_plan(&lg, &c, &o, &err)) ck_abort_msg("%s", err.msg);
-    const int64_t C = c.hidden, V = c.vocab, total = sbp_config_param_count(&c);
-    ck_assert_int_gt(lg.at_peak[SBP_MEM_LOGITS], 4 * (int64_t)o.T * V - 1);
-    ck_assert_int_eq(lg.at_peak[SBP_MEM_GRADS], 4 * (V * C + C));
-    ck_assert_int_eq(lg.peak[SBP_MEM_GRADS], 4 * total);
-    o.grad.chunked_logits = 1; /* the head streamed too: no longer worth it (grad.c) */
-    if (sbp_plan(&lg, &c, &o, &err)) ck_abort_msg("%s", err.msg);
-    ck_assert_int_eq(lg.at_peak[SBP_MEM_GRADS], 4 * total);
-    o.grad.chunked_logits = 0, o.grad.schedule = SBP_STREAM;
-    if (sbp_plan(&lg, &c, &o, &err)) ck_abort_msg("%s", err.msg);
-    ck_assert_int_eq(lg.at_peak[SBP_MEM_GRADS], 4 * total);
-    o.grad.schedule = SBP_CKPT;
-    if (sbp_plan(&lg, &c, &o, &err)) ck_abort_msg("%s", err.msg);
-    ck_assert_int_eq(lg.at_peak[SBP_MEM_GRADS], 4 * (V * C + C));
-}
-END_TEST
-
 /* The point of the pool: a step that repeats the blocks of the one before (sizes, order,
  * lifetimes) maps nothing and faults (almost) no page in, while the bound holds after every
  * allocation and free. */
@@ -628,15 +521,12 @@ START_TEST(ledger_pool_steps) {
 END_TEST
 
 /* The pool under the engine: repeated full-BP steps of the bench model (T = 2048, 262 MB of
- * logits) give back to the system only what the lower peak costs once the first steps have
- * mapped their regions. The gradient slab is outside the pool (a deferred block), and the
- * layers' and the embedding's gradients (112 MB) arrive after the head, where the freed logits
- * are the pool's cached pages: to keep the process within the recorded peak, the pool gives that
- * much back each step and the next step's head faults it in again (~20 ms a step, README
- * "Memory"). Counting a region's short last unit as "not resident" once sent small blocks into
- * the freed logits, the logits then no longer fit there, and the pool gave back and faulted in
- * the whole logits buffer every step (262 MB; pool.c, pool_take). Four steps take ~12 s; under
- * the sanitizers several times that, so there only the synthetic steps above run. */
+ * logits) give (almost) nothing back to the system once the first step has mapped its regions.
+ * Counting a region's short last unit as "not resident" once sent small blocks into the freed
+ * logits, the logits then no longer fit there, and the pool gave back and faulted in the whole
+ * logits buffer every step (262 MB, 518 MB over steps 2 and 3; pool.c, pool_take). Three
+ * steps take ~10 s; under the sanitizers several times that, so there only the synthetic steps
+ * above run. */
 START_TEST(ledger_pool_engine_steps) {
 #if defined(__SANITIZE_ADDRESS__) || SBP_TEST_HAS_ASAN
     return;
@@ -653,21 +543,17 @@ START_TEST(ledger_pool_engine_steps) {
     sbp_batch b = {.B = 1, .T = T, .kind = SBP_OBJ_SFT, .ids = ids, .labels = labels, .mask = mask};
     sbp_batch_count_targets(&b);
     sbp_grad_opts o = {.schedule = SBP_FULL, .block = 256, .chunk = 1024, .logit_chunk = 256};
-    int64_t returned[4];
-    for (int step = 0; step < 4; step++) {
+    int64_t returned[3];
+    for (int step = 0; step < 3; step++) {
         sbp_grad_result r;
         if (sbp_grad(&r, &m, &b, &o, &lg, &err)) ck_abort_msg("%s", err.msg);
         sbp_grad_result_free(&r, &lg);
         returned[step] = lg.returned;
     }
     const int64_t logits = (int64_t)T * m.cfg.vocab * 4;
-    const int64_t late = 4 * (m.params.total - (int64_t)m.cfg.vocab * m.cfg.hidden);
-    /* the fourth step is the steady one (the second and third settle the regions: 268 and
-     * 205 MB given back; then 119 MB a step, measured over eight) */
-    ck_assert_msg(returned[3] - returned[2] < late + logits / 16,
-                  "step 4 gave back %lld bytes (the logits are %lld, the gradients that arrive "
-                  "after the head %lld)",
-                  (long long)(returned[3] - returned[2]), (long long)logits, (long long)late);
+    ck_assert_msg(returned[2] - returned[0] < logits / 8,
+                  "steps 2 and 3 gave back %lld bytes (the logits are %lld)",
+                  (long long)(returned[2] - returned[0]), (long long)logits);
     ck_assert(lg.cur_total + lg.cached <= lg.peak_total + lg.slack);
     sbp_model_free(&m, &lg);
     sbp_ledger_drop_blocks(&lg);
@@ -706,8 +592,6 @@ static Suite *suite(void) {
     tcase_add_test(tc, ledger_pool_steps);
     tcase_add_test(tc, ledger_pool_drop_in_use);
     tcase_add_test(tc, ledger_pool_engine_steps);
-    tcase_add_test(tc, ledger_deferred);
-    tcase_add_test(tc, grads_arrive_with_their_backward);
     tcase_add_test(tc, plan_large_model);
     tcase_add_loop_test(tc, full_keeps_no_formed_rows, 0, 2);
     tcase_add_loop_test(tc, categories_sum_to_total, 0, 6);

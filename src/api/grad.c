@@ -86,10 +86,6 @@ static int clamp(int v, int hi) {
     return v < hi ? v : hi;
 }
 
-int sbp_grads_whole(const sbp_engine_opts *eo, int n_batches) {
-    return n_batches > 1 || !eo->materialise;
-}
-
 sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, int T, sbp_err *err) {
     memset(eo, 0, sizeof *eo);
     if (opts->block < 0 || opts->chunk < 0 || opts->logit_chunk < 0)
@@ -224,21 +220,7 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
     /* on a device the ledger records the device's memory; the host's copy of the result is not
      * charged there */
     sbp_ledger *host_lg = opts->device == SBP_DEVICE_CPU ? lg : NULL;
-    /* The slab is a deferred block (each part charged, and its pages taken, when the backward
-     * first reaches it: the engine's grads_arrive) on the CPU where that lowers the peak, and
-     * charged whole at once elsewhere (sbp_plan plans the same: grads_whole there):
-     *   - with B·T·V logits the step peaks at the head, before the layers' and the embedding's
-     *     gradients exist (bench model, full BP, T = 2048: 0.76 -> 0.65 GiB);
-     *   - with a streamed head it peaks in the backward, after all but the embedding's have
-     *     arrived, and a ledger that keeps its blocks (bench, train) pays for the deferral every
-     *     step: the pool gives back the pages the arriving gradients take and faults them in
-     *     again (StreamBP, T = 2048, 2 threads: +4% step time, against 0.06 GiB);
-     *   - several micro-batches add into all of it after the first;
-     *   - a device holds its own copy of the gradients, charged whole. */
-    const size_t gbytes = esz * (size_t)gps->total;
-    res->grads = host_lg ? sbp_ledger_alloc_deferred(host_lg, SBP_MEM_GRADS, gbytes)
-                         : sbp_ledger_alloc(NULL, SBP_MEM_GRADS, gbytes);
-    if (sbp_grads_whole(&eo, n)) sbp_ledger_commit(host_lg, res->grads, SIZE_MAX);
+    res->grads = sbp_ledger_alloc(host_lg, SBP_MEM_GRADS, esz * (size_t)gps->total);
     if (!res->grads)
         return sbp_fail(err, SBP_ENOMEM, "out of memory for the gradients (%lld parameters)",
                         (long long)gps->total);
@@ -257,7 +239,6 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
         res->n_targets += batches[i].n_targets;
     }
     sbp_ledger_charge(host_lg, SBP_MEM_BATCH, -batch_bytes);
-    sbp_ledger_commit(host_lg, res->grads, SIZE_MAX); /* the result is all of the slab */
     if (!st) st = check_finite(res->loss, res->grads, gps, m->prec, err);
     if (st) {
         sbp_grad_result_free(res, lg);

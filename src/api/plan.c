@@ -89,9 +89,7 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
     }
     m.w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * (size_t)m.params.total);
     if (eo.lora) a.w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * trained);
-    void *grads = sbp_ledger_alloc_deferred(lg, SBP_MEM_GRADS, (size_t)sb * trained);
-    if (sbp_grads_whole(&eo, o->accumulating ? 2 : 1)) /* as sbp_grad_batches does */
-        sbp_ledger_commit(lg, grads, SIZE_MAX);
+    void *grads = sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * trained);
     void *adam[2] = {NULL, NULL}; /* exp_avg and exp_avg_sq, as sbp_adamw_init allocates them */
     for (int k = 0; k < 2 && o->optimizer; k++)
         adam[k] = sbp_ledger_alloc(lg, SBP_MEM_OPTIMIZER, 4 * trained);

@@ -368,11 +368,7 @@ static sbp_status check_memory(const grad_args *a, const sbp_config *cfg, const 
         need = params < 0 || params > INT64_MAX / 2 / eb ? INT64_MAX : 2 * eb * params;
     } else {
         for (int i = 0; i < a->n_batches && need <= have; i++) {
-            sbp_plan_opts po = {.grad = a->g,
-                                .B = b[i].B,
-                                .T = b[i].T,
-                                .storage_bytes = eb,
-                                .accumulating = a->n_batches > 1};
+            sbp_plan_opts po = {.grad = a->g, .B = b[i].B, .T = b[i].T, .storage_bytes = eb};
             sbp_status st = sbp_plan(&lg, cfg, &po, err);
             if (st == SBP_ENOMEM)
                 need = INT64_MAX; /* not even the address space */
@@ -397,7 +393,7 @@ static sbp_status check_memory(const grad_args *a, const sbp_config *cfg, const 
                 need = INT64_MAX;
             else if (st)
                 return st;
-            int64_t r = eb * params + lg.peak_total - lg.at_peak[SBP_MEM_GRADS];
+            int64_t r = eb * params + lg.peak_total - lg.peak[SBP_MEM_GRADS];
             if (r > need) need = r;
         }
     }

@@ -14,11 +14,6 @@
  * faults nor has the kernel zero its buffers. The ledger's figures stay those of the buffers in
  * use; the pool hands pages back whenever buffers in use plus the pool's resident unused pages
  * would exceed the peak the ledger has recorded, so the process's RSS follows that peak.
- * A deferred block (sbp_ledger_alloc_deferred: a step's gradient slab) is charged part by part
- * as the caller commits it, and is never carved from the pool: a pooled block would have to be
- * cleared, every page touched, when it is handed out; a fresh mapping reads as zeros and takes
- * a page only when it is first written. A commit may pass the recorded peak with the pool's
- * cached pages, so it bounds the pool as an allocation does.
  * sbp_ledger_alloc_raw skips zeroing where the caller overwrites the block anyway (the engine's
  * buffers); in a sanitizer build it fills the block with 0xff bytes (NaN in float and double)
  * so that a read of a value nothing wrote shows up in the tests.
@@ -42,10 +37,7 @@
 
 typedef struct {
     size_t bytes;
-    size_t charged; /* bytes charged to the ledger: all of them, or for a deferred block those
-                     * committed so far */
     int cat;
-    int deferred;  /* charged as committed (sbp_ledger_alloc_deferred) */
     int how;       /* how the block was obtained: calloc, a huge-page mapping, the pool, a
                     * reservation */
     void *raw;     /* what calloc or mmap returned, or the pool's region */
@@ -140,9 +132,8 @@ static void zero_parallel(char *p, size_t bytes) {
     }
 }
 
-/* zero: the block must read as zeros (fresh mappings and calloc do; a pooled block is cleared);
- * deferred: zeros too, charged as it is committed, never pooled */
-static void *alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes, int zero, int deferred) {
+/* zero: the block must read as zeros (fresh mappings and calloc do; a pooled block is cleared) */
+static void *alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes, int zero) {
     char *p;
     void *raw = NULL;
     size_t mapped = 0;
@@ -150,7 +141,7 @@ static void *alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes, int zero, int 
     if (lg && lg->plan) {
         if (!(p = reserve(bytes))) return NULL;
         how = BY_PLAN;
-    } else if (bytes >= POOL_MIN && lg && lg->pool && !pool_closing(lg->pool) && !deferred) {
+    } else if (bytes >= POOL_MIN && lg && lg->pool && !pool_closing(lg->pool)) {
         region *g;
         int dirty;
         if (!(p = pool_take(lg->pool, bytes, &g, &dirty))) return NULL;
@@ -170,14 +161,12 @@ static void *alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes, int zero, int 
     }
     block_header *h = (block_header *)(p - HEADER);
     h->bytes = bytes;
-    h->charged = deferred ? 0 : bytes;
-    h->deferred = deferred;
     h->cat = (int)cat;
     h->how = how;
     h->raw = raw;
     h->mapped = mapped;
     h->owner = how == BY_POOL ? lg->pool : NULL;
-    charge(lg, cat, (int64_t)h->charged);
+    charge(lg, cat, (int64_t)bytes);
     if (how == BY_POOL) bound_pool(lg);
 #if defined(__SANITIZE_ADDRESS__)
     if (!zero && how != BY_PLAN) memset(p, 0xff, bytes); /* NaN: a read of unwritten memory */
@@ -186,33 +175,18 @@ static void *alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes, int zero, int 
 }
 
 void *sbp_ledger_alloc(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes) {
-    return alloc(lg, cat, bytes, 1, 0);
+    return alloc(lg, cat, bytes, 1);
 }
 
 void *sbp_ledger_alloc_raw(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes) {
-    return alloc(lg, cat, bytes, 0, 0);
-}
-
-void *sbp_ledger_alloc_deferred(sbp_ledger *lg, sbp_mem_cat cat, size_t bytes) {
-    return alloc(lg, cat, bytes, 1, 1);
-}
-
-void sbp_ledger_commit(sbp_ledger *lg, void *p, size_t bytes) {
-    if (!p) return;
-    block_header *h = (block_header *)((char *)p - HEADER);
-    const size_t left = h->bytes - h->charged, more = bytes < left ? bytes : left;
-    if (!h->deferred || more == 0) return;
-    h->charged += more;
-    charge(lg, (sbp_mem_cat)h->cat, (int64_t)more);
-    /* in use plus the pool's cached pages may now pass the recorded peak */
-    if (lg && lg->pool && !pool_closing(lg->pool)) bound_pool(lg);
+    return alloc(lg, cat, bytes, 0);
 }
 
 void sbp_ledger_free(sbp_ledger *lg, void *p) {
     if (!p) return;
     block_header *h = (block_header *)((char *)p - HEADER);
     size_t bytes = h->bytes;
-    charge(lg, (sbp_mem_cat)h->cat, -(int64_t)h->charged);
+    charge(lg, (sbp_mem_cat)h->cat, -(int64_t)bytes);
     if (h->how == BY_PLAN) {
         size_t page = (size_t)sysconf(_SC_PAGESIZE);
         munmap((char *)p - page, page + bytes);

@@ -161,15 +161,13 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
     r.g = ealloc(e, SBP_MEM_LAYER, BTC, "hidden-state gradient");
     if (e->oom) goto out;
     e->ops->zero(e, r.g, BTC); /* the head adds dH into it */
-    grads_arrive(e, GRADS_HEAD);
     if (!head_step(e, loss, r.g, r.xL, b, h)) goto out;
     efree(e, r.xL);
     r.xL = NULL;
 
     /* backward */
     if (!pass_begin(e, &r, row, c, 1)) goto out;
-    for (int l = L - 1; l >= 0; l--) {
-        grads_arrive(e, l);
+    for (int l = L - 1; l >= 0; l--)
         for (int bi = 0; bi < B; bi++) {
             layer_run lr = layer_at(e, &r, row, b, l, bi);
             lr.y = NULL;
@@ -183,9 +181,7 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
             kv_backward(e, &lr); /* the K/V side, for all T */
             if (row->keep_all) kv_acts_free(e, lr.kv), chunk_acts_free(e, lr.acts);
         }
-    }
     pass_end(e, &r, row);
-    if (e->gemb) grads_arrive(e, GRADS_EMBEDDING);
     for (int bi = 0; bi < B && e->gemb; bi++) /* no gradient for a frozen embedding */
         e->ops->embedding_backward(e, e->gemb, r.g + bi * (size_t)T * e->C, e->ids + (size_t)bi * T,
                                    T);

@@ -66,8 +66,6 @@ struct eng {
     const int32_t *ids;    /* (B, T) input ids */
     const uint8_t *mask;   /* (B, T) attention mask */
     const int32_t *tgt;    /* (B, T) the target predicted at t: labels[b][t+1], or −1 */
-    const sbp_params *gps; /* what the gradient slab holds: the model's tensors or an adapter's */
-    void *gslab;           /* the host's gradient slab (a ledger block), or NULL */
 };
 
 /* n reals (ealloc) or bytes charged to cat through the table, uninitialised; NULL when out of
@@ -75,13 +73,6 @@ struct eng {
 real *ealloc(eng *e, sbp_mem_cat cat, size_t n, const char *what);
 void *ealloc_bytes(eng *e, sbp_mem_cat cat, size_t bytes, const char *what);
 void efree(eng *e, void *p);
-
-/* The gradients of one part of the model are about to be written: charged to the ledger from
- * here on where the slab is a deferred block (sbp_ledger_alloc_deferred; elsewhere nothing
- * happens). Parts: layer l >= 0; GRADS_HEAD, the final norm and the LM head (and the embedding
- * when the head is tied to it); GRADS_EMBEDDING, an untied embedding. */
-enum { GRADS_HEAD = -1, GRADS_EMBEDDING = -2 };
-void grads_arrive(eng *e, int part);
 
 /* ---- the buffers of a layer (steps/buffers.c) ------------------------------------------------ */
 

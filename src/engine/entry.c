@@ -86,11 +86,10 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
              .unattended = o->unattended,
              .lora_r = o->lora ? o->lora->cfg.r : 0,
              .lora_s = o->lora ? (real)sbp_lora_scaling(&o->lora->cfg) : 0,
-             .lg = lg,
-             .gps = o->lora ? &o->lora->params : &m->params,
-             .gslab = grads};
+             .lg = lg};
     const sbp_ops *op = e.ops;
-    const size_t BT = (size_t)b->B * b->T, n_params = (size_t)e.gps->total;
+    const sbp_params *gps = o->lora ? &o->lora->params : &m->params; /* what the grads hold */
+    const size_t BT = (size_t)b->B * b->T, n_params = (size_t)gps->total;
     const size_t slab = (size_t)e.elem_bytes * n_params;
     const size_t wslab = (size_t)e.elem_bytes * (size_t)m->params.total;
     char msg[640] = "";

@@ -25,10 +25,6 @@ typedef struct {
 /* Applies defaults and clamping to the user's options for a batch of T tokens. */
 sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, int T, sbp_err *err);
 
-/* 1 when a step of n_batches micro-batches charges its gradient slab whole from the start, 0 when
- * part by part as the backward reaches each (grad.c says why) */
-int sbp_grads_whole(const sbp_engine_opts *eo, int n_batches);
-
 /* loss: added to (the objective's loss); grads: (params.total) reals of the model's precision,
  * added to (zeroed by the caller for a fresh step). */
 sbp_status sbp_engine_grad_f32(double *loss, void *grads, const sbp_model *m, const sbp_batch *b,

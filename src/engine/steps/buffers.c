@@ -16,25 +16,6 @@ void efree(eng *e, void *p) {
     if (p) e->ops->free(e, p);
 }
 
-/* the bytes of part (engine.h) in the gradient slab */
-static size_t part_bytes(const eng *e, int part) {
-    int64_t n = 0;
-    for (int i = 0; i < e->gps->n; i++) {
-        const sbp_param *p = &e->gps->p[i];
-        const int embedding = p->kind == SBP_P_EMBED;
-        if (part >= 0            ? p->layer == part
-            : part == GRADS_HEAD ? p->kind == SBP_P_FINAL_NORM || p->kind == SBP_P_LM_HEAD ||
-                                       (embedding && e->cfg->tied)
-                                 : embedding && !e->cfg->tied)
-            n += p->numel;
-    }
-    return (size_t)e->elem_bytes * (size_t)n;
-}
-
-void grads_arrive(eng *e, int part) {
-    if (e->gslab) sbp_ledger_commit(e->lg, e->gslab, part_bytes(e, part));
-}
-
 int kv_acts_alloc(eng *e, kv_acts *a, sbp_mem_cat cat) {
     const size_t T = (size_t)e->T;
     memset(a, 0, sizeof *a);
