@@ -62,23 +62,25 @@ done
 python3 - "$raw" "$rounds" <<'EOF'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
-# round lib threads layers head whole square repeat threads-inv
+# round lib threads layers head whole square repeat rows threads-inv
 by = {}
 for r in rows:
     by.setdefault((r[1], int(r[2])), []).append(r)
 print("GFLOP/s, median of %s interleaved rounds; ratio: the median over rounds of lib / OpenBLAS"
       % sys.argv[2])
-print("%-9s %3s %9s %9s %9s %9s %8s %7s %7s" % ("BLAS", "thr", "layers", "lm_head",
-      "whole", "2048^3", "ratio", "repeat", "1-vs-N"))
+print("%-9s %3s %9s %9s %9s %9s %8s %7s %7s %7s" % ("BLAS", "thr", "layers", "lm_head",
+      "whole", "2048^3", "ratio", "repeat", "rows", "1-vs-N"))
 for (lib, t), rs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0] != "openblas", kv[0][0])):
     med = [statistics.median(float(r[i]) for r in rs) for i in (3, 4, 5, 6)]
     base = {r[0]: float(r[3]) for r in by[("openblas", t)]}
     ratio = statistics.median(float(r[3]) / base[r[0]] for r in rs)
     rep = "same" if all(r[7] == "same" for r in rs) else "DIFFER"
-    inv = "-" if t == 1 else "same" if all(r[8] == "same" for r in rs) else "DIFFER"
-    print("%-9s %3d %9.1f %9.1f %9.1f %9.1f %8.3f %7s %7s" % (lib, t, *med, ratio, rep, inv))
+    rows = "same" if all(r[8] == "same" for r in rs) else "DIFFER"
+    inv = "-" if t == 1 else "same" if all(r[9] == "same" for r in rs) else "DIFFER"
+    print("%-9s %3d %9.1f %9.1f %9.1f %9.1f %8.3f %7s %7s %7s" % (lib, t, *med, ratio, rep, rows,
+                                                                inv))
 print("layers: the seven projections of every layer, forward, dW and dx, per 256-token block as"
       " the fast mode issues them; lm_head: the same for the vocabulary projection; whole: one"
       " T-row call per projection shape; repeat / 1-vs-N: the same bits on a second identical"
-      " call / at 1 thread")
+      " call / at 1 thread; rows: one T-row call gives each row the per-block calls' bits")
 EOF

@@ -12,7 +12,12 @@
  *   threads — a block's products give the same bits at 1 and at N threads (the tests compare
  *             1 against 2 threads).
  * A library that fails either cannot be a drop-in for OpenBLAS without weakening README
- * "Exactness".
+ * "Exactness". And a third, which the fast mode does not rely on:
+ *   rows    — one call over all T rows gives every row the bits that the per-block calls give
+ *             it (forward and dx, on one thread, on the largest layer shape and the lm_head).
+ * Where it holds, a whole-sequence call could replace the per-block ones (measured ~10% faster
+ * on one thread, README "Performance"); where it does not, full BP's single call and StreamBP's
+ * per-chunk calls would disagree.
  *
  * Usage: blas_rates NAME THREADS [C Q KV F V LAYERS T]   (default: the bench model, T = 2048)
  *        blas_rates --core   (the OpenBLAS build: the kernels OpenBLAS chose) */
@@ -179,9 +184,25 @@ int main(int argc, char **argv) {
     const int thread_inv = !memcmp(ref[0], got[0], ny * 4) && !memcmp(ref[1], got[1], nw * 4) &&
                            !memcmp(ref[2], got[2], nx * 4);
 
-    printf("%-9s %d  %7.1f %7.1f %7.1f %7.1f   %-6s %s\n", name, threads,
+    /* rows: y and dx from one T-row call against the per-block calls above (ref, one thread) */
+    int rows_inv = 1;
+    for (int sh = 0; sh < 2; sh++) {
+        const int n = sh ? V : F;
+        const size_t nyy = T * (size_t)n;
+        float *yb = operand(nyy, 11), *yw = operand(nyy, 11), *xb = operand(nx, 12),
+              *xw = operand(nx, 12), *db = operand((size_t)n * K, 13);
+        block_products(yb, db, xb, x, dy, w, md.T, n, K);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, md.T, n, K, 1, x, K, w, K, 0, yw, n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, md.T, K, n, 1, dy, n, w, K, 1, xw,
+                    K);
+        rows_inv = rows_inv && !memcmp(yb, yw, nyy * 4) && !memcmp(xb, xw, nx * 4);
+        free(yb), free(yw), free(xb), free(xw), free(db);
+    }
+
+    printf("%-9s %d  %7.1f %7.1f %7.1f %7.1f   %-6s %-6s %s\n", name, threads,
            flop_layers / t_layers * 1e-9, flop_head / t_head * 1e-9, flop_whole / t_whole * 1e-9,
            2.0 * 2048 * 2048 * 2048 / t_square * 1e-9, repeat ? "same" : "DIFFER",
+           rows_inv ? "same" : "DIFFER",
            threads == 1 ? "-"
            : thread_inv ? "same"
                         : "DIFFER");
