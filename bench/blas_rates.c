@@ -184,7 +184,9 @@ int main(int argc, char **argv) {
     const int thread_inv = !memcmp(ref[0], got[0], ny * 4) && !memcmp(ref[1], got[1], nw * 4) &&
                            !memcmp(ref[2], got[2], nx * 4);
 
-    /* rows: y and dx from one T-row call against the per-block calls above (ref, one thread) */
+    /* rows: y and dx from one T-row call against per-block calls on the same operands (one
+     * thread, set above); the lm_head case holds two more T × V products (~0.5 GB at the bench
+     * model) */
     int rows_inv = 1;
     for (int sh = 0; sh < 2; sh++) {
         const int n = sh ? V : F;
