@@ -394,12 +394,12 @@ int sbp_device_parse(const char *s, sbp_device *out); /* 1 on success */
  * known when a run starts). */
 int sbp_device_built(sbp_device d);
 
-#define SBP_DEFAULT_BLOCK 256
+#define SBP_DEFAULT_BLOCK 512
 
 typedef struct {
     sbp_schedule schedule;
     int block;               /* token block of every token reduction; 0 = SBP_DEFAULT_BLOCK */
-    int chunk;               /* stream: rows per layer chunk; 0 = 4 blocks; clamped to T */
+    int chunk;               /* stream: rows per layer chunk; 0 = 2 blocks; clamped to T */
     int logit_chunk;         /* rows per logits pass; 0 = one block (stream) or T (full, ckpt) */
     int chunked_logits;      /* full/ckpt: use logit_chunk instead of materialising B*T*V logits */
     sbp_objective objective; /* zero-initialised: SFT */

@@ -283,8 +283,11 @@ START_TEST(budget_finds_the_boundary) {
         const char *name = cJSON_GetObjectItemCaseSensitive(row, "schedule")->valuestring;
         int T = (int)json_int(row, "T");
         const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(row, "bytes_at_peak");
-        sbp_plan_opts o = {
-            .grad = {.block = 256, .chunk = 1024, .logit_chunk = 256}, .B = 1, .storage_bytes = 4};
+        sbp_plan_opts o = {.grad = {.block = SBP_DEFAULT_BLOCK,
+                                    .chunk = 2 * SBP_DEFAULT_BLOCK,
+                                    .logit_chunk = SBP_DEFAULT_BLOCK},
+                           .B = 1,
+                           .storage_bytes = 4};
         if (!strcmp(name, "full"))
             o.grad.schedule = SBP_FULL;
         else if (!strcmp(name, "ckpt"))

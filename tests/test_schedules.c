@@ -104,7 +104,7 @@ START_TEST(bitwise_wide_vocab) {
 }
 END_TEST
 
-/* Default options (block 256 > T): one block, one chunk; still all three identical. */
+/* Default options (block 512 > T): one block, one chunk; still all three identical. */
 START_TEST(bitwise_defaults) {
     sbp_model m;
     sbp_batch b;

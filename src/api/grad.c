@@ -92,7 +92,7 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
         return sbp_fail(err, SBP_EUSAGE,
                         "block, chunk and logit chunk must be positive (got %d, %d, %d)",
                         opts->block, opts->chunk, opts->logit_chunk);
-    if (opts->block > SBP_MAX_BLOCK) /* also keeps the default chunk, 4 blocks, within int */
+    if (opts->block > SBP_MAX_BLOCK) /* also keeps the default chunk, 2 blocks, within int */
         return sbp_fail(err, SBP_EUSAGE, "block %d is larger than the supported %d", opts->block,
                         SBP_MAX_BLOCK);
     if ((unsigned)opts->schedule > SBP_STREAM)
@@ -121,7 +121,7 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
     eo->lora = opts->lora;
     eo->emulate_bf16 = opts->emulate_bf16;
     eo->block = opts->block ? opts->block : SBP_DEFAULT_BLOCK;
-    eo->chunk = clamp(opts->chunk ? opts->chunk : 4 * eo->block, T);
+    eo->chunk = clamp(opts->chunk ? opts->chunk : 2 * eo->block, T);
     eo->materialise = opts->schedule != SBP_STREAM && !opts->chunked_logits;
     eo->logit_chunk = clamp(opts->logit_chunk ? opts->logit_chunk : eo->block, T);
     if (eo->materialise) eo->logit_chunk = T;

@@ -40,7 +40,7 @@ static const char usage[] =
     "  --warmup N         untimed rounds before the timed ones (default 1 up to T = 4096, then\n"
     "                     0: a step at T > 4096 is then the process's first, its buffers\n"
     "                     faulted in; give --warmup 1 to compare warm steps at any T)\n"
-    "  --block N, --chunk N, --logit-chunk N   as for grad (defaults 256, 1024, 256)\n"
+    "  --block N, --chunk N, --logit-chunk N   as for grad (defaults 512, 1024, 512)\n"
     "  --largest SIZE     instead: the largest T of each schedule under SIZE (e.g. 512M), found\n"
     "                     with the planner and confirmed by a real step\n"
     "  --device D         cpu | cuda | cuda-emu (default cpu); on a CUDA device the portable\n"
@@ -355,7 +355,8 @@ int cmd_bench(int argc, char **argv) {
         {"csv", no_argument, 0, 'v'},           {"json", no_argument, 0, 'j'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     const char *model = NULL, *config = NULL, *sched = "full,ckpt,stream";
-    int seqs[32], n_seqs = 0, threads = 2, reps = 0, block = 256, chunk = 1024, lchunk = 256;
+    int seqs[32], n_seqs = 0, threads = 2, reps = 0, block = SBP_DEFAULT_BLOCK,
+                  chunk = 2 * SBP_DEFAULT_BLOCK, lchunk = SBP_DEFAULT_BLOCK;
     int warmup = -1; /* -1: the default, by T */
     int csv = 0, json = 0, train = 1, c;
     int numerics = 0; /* bit set of 1 << sbp_numerics; 0: the default */

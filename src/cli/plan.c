@@ -40,9 +40,9 @@ static const char usage[] =
     "                     B*T*V logits as the HF baseline does, ckpt-chunked does not\n"
     "  --storage S        bf16 | fp32: bytes per stored element (default fp32)\n"
     "  --optimizer        also count AdamW's two fp32 moments per trained parameter\n"
-    "  --block N          token block (default 256)\n"
+    "  --block N          token block (default 512)\n"
     "  --chunk N          stream chunk (default 1024)\n"
-    "  --logit-chunk N    rows per logits pass (default 256)\n"
+    "  --logit-chunk N    rows per logits pass (default 512)\n"
     "  --json             JSON instead of the table\n"
     "  --csv              CSV rows (schedule, T, bytes per category at the peak, total)\n";
 
@@ -428,7 +428,11 @@ int cmd_plan(int argc, char **argv) {
                                          {"csv", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    plan_setup s = {.B = 1, .storage = 4, .block = 256, .chunk = 1024, .logit_chunk = 256};
+    plan_setup s = {.B = 1,
+                    .storage = 4,
+                    .block = SBP_DEFAULT_BLOCK,
+                    .chunk = 2 * SBP_DEFAULT_BLOCK,
+                    .logit_chunk = SBP_DEFAULT_BLOCK};
     const char *config = NULL, *model = NULL, *sched = NULL, *targets = NULL;
     int T = 0, json = 0, csv = 0, paper_mode = 0, other = 0, c;
     int64_t budget = 0;

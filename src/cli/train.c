@@ -82,7 +82,7 @@ static const char usage[] =
     "engine (these may change when resuming)\n"
     "  --schedule S         full | ckpt | stream (default stream)\n"
     "  --chunk N, --logit-chunk N, --chunked-logits   as for grad\n"
-    "  --block N            token block (default 256); the gradient's bits depend on it\n"
+    "  --block N            token block (default 512); the gradient's bits depend on it\n"
     "  --threads N          OpenMP/OpenBLAS threads (default: all cores)\n"
     "output\n"
     "  --out DIR            run directory (created; must not hold another run)\n"

@@ -29,7 +29,7 @@ static const char usage[] =
     "  --precision-of-theirs P  fp32 | bf16 | fp64 (default fp32); bf16 is measured with our\n"
     "                           float32 engine emulating pure-bf16 training\n"
     "  --slack X                budget factor (default 4)\n"
-    "  --block N                token block of our runs (default 256)\n"
+    "  --block N                token block of our runs (default 512)\n"
     "  --no-ref                 float64 full BP as the truth (ref/ is naive: for large models)\n"
     "  --json                   JSON instead of the table\n"
     "Exit status: 0 every tensor passes, 1 one fails, 2 usage or input error.\n"
