@@ -395,11 +395,14 @@ int sbp_device_parse(const char *s, sbp_device *out); /* 1 on success */
 int sbp_device_built(sbp_device d);
 
 #define SBP_DEFAULT_BLOCK 512
+/* The stream chunk when none is given: two blocks (1024 tokens at the default block). The logits
+ * chunk's default is one block. */
+#define SBP_DEFAULT_CHUNK(block) (2 * (block))
 
 typedef struct {
     sbp_schedule schedule;
     int block;               /* token block of every token reduction; 0 = SBP_DEFAULT_BLOCK */
-    int chunk;               /* stream: rows per layer chunk; 0 = 2 blocks; clamped to T */
+    int chunk;               /* stream: rows per layer chunk; 0 = SBP_DEFAULT_CHUNK; clamped to T */
     int logit_chunk;         /* rows per logits pass; 0 = one block (stream) or T (full, ckpt) */
     int chunked_logits;      /* full/ckpt: use logit_chunk instead of materialising B*T*V logits */
     sbp_objective objective; /* zero-initialised: SFT */

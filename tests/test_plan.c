@@ -284,7 +284,7 @@ START_TEST(budget_finds_the_boundary) {
         int T = (int)json_int(row, "T");
         const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(row, "bytes_at_peak");
         sbp_plan_opts o = {.grad = {.block = SBP_DEFAULT_BLOCK,
-                                    .chunk = 2 * SBP_DEFAULT_BLOCK,
+                                    .chunk = SBP_DEFAULT_CHUNK(SBP_DEFAULT_BLOCK),
                                     .logit_chunk = SBP_DEFAULT_BLOCK},
                            .B = 1,
                            .storage_bytes = 4};

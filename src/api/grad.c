@@ -121,7 +121,7 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
     eo->lora = opts->lora;
     eo->emulate_bf16 = opts->emulate_bf16;
     eo->block = opts->block ? opts->block : SBP_DEFAULT_BLOCK;
-    eo->chunk = clamp(opts->chunk ? opts->chunk : 2 * eo->block, T);
+    eo->chunk = clamp(opts->chunk ? opts->chunk : SBP_DEFAULT_CHUNK(eo->block), T);
     eo->materialise = opts->schedule != SBP_STREAM && !opts->chunked_logits;
     eo->logit_chunk = clamp(opts->logit_chunk ? opts->logit_chunk : eo->block, T);
     if (eo->materialise) eo->logit_chunk = T;

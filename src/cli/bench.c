@@ -40,7 +40,7 @@ static const char usage[] =
     "  --warmup N         untimed rounds before the timed ones (default 1 up to T = 4096, then\n"
     "                     0: a step at T > 4096 is then the process's first, its buffers\n"
     "                     faulted in; give --warmup 1 to compare warm steps at any T)\n"
-    "  --block N, --chunk N, --logit-chunk N   as for grad (defaults 512, 1024, 512)\n"
+    "  --block N, --chunk N, --logit-chunk N   as for grad (defaults 512, 2 blocks, 1 block)\n"
     "  --largest SIZE     instead: the largest T of each schedule under SIZE (e.g. 512M), found\n"
     "                     with the planner and confirmed by a real step\n"
     "  --device D         cpu | cuda | cuda-emu (default cpu); on a CUDA device the portable\n"
@@ -355,8 +355,9 @@ int cmd_bench(int argc, char **argv) {
         {"csv", no_argument, 0, 'v'},           {"json", no_argument, 0, 'j'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     const char *model = NULL, *config = NULL, *sched = "full,ckpt,stream";
-    int seqs[32], n_seqs = 0, threads = 2, reps = 0, block = SBP_DEFAULT_BLOCK,
-                  chunk = 2 * SBP_DEFAULT_BLOCK, lchunk = SBP_DEFAULT_BLOCK;
+    /* chunk, lchunk 0: the engine's defaults for the block, set after the options */
+    int seqs[32], n_seqs = 0, threads = 2, reps = 0, block = SBP_DEFAULT_BLOCK, chunk = 0,
+                  lchunk = 0;
     int warmup = -1; /* -1: the default, by T */
     int csv = 0, json = 0, train = 1, c;
     int numerics = 0; /* bit set of 1 << sbp_numerics; 0: the default */
@@ -425,6 +426,8 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "streambp bench: give at most one of --model and --config\n%s", usage);
         return EXIT_USAGE;
     }
+    if (!chunk) chunk = SBP_DEFAULT_CHUNK(block);
+    if (!lchunk) lchunk = block;
     int use[PLAN_N_SCHEDULES];
     if (!plan_parse_schedules("bench", sched, use)) return EXIT_USAGE;
     if (!n_seqs) {

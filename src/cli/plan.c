@@ -41,8 +41,8 @@ static const char usage[] =
     "  --storage S        bf16 | fp32: bytes per stored element (default fp32)\n"
     "  --optimizer        also count AdamW's two fp32 moments per trained parameter\n"
     "  --block N          token block (default 512)\n"
-    "  --chunk N          stream chunk (default 1024)\n"
-    "  --logit-chunk N    rows per logits pass (default 512)\n"
+    "  --chunk N          stream chunk (default 2 blocks)\n"
+    "  --logit-chunk N    rows per logits pass (default one block)\n"
     "  --json             JSON instead of the table\n"
     "  --csv              CSV rows (schedule, T, bytes per category at the peak, total)\n";
 
@@ -428,11 +428,8 @@ int cmd_plan(int argc, char **argv) {
                                          {"csv", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    plan_setup s = {.B = 1,
-                    .storage = 4,
-                    .block = SBP_DEFAULT_BLOCK,
-                    .chunk = 2 * SBP_DEFAULT_BLOCK,
-                    .logit_chunk = SBP_DEFAULT_BLOCK};
+    /* chunk, logit chunk 0: the engine's defaults for the block, set after the options */
+    plan_setup s = {.B = 1, .storage = 4, .block = SBP_DEFAULT_BLOCK};
     const char *config = NULL, *model = NULL, *sched = NULL, *targets = NULL;
     int T = 0, json = 0, csv = 0, paper_mode = 0, other = 0, c;
     int64_t budget = 0;
@@ -488,6 +485,8 @@ int cmd_plan(int argc, char **argv) {
         default: fputs(usage, stderr); return EXIT_USAGE;
         }
     }
+    if (!s.chunk) s.chunk = SBP_DEFAULT_CHUNK(s.block);
+    if (!s.logit_chunk) s.logit_chunk = s.block;
     sbp_err err = {0};
     char data[512];
     if (paper_mode) {
