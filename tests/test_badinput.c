@@ -814,25 +814,28 @@ END_TEST
 
 /* bench --warmup: 0..15, else a usage error naming it. With one schedule and a warm-up, one
  * process times the steps and reports their memory: one CSV row of one timed run, its ledger
- * peak the planner's, its RSS above that. */
+ * peak the planner's, its RSS above that, its fraction of sgemm over the sgemm rates timed
+ * before and after that process. */
 START_TEST(option_bench_warmup) {
     static const char *const bad[] = {"-1", "16", "x", "1x", ""};
     for (int i = 0; i < 5; i++)
         check_run(run_cli("bench --model '%s' --seq 16 --warmup '%s'", good_model(), bad[i]), 2,
                   (const char *const[]){"--warmup", "0..15", NULL});
-    check_run(
-        run_cli("bench --model '%s' --seq 16 --warmup 1 --reps 1 --schedules full "
-                "--numerics fast --no-train --csv",
-                good_model()),
-        0,
-        (const char *const[]){"1 warm-up and 1 timed round of 1 schedule, and its memory", NULL});
+    check_run(run_cli("bench --model '%s' --seq 16 --warmup 1 --reps 1 --schedules full "
+                      "--numerics fast --no-train --csv",
+                      good_model()),
+              0,
+              (const char *const[]){"1 warm-up and 1 timed round of 1 schedule, and its memory",
+                                    "sgemm rate", " before, ", " after", NULL});
     char sched[16], num[16];
     int T = 0, runs = 0;
+    double pct = 0;
     long long ledger = 0, plan = 0, rss = 0;
     const char *row = strchr(last_stdout, '\n');
-    ck_assert_msg(row && sscanf(row + 1, "%d,%15[^,],%15[^,],%d,%*f,%*f,%*f,%*f,%*f,%lld,%lld,%lld",
-                                &T, sched, num, &runs, &ledger, &plan, &rss) == 7,
+    ck_assert_msg(row && sscanf(row + 1, "%d,%15[^,],%15[^,],%d,%*f,%*f,%*f,%lf,%*f,%lld,%lld,%lld",
+                                &T, sched, num, &runs, &pct, &ledger, &plan, &rss) == 8,
                   "%s", last_stdout);
+    ck_assert_msg(isfinite(pct) && pct > 0, "%s", last_stdout);
     ck_assert_int_eq(T, 16);
     ck_assert_str_eq(sched, "full");
     ck_assert_int_eq(runs, 1);

@@ -140,22 +140,29 @@ static double sgemm_once(const sgemm_set *g, int s, int portable) {
     return 2.0 * M * N * K / (now_seconds() - t0) / 1e9;
 }
 
-/* The mean of the three products' rates, each timed once: the steps' timing rounds call it after
- * every round, so that the fraction of sgemm compares two things timed seconds apart on a
- * machine whose speed drifts. */
+/* The median of three readings, each the mean of the three products' rates timed once: the
+ * steps' timing rounds call it after every round, so that the fraction of sgemm compares two
+ * things timed seconds apart on a machine whose speed drifts. One reading alone is not the
+ * round's rate: on a shared 2-vCPU VM consecutive readings (0.6 s each, 1 thread) have ranged
+ * 76-143 GFLOP/s within ten seconds. */
 static double sgemm_round(const sgemm_set *g) {
-    double sum = 0;
-    for (int s = 0; s < 3; s++) sum += sgemm_once(g, s, 0);
-    return sum / 3;
+    double r[3];
+    for (int i = 0; i < 3; i++) {
+        r[i] = 0;
+        for (int s = 0; s < 3; s++) r[i] += sgemm_once(g, s, 0) / 3;
+    }
+    const double lo = fmin(r[0], fmin(r[1], r[2])), hi = fmax(r[0], fmax(r[1], r[2]));
+    return r[0] + r[1] + r[2] - lo - hi;
 }
 
 typedef struct {
     int threads;
     int M, C, F, V;
+    int portable; /* time the portable product too */
 } sgemm_arg;
 
-/* The run's sgemm rate and the portable product's: per product the median of 7 calls after a
- * warm-up call. */
+/* The run's sgemm rate and (if asked) the portable product's: per product the median of 7 calls
+ * after a warm-up call. */
 static void sgemm_child(child_result *r, const void *p) {
     const sgemm_arg *a = p;
     sbp_set_threads(a->threads);
@@ -166,7 +173,7 @@ static void sgemm_child(child_result *r, const void *p) {
         return;
     }
     for (int s = 0; s < 3; s++) {
-        for (int portable = 0; portable < 2; portable++) {
+        for (int portable = 0; portable <= a->portable; portable++) {
             double best[7];
             for (int rep = 0; rep < 8; rep++) { /* interleaved with nothing: one product each */
                 const double rate = sgemm_once(&g, s, portable);
@@ -468,11 +475,17 @@ int cmd_bench(int argc, char **argv) {
 
     sbp_set_threads(threads); /* the steps run in children; the FLOP count reads it here */
     child_result sg;
-    sgemm_arg sa = {.threads = threads, .M = 2048, .C = cfg.hidden, .F = cfg.ffn, .V = cfg.vocab};
+    sgemm_arg sa = {.threads = threads,
+                    .M = 2048,
+                    .C = cfg.hidden,
+                    .F = cfg.ffn,
+                    .V = cfg.vocab,
+                    .portable = 1};
     fprintf(stderr, "streambp bench: measuring the sgemm rate...\n");
     in_child(&sg, sgemm_child, &sa);
     double sgemm = sg.ok ? (sg.times[0][0] + sg.times[0][1] + sg.times[0][2]) / 3 : NAN;
     double pgemm = sg.ok ? (sg.times[1][0] + sg.times[1][1] + sg.times[1][2]) / 3 : NAN;
+    double before = sgemm; /* the latest run-level sgemm reading */
 
     if (!json && !csv) {
         printf("streambp bench: %s (%s, C=%d, L=%d, heads %d/%d, F=%d, V=%d, %.1fM parameters), "
@@ -584,6 +597,20 @@ int cmd_bench(int argc, char **argv) {
         }
         for (int q = 0; solo && q < 2 * PLAN_N_SCHEDULES; q++)
             if (mem[q].ok) mem[q] = tr; /* its ledger, RSS and loss */
+        /* a schedule timed alone: its fraction is over the mean of the sgemm rates timed just
+         * before its process and just after (the run's own, or the previous T's after) */
+        double solo_sgemm = NAN;
+        if (solo && timing.n && device == SBP_DEVICE_CPU && isfinite(before)) {
+            child_result after;
+            sa.portable = 0;
+            in_child(&after, sgemm_child, &sa);
+            if (after.ok) {
+                const double a = (after.times[0][0] + after.times[0][1] + after.times[0][2]) / 3;
+                fprintf(stderr, "  T = %d: sgemm rate %.1f GFLOP/s before, %.1f after\n", seqs[si],
+                        before, a);
+                solo_sgemm = (before + a) / 2, before = a;
+            }
+        }
         for (int q = 0; q < 2 * PLAN_N_SCHEDULES; q++) {
             const int k = q % PLAN_N_SCHEDULES;
             if (!use[k] || !mem[q].ok) continue;
@@ -591,9 +618,10 @@ int cmd_bench(int argc, char **argv) {
             int nt = timed ? tr.n_times : 1;
             sbp_grad_opts g = timing.g[kidx[q]];
             double of_sgemm = NAN, ratio[16];
-            if (timed && tr.sgemm[0] > 0) {
+            if (timed && (tr.sgemm[0] > 0 || isfinite(solo_sgemm))) {
                 const double flop = sbp_step_flops(&cfg, 1, Ts[q], &g);
-                for (int i = 0; i < nt; i++) ratio[i] = flop / tv[i] / 1e9 / tr.sgemm[i];
+                for (int i = 0; i < nt; i++)
+                    ratio[i] = flop / tv[i] / 1e9 / (solo ? solo_sgemm : tr.sgemm[i]);
                 of_sgemm = median(ratio, nt);
             }
             emit(&out, &cfg, kinds[k].name, Ts[q], &g, median(tv, nt), nt, of_sgemm, &mem[q],
@@ -657,7 +685,10 @@ int cmd_bench(int argc, char **argv) {
                 "train-stream-lora: the same for a LoRA adapter r 32 on every linear layer, the "
                 "base frozen; GFLOP counts the step's matrix products; %%sgemm: the median over "
                 "the rounds of the step's GFLOP/s over the sgemm rate timed in the same round "
-                "(one schedule timed alone, and the training rows: over the run's sgemm rate))\n");
+                "(the median of three readings right after it; one schedule timed alone: over the "
+                "mean of the rates timed just before and just after its process; the training "
+                "rows: over "
+                "the run's sgemm rate))\n");
     }
     if (dir[0]) {
         char p[1200];
