@@ -161,6 +161,13 @@ typedef struct {
     int portable; /* time the portable product too */
 } sgemm_arg;
 
+/* A run-level sgemm reading from sgemm_child: the mean of the three products' medians (NaN if
+ * the child failed). */
+static double sgemm_reading(const child_result *r, int portable) {
+    return r->ok ? (r->times[portable][0] + r->times[portable][1] + r->times[portable][2]) / 3
+                 : NAN;
+}
+
 /* The run's sgemm rate and (if asked) the portable product's: per product the median of 7 calls
  * after a warm-up call. */
 static void sgemm_child(child_result *r, const void *p) {
@@ -483,8 +490,7 @@ int cmd_bench(int argc, char **argv) {
                     .portable = 1};
     fprintf(stderr, "streambp bench: measuring the sgemm rate...\n");
     in_child(&sg, sgemm_child, &sa);
-    double sgemm = sg.ok ? (sg.times[0][0] + sg.times[0][1] + sg.times[0][2]) / 3 : NAN;
-    double pgemm = sg.ok ? (sg.times[1][0] + sg.times[1][1] + sg.times[1][2]) / 3 : NAN;
+    const double sgemm = sgemm_reading(&sg, 0), pgemm = sgemm_reading(&sg, 1);
     double before = sgemm; /* the latest run-level sgemm reading */
 
     if (!json && !csv) {
@@ -604,8 +610,8 @@ int cmd_bench(int argc, char **argv) {
             child_result after;
             sa.portable = 0;
             in_child(&after, sgemm_child, &sa);
-            if (after.ok) {
-                const double a = (after.times[0][0] + after.times[0][1] + after.times[0][2]) / 3;
+            const double a = sgemm_reading(&after, 0);
+            if (isfinite(a)) {
                 fprintf(stderr, "  T = %d: sgemm rate %.1f GFLOP/s before, %.1f after\n", seqs[si],
                         before, a);
                 solo_sgemm = (before + a) / 2, before = a;
@@ -687,8 +693,7 @@ int cmd_bench(int argc, char **argv) {
                 "the rounds of the step's GFLOP/s over the sgemm rate timed in the same round "
                 "(the median of three readings right after it; one schedule timed alone: over the "
                 "mean of the rates timed just before and just after its process; the training "
-                "rows: over "
-                "the run's sgemm rate))\n");
+                "rows: over the run's sgemm rate))\n");
     }
     if (dir[0]) {
         char p[1200];
