@@ -61,10 +61,12 @@ void linear_backward(real *dx,       /* (e-s, K) or NULL */
                      int s, int e, int N, int K);
 
 /* fast (blas/linear.c): the same on OpenBLAS, one single-threaded call per tile of a fixed grid
- * (global token blocks of blk rows, panels of BLAS_LINEAR_N_PANEL output and BLAS_LINEAR_K_PANEL
- * input features), the tiles shared among the OpenMP threads */
-#define BLAS_LINEAR_N_PANEL 1024
-#define BLAS_LINEAR_K_PANEL 256
+ * (global token blocks of blk rows, panels of BLAS_LINEAR_N_PANEL output features, of
+ * BLAS_LINEAR_K_PANEL input features for dW and of BLAS_LINEAR_DX_K_PANEL for dx), the tiles
+ * shared among the OpenMP threads */
+#define BLAS_LINEAR_N_PANEL    1024
+#define BLAS_LINEAR_K_PANEL    256
+#define BLAS_LINEAR_DX_K_PANEL 512
 void blas_linear_forward(real *y, const real *x, const real *w, const real *b, int s, int e, int N,
                          int K, int blk);
 void blas_linear_backward(real *dx, real *dw, real *db, const real *dy, const real *x,

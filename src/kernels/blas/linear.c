@@ -17,13 +17,16 @@
  * packed once per tile. Output features go in panels of NP = 1024: the forward's x block and
  * dW's x columns are packed once per panel (the bench model's layers are one or two panels, the
  * LM head's 32000 are 32: measured, the LM head's forward costs ~30% more than one threaded call
- * per block did, README "Performance"). Input features go in panels of KP = 256, so that dx and
- * dW have tiles to share even where a call holds one block (StreamBP's logits chunk).
+ * per block did, README "Performance"). dW's input features go in panels of KP = 256, so that
+ * its tiles are many even where a call holds one block (StreamBP's logits chunk); dx's go in
+ * panels of XKP = 512, since each dx tile packs the whole dy block: on the LM head (dy of 512 ×
+ * 32000, K = 512) one panel instead of two made dx 9% faster (README "Performance"). The dx and
+ * dW tiles share one loop, so that a call of one block still has work for every thread.
  *
  * Shapes: x (e−s, K), w (N, K), y (e−s, N), dy (e−s, N), dx (e−s, K), dw (N, K). */
 #include "blas.h"
 
-enum { NP = BLAS_LINEAR_N_PANEL, KP = BLAS_LINEAR_K_PANEL };
+enum { NP = BLAS_LINEAR_N_PANEL, KP = BLAS_LINEAR_K_PANEL, XKP = BLAS_LINEAR_DX_K_PANEL };
 
 static int ceil_div(int a, int b) {
     return (a + b - 1) / b;
@@ -66,29 +69,29 @@ void blas_linear_forward(real *y, const real *x, const real *w, const real *b, i
 void blas_linear_backward(real *dx, real *dw, real *db, const real *dy, const real *x,
                           const real *w, int s, int e, int N, int K, int blk) {
     const int nb = n_blocks(s, e, blk), nN = ceil_div(N, NP), nK = ceil_div(K, KP);
-    /* dW[n0 : , k0 : ) += dy[r0:r1, n0 : )ᵀ · x[r0:r1, k0 : ), the blocks in ascending order */
-    if (dw)
+    const int nX = ceil_div(K, XKP), tx = dx ? nb * nX : 0, tw = dw ? nN * nK : 0;
 #pragma omp parallel for schedule(dynamic, 1)
-        for (int t = 0; t < nN * nK; t++) {
-            const size_t n0 = (size_t)(t / nK) * NP, k0 = (size_t)(t % nK) * KP;
-            for (int i = 0; i < nb; i++) {
-                int r0, r1;
-                block_rows(&r0, &r1, i, s, e, blk);
-                gemm(CblasRowMajor, CblasTrans, CblasNoTrans, panel_width(t / nK, N, NP),
-                     panel_width(t % nK, K, KP), r1 - r0, 1, dy + (size_t)(r0 - s) * N + n0, N,
-                     x + (size_t)(r0 - s) * K + k0, K, 1, dw + n0 * K + k0, K);
-            }
-        }
-    /* dx[r0:r1, k0 : ) += dy[r0:r1] · W[:, k0 : ) */
-    if (dx)
-#pragma omp parallel for schedule(dynamic, 1)
-        for (int t = 0; t < nb * nK; t++) {
+    for (int t = 0; t < tx + tw; t++) {
+        if (t < tx) {
+            /* dx[r0:r1, k0 : ) += dy[r0:r1] · W[:, k0 : ) */
             int r0, r1;
-            block_rows(&r0, &r1, t / nK, s, e, blk);
-            const size_t k0 = (size_t)(t % nK) * KP;
-            gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, panel_width(t % nK, K, KP), N,
+            block_rows(&r0, &r1, t / nX, s, e, blk);
+            const size_t k0 = (size_t)(t % nX) * XKP;
+            gemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, panel_width(t % nX, K, XKP), N,
                  1, dy + (size_t)(r0 - s) * N, N, w + k0, K, 1, dx + (size_t)(r0 - s) * K + k0, K);
+            continue;
         }
+        /* dW[n0 : , k0 : ) += dy[r0:r1, n0 : )ᵀ · x[r0:r1, k0 : ), the blocks in ascending order */
+        const int u = t - tx;
+        const size_t n0 = (size_t)(u / nK) * NP, k0 = (size_t)(u % nK) * KP;
+        for (int i = 0; i < nb; i++) {
+            int r0, r1;
+            block_rows(&r0, &r1, i, s, e, blk);
+            gemm(CblasRowMajor, CblasTrans, CblasNoTrans, panel_width(u / nK, N, NP),
+                 panel_width(u % nK, K, KP), r1 - r0, 1, dy + (size_t)(r0 - s) * N + n0, N,
+                 x + (size_t)(r0 - s) * K + k0, K, 1, dw + n0 * K + k0, K);
+        }
+    }
     if (!db) return;
     for (int r = 0; r < e - s; r++) /* ascending tokens, straight into db */
         for (int n = 0; n < N; n++) db[n] += dy[(size_t)r * N + n];
