@@ -186,13 +186,14 @@ static void lin_fwd(void *c_, double *y) {
 }
 
 /* _i bit 0: without bias; bit 1: the portable product; bit 2: N = BLAS_LINEAR_N_PANEL + 5 and
- * K = BLAS_LINEAR_DX_K_PANEL + 3 (the fast mode's tiles: whole panels and ragged ones; 400 sampled
- * differences per input). Rows [5, 18) with blk 4: a partial first block [5, 8), two whole
- * blocks and a partial last one [16, 18). */
+ * K = BLAS_LINEAR_DX_K_PANEL + 3 (the fast mode's tiles: whole panels and ragged ones; for the
+ * portable product, which has no panels, K = BLAS_LINEAR_K_PANEL + 3: past its k block; 400
+ * sampled differences per input). Rows [5, 18) with blk 4: a partial first block [5, 8), two
+ * whole blocks and a partial last one [16, 18). */
 START_TEST(linear_fd) {
     const int wide = _i >> 2, nsample = wide ? 400 : 0;
     const int s = 5, e = 18, M = e - s, N = wide ? BLAS_LINEAR_N_PANEL + 5 : 6;
-    const int K = wide ? BLAS_LINEAR_DX_K_PANEL + 3 : 7;
+    const int K = !wide ? 7 : (_i >> 1) & 1 ? BLAS_LINEAR_K_PANEL + 3 : BLAS_LINEAR_DX_K_PANEL + 3;
     const int blk = 4, bias = (_i & 1) == 0;
     const uint64_t seed = 101;
     lin_ctx c = {randn((size_t)M * K, seed, 1, 0),
