@@ -29,7 +29,7 @@
 
 enum {
     NR = 2 * VEC_BYTES / (int)sizeof(real), /* two vectors of outputs per row of the tile */
-    MR = VEC_BYTES == 64 ? 8 : 6,           /* rows: MR·2 accumulators + B + broadcast fit */
+    MR = VEC_BYTES == 64 ? 12 : 6,          /* rows: MR·2 accumulators + B + broadcast fit */
     KC = 256,
     MC = 96,
     NC = 4096,
