@@ -17,8 +17,8 @@
 # else, so the portable numerics give the same bits with any compiler (DESIGN §11).
 # -fno-trapping-math (no FP trap handlers are installed) lets GCC vectorize selects.
 # -mprefer-vector-width=512: where the target has AVX-512, GCC otherwise vectorizes with 256-bit
-# registers, and the portable product's 12 × 32 register tile (gemm.c) spilled to the stack;
-# 512-bit lanes run the same per-element operations, so no bit changes (golden digests).
+# registers, and the portable product's register tile (gemm.c, then 8 × 32) spilled to the
+# stack; 512-bit lanes run the same per-element operations, so no bit changes (golden digests).
 
 CC       ?= gcc
 ifeq ($(origin CC),default)
