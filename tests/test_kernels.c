@@ -196,13 +196,23 @@ static void lin_fwd(void *c_, double *y) {
     lin_forward(&c->im, y, c->x, c->w, c->b, c->s, c->e, c->N, c->K);
 }
 
+/* Sampled differences per input of the wide cases. Each one runs the whole product twice, and
+ * under ASan at -O1 the portable product's forward takes ~0.1 s (a wide case ~100 s at 400
+ * samples, past the 120 s timeout on a slower CI machine): there every call still runs the same
+ * code instrumented, and 40 samples check the same bounds. */
+#if defined(__SANITIZE_ADDRESS__)
+#define LINEAR_FD_SAMPLES 40
+#else
+#define LINEAR_FD_SAMPLES 400
+#endif
+
 /* _i bit 0: without bias; bit 1: the portable product; bit 2: N = BLAS_LINEAR_N_PANEL + 5 and
  * K = BLAS_LINEAR_DX_K_PANEL + 3 (the fast mode's tiles: whole panels and ragged ones; for the
- * portable product, which has no panels, K = BLAS_LINEAR_K_PANEL + 3: past its k block; 400
- * sampled differences per input). Rows [5, 18) with blk 4: a partial first block [5, 8), two
- * whole blocks and a partial last one [16, 18). */
+ * portable product, which has no panels, K = BLAS_LINEAR_K_PANEL + 3: past its k block;
+ * LINEAR_FD_SAMPLES sampled differences per input). Rows [5, 18) with blk 4: a partial first
+ * block [5, 8), two whole blocks and a partial last one [16, 18). */
 START_TEST(linear_fd) {
-    const int wide = _i >> 2, nsample = wide ? 400 : 0;
+    const int wide = _i >> 2, nsample = wide ? LINEAR_FD_SAMPLES : 0;
     const int s = 5, e = 18, M = e - s, N = wide ? BLAS_LINEAR_N_PANEL + 5 : 6;
     const int K = !wide ? 7 : (_i >> 1) & 1 ? BLAS_LINEAR_K_PANEL + 3 : BLAS_LINEAR_DX_K_PANEL + 3;
     const int blk = 4, bias = (_i & 1) == 0;
