@@ -26,6 +26,7 @@
 #include "../src/kernels/kernels.h"
 
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -161,7 +162,7 @@ static void fd_check(const char *what, fwd_fn f, void *ctx, double *x, size_t n,
  * mode's per-block BLAS calls (blk). */
 typedef struct {
     int portable, blk;
-    double *ws; /* (pgemm_workspace()) */
+    double *ws; /* (pgemm_workspace(INT_MAX, INT_MAX)): any shape */
 } lin_impl;
 
 static void lin_forward(const lin_impl *im, double *y, const double *x, const double *w,
@@ -181,7 +182,7 @@ static void lin_backward(const lin_impl *im, double *dx, double *dw, double *db,
 }
 
 static lin_impl lin_impl_make(int portable, int blk) {
-    lin_impl im = {portable, blk, zeros(pgemm_workspace())};
+    lin_impl im = {portable, blk, zeros(pgemm_workspace(INT_MAX, INT_MAX))};
     return im;
 }
 
@@ -1074,7 +1075,8 @@ END_TEST
 
 /* ---------------------------------------------------------------------------------------------
  * The portable product: bit for bit the chain c ← fma(a(i,p), b(p,j), c), p ascending from the
- * stored c, for shapes with partial register tiles, several k blocks (K > 256), transposed and
+ * stored c, for shapes with partial register tiles, several row blocks (M > 48) and k blocks
+ * (K > 512 with AVX-512, 256 otherwise), transposed and
  * strided operands, and 1 or 2 threads. */
 
 static void chain_ref(double *C, size_t ldc, const double *A, size_t rsa, size_t csa,
@@ -1088,15 +1090,15 @@ static void chain_ref(double *C, size_t ldc, const double *A, size_t rsa, size_t
 }
 
 START_TEST(pgemm_chains) {
-    static const int shapes[][3] = {
-        {1, 1, 1}, {7, 5, 3}, {13, 37, 300}, {100, 70, 600}, {9, 33, 257}};
+    static const int shapes[][3] = {{1, 1, 1},      {7, 5, 3},    {13, 37, 300},
+                                    {100, 70, 600}, {9, 33, 257}, {61, 45, 1100}};
     for (int t = 1; t <= 2; t++) {
         omp_set_num_threads(t);
-        double *ws = zeros(pgemm_workspace());
-        for (int si = 0; si < 5; si++)
+        for (int si = 0; si < 6; si++)
             for (int tr = 0; tr < 4; tr++) { /* A and B each plain or transposed */
                 const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
-                const size_t ldc = (size_t)N + 3; /* C rows with a gap */
+                double *ws = zeros(pgemm_workspace(N, K)); /* exact: ASan checks the bound */
+                const size_t ldc = (size_t)N + 3;          /* C rows with a gap */
                 double *A = randn((size_t)M * K, 1201 + (uint64_t)si, 1, 0);
                 double *B = randn((size_t)K * N, 1211 + (uint64_t)si, 1, 0);
                 double *C = randn((size_t)M * ldc, 1221 + (uint64_t)si, 1, 0);
@@ -1109,9 +1111,8 @@ START_TEST(pgemm_chains) {
                 snprintf(what, sizeof what, "pgemm %dx%dx%d transposes %d, %d threads", M, N, K, tr,
                          t);
                 assert_bitwise(what, C, R, (size_t)M * ldc);
-                free(A), free(B), free(C), free(R);
+                free(A), free(B), free(C), free(R), free(ws);
             }
-        free(ws);
     }
     omp_set_num_threads(1);
 }

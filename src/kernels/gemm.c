@@ -158,14 +158,25 @@ static void pack_a(real *dst, const real *A, size_t rsa, size_t csa, int ic, int
     }
 }
 
-size_t pgemm_workspace(void) {
-    return (size_t)KC * (NC + NR) + (size_t)omp_get_max_threads() * KC * (MC + MR);
+/* The packed B block (kc, nc + NR) and one packed A block (kc, MC + MR) per thread. */
+static size_t b_block(int N, int K) {
+    return (size_t)(K < KC ? K : KC) * ((N < NC ? N : NC) + NR);
+}
+
+static size_t a_block(int K) {
+    return (size_t)(K < KC ? K : KC) * (MC + MR);
+}
+
+size_t pgemm_workspace(int N, int K) {
+    if (N <= 0 || K <= 0) return 0;
+    return b_block(N, K) + (size_t)omp_get_max_threads() * a_block(K);
 }
 
 void pgemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa, const real *B,
            size_t rsb, size_t csb, int M, int N, int K) {
     if (M <= 0 || N <= 0 || K <= 0) return;
-    real *bpack = ws; /* (KC, NC + NR), then (KC, MC + MR) per thread */
+    real *bpack = ws; /* b_block, then a_block per thread */
+    const size_t bsize = b_block(N, K), asize = a_block(K);
     for (int jc = 0; jc < N; jc += NC) {
         const int nc = N - jc < NC ? N - jc : NC;
         for (int pc = 0; pc < K; pc += KC) { /* ascending k: each chain continues from C */
@@ -174,8 +185,7 @@ void pgemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa,
             const int nrow = (M + MC - 1) / MC, ncol = (nc + NCHUNK - 1) / NCHUNK;
 #pragma omp parallel
             {
-                real *apack =
-                    ws + (size_t)KC * (NC + NR) + (size_t)omp_get_thread_num() * KC * (MC + MR);
+                real *apack = ws + bsize + (size_t)omp_get_thread_num() * asize;
                 int packed_ic = -1;
 #pragma omp for schedule(dynamic, 1)
                 for (int task = 0; task < nrow * ncol; task++) {
@@ -203,8 +213,8 @@ void pgemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa,
 }
 
 int SBP_ENTRY(sbp_portable_gemm)(real *C, const real *A, const real *B, int M, int N, int K) {
-    real *ws = malloc(sizeof(real) * pgemm_workspace());
-    if (!ws) return -1;
+    real *ws = malloc(sizeof(real) * pgemm_workspace(N, K));
+    if (M > 0 && N > 0 && K > 0 && !ws) return -1;
     memset(C, 0, sizeof(real) * (size_t)M * N);
     pgemm(C, (size_t)N, ws, A, (size_t)K, 1, B, 1, (size_t)K, M, N, K);
     free(ws);

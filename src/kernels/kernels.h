@@ -31,11 +31,20 @@
 
 /* ---- the portable matrix product (gemm.c) ---------------------------------------------------- */
 
-/* Reals of workspace pgemm needs (for the current OpenMP thread count). */
-size_t pgemm_workspace(void);
+/* 1 where gemm.c's micro-kernel is the AVX-512 one, tuned against OpenBLAS (0.87–1.0 of its rate
+ * at the bench model's layer shapes); 0 where it is plain C (unmeasured against OpenBLAS). */
+#if defined(__AVX512F__)
+#define PGEMM_TUNED 1
+#else
+#define PGEMM_TUNED 0
+#endif
+
+/* Reals of workspace pgemm needs for products of at most N columns and depth K (for the
+ * current OpenMP thread count); a bound over several products serves all of them. */
+size_t pgemm_workspace(int N, int K);
 /* C (M, N; row stride ldc) += A·B, a(i,p) = A[i·rsa + p·csa], b(p,j) = B[p·rsb + j·csb]; each
  * element one chain c ← fma(a(i,p), b(p,j), c), p ascending, from its stored value. */
-void pgemm(real *C, size_t ldc, real *ws /* (pgemm_workspace()) */, const real *A, size_t rsa,
+void pgemm(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A, size_t rsa,
            size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K);
 
 /* ---- linear layers: y = x·Wᵀ + b, rows [s, e) -------------------------------------------------
@@ -43,7 +52,7 @@ void pgemm(real *C, size_t ldc, real *ws /* (pgemm_workspace()) */, const real *
 
 /* portable (linear.c): y = (Σ_k x·w, a chain from 0) + b */
 void linear_forward(real *y,       /* (e-s, N) */
-                    real *ws,      /* (pgemm_workspace()) */
+                    real *ws,      /* (pgemm_workspace(N, K)) */
                     const real *x, /* (e-s, K) */
                     const real *w, /* (N, K) */
                     const real *b, /* (N) or NULL */
@@ -54,7 +63,7 @@ void linear_forward(real *y,       /* (e-s, N) */
 void linear_backward(real *dx,       /* (e-s, K) or NULL */
                      real *dw,       /* (N, K) */
                      real *db,       /* (N) or NULL */
-                     real *ws,       /* (pgemm_workspace()) */
+                     real *ws,       /* (pgemm_workspace(K, max(N, e-s))) */
                      const real *dy, /* (e-s, N) */
                      const real *x,  /* (e-s, K) */
                      const real *w,  /* (N, K) */
