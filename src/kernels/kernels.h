@@ -31,8 +31,9 @@
 
 /* ---- the portable matrix product (gemm.c) ---------------------------------------------------- */
 
-/* 1 where gemm.c's micro-kernel is the AVX-512 one, tuned against OpenBLAS (0.87–1.0 of its rate
- * at the bench model's layer shapes); 0 where it is plain C (unmeasured against OpenBLAS). */
+/* 1 where gemm.c's micro-kernel is the AVX-512 one, tuned against OpenBLAS (0.76–1.0 of its rate
+ * at the bench model's layer shapes, 1 thread, 2026-12-03); 0 where it is plain C (unmeasured
+ * against OpenBLAS). */
 #if defined(__AVX512F__)
 #define PGEMM_TUNED 1
 #else

@@ -57,9 +57,10 @@ static size_t unattended_ws(const eng *e) {
 /* The fast mode's linear layers (not the LM head) run on the portable product where its
  * micro-kernel is tuned (PGEMM_TUNED): one call over the whole row range packs each weight panel
  * once per call, where OpenBLAS's fixed tile grid packs it once per token block, and its bits
- * do not depend on the row range, so full, ckpt and stream still agree bit for bit. A step of
- * the bench model (T = 2048, 1 thread) ran 4–6% faster (README "Performance"). The LM head
- * stays on OpenBLAS: pgemm reached ~0.7 of its rate at 2048 × 512 × 32000. */
+ * do not depend on the row range, so full, ckpt and stream still agree bit for bit. A full-BP
+ * step of the bench model (T = 2048) took 0.91× the time at 2 threads; at 1 thread the change
+ * was inside the noise of the VM it was measured on (README "What changed"). The LM head stays
+ * on OpenBLAS: pgemm reached ~0.7 of its rate at 2048 × 512 × 32000. */
 static bool layer_on_pgemm(const eng *e, const real *w) {
     return PGEMM_TUNED && w != e->head;
 }
@@ -80,7 +81,7 @@ static size_t fast_workspace(const eng *e) {
 }
 
 static size_t portable_workspace(const eng *e) {
-    const int n = layer_width(e) > e->V ? layer_width(e) : e->V; /* the LM head's V */
+    const int lw = layer_width(e), n = lw > e->V ? lw : e->V; /* the LM head's V */
     return max2(max2(attention_workspace(e->HD), pgemm_workspace(n, INT_MAX)), unattended_ws(e));
 }
 
