@@ -1118,6 +1118,42 @@ START_TEST(pgemm_chains) {
 }
 END_TEST
 
+/* The float32 product through its public entry, C = A·Bᵀ: A's k steps and B's are contiguous,
+ * so on AVX-512 both packs take their in-register transposes (16 k steps a block, then a scalar
+ * tail) — code the float64 objects above do not have. Shapes cover a partial row panel (mr <
+ * 12), column panels of < 16 and 16–31 columns, k tails below and above 16 and two k blocks;
+ * each element must be the fmaf chain from 0. */
+START_TEST(pgemm_f32_chains) {
+    static const int shapes[][3] = {{1, 1, 1},      {12, 32, 16},    {13, 37, 300}, {61, 45, 17},
+                                    {100, 33, 512}, {50, 100, 1030}, {7, 70, 31}};
+    for (int t = 1; t <= 2; t++) {
+        omp_set_num_threads(t);
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+            double *a = randn((size_t)M * K, 1301 + si, 1, 0),
+                   *b = randn((size_t)N * K, 1311 + si, 1, 0);
+            float *A = malloc(sizeof *A * (size_t)M * K), *B = malloc(sizeof *B * (size_t)N * K);
+            float *C = malloc(sizeof *C * (size_t)M * N), *R = malloc(sizeof *R * (size_t)M * N);
+            for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)a[i];
+            for (size_t i = 0; i < (size_t)N * K; i++) B[i] = (float)b[i];
+            ck_assert_int_eq(sbp_portable_gemm_f32(C, A, B, M, N, K), 0);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    float c = 0;
+                    for (int p = 0; p < K; p++)
+                        c = fmaf(A[(size_t)i * K + p], B[(size_t)j * K + p], c);
+                    R[(size_t)i * N + j] = c;
+                }
+            ck_assert_msg(memcmp(C, R, sizeof *C * (size_t)M * N) == 0,
+                          "sbp_portable_gemm_f32 %dx%dx%d, %d threads: not the fmaf chains", M, N,
+                          K, t);
+            free(a), free(b), free(A), free(B), free(C), free(R);
+        }
+    }
+    omp_set_num_threads(1);
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------
  * The attention tiles' product (blas/tile_mm.c): bit for bit alpha·(one fma chain from 0, p
  * ascending), added to C when beta, for every element — whether it falls in a full register
@@ -1183,6 +1219,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, round_to_bf16_matches_conversion);
     tcase_add_test(tc, pmath_ulp);
     tcase_add_test(tc, pgemm_chains);
+    tcase_add_test(tc, pgemm_f32_chains);
     tcase_add_test(tc, tile_mm_chains);
     suite_add_tcase(s, tc);
     TCase *inv = tcase_create("invariance");
