@@ -53,24 +53,27 @@ typedef __m512d vreal;
 #define vstore _mm512_storeu_pd
 #define vset1  _mm512_set1_pd
 #define vfma   _mm512_fmadd_pd
+#define vzero  _mm512_setzero_pd
 #else
 typedef __m512 vreal;
 #define vload  _mm512_loadu_ps
 #define vstore _mm512_storeu_ps
 #define vset1  _mm512_set1_ps
 #define vfma   _mm512_fmadd_ps
+#define vzero  _mm512_setzero_ps
 #endif
 enum { VL = VEC_BYTES / (int)sizeof(real) }; /* lanes per vector; NR = 2·VL */
 
-/* c (MR×NR, row stride ldc) += a_panel·b_panel over kc: a (kc, MR) and b (kc, NR), packed.
- * acc[i][v] lane l holds c[i][v·VL + l]: one fma chain per element, ascending p. */
+/* c (MR×NR, row stride ldc) += a_panel·b_panel over kc, or (zero) c = the same chains from +0:
+ * a (kc, MR) and b (kc, NR), packed. acc[i][v] lane l holds c[i][v·VL + l]: one fma chain per
+ * element, ascending p. */
 static void micro_kernel(real *restrict c, size_t ldc, const real *restrict a,
-                         const real *restrict b, int kc) {
+                         const real *restrict b, int kc, int zero) {
     vreal acc[MR][2];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; i++) {
-        acc[i][0] = vload(c + i * ldc);
-        acc[i][1] = vload(c + i * ldc + VL);
+        acc[i][0] = zero ? vzero() : vload(c + i * ldc);
+        acc[i][1] = zero ? vzero() : vload(c + i * ldc + VL);
     }
     for (int p = 0; p < kc; p++) {
         const real *a_p = a + (size_t)p * MR, *b_p = b + (size_t)p * NR;
@@ -101,12 +104,13 @@ static inline void prefetch_tile(const real *c, size_t ldc) {
     (void)c, (void)ldc;
 }
 
-/* c (MR×NR, row stride ldc) += a_panel·b_panel over kc: a (kc, MR) and b (kc, NR), packed. */
+/* c (MR×NR, row stride ldc) += a_panel·b_panel over kc, or (zero) c = the same chains from +0:
+ * a (kc, MR) and b (kc, NR), packed. */
 static void micro_kernel(real *restrict c, size_t ldc, const real *restrict a,
-                         const real *restrict b, int kc) {
+                         const real *restrict b, int kc, int zero) {
     real acc[MR][NR];
     for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NR; j++) acc[i][j] = c[i * ldc + j];
+        for (int j = 0; j < NR; j++) acc[i][j] = zero ? 0 : c[i * ldc + j];
     for (int p = 0; p < kc; p++) {
         const real *a_p = a + (size_t)p * MR, *b_p = b + (size_t)p * NR;
         for (int i = 0; i < MR; i++) {
@@ -121,10 +125,12 @@ static void micro_kernel(real *restrict c, size_t ldc, const real *restrict a,
 
 /* A partial tile (mr < MR or nr < NR) goes through a full-size copy: the extra rows and
  * columns compute on zero padding and are dropped. */
-static void edge_kernel(real *c, size_t ldc, const real *a, const real *b, int kc, int mr, int nr) {
+static void edge_kernel(real *c, size_t ldc, const real *a, const real *b, int kc, int mr, int nr,
+                        int zero) {
     real tile[MR * NR] = {0};
-    for (int i = 0; i < mr; i++) memcpy(tile + i * NR, c + i * ldc, sizeof(real) * (size_t)nr);
-    micro_kernel(tile, NR, a, b, kc);
+    for (int i = 0; i < mr && !zero; i++)
+        memcpy(tile + i * NR, c + i * ldc, sizeof(real) * (size_t)nr);
+    micro_kernel(tile, NR, a, b, kc, zero);
     for (int i = 0; i < mr; i++) memcpy(c + i * ldc, tile + i * NR, sizeof(real) * (size_t)nr);
 }
 
@@ -262,15 +268,21 @@ size_t pgemm_workspace(int N, int K) {
     return b_block(N, K) + (size_t)omp_get_max_threads() * a_block(K);
 }
 
-void pgemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa, const real *B,
-           size_t rsb, size_t csb, int M, int N, int K) {
-    if (M <= 0 || N <= 0 || K <= 0) return;
+/* C += A·B, or (set) C = A·B: the first k block's chains start from +0 instead of C. */
+static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa,
+                 const real *B, size_t rsb, size_t csb, int M, int N, int K, int set) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) { /* no terms: every chain is its start */
+        if (set)
+            for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, sizeof(real) * (size_t)N);
+        return;
+    }
     real *bpack = ws; /* b_block, then a_block per thread */
     const size_t bsize = b_block(N, K), asize = a_block(K);
     for (int jc = 0; jc < N; jc += NC) {
         const int nc = N - jc < NC ? N - jc : NC;
         for (int pc = 0; pc < K; pc += KC) { /* ascending k: each chain continues from C */
-            const int kc = K - pc < KC ? K - pc : KC;
+            const int kc = K - pc < KC ? K - pc : KC, zero = set && pc == 0;
             pack_b(bpack, B, rsb, csb, pc, kc, jc, nc);
             const int nrow = (M + MC - 1) / MC, ncol = (nc + NCHUNK - 1) / NCHUNK;
 #pragma omp parallel
@@ -291,9 +303,9 @@ void pgemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa,
                             real *c = C + (size_t)(ic + ir) * ldc + (size_t)(jc + jr);
                             if (ir + MR < mc) prefetch_tile(c + MR * ldc, ldc);
                             if (mr == MR && nr == NR)
-                                micro_kernel(c, ldc, apack + (size_t)ir * kc, b, kc);
+                                micro_kernel(c, ldc, apack + (size_t)ir * kc, b, kc, zero);
                             else
-                                edge_kernel(c, ldc, apack + (size_t)ir * kc, b, kc, mr, nr);
+                                edge_kernel(c, ldc, apack + (size_t)ir * kc, b, kc, mr, nr, zero);
                         }
                     }
                 }
@@ -302,11 +314,20 @@ void pgemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa,
     }
 }
 
+void pgemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa, const real *B,
+           size_t rsb, size_t csb, int M, int N, int K) {
+    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 0);
+}
+
+void pgemm_set(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa, const real *B,
+               size_t rsb, size_t csb, int M, int N, int K) {
+    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 1);
+}
+
 int SBP_ENTRY(sbp_portable_gemm)(real *C, const real *A, const real *B, int M, int N, int K) {
     real *ws = malloc(sizeof(real) * pgemm_workspace(N, K));
     if (M > 0 && N > 0 && K > 0 && !ws) return -1;
-    memset(C, 0, sizeof(real) * (size_t)M * N);
-    pgemm(C, (size_t)N, ws, A, (size_t)K, 1, B, 1, (size_t)K, M, N, K);
+    pgemm_set(C, (size_t)N, ws, A, (size_t)K, 1, B, 1, (size_t)K, M, N, K);
     free(ws);
     return 0;
 }

@@ -47,6 +47,10 @@ size_t pgemm_workspace(int N, int K);
  * element one chain c ← fma(a(i,p), b(p,j), c), p ascending, from its stored value. */
 void pgemm(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A, size_t rsa,
            size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K);
+/* C = A·B: the same chains from +0, C's prior contents ignored (as if cleared first, which
+ * gives the same bits, without a pass over C). */
+void pgemm_set(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
+               size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K);
 
 /* ---- linear layers: y = x·Wᵀ + b, rows [s, e) -------------------------------------------------
  */

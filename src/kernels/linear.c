@@ -6,14 +6,11 @@
  * whatever the split, so the schedules agree bit for bit for any chunk size. */
 #include "kernels.h"
 
-#include <string.h>
-
 void linear_forward(real *y, real *ws, const real *x, const real *w, const real *b, int s, int e,
                     int N, int K) {
     const int M = e - s;
-    memset(y, 0, sizeof(real) * (size_t)M * N);
     /* y(t, n) = Σ_k x(t, k)·w(n, k): a = x (rows t), b(k, n) = w[n·K + k] */
-    pgemm(y, (size_t)N, ws, x, (size_t)K, 1, w, 1, (size_t)K, M, N, K);
+    pgemm_set(y, (size_t)N, ws, x, (size_t)K, 1, w, 1, (size_t)K, M, N, K);
     if (!b) return;
     for (int r = 0; r < M; r++)
         for (int n = 0; n < N; n++) y[(size_t)r * N + n] = y[(size_t)r * N + n] + b[n];
