@@ -7,7 +7,6 @@
 #include "../engine.h"
 
 #include <limits.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -54,17 +53,6 @@ static size_t unattended_ws(const eng *e) {
     return e->unattended ? unattended_workspace(e->T) : 0;
 }
 
-/* The fast mode's linear layers (not the LM head) run on the portable product where its
- * micro-kernel is tuned (PGEMM_TUNED): one call over the whole row range packs each weight panel
- * once per call, where OpenBLAS's fixed tile grid packs it once per token block, and its bits
- * do not depend on the row range, so full, ckpt and stream still agree bit for bit. A full-BP
- * step of the bench model (T = 2048) took 0.91× the time at 2 threads; at 1 thread the change
- * was inside the noise of the VM it was measured on (README "What changed"). The LM head stays
- * on OpenBLAS: pgemm reached ~0.7 of its rate at 2048 × 512 × 32000. */
-static bool layer_on_pgemm(const eng *e, const real *w) {
-    return PGEMM_TUNED && w != e->head;
-}
-
 /* The widest dimension of a layer's products (N and K of every projection, LoRA's rank). The
  * depth of a product is not bounded: pgemm's k blocks hold at most KC of it whatever it is. */
 static int layer_width(const eng *e) {
@@ -74,9 +62,18 @@ static int layer_width(const eng *e) {
     return w;
 }
 
+/* The LM head's products, each bounded by its own N and K (a small model's hidden size is below
+ * pgemm's k block, and the ledger should not count packing space no product touches): the
+ * logits (N = V, K = C), dhn (N = C, K = V) and dW_head (N = C, K = the rows of a pass). */
+static size_t head_workspace(const eng *e) {
+    return max2(max2(pgemm_workspace(e->V, e->C), pgemm_workspace(e->C, e->V)),
+                pgemm_workspace(e->C, e->T));
+}
+
 static size_t fast_workspace(const eng *e) {
     const size_t attn = blas_attention_workspace(e->blk, e->NH, e->NKV, e->HD);
-    const size_t gemm = PGEMM_TUNED ? pgemm_workspace(layer_width(e), INT_MAX) : 0;
+    const size_t gemm =
+        PGEMM_TUNED ? max2(pgemm_workspace(layer_width(e), INT_MAX), head_workspace(e)) : 0;
     return max2(max2(attn, gemm), unattended_ws(e));
 }
 
@@ -122,9 +119,18 @@ static void cpu_rope_table(const eng *e, real *cos, real *sin) {
                c->rope_low_freq, c->rope_high_freq, c->rope_orig_max);
 }
 
+/* The fast mode's linear products, the LM head's included, run on the portable product where
+ * its micro-kernel is tuned (PGEMM_TUNED): one call over the whole row range packs each weight
+ * panel once per call, where OpenBLAS's fixed tile grid packs it once per token block, and its
+ * bits do not depend on the row range, so full, ckpt and stream still agree bit for bit. The
+ * layers moved first (a full-BP step of the bench model at T = 2048 took 0.91x the time on 2
+ * threads); the head followed once pgemm's packs streamed (gemm.c: its whole-range products
+ * read 0.86-1.05 of cblas_sgemm at 2048 x 32000 x 512 and its two backward shapes, and a
+ * full-BP step 0.91x the time on 1 thread; README "What changed"). Elsewhere every product
+ * stays on OpenBLAS's tiles. */
 static void fast_linear_forward(const eng *e, real *y, const real *x, const real *w, const real *b,
                                 int s, int end, int N, int K) {
-    if (layer_on_pgemm(e, w))
+    if (PGEMM_TUNED)
         linear_forward(y, e->ws, x, w, b, s, end, N, K);
     else
         blas_linear_forward(y, x, w, b, s, end, N, K, e->blk);
@@ -139,7 +145,7 @@ static void portable_linear_forward(const eng *e, real *y, const real *x, const 
 
 static void fast_linear_backward(const eng *e, real *dx, real *dw, real *db, const real *dy,
                                  const real *x, const real *w, int s, int end, int N, int K) {
-    if (layer_on_pgemm(e, w))
+    if (PGEMM_TUNED)
         linear_backward(dx, dw, db, e->ws, dy, x, w, s, end, N, K);
     else
         blas_linear_backward(dx, dw, db, dy, x, w, s, end, N, K, e->blk);
