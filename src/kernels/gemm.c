@@ -33,13 +33,16 @@
 /* KC and MC for AVX-512 were measured at the bench model's layer shapes against OpenBLAS
  * (1 thread, Xeon with 48 KB L1d / 2 MB L2): KC 512 / MC 48 ran at 0.87–1.0 of cblas_sgemm,
  * against 0.71–0.86 at 256 / 96; MC 24, 36, 192, KC 384, 768, NC 512, 1024 and 8×48, 14×32,
- * 6×64 tiles were no better. The other targets keep the earlier, unmeasured sizes. */
+ * 6×64 tiles were no better. NC 2048 rather than 4096 for the LM head (N = 32000, the only
+ * product wider than 2048 in the bench model): its packed B block is 4 MB instead of 8.5, which
+ * is the fast mode's whole product workspace, and its forward read 84–90 GFLOP/s against 80–84
+ * (2048 × 32000 × 512, alternated). The other targets keep the earlier, unmeasured sizes. */
 enum {
     NR = 2 * VEC_BYTES / (int)sizeof(real), /* two vectors of outputs per row of the tile */
     MR = VEC_BYTES == 64 ? 12 : 6,          /* rows: MR·2 accumulators + B + broadcast fit */
     KC = VEC_BYTES == 64 ? 512 : 256,
     MC = VEC_BYTES == 64 ? 48 : 96,
-    NC = 4096,
+    NC = 2048,
     NCHUNK = 256,   /* columns per task: the unit of work handed to a thread */
     PACK_AHEAD = 16 /* k steps prefetched ahead by pack_a's k-step walk (16: 2x in isolation) */
 };
