@@ -12,10 +12,12 @@
  *    outputs only. Their bits depend on the inputs alone: not on the machine, the compiler, the
  *    thread count, or how the rows are split between calls. The CUDA kernels of cuda/ compute
  *    the same chains.
- *  - the kernels of blas/ are the fast mode's products: the linear layers on OpenBLAS and the
- *    attention tiles on a register-blocked product of our own (blas/tile_mm.c, the machine's
- *    vector fma), issued over fixed global token blocks [kB, (k+1)B) so that full BP,
- *    checkpointing and StreamBP make the same calls whenever their chunks are multiples of B.
+ *  - the kernels of blas/ are the fast mode's products: the linear layers on OpenBLAS (where
+ *    PGEMM_TUNED is 0; otherwise the fast mode uses linear.c's, whose bits do not depend on the
+ *    row split) and the attention tiles on a register-blocked product of our own
+ *    (blas/tile_mm.c, the machine's vector fma), issued over fixed global token blocks
+ *    [kB, (k+1)B) so that full BP, checkpointing and StreamBP make the same calls whenever their
+ *    chunks are multiples of B.
  * The elementwise and row kernels (RMSNorm, RoPE, SwiGLU, embedding, log-prob) are the portable
  * ones in both modes.
  * Row ranges are given as global token positions [s, e) within one sequence; pointers point at
@@ -31,9 +33,10 @@
 
 /* ---- the portable matrix product (gemm.c) ---------------------------------------------------- */
 
-/* 1 where gemm.c's micro-kernel is the AVX-512 one, tuned against OpenBLAS (0.76–1.0 of its rate
- * at the bench model's layer shapes, 1 thread, 2026-12-03); 0 where it is plain C (unmeasured
- * against OpenBLAS). */
+/* 1 where gemm.c's micro-kernel is the AVX-512 one, tuned against OpenBLAS (0.90–1.05 of its rate
+ * at the bench model's layer and LM-head shapes, 1 thread, 2026-12-03, since the packs stream);
+ * the fast mode then runs every linear product, the LM head's included, on it. 0 where it is
+ * plain C (unmeasured against OpenBLAS). */
 #if defined(__AVX512F__)
 #define PGEMM_TUNED 1
 #else
