@@ -1103,15 +1103,24 @@ START_TEST(pgemm_chains) {
                 double *B = randn((size_t)K * N, 1211 + (uint64_t)si, 1, 0);
                 double *C = randn((size_t)M * ldc, 1221 + (uint64_t)si, 1, 0);
                 double *R = dup(C, (size_t)M * ldc);
+                /* pgemm_set: C's elements NaN beforehand (ignored), the gaps kept */
+                double *S = dup(C, (size_t)M * ldc), *RS = dup(C, (size_t)M * ldc);
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < N; j++) S[i * ldc + j] = NAN, RS[i * ldc + j] = 0;
                 const size_t rsa = tr & 1 ? 1 : (size_t)K, csa = tr & 1 ? (size_t)M : 1;
                 const size_t rsb = tr & 2 ? 1 : (size_t)N, csb = tr & 2 ? (size_t)K : 1;
                 pgemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K);
                 chain_ref(R, ldc, A, rsa, csa, B, rsb, csb, M, N, K);
+                pgemm_set(S, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K);
+                chain_ref(RS, ldc, A, rsa, csa, B, rsb, csb, M, N, K);
                 char what[96];
                 snprintf(what, sizeof what, "pgemm %dx%dx%d transposes %d, %d threads", M, N, K, tr,
                          t);
                 assert_bitwise(what, C, R, (size_t)M * ldc);
-                free(A), free(B), free(C), free(R), free(ws);
+                snprintf(what, sizeof what, "pgemm_set %dx%dx%d transposes %d, %d threads", M, N, K,
+                         tr, t);
+                assert_bitwise(what, S, RS, (size_t)M * ldc);
+                free(A), free(B), free(C), free(R), free(S), free(RS), free(ws);
             }
     }
     omp_set_num_threads(1);
@@ -1134,6 +1143,7 @@ START_TEST(pgemm_f32_chains) {
                    *b = randn((size_t)N * K, 1311 + si, 1, 0);
             float *A = malloc(sizeof *A * (size_t)M * K), *B = malloc(sizeof *B * (size_t)N * K);
             float *C = malloc(sizeof *C * (size_t)M * N), *R = malloc(sizeof *R * (size_t)M * N);
+            for (size_t i = 0; i < (size_t)M * N; i++) C[i] = NAN; /* must be ignored */
             for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)a[i];
             for (size_t i = 0; i < (size_t)N * K; i++) B[i] = (float)b[i];
             ck_assert_int_eq(sbp_portable_gemm_f32(C, A, B, M, N, K), 0);

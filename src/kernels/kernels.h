@@ -33,7 +33,7 @@
 
 /* ---- the portable matrix product (gemm.c) ---------------------------------------------------- */
 
-/* 1 where gemm.c's micro-kernel is the AVX-512 one, tuned against OpenBLAS (0.90–1.05 of its rate
+/* 1 where gemm.c's micro-kernel is the AVX-512 one, tuned against OpenBLAS (0.86–1.06 of its rate
  * at the bench model's layer and LM-head shapes, 1 thread, 2026-12-03, since the packs stream);
  * the fast mode then runs every linear product, the LM head's included, on it. 0 where it is
  * plain C (unmeasured against OpenBLAS). */

@@ -125,7 +125,7 @@ static void cpu_rope_table(const eng *e, real *cos, real *sin) {
  * bits do not depend on the row range, so full, ckpt and stream still agree bit for bit. The
  * layers moved first (a full-BP step of the bench model at T = 2048 took 0.91x the time on 2
  * threads); the head followed once pgemm's packs streamed (gemm.c: its whole-range products
- * read 0.86-1.05 of cblas_sgemm at 2048 x 32000 x 512 and its two backward shapes, and a
+ * read 0.86-1.06 of cblas_sgemm at 2048 x 32000 x 512 and its two backward shapes, and a
  * full-BP step 0.91x the time on 1 thread; README "What changed"). Elsewhere every product
  * stays on OpenBLAS's tiles. */
 static void fast_linear_forward(const eng *e, real *y, const real *x, const real *w, const real *b,
