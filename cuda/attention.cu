@@ -46,7 +46,7 @@ __global__ void attention_forward_kernel(real *o, real *lse, const real *q, cons
     if (task >= M * NH) return; /* the whole warp */
     const int r = task / NH, h = task % NH, g = h / (NH / NKV), i = s + r;
     const int Q = NH * HD, KV = NKV * HD;
-    const real scale = 1 / sqrt((real)HD);
+    const real scale = rattn_scale(HD);
     const real *q_i = q + (size_t)r * Q + (size_t)h * HD;
     real m = -INFINITY, l = 0, acc[DPL];
     for (int t = 0; t < DPL; t++) acc[t] = 0;
@@ -110,7 +110,7 @@ __global__ void attention_dkdv_kernel(real *dk, real *dv, const real *dout, cons
     SBP_SHARED(real, dSs, W);
     const int g = blockIdx.y, j0 = blockIdx.x * W, tid = threadIdx.x, rep = NH / NKV;
     const int Q = NH * HD, KV = NKV * HD, nk = j0 + W < T ? W : T - j0;
-    const real scale = 1 / sqrt((real)HD);
+    const real scale = rattn_scale(HD);
     const int per = (W * MAX_HD) / THREADS;
     real adk[(W * MAX_HD) / THREADS], adv[(W * MAX_HD) / THREADS];
     for (int u = 0; u < per; u++) {
@@ -171,7 +171,7 @@ __global__ void attention_dq_kernel(real *dq, const real *dout, const real *lse,
     if (task >= M * NH) return; /* the whole warp */
     const int r = task / NH, h = task % NH, g = h / (NH / NKV), i = s + r;
     const int Q = NH * HD, KV = NKV * HD;
-    const real scale = 1 / sqrt((real)HD);
+    const real scale = rattn_scale(HD);
     const size_t qo = (size_t)r * Q + (size_t)h * HD, ro = (size_t)r * NH + h;
     const real *q_i = q + qo, *do_i = dout + qo, L = lse[ro], D = dsum[ro];
     real acc[DPL];

@@ -111,7 +111,7 @@ void unattended_forward(const eng *e, real *o, const real *q, const real *k, con
                         const uint8_t *kmask, int s, int M) {
     if (!e->unattended) return;
     const int NH = e->NH, HD = e->HD, Q = NH * HD, KV = e->NKV * HD, rep = NH / e->NKV;
-    const real scale = 1 / sqrt((real)HD);
+    const real scale = rattn_scale(HD);
     const int fv = first_visible(e, kmask);
     for (int i = s; i < s + M && i < fv; i++)
         for (int h = 0; h < NH; h++) {
@@ -127,7 +127,7 @@ void unattended_backward(const eng *e, real *dq, real *dk, real *dv, const real 
                          const uint8_t *kmask, int s, int M) {
     if (!e->unattended) return;
     const int NH = e->NH, HD = e->HD, Q = NH * HD, KV = e->NKV * HD, rep = NH / e->NKV;
-    const real scale = 1 / sqrt((real)HD);
+    const real scale = rattn_scale(HD);
     const int fv = first_visible(e, kmask);
     for (int i = s; i < s + M && i < fv; i++)
         for (int h = 0; h < NH; h++) {

@@ -20,7 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *families[] = {"qwen3-tiny", "qwen2-tiny", "llama3-tiny"};
+/* The last two have head sizes that are not powers of two (24 and 72, neither a multiple of the
+ * 32-lane warp nor of the key tile): there the attention scale 1/sqrt(hd) is not exact, and a
+ * backend that rounds it differently (cuda/ once did) shows up in every tensor. */
+static const char *families[] = {"qwen3-tiny", "qwen2-tiny", "llama3-tiny", "qwen2-hd24",
+                                 "qwen3-hd72"};
+enum { N_FAMILIES = sizeof families / sizeof families[0] };
 
 static const struct {
     const char *name, *batch, *options;
@@ -111,7 +116,7 @@ static Suite *suite(void) {
     Suite *s = suite_create("golden");
     TCase *tc = tcase_create("portable");
     tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, golden_digests, 0, 18);
+    tcase_add_loop_test(tc, golden_digests, 0, 6 * N_FAMILIES);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -95,7 +95,7 @@ static int tile_end(int i0, int e) {
 void attention_forward(real *o, real *lse, real *ws, const real *q, const real *k, const real *v,
                        const uint8_t *kmask, int s, int M, int T, int NH, int NKV, int HD) {
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, e = s + M;
-    const real scale = 1 / sqrt((real)HD);
+    const real scale = rattn_scale(HD);
     const int first = s / W, ntiles = (e - 1) / W - first + 1;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < NH * ntiles; task++) {
@@ -156,7 +156,7 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, cons
                         const real *o, const real *lse, const real *q, const real *k, const real *v,
                         const uint8_t *kmask, int s, int M, int T, int NH, int NKV, int HD) {
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, e = s + M;
-    const real scale = 1 / sqrt((real)HD);
+    const real scale = rattn_scale(HD);
     const int first = s / W, nqtiles = (e - 1) / W - first + 1, nktiles = (e + W - 1) / W;
 
 #pragma omp parallel for schedule(static)

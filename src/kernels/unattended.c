@@ -62,7 +62,7 @@ void unattended_forward(real *o, real *ws, const real *q, const real *k, const r
                         int mode) {
     if (mode == SBP_UNATTENDED_ZERO) return;
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, fv = first_visible(kmask, T);
-    const real scale = 1 / sqrt((real)HD);
+    const real scale = rattn_scale(HD);
     real *P = ws, *S = ws + T;
     for (int i = s; i < s + M && i < fv; i++)
         for (int h = 0; h < NH; h++) {
@@ -83,7 +83,7 @@ void unattended_backward(real *dq, real *dk, real *dv, real *ws, const real *dou
                          int M, int T, int NH, int NKV, int HD, int mode) {
     if (mode == SBP_UNATTENDED_ZERO) return;
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, fv = first_visible(kmask, T);
-    const real scale = 1 / sqrt((real)HD);
+    const real scale = rattn_scale(HD);
     real *P = ws, *dS = ws + T;
     for (int i = s; i < s + M && i < fv; i++)
         for (int h = 0; h < NH; h++) {

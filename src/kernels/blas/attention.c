@@ -88,7 +88,7 @@ void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, co
                             const real *v, const uint8_t *kmask, int s, int M, int T, int NH,
                             int NKV, int HD, int blk) {
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(blk), e = s + M;
-    const real scale = 1 / sqrt((real)HD);
+    const real scale = rattn_scale(HD);
     const size_t per_thread = per_thread_ws(W, HD, rep);
     /* query tiles of the chunk, each aligned to the global W grid; a task is a query tile of
      * a kv group: its heads share the transpose of each key tile */
@@ -212,7 +212,7 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
                              const real *k, const real *v, const uint8_t *kmask, int s, int M,
                              int T, int NH, int NKV, int HD, int blk) {
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(blk), e = s + M;
-    const real scale = 1 / sqrt((real)HD);
+    const real scale = rattn_scale(HD);
     const size_t per_thread = per_thread_ws(W, HD, rep);
     const int first = s / W, nqtiles = (e - 1) / W - first + 1, nktiles = (e + W - 1) / W;
 
