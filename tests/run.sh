@@ -31,9 +31,19 @@ for t in "$@"; do
     [ "$r" = 0 ] || { status=1; echo "FAILED: $t"; }
     echo "   ($t: ${secs:-?} s)"
 done
-# The Python helper (python/): its tests and the CI example, with /usr/bin/python3 when it can
-# import torch and pytest; skipped, and said so, otherwise.
+# The Python helper (python/): the file tests need only the standard library and always run
+# where there is a python3 (a failure fails the run); the rest, and the CI example, with
+# /usr/bin/python3 when it can import torch and pytest; skipped, and said so, otherwise.
 PY=/usr/bin/python3
+[ -x "$PY" ] || PY=$(command -v python3 2>/dev/null) || PY=
+if [ -n "$PY" ]; then
+    echo "== python/tests/test_files.py (unittest, $PY)"
+    PYTHONPATH=python timeout 300 "$PY" -m unittest discover -s python/tests -p 'test_files.py' ||
+        { status=1; echo "FAILED: python/tests/test_files.py"; }
+else
+    echo "== python/tests/test_files.py: skipped (no python3)"
+    PY=/usr/bin/python3
+fi
 if "$PY" -c "import torch, pytest" 2>/dev/null; then
     echo "== python/tests python/examples (pytest, STREAMBP=$STREAMBP)"
     PYTHONPATH=python "$PY" -m pytest -q -rs -p no:cacheprovider python/tests python/examples ||

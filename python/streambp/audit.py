@@ -195,6 +195,8 @@ def audit(model_dir, batch, grads, binary=None, precision=None, slack=None, bloc
         try:
             raw = json.loads(p.stdout)
         except ValueError:
-            raise StreamBPError("streambp verify audit printed no JSON (exit %d): %s"
+            raw = None
+        if not isinstance(raw, dict):
+            raise StreamBPError("streambp verify audit printed no JSON object (exit %d): %s"
                                 % (p.returncode, (p.stderr or p.stdout)[-2000:]))
         return AuditResult(raw, p.returncode, command)

@@ -36,16 +36,35 @@ def _matrix(name, x, ints=True):
         for v in r:
             if isinstance(v, list):
                 raise ValueError("%s must be 2-D [B, T]" % name)
-            if ints and v != int(v):
-                raise ValueError("%s holds a non-integer value %r" % (name, v))
-    return [[int(v) if ints else float(v) for v in r] for r in rows]
+    return [[_int(name, v) if ints else _float(name, v) for v in r] for r in rows]
+
+
+def _int(name, v):
+    """v as an int64, checked: an integral number in range (never a wrapped or truncated one)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__index__"):
+        raise ValueError("%s holds %r, not an integer" % (name, v))
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf")) or v != int(v)):
+        raise ValueError("%s holds a non-integer value %r" % (name, v))
+    i = int(v)
+    if not -2 ** 63 <= i < 2 ** 63:
+        raise ValueError("%s holds %d, outside int64" % (name, i))
+    return i
+
+
+def _float(name, v):
+    if isinstance(v, bool) or isinstance(v, (str, bytes)):
+        raise ValueError("%s holds %r, not a number" % (name, v))
+    try:
+        return float(v)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError("%s holds %r, not a number" % (name, v))
 
 
 def _vector(name, x, B):
     v = _nested(x)
     if not isinstance(v, list) or len(v) != B or any(isinstance(e, list) for e in v):
         raise ValueError("%s must be 1-D with %d entries" % (name, B))
-    return [float(e) for e in v]
+    return [_float(name, e) for e in v]
 
 
 def _same_shape(name, rows, like_name, like):
@@ -234,10 +253,11 @@ def grpo(path, input_ids=None, completion_mask=None, attention_mask=None, prompt
     if advantages is not None:
         tensors.append(_f64("advantages", _vector("advantages", advantages, B), (B,)))
     else:
-        if not group_size or B % int(group_size):
+        g = _int("group_size", group_size) if group_size is not None else 0
+        if g <= 0 or B % g:
             raise ValueError("rewards need group_size (num_generations) dividing B = %d" % B)
         tensors.append(_f64("rewards", _vector("rewards", rewards, B), (B,)))
-        meta["group_size"] = str(int(group_size))
+        meta["group_size"] = str(g)
     if old_per_token_logps is not None:
         tensors.append(_f64("old_logps", place("old_per_token_logps", old_per_token_logps), (B, T)))
     if ref_per_token_logps is not None:
