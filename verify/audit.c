@@ -231,6 +231,19 @@ sbp_status sbp_audit(sbp_audit_report *rep, const sbp_audit_opts *o, sbp_err *er
     if ((st = load_batch(&b, o, &m64.cfg, SBP_FP64, 0, err)) ||
         (st = sbp_st_open(&sf, o->grads, err)))
         goto out;
+    /* said here, before the oracle, in the user's terms: the oracle and the engine would each
+     * refuse later, in their own (internal) words */
+    if (o->objective.kind == SBP_OBJ_DPO && b.kind == SBP_OBJ_DPO && !b.ref_seq_logps) {
+        st = sbp_fail(err, SBP_EINPUT,
+                      "%s: a DPO audit needs the reference model's log-probs and the batch has "
+                      "none: add ref_chosen_logps and ref_rejected_logps to it (one value per "
+                      "pair: the reference model's summed log-prob of each sequence, the mean for "
+                      "loss_type ipo, as TRL's precompute_ref_log_probs gives them; "
+                      "streambp.batch.dpo takes them), or pass --ref-model DIR (the reference "
+                      "model, whose log-probs the audit then computes)",
+                      o->batch);
+        goto out;
+    }
     truth = malloc(sizeof(double) * (size_t)ps->total);
     ours = malloc(sizeof(double) * (size_t)ps->total);
     rep->rows = calloc((size_t)ps->n, sizeof *rep->rows);

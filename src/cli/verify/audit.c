@@ -3,6 +3,7 @@
 #include "../cli.h"
 #include "../objopts.h"
 #include "../../../verify/audit.h"
+#include "../../../verify/text.h"
 #include "verify.h"
 
 #include <getopt.h>
@@ -109,24 +110,31 @@ static void print_audit_json(const sbp_audit_report *rep, const sbp_audit_opts *
     print_json(j);
 }
 
+/* Every string that comes from a file (tensor names, metadata, the diagnosis built from them)
+ * or from the command line goes through sbp_text_escape, so that a file cannot print a line of
+ * its own (a forged PASS) or a terminal escape that hides the real verdict. */
 static void print_audit_text(const sbp_audit_report *rep, const sbp_audit_opts *o) {
-    char obj[256];
+    char obj[256], e1[SBP_TEXT_ESCAPED], e2[SBP_TEXT_ESCAPED];
     objective_text(obj, sizeof obj, o);
-    printf("audit of %s (precision %s) against the %s, slack %g\n", o->grads, pname[o->precision],
-           rep->truth, o->slack > 0 ? o->slack : 4);
-    printf("objective: %s\n", obj);
+    printf("audit of %s (precision %s) against the %s, slack %g\n",
+           sbp_text_escape(e1, sizeof e1, o->grads), pname[o->precision], rep->truth,
+           o->slack > 0 ? o->slack : 4);
+    printf("objective: %s\n", sbp_text_escape(e1, sizeof e1, obj));
     printf("loss: truth %.17g, ours at their precision %.17g, theirs %s\n", rep->truth_loss,
-           rep->our_loss, rep->their_loss[0] ? rep->their_loss : "(not in the file)");
+           rep->our_loss,
+           rep->their_loss[0] ? sbp_text_escape(e1, sizeof e1, rep->their_loss)
+                              : "(not in the file)");
     printf("%-50s %10s %10s %10s %9s %9s %9s  %s\n", "tensor", "theirs", "ours", "budget", "1-cos",
            "ratio-1", "max abs", "verdict");
     for (int i = 0; i < rep->n; i++) {
         const sbp_audit_row *r = &rep->rows[i];
+        const char *name = sbp_text_escape(e1, sizeof e1, r->name);
         if (r->status >= 3) {
-            printf("%-50s %10s %10.3g %10.3g %9s %9s %9s  %s\n", r->name, "-", r->ours_rel_l2,
+            printf("%-50s %10s %10.3g %10.3g %9s %9s %9s  %s\n", name, "-", r->ours_rel_l2,
                    r->budget, "", "", "", sbp_audit_status_name(r->status));
             continue;
         }
-        printf("%-50s %10.3g %10.3g %10.3g %9.2g %+9.2g %9.3g  %s\n", r->name, r->theirs.rel_l2,
+        printf("%-50s %10.3g %10.3g %10.3g %9.2g %+9.2g %9.3g  %s\n", name, r->theirs.rel_l2,
                r->ours_rel_l2, r->budget, 1 - r->theirs.cosine, r->theirs.norm_ratio - 1,
                r->theirs.max_abs, sbp_audit_status_name(r->status));
     }
@@ -134,12 +142,15 @@ static void print_audit_text(const sbp_audit_report *rep, const sbp_audit_opts *
            "floor))\n");
     for (int i = 0; i < rep->n; i++)
         if (rep->rows[i].status == 2)
-            printf("  %s: %lld non-finite values, the first at index %lld\n", rep->rows[i].name,
+            printf("  %s: %lld non-finite values, the first at index %lld\n",
+                   sbp_text_escape(e1, sizeof e1, rep->rows[i].name),
                    (long long)rep->rows[i].theirs.nonfinite_a,
                    (long long)rep->rows[i].theirs.first_nonfinite_a);
-    if (rep->extra[0]) printf("not in the model (ignored): %s\n", rep->extra);
+    if (rep->extra[0])
+        printf("not in the model (ignored): %s\n", sbp_text_escape(e1, sizeof e1, rep->extra));
     if (rep->diag.n) printf("diagnosis:\n");
-    for (int i = 0; i < rep->diag.n; i++) printf("  - %s\n", rep->diag.text[i]);
+    for (int i = 0; i < rep->diag.n; i++)
+        printf("  - %s\n", sbp_text_escape(e2, sizeof e2, rep->diag.text[i]));
     printf("%d of %d tensors pass\n%s\n", rep->n - rep->failed, rep->n,
            rep->failed ? "FAIL" : "PASS");
 }

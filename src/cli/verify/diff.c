@@ -1,6 +1,7 @@
 /* cli/verify/diff.c — `streambp verify diff A B`: two gradient files compared by HF name. */
 #include "../cli.h"
 #include "../../../verify/diff.h"
+#include "../../../verify/text.h"
 #include "verify.h"
 
 #include <getopt.h>
@@ -43,40 +44,45 @@ static int parse_double(const char *opt, const char *text, double *out) {
     return 1;
 }
 
+/* Names, metadata and paths are escaped (sbp_text_escape) so that a file cannot forge a line
+ * of the report or hide one with a terminal escape. */
 static void print_row(const sbp_diff_row *r) {
     const sbp_tensor_cmp *c = &r->cmp;
-    char dt[24];
+    char dt[24], name[SBP_TEXT_ESCAPED];
+    sbp_text_escape(name, sizeof name, r->name);
     snprintf(dt, sizeof dt, "%s/%s", sbp_dtype_name(r->dtype_a), sbp_dtype_name(r->dtype_b));
     if (r->status == SBP_ROW_MISSING || r->status == SBP_ROW_EXTRA) {
-        printf("%-52s %-9s %-7s %s\n", r->name, "", "", sbp_row_status_name(r->status));
+        printf("%-52s %-9s %-7s %s\n", name, "", "", sbp_row_status_name(r->status));
         return;
     }
     if (r->status == SBP_ROW_SHAPE) {
-        printf("%-52s %-9s shape %s vs %s  SHAPE\n", r->name, dt, r->shape_a, r->shape_b);
+        printf("%-52s %-9s shape %s vs %s  SHAPE\n", name, dt, r->shape_a, r->shape_b);
         return;
     }
-    printf("%-52s %-9s %-7s %9.3g %9.3g %9.3g %9.2g %+9.2g  %s\n", r->name, dt,
+    printf("%-52s %-9s %-7s %9.3g %9.3g %9.3g %9.2g %+9.2g  %s\n", name, dt,
            c->bitwise ? "yes" : "no", c->max_ulp, c->max_abs, c->rel_l2, 1 - c->cosine,
            c->norm_ratio - 1, sbp_row_status_name(r->status));
 }
 
 static void print_details(const sbp_diff_row *r) {
     const sbp_tensor_cmp *c = &r->cmp;
+    char name[SBP_TEXT_ESCAPED];
+    sbp_text_escape(name, sizeof name, r->name);
     if (r->status == SBP_ROW_MISSING)
-        printf("  %s: in B, missing from A\n", r->name);
+        printf("  %s: in B, missing from A\n", name);
     else if (r->status == SBP_ROW_EXTRA)
-        printf("  %s: in A, not in B\n", r->name);
+        printf("  %s: in A, not in B\n", name);
     else if (r->status == SBP_ROW_SHAPE)
-        printf("  %s: shape %s in A, %s in B\n", r->name, r->shape_a, r->shape_b);
+        printf("  %s: shape %s in A, %s in B\n", name, r->shape_a, r->shape_b);
     else if (r->status == SBP_ROW_NONFINITE)
-        printf("  %s: %lld non-finite values in A, the first at index %lld\n", r->name,
+        printf("  %s: %lld non-finite values in A, the first at index %lld\n", name,
                (long long)c->nonfinite_a, (long long)c->first_nonfinite_a);
     else if (c->first_diff >= 0)
         printf("  %s: first difference at index %lld: A = %.17g, B = %.17g; max abs %.3g at %lld\n",
-               r->name, (long long)c->first_diff, r->a_at_first, r->b_at_first, c->max_abs,
+               name, (long long)c->first_diff, r->a_at_first, r->b_at_first, c->max_abs,
                (long long)c->max_abs_at);
     if (c->nonfinite_b)
-        printf("  %s: note: the reference B has %lld non-finite values (first at %lld)\n", r->name,
+        printf("  %s: note: the reference B has %lld non-finite values (first at %lld)\n", name,
                (long long)c->nonfinite_b, (long long)c->first_nonfinite_b);
 }
 
@@ -178,10 +184,13 @@ int verify_diff(int argc, char **argv) {
     if (json) {
         print_diff_json(&d, a, b);
     } else {
-        printf("A = %s\nB = %s (reference)\n", a, b);
+        char e1[SBP_TEXT_ESCAPED], e2[SBP_TEXT_ESCAPED];
+        printf("A = %s\nB = %s (reference)\n", sbp_text_escape(e1, sizeof e1, a),
+               sbp_text_escape(e2, sizeof e2, b));
         if (d.loss_a[0] || d.loss_b[0])
-            printf("loss: A %s, B %s\n", d.loss_a[0] ? d.loss_a : "-",
-                   d.loss_b[0] ? d.loss_b : "-");
+            printf("loss: A %s, B %s\n",
+                   d.loss_a[0] ? sbp_text_escape(e1, sizeof e1, d.loss_a) : "-",
+                   d.loss_b[0] ? sbp_text_escape(e2, sizeof e2, d.loss_b) : "-");
         printf("%-52s %-9s %-7s %9s %9s %9s %9s %9s  %s\n", "tensor", "dtype", "bitwise", "max ULP",
                "max abs", "rel L2", "1-cos", "ratio-1", "verdict");
         for (int i = 0; i < d.n; i++)
@@ -189,7 +198,8 @@ int verify_diff(int argc, char **argv) {
         for (int i = 0; i < d.n; i++)
             if (d.rows[i].status != SBP_ROW_OK) print_details(&d.rows[i]);
         if (d.diag.n) printf("diagnosis (B taken as the reference):\n");
-        for (int i = 0; i < d.diag.n; i++) printf("  - %s\n", d.diag.text[i]);
+        for (int i = 0; i < d.diag.n; i++)
+            printf("  - %s\n", sbp_text_escape(e1, sizeof e1, d.diag.text[i]));
         printf("%d tensors: %d bitwise equal, %d failed; promise:", d.n, d.n_bitwise, d.n_failed);
         if (p.bitwise) printf(" bitwise");
         if (p.use_ulp) printf(" max ULP <= %g", p.ulp);

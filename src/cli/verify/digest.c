@@ -1,5 +1,6 @@
 /* cli/verify/digest.c — `streambp verify digest FILE`: the fingerprint of a gradient file. */
 #include "../../../verify/digest.h"
+#include "../../../verify/text.h"
 #include "../cli.h"
 #include "verify.h"
 
@@ -25,7 +26,13 @@ int verify_digest(int argc, char **argv) {
     sbp_file_digest d;
     sbp_err err = {0};
     if (sbp_digest_file(&d, argv[1], &err)) return report_error("verify digest", &err);
-    sbp_digest_print(stdout, &d);
+    /* sbp_digest_print's format, with each name escaped (sbp_text_escape): a file's tensor name
+     * must not be able to print lines of its own into the fingerprint */
+    printf("loss %s\n", d.loss[0] ? d.loss : "-");
+    char name[SBP_TEXT_ESCAPED];
+    for (int i = 0; i < d.n; i++)
+        printf("%s %s %s\n", sbp_text_escape(name, sizeof name, d.t[i].name), d.t[i].dtype,
+               d.t[i].sha256);
     sbp_file_digest_free(&d);
     return 0;
 }
