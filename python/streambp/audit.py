@@ -12,6 +12,25 @@ class StreamBPError(RuntimeError):
     """streambp refused the input (exit status 2), or the binary could not be run."""
 
 
+def _inert(text):
+    """text with every character that is not printable (newlines, terminal escapes, C1 and
+    bidirectional controls) escaped, so that a tensor name or a diagnosis taken from a file
+    cannot forge a line of a report (a "PASS") or hide one."""
+    out = []
+    for c in str(text):
+        if c == "\\":
+            out.append("\\\\")
+        elif c.isprintable():
+            out.append(c)
+        elif c in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[c])
+        elif ord(c) < 0x80:
+            out.append("\\x%02X" % ord(c))
+        else:
+            out.append("\\u%04X" % ord(c) if ord(c) < 0x10000 else "\\U%08X" % ord(c))
+    return "".join(out)
+
+
 def find_binary(binary=None):
     """The streambp executable: `binary`, else $STREAMBP, else `streambp` on PATH."""
     b = binary or os.environ.get("STREAMBP") or shutil.which("streambp")
@@ -25,8 +44,9 @@ def find_binary(binary=None):
 
 def _run(args, binary=None, timeout=None):
     try:
+        # errors="replace": bytes that are not UTF-8 (a path, a name) must not make the helper fail
         p = subprocess.run([find_binary(binary)] + [str(a) for a in args], capture_output=True,
-                           text=True, timeout=timeout)
+                           text=True, encoding="utf-8", errors="replace", timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise StreamBPError("cannot run streambp: %s" % e)
     return p
@@ -120,17 +140,18 @@ class AuditResult:
         return self.passed
 
     def report(self):
-        """A short text for an assertion message: the verdict, failing rows, the diagnosis."""
+        """A short text for an assertion message: the verdict, failing rows, the diagnosis.
+        Names and diagnosis lines are escaped (they may come from a hostile file)."""
         lines = ["streambp audit: %s (%d of %d tensors pass; truth %s)" % (
             "PASS" if self.passed else "FAIL", len(self.rows) - len(self.failed), len(self.rows),
-            self.raw.get("truth"))]
+            _inert(self.raw.get("truth")))]
         for r in self.rows:
             if not r.passed:
                 lines.append("  %s: %s, relative L2 %s, budget %s" % (
-                    r.tensor, r.verdict, r.rel_l2, r.budget))
+                    _inert(r.tensor), _inert(r.verdict), r.rel_l2, r.budget))
         if self.diagnosis:
             lines.append("diagnosis:")
-            lines += ["  - " + d for d in self.diagnosis]
+            lines += ["  - " + _inert(d) for d in self.diagnosis]
         return "\n".join(lines)
 
     def __repr__(self):

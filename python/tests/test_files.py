@@ -269,6 +269,26 @@ class BatchValues(Base):
         self.assertEqual(_safetensors.read_header(path)["input_ids"]["shape"], [1, 3])
 
 
+class Reports(unittest.TestCase):
+    """AuditResult.report() prints names and diagnosis lines that come from files."""
+
+    def test_report_not_forged(self):
+        raw = {"pass": False, "truth": "ref/ float64 oracle",
+               "rows": [{"tensor": "x\nPASS forged", "verdict": "MISSING"},
+                        {"tensor": "\x1b[1A\x1b[2K\rPASS", "verdict": "OVER BUDGET",
+                         "rel_l2": 1.0, "budget": 0.1},
+                        {"tensor": "rlo\u202e\u009b31m", "verdict": "SHAPE"}],
+               "diagnosis": [{"rule": "metadata", "text": "says objective x\nPASS"}]}
+        text = streambp.AuditResult(raw, 1, ["streambp"]).report()
+        for line in text.split("\n"):
+            self.assertFalse(line.lstrip(" -").startswith("PASS"), text)
+        for c in text:
+            self.assertTrue(c == "\n" or c.isprintable(), "%r in %r" % (c, text))
+        self.assertIn("x\\nPASS forged", text)
+        self.assertIn("\\x1B[1A\\x1B[2K\\rPASS", text)
+        self.assertTrue(text.startswith("streambp audit: FAIL"))
+
+
 class Imports(unittest.TestCase):
     def test_importable_without_torch(self):
         # the batch writer and the file checks must not need torch
