@@ -76,6 +76,17 @@ deps:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 	    gcc make libc6-dev $(DEB_PKGS); fi
 
+# The CUDA toolkit the GPU build needs, when nvcc is there (CUDA=0, or no nvcc: the GPU build is
+# skipped, and the emulator needs only g++): nvcc 11 or newer and the static runtime it links.
+deps: cuda-deps
+.PHONY: cuda-deps
+cuda-deps:
+	@if [ "$(CUDA)" != 1 ]; then echo "streambp: no nvcc (or CUDA=0): the GPU build is skipped"; \
+	else v=$$($(NVCC) --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p'); \
+	  [ -n "$$v" ] && [ "$$v" -ge 11 ] || { echo "streambp: $(NVCC) is CUDA $${v:-?}; 11 or newer needed (or CUDA=0)"; exit 2; }; \
+	  [ -e "$(CUDA_HOME)/lib64/libcudart_static.a" ] || [ -e "$(CUDA_HOME)/lib/libcudart_static.a" ] || \
+	    { echo "streambp: missing $(CUDA_HOME)/lib64/libcudart_static.a (the CUDA runtime; or CUDA=0)"; exit 2; }; fi
+
 check-deps:
 	@pkg-config --exists $(PKGS) || { echo "missing: $(PKGS) (run make deps)"; exit 2; }
 
@@ -355,25 +366,19 @@ $(BUILD)/emu/%.o: %.cc | cxx-deps
 $(EMU_TEST): $(EMU_TEST_OBJ)
 	$(CXX) $(if $(filter 1,$(SAN)),$(SANFLAGS)) -o $@ $^ $(CHECK_LIBS)
 
-# On a machine with a GPU: the CUDA backend built for it, the golden digests and the devices group
-# of the verifier on it, then the benchmark of the issue: a Qwen3-0.6B-shaped random model at
-# T = 8k and 32k, and the largest T that fits in the GPU's memory (README, "The CUDA mirror").
-GPU_BENCH_CONFIG := data/configs/qwen3-0.6b.json
-.PHONY: gpu-check
-gpu-check:
-	@command -v nvidia-smi >/dev/null && nvidia-smi -L || { echo "gpu-check: no GPU here"; exit 2; }
+# On a machine with a GPU: the CUDA backend built for it, then cuda/gpu-check.sh: the golden
+# digests and the verifier's devices group on it (every launch synchronized and checked,
+# SBP_CUDA_SYNC=1), compute-sanitizer (memcheck, racecheck, synccheck) over one small run, and a
+# Qwen3-0.6B-shaped benchmark at T = 4096. Sized for a ten-minute GPU session (it prints its
+# time estimate first); gpu-check-long adds T = 8192 and 32768 and the largest T in 85% of the
+# free device memory. The script runs under pipefail: no failing stage is hidden by a pipe.
+.PHONY: gpu-check gpu-check-long
+gpu-check gpu-check-long:
+	@command -v nvidia-smi >/dev/null && nvidia-smi -L || { echo "$@: no GPU here"; exit 2; }
 	rm -rf build/nvcc32 build/nvcc64
 	@$(MAKE) --no-print-directory NVCC_ARCH=native all $(BUILD)/tests/test_golden
-	SBP_GOLDEN_DEVICE=cuda STREAMBP=$(BIN) tests/run.sh $(BUILD)/tests/test_golden
-	@for f in qwen3-tiny qwen2-tiny llama3-tiny; do \
-	  $(BIN) init --config data/models/$$f.json --seed 1 --out $(BUILD)/gpu-$$f >/dev/null && \
-	  $(BIN) verify --model $(BUILD)/gpu-$$f --batch data/batches/sft-tiny.safetensors --block 4 \
-	    --devices cpu,cuda --numerics portable --threads 1 --failures-only | tail -3 || exit 1; done
-	$(BIN) bench --config $(GPU_BENCH_CONFIG) --device cuda --seq 8192 --seq 32768 --reps 1 \
-	  --no-train | tee $(BUILD)/gpu-bench.txt
-	$(BIN) bench --config $(GPU_BENCH_CONFIG) --device cuda --largest \
-	  $$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)M \
-	  | tee -a $(BUILD)/gpu-bench.txt
+	STREAMBP=$(BIN) GOLDEN_TEST=$(BUILD)/tests/test_golden OUT=$(BUILD) \
+	  cuda/gpu-check.sh $(if $(filter gpu-check-long,$@),long,short)
 
 format: format-cuda
 format-cuda:

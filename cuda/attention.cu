@@ -100,8 +100,12 @@ __global__ void dsum_kernel(real *dsum, const real *dout, const real *o, int M, 
 }
 
 /* dK, dV of the key tile at j0 = blockIdx.x·W for kv head g = blockIdx.y, from the queries
- * [max(s, j0), e) of the chunk. Thread t owns the elements el = t + THREADS·u of the tile's
- * (W, HD) block: key c = el / HD, dim d = el % HD. */
+ * [max(s, j0), e) of the chunk. Thread t owns the elements el = t + THREADS·u, u < PER, of the
+ * tile's (W, HD) block: key c = el / HD, dim d = el % HD. PER = W·HD_MAX / THREADS is a template
+ * constant, instantiated for head_dim buckets up to 32, 64, 128 and 256, so that the two
+ * accumulator arrays live in registers (sized for 256 always, they took 255 registers and
+ * spilled); an element's chain does not depend on PER. */
+template <int PER>
 __global__ void attention_dkdv_kernel(real *dk, real *dv, const real *dout, const real *lse,
                                       const real *dsum, const real *q, const real *k, const real *v,
                                       const uint8_t *kmask, int s, int e, int T, int NH, int NKV,
@@ -111,8 +115,8 @@ __global__ void attention_dkdv_kernel(real *dk, real *dv, const real *dout, cons
     const int g = blockIdx.y, j0 = blockIdx.x * W, tid = threadIdx.x, rep = NH / NKV;
     const int Q = NH * HD, KV = NKV * HD, nk = j0 + W < T ? W : T - j0;
     const real scale = rattn_scale(HD);
-    const int per = (W * MAX_HD) / THREADS;
-    real adk[(W * MAX_HD) / THREADS], adv[(W * MAX_HD) / THREADS];
+    const int per = PER;
+    real adk[PER], adv[PER];
     for (int u = 0; u < per; u++) {
         const int el = tid + THREADS * u, c = el / HD, d = el % HD;
         const size_t at = (size_t)(j0 + c) * KV + (size_t)g * HD + d;
@@ -226,8 +230,20 @@ void attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum, 
                HD);
     check(e, "dsum_kernel");
     const dim3 tiles(blocks_for((size_t)end, W), NKV);
-    SBP_LAUNCH(attention_dkdv_kernel, tiles, THREADS, 0, dk, dv, dout, lse, dsum, q, k, v, kmask, s,
-               end, e->T, NH, NKV, HD);
+    /* the smallest bucket whose PER·THREADS covers the tile's W·HD elements */
+#define DKDV(hd_max)                                                                               \
+    SBP_LAUNCH((attention_dkdv_kernel<W *(hd_max) / THREADS>), tiles, THREADS, 0, dk, dv, dout,    \
+               lse, dsum, q, k, v, kmask, s, end, e->T, NH, NKV, HD)
+    static_assert(W * 32 % THREADS == 0 && MAX_HD == 256, "dK/dV buckets");
+    if (HD <= 32)
+        DKDV(32);
+    else if (HD <= 64)
+        DKDV(64);
+    else if (HD <= 128)
+        DKDV(128);
+    else
+        DKDV(256);
+#undef DKDV
     check(e, "attention_dkdv_kernel");
     SBP_LAUNCH(attention_dq_kernel, blocks_for((size_t)M * NH, WARPS), THREADS, 0, dq, dout, lse,
                dsum, q, k, v, kmask, s, M, NH, NKV, HD);

@@ -67,11 +67,14 @@ struct device_state {
     } *blocks;
     int n, cap;
     int failed;
+    int sync; /* SBP_CUDA_SYNC=1: every launch is followed by a synchronize (check) */
     char msg[640];
 };
 
 /* After a launch or a runtime call: records the first error of the run (the run then fails, and
- * the entry point reports the message). */
+ * the entry point reports the message). With SBP_CUDA_SYNC=1 in the environment it first waits
+ * for the device, so that a fault inside a kernel is reported under that kernel's name instead
+ * of at a later call (the launches are asynchronous on a GPU; the emulator runs them at once). */
 void check(const eng *e, const char *what);
 
 /* ---- the kernel pairs (one file each) ------------------------------------------------------- */

@@ -24,6 +24,12 @@ static void fail(const eng *e, const char *fmt, const char *a, const char *b) {
 }
 
 void check(const eng *e, const char *what) {
+    if (state(e)->sync) {
+        const cudaError_t serr = cudaDeviceSynchronize();
+        if (serr != cudaSuccess)
+            fail(e, "%s (SBP_CUDA_SYNC=1: at the synchronize after it): %s", what,
+                 cudaGetErrorString(serr));
+    }
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) fail(e, "%s: %s", what, cudaGetErrorString(err));
 }
@@ -31,6 +37,11 @@ void check(const eng *e, const char *what) {
 /* ---- the run --------------------------------------------------------------------------------- */
 
 static int dev_begin(eng *e, char *msg, size_t n) {
+    const char *sync = getenv("SBP_CUDA_SYNC");
+    if (sync && *sync && strcmp(sync, "0") != 0 && strcmp(sync, "1") != 0) {
+        snprintf(msg, n, "SBP_CUDA_SYNC=\"%.40s\": must be 0 or 1", sync);
+        return 0;
+    }
     int count = 0;
     const cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count == 0) {
@@ -43,6 +54,7 @@ static int dev_begin(eng *e, char *msg, size_t n) {
         snprintf(msg, n, "out of host memory");
         return 0;
     }
+    d->sync = sync && strcmp(sync, "1") == 0;
     e->backend = d;
     return 1;
 }
