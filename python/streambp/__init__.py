@@ -11,6 +11,6 @@ from ._safetensors import SafetensorsError
 from .audit import AuditResult, Row, StreamBPError, audit, find_binary, init_model, objective_args
 from .grads import dump_grads, hf_name
 
-__all__ = ["AuditResult", "Row", "SafetensorsError", "StreamBPError", "audit", "batch", "dump_grads", "find_binary",
-           "hf_name", "init_model", "objective_args"]
+__all__ = ["AuditResult", "Row", "SafetensorsError", "StreamBPError", "audit", "batch",
+           "dump_grads", "find_binary", "hf_name", "init_model", "objective_args"]
 __version__ = "0.1.0"
