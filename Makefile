@@ -181,7 +181,7 @@ DEMO_BATCH := data/batches/sft-demo.safetensors
 DEMO_OPTS  := --block 16 --chunk 32 --logit-chunk 16 --threads 2
 
 demo: all
-	@$(BIN) init --config data/models/qwen3-tiny.json --seed 1 --out $(DEMO_MODEL) >/dev/null
+	@$(BIN) init --config data/models/qwen3-tiny.json --seed 1 --out $(DEMO_MODEL) --force >/dev/null
 	@for s in full ckpt stream; do \
 	  echo "== $(BIN) grad --schedule $$s $(DEMO_OPTS)"; \
 	  $(BIN) grad --model $(DEMO_MODEL) --batch $(DEMO_BATCH) --schedule $$s $(DEMO_OPTS) \
@@ -392,7 +392,7 @@ format-cuda:
 # to build-fuzz/corpus/<target>, findings (crash-*, leak-*, timeout-*) to build-fuzz/. CI runs it
 # for a short fixed time. Needs clang and libclang-rt-14-dev (Debian 12).
 
-FUZZ_TARGETS := safetensors config batch index
+FUZZ_TARGETS := safetensors config batch index adapter_config
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= clang
 FUZZ_FLAGS   := -std=gnu11 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \

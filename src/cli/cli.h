@@ -42,6 +42,15 @@ int64_t available_memory(char *why, size_t n);
 /* "512 B", "3.4 MiB", "80.00 GiB", "15.21 TiB" */
 void format_bytes(char *buf, size_t n, int64_t bytes);
 
+/* Whether a command that writes the files `ours` (NULL-terminated) as one directory may write
+ * dir: it does not exist, or it is a real directory (not a symbolic link) holding only regular
+ * files of those names — and when it holds any of them, force is set. Otherwise prints why
+ * (naming the file found) and returns 0; the directory is then left as it was. */
+int out_dir_ready(const char *cmd, const char *dir, const char *const *ours, int force);
+/* sbp_outdir_open on dir (trailing slashes dropped) after creating its missing parents: the
+ * files go to d->tmp, and sbp_outdir_commit renames the finished directory into place. */
+sbp_status out_dir_open(sbp_outdir *d, const char *dir, sbp_err *err);
+
 double now_seconds(void);
 long long peak_rss_bytes(void);
 void print_ledger(FILE *f, const sbp_ledger *lg, const char *indent);

@@ -1,6 +1,7 @@
 /* lora.c — `streambp lora init`: a new LoRA adapter directory in peft's layout. */
 #include "cli.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,9 @@ static const char usage[] =
     "gradient (the base model frozen), `train --lora DIR` trains it.\n"
     "\n"
     "  --model DIR          the base model (for the shapes; its config.json is read)\n"
-    "  --out DIR            the adapter directory to write\n"
+    "  --out DIR            the adapter directory to write; written in a temporary directory\n"
+    "                       beside it and renamed into place (never a mix of two adapters)\n"
+    "  --force              replace an adapter already in DIR (refused without it)\n"
     "  --r N                rank (default 8)\n"
     "  --alpha X            lora_alpha (default 16); the scaling is alpha/r\n"
     "  --rslora             use_rslora: the scaling is alpha/sqrt(r)\n"
@@ -44,13 +47,15 @@ int cmd_lora(int argc, char **argv) {
                                          {"seed", required_argument, 0, 's'},
                                          {"b-std", required_argument, 0, 'b'},
                                          {"precision", required_argument, 0, 'p'},
+                                         {"force", no_argument, 0, 'f'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *model = NULL, *out = NULL;
     sbp_lora_config lc = {.r = 8, .alpha = 16, .targets = SBP_LORA_Q | SBP_LORA_V};
-    double b_std = 0, seed = 1;
+    double b_std = 0;
+    unsigned long long seed = 1;
     sbp_precision prec = SBP_FP32;
-    int c;
+    int c, force = 0;
     optind = 1;
     while ((c = getopt_long(argc - 1, argv + 1, "", opts, NULL)) != -1) {
         switch (c) {
@@ -75,15 +80,25 @@ int cmd_lora(int argc, char **argv) {
                 return EXIT_USAGE;
             }
             break;
-        case 's':
-            if (!parse_number("lora init", "seed", optarg, 0, &seed)) return EXIT_USAGE;
+        case 's': {
+            char *end;
+            errno = 0;
+            seed = strtoull(optarg, &end, 10);
+            if (errno || end == optarg || *end || optarg[0] == '-') {
+                fprintf(stderr,
+                        "streambp lora init: --seed must be an integer in [0, 2^64), got \"%s\"\n",
+                        optarg);
+                return EXIT_USAGE;
+            }
             break;
+        }
         case 'b':
             if (!parse_number("lora init", "b-std", optarg, 0, &b_std)) return EXIT_USAGE;
             break;
         case 'p':
             if (!parse_precision("lora init", optarg, &prec)) return EXIT_USAGE;
             break;
+        case 'f': force = 1; break;
         case 'h': fputs(usage, stdout); return 0;
         default: fputs(usage, stderr); return EXIT_USAGE;
         }
@@ -92,6 +107,8 @@ int cmd_lora(int argc, char **argv) {
         fprintf(stderr, "streambp lora init: --model and --out are required\n%s", usage);
         return EXIT_USAGE;
     }
+    static const char *const ours[] = {"adapter_config.json", "adapter_model.safetensors", NULL};
+    if (!out_dir_ready("lora init", out, ours, force)) return EXIT_USAGE;
     sbp_err err = {0};
     sbp_config cfg;
     char path[4200];
@@ -100,7 +117,10 @@ int cmd_lora(int argc, char **argv) {
     if (sbp_config_load(&cfg, path, &err) ||
         sbp_lora_init(&a, &cfg, &lc, (uint64_t)seed, b_std, prec, &err))
         return report_error("lora init", &err);
-    sbp_status st = sbp_lora_save(out, &a, model, &err);
+    sbp_outdir d;
+    sbp_status st = out_dir_open(&d, out, &err);
+    if (!st && (st = sbp_lora_save(d.tmp, &a, model, &err))) sbp_outdir_abort(&d);
+    if (!st) st = sbp_outdir_commit(&d, &err);
     if (!st)
         printf("wrote %s: r %d, alpha %g%s, %d tensors, %lld parameters\n", out, lc.r, lc.alpha,
                lc.use_rslora ? " (rslora)" : "", a.params.n, (long long)a.params.total);

@@ -1,11 +1,16 @@
 /* util.c — option parsing, error reporting, timing and memory reports for the subcommands. */
 #include "cli.h"
+#include "../core/err.h"
+#include "../io/file.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -247,4 +252,72 @@ void format_bytes(char *buf, size_t n, int64_t bytes) {
         snprintf(buf, n, "%.2f GiB", bytes / 1073741824.0);
     else
         snprintf(buf, n, "%.2f TiB", bytes / 1099511627776.0);
+}
+
+/* The policy of `init --out` and `lora init --out` (cli.h). */
+int out_dir_ready(const char *cmd, const char *dir, const char *const *ours, int force) {
+    struct stat sb;
+    if (lstat(dir, &sb) != 0) {
+        if (errno == ENOENT) return 1;
+        fprintf(stderr, "streambp %s: --out %s: %s\n", cmd, dir, strerror(errno));
+        return 0;
+    }
+    if (S_ISLNK(sb.st_mode) || !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "streambp %s: --out %s exists and is %s; give a new or empty directory\n",
+                cmd, dir, S_ISLNK(sb.st_mode) ? "a symbolic link" : "not a directory");
+        return 0;
+    }
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *dp = fd < 0 ? NULL : fdopendir(fd);
+    if (!dp) {
+        if (fd >= 0) close(fd);
+        fprintf(stderr, "streambp %s: --out %s: cannot read the directory: %s\n", cmd, dir,
+                strerror(errno));
+        return 0;
+    }
+    char found[256] = "", other[256] = "";
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        int mine = 0;
+        for (int i = 0; ours[i] && !mine; i++) mine = strcmp(e->d_name, ours[i]) == 0;
+        struct stat fb;
+        if (mine && (fstatat(fd, e->d_name, &fb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(fb.st_mode)))
+            mine = 0; /* our name, but not a regular file: not ours to replace */
+        if (mine && !found[0]) snprintf(found, sizeof found, "%s", e->d_name);
+        if (!mine && !other[0]) snprintf(other, sizeof other, "%s", e->d_name);
+    }
+    closedir(dp);
+    if (other[0]) {
+        fprintf(stderr,
+                "streambp %s: --out %s holds \"%s\", which this command does not write; give a "
+                "new or empty directory (nothing was changed)\n",
+                cmd, dir, other);
+        return 0;
+    }
+    if (found[0] && !force) {
+        fprintf(stderr,
+                "streambp %s: --out %s already holds %s; pass --force to replace it (nothing was "
+                "changed)\n",
+                cmd, dir, found);
+        return 0;
+    }
+    return 1;
+}
+
+sbp_status out_dir_open(sbp_outdir *d, const char *dir, sbp_err *err) {
+    char path[4096];
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--; /* "out/" names "out" */
+    if (n >= sizeof path) return sbp_fail(err, SBP_EUSAGE, "--out: name too long: %.80s...", dir);
+    memcpy(path, dir, n);
+    path[n] = '\0';
+    char *slash = strrchr(path, '/');
+    if (slash && slash != path) { /* the parents, as mkdir -p */
+        *slash = '\0';
+        sbp_status st = sbp_make_dirs(path, err);
+        *slash = '/';
+        if (st) return st;
+    }
+    return sbp_outdir_open(d, path, err);
 }

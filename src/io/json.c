@@ -111,8 +111,8 @@ sbp_status sbp_json_parse(cJSON **out, const char *text, size_t n, const char *w
         const char *at = cJSON_GetErrorPtr();
         size_t off = at && at >= text && at <= text + n ? (size_t)(at - text) : n;
         return sbp_fail(err, SBP_EFORMAT,
-                        "%s: malformed JSON (parse error at byte %zu, near \"%.20s\")", what, off,
-                        off < n ? text + off : "");
+                        "%s: malformed JSON (parse error at byte %zu, near \"%.*s\")", what, off,
+                        (int)(n - off < 20 ? n - off : 20), text + off); /* text: not NUL-ended */
     }
     for (const char *p = end ? end : text + n; p < text + n && !st; p++)
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')

@@ -9,6 +9,7 @@
 #include "../streambp.h"
 #include "file.h"
 #include "json.h"
+#include "lora.h"
 #include "safetensors.h"
 
 #include <cJSON.h>
@@ -127,6 +128,25 @@ static void set(sbp_lora *a, int64_t i, double v) {
         ((float *)a->w)[i] = (float)v;
 }
 
+/* The first element of the adapter that is NaN or infinite, named by tensor and index, as an
+ * error about `what`; SBP_OK when every element is finite. */
+static sbp_status check_finite(const sbp_lora *a, const char *what, sbp_err *err) {
+    for (int i = 0; i < a->params.n; i++) {
+        const sbp_param *p = &a->params.p[i];
+        for (int64_t j = 0; j < p->numel; j++) {
+            const double v = a->prec == SBP_FP64 ? ((const double *)a->w)[p->offset + j]
+                                                 : ((const float *)a->w)[p->offset + j];
+            if (!isfinite(v))
+                return sbp_fail(err, SBP_EINPUT,
+                                "%s: \"%s\" element %lld (row %lld, column %lld) "
+                                "is %g",
+                                what, p->name, (long long)j, (long long)(j / p->shape[1]),
+                                (long long)(j % p->shape[1]), v);
+        }
+    }
+    return SBP_OK;
+}
+
 sbp_status sbp_lora_init(sbp_lora *a, const sbp_config *cfg, const sbp_lora_config *c,
                          uint64_t seed, double b_std, sbp_precision prec, sbp_err *err) {
     memset(a, 0, sizeof *a);
@@ -150,7 +170,9 @@ sbp_status sbp_lora_init(sbp_lora *a, const sbp_config *cfg, const sbp_lora_conf
                 p->lora == 1 ? bound * (2 * sbp_rng_uniform(&r) - 1)
                              : (b_std > 0 ? b_std * sbp_rng_normal(&r) : 0));
     }
-    return SBP_OK;
+    /* a std near the float range overflows (--b-std 1e308): no adapter with infinite weights */
+    if ((st = check_finite(a, "lora init: the std of B is too large", err))) sbp_lora_free(a, NULL);
+    return st;
 }
 
 void sbp_lora_free(sbp_lora *a, sbp_ledger *lg) {
@@ -161,6 +183,28 @@ void sbp_lora_free(sbp_lora *a, sbp_ledger *lg) {
 
 /* ---- adapter directories ------------------------------------------------------------------- */
 
+/* A boolean field of adapter_config.json: absent or null reads as false; anything but JSON true
+ * or false is an error (a string "true" is not silently false, a number not silently true). */
+static sbp_status get_bool(int *out, const cJSON *j, const char *name, const char *path,
+                           sbp_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, name);
+    *out = 0;
+    if (!v || cJSON_IsNull(v)) return SBP_OK;
+    if (!cJSON_IsBool(v))
+        return sbp_fail(err, SBP_EINPUT, "%s: \"%s\" must be true or false (JSON booleans)", path,
+                        name);
+    *out = cJSON_IsTrue(v);
+    return SBP_OK;
+}
+
+/* Whether a field is set to something other than its inert value: absent, null, false, "" or an
+ * empty array or object. */
+static int is_set(const cJSON *v) {
+    return v && !cJSON_IsNull(v) && !cJSON_IsFalse(v) &&
+           !(cJSON_IsString(v) && !v->valuestring[0]) &&
+           !((cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child);
+}
+
 static sbp_status read_config(sbp_lora_config *c, const char *path, sbp_err *err) {
     char *text = NULL;
     size_t n = 0;
@@ -169,46 +213,64 @@ static sbp_status read_config(sbp_lora_config *c, const char *path, sbp_err *err
     if (!st) st = sbp_json_parse(&j, text, n, path, err);
     free(text);
     if (st) return st;
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return sbp_fail(err, SBP_EFORMAT, "%s: not a JSON object", path);
-    }
+    st = sbp_lora_config_from_json(c, j, path, err);
+    cJSON_Delete(j);
+    return st;
+}
+
+sbp_status sbp_lora_config_from_json(sbp_lora_config *c, const cJSON *j, const char *path,
+                                     sbp_err *err) {
+    if (!cJSON_IsObject(j)) return sbp_fail(err, SBP_EFORMAT, "%s: not a JSON object", path);
     memset(c, 0, sizeof *c);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "peft_type");
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "r");
     const cJSON *alpha = cJSON_GetObjectItemCaseSensitive(j, "lora_alpha");
     const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "target_modules");
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "use_rslora");
     const cJSON *bias = cJSON_GetObjectItemCaseSensitive(j, "bias");
-    const cJSON *dora = cJSON_GetObjectItemCaseSensitive(j, "use_dora");
-    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rank_pattern");
-    const cJSON *ap = cJSON_GetObjectItemCaseSensitive(j, "alpha_pattern");
-    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layers_to_transform");
-    const cJSON *ff = cJSON_GetObjectItemCaseSensitive(j, "fan_in_fan_out");
-    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(j, "modules_to_save");
+    int rslora = 0, dora = 0, ff = 0, inference = 0, qalora = 0, lbias = 0;
+    sbp_status st = SBP_OK;
+    if (!st) st = get_bool(&rslora, j, "use_rslora", path, err);
+    if (!st) st = get_bool(&dora, j, "use_dora", path, err);
+    if (!st) st = get_bool(&ff, j, "fan_in_fan_out", path, err);
+    if (!st) st = get_bool(&inference, j, "inference_mode", path, err);
+    if (!st) st = get_bool(&qalora, j, "use_qalora", path, err);
+    if (!st) st = get_bool(&lbias, j, "lora_bias", path, err);
+    /* peft features that change the adapter's function or which modules carry it, and that this
+     * implementation does not have: refused by name rather than silently ignored */
+    static const char *const unsupported[] = {
+        "rank_pattern",    "alpha_pattern",          "layers_to_transform", "layers_pattern",
+        "modules_to_save", "exclude_modules",        "target_parameters",   "layer_replication",
+        "megatron_config", "trainable_token_indices"};
+    for (size_t i = 0; !st && i < sizeof unsupported / sizeof *unsupported; i++)
+        if (is_set(cJSON_GetObjectItemCaseSensitive(j, unsupported[i])))
+            st = sbp_fail(err, SBP_EINPUT, "%s: %s is set: not supported by streambp", path,
+                          unsupported[i]);
+    if (st) return st;
     if (!cJSON_IsString(type) || strcmp(type->valuestring, "LORA") != 0)
         st = sbp_fail(err, SBP_EINPUT, "%s: peft_type is not \"LORA\"", path);
-    else if (!cJSON_IsNumber(r) || r->valuedouble != (double)(int)r->valuedouble)
-        st = sbp_fail(err, SBP_EINPUT, "%s: \"r\" is not an integer", path);
-    else if (!cJSON_IsNumber(alpha))
-        st = sbp_fail(err, SBP_EINPUT, "%s: \"lora_alpha\" is not a number", path);
+    else if (!cJSON_IsNumber(r) || !(r->valuedouble >= 1 && r->valuedouble <= 1048576) ||
+             r->valuedouble != floor(r->valuedouble))
+        st = sbp_fail(err, SBP_EINPUT, "%s: \"r\" must be an integer in [1, 2^20]", path);
+    else if (!cJSON_IsNumber(alpha) || !isfinite(alpha->valuedouble) || alpha->valuedouble <= 0)
+        st = sbp_fail(err, SBP_EINPUT, "%s: \"lora_alpha\" must be a finite number > 0", path);
     else if ((bias && !cJSON_IsNull(bias) &&
               (!cJSON_IsString(bias) || strcmp(bias->valuestring, "none") != 0)))
         st = sbp_fail(err, SBP_EINPUT, "%s: bias \"%s\": only bias \"none\" is supported", path,
                       cJSON_IsString(bias) ? bias->valuestring : "?");
-    else if (cJSON_IsTrue(dora))
+    else if (dora)
         st = sbp_fail(err, SBP_EINPUT, "%s: use_dora: DoRA adapters are not supported", path);
-    else if ((cJSON_IsObject(rp) && rp->child) || (cJSON_IsObject(ap) && ap->child))
-        st = sbp_fail(err, SBP_EINPUT, "%s: rank_pattern/alpha_pattern are not supported", path);
-    else if (lt && !cJSON_IsNull(lt))
-        st = sbp_fail(err, SBP_EINPUT, "%s: layers_to_transform is not supported", path);
-    else if (cJSON_IsTrue(ff))
+    else if (qalora)
+        st = sbp_fail(err, SBP_EINPUT, "%s: use_qalora: QA-LoRA adapters are not supported", path);
+    else if (lbias)
+        st = sbp_fail(err, SBP_EINPUT,
+                      "%s: lora_bias: adapters with a bias on lora_B are not "
+                      "supported",
+                      path);
+    else if (ff)
         st = sbp_fail(err, SBP_EINPUT, "%s: fan_in_fan_out is for GPT-2's Conv1D, not these models",
                       path);
-    else if (ms && !cJSON_IsNull(ms) && !(cJSON_IsArray(ms) && !ms->child))
-        st = sbp_fail(err, SBP_EINPUT, "%s: modules_to_save is not supported", path);
     if (!st) {
-        c->r = (int)r->valuedouble, c->alpha = alpha->valuedouble, c->use_rslora = cJSON_IsTrue(rs);
+        c->r = (int)r->valuedouble, c->alpha = alpha->valuedouble, c->use_rslora = rslora;
         if (cJSON_IsString(tm)) {
             if (!sbp_lora_targets_parse(tm->valuestring, &c->targets))
                 st = sbp_fail(err, SBP_EINPUT, "%s: target_modules \"%s\"", path, tm->valuestring);
@@ -229,7 +291,6 @@ static sbp_status read_config(sbp_lora_config *c, const char *path, sbp_err *err
             st = sbp_fail(err, SBP_EINPUT, "%s: target_modules is missing", path);
         }
     }
-    cJSON_Delete(j);
     return st ? st : check_config(c, err) ? sbp_fail_prefix(err, "%s: ", path) : SBP_OK;
 }
 
@@ -266,13 +327,16 @@ sbp_status sbp_lora_load(sbp_lora *a, const char *dir, const sbp_config *cfg, sb
                           "differ?)",
                           path, sf.t[i].name);
     if (sf.f) sbp_st_close(&sf);
+    if (!st) st = check_finite(a, path, err); /* as the model loader rejects non-finite weights */
     if (st) sbp_lora_free(a, lg);
     return st;
 }
 
 sbp_status sbp_lora_save(const char *dir, const sbp_lora *a, const char *base_model, sbp_err *err) {
     char path[4200];
-    sbp_status st = sbp_make_dirs(dir, err);
+    snprintf(path, sizeof path, "%s: not saved", dir);
+    sbp_status st = check_finite(a, path, err);
+    if (!st) st = sbp_make_dirs(dir, err);
     if (st) return st;
     cJSON *j = cJSON_CreateObject(), *tm = cJSON_CreateArray();
     cJSON_AddStringToObject(j, "peft_type", "LORA");
