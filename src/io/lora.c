@@ -248,11 +248,11 @@ sbp_status sbp_lora_config_from_json(sbp_lora_config *c, const cJSON *j, const c
     if (st) return st;
     if (!cJSON_IsString(type) || strcmp(type->valuestring, "LORA") != 0)
         st = sbp_fail(err, SBP_EINPUT, "%s: peft_type is not \"LORA\"", path);
-    else if (!cJSON_IsNumber(r) || !(r->valuedouble >= 1 && r->valuedouble <= 1048576) ||
-             r->valuedouble != floor(r->valuedouble))
-        st = sbp_fail(err, SBP_EINPUT, "%s: \"r\" must be an integer in [1, 2^20]", path);
-    else if (!cJSON_IsNumber(alpha) || !isfinite(alpha->valuedouble) || alpha->valuedouble <= 0)
-        st = sbp_fail(err, SBP_EINPUT, "%s: \"lora_alpha\" must be a finite number > 0", path);
+    else if (!cJSON_IsNumber(r) || !(fabs(r->valuedouble) <= 2147483647.0) ||
+             r->valuedouble != floor(r->valuedouble)) /* checked before the conversion to int */
+        st = sbp_fail(err, SBP_EINPUT, "%s: \"r\" is not an integer (of int range)", path);
+    else if (!cJSON_IsNumber(alpha)) /* its range: check_config */
+        st = sbp_fail(err, SBP_EINPUT, "%s: \"lora_alpha\" is not a number", path);
     else if ((bias && !cJSON_IsNull(bias) &&
               (!cJSON_IsString(bias) || strcmp(bias->valuestring, "none") != 0)))
         st = sbp_fail(err, SBP_EINPUT, "%s: bias \"%s\": only bias \"none\" is supported", path,
