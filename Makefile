@@ -56,7 +56,7 @@ COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/common/%.o) $(VERIFY_SRC:%.c=$(BUILD)/co
               $(REF_SRC:%.c=$(BUILD)/common/%.o)
 F32_OBJ    := $(NUM_SRC:%.c=$(BUILD)/f32/%.o)
 F64_OBJ    := $(NUM_SRC:%.c=$(BUILD)/f64/%.o)
-CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/common/%.o)
+CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/common/%.o) $(BUILD)/gen/golden_data.o
 TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
 LIB        := $(BUILD)/libstreambp.a
@@ -103,6 +103,20 @@ $(BUILD)/f32/%.o: %.c | check-deps
 $(BUILD)/f64/%.o: %.c | check-deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DSBP_REAL_F64 -MMD -MP -c $< -o $@
+
+# The golden cases built into the binary for `streambp verify golden`: the digests, the configs
+# of the families they name and the tiny batches (src/cli/verify/embed.sh).
+GOLDEN_FILES := $(wildcard data/golden/*.txt) \
+                $(sort $(foreach g,$(wildcard data/golden/*.txt),$(wildcard data/models/$(word 1,$(subst -sft-, ,$(subst -dpo-, ,$(subst -grpo-, ,$(notdir $(g)))))).json))) \
+                data/batches/sft-tiny.safetensors data/batches/dpo-tiny.safetensors \
+                data/batches/grpo-tiny.safetensors
+
+$(BUILD)/gen/golden_data.c: $(GOLDEN_FILES) src/cli/verify/embed.sh
+	@mkdir -p $(dir $@)
+	src/cli/verify/embed.sh $@ $(GOLDEN_FILES)
+
+$(BUILD)/gen/golden_data.o: $(BUILD)/gen/golden_data.c src/cli/verify/golden_data.h
+	$(CC) $(CFLAGS) -Isrc/cli/verify -c $< -o $@
 
 # One relocatable object per precision; everything but the entry point becomes local.
 $(BUILD)/engine_f32.o: $(F32_OBJ)

@@ -43,6 +43,9 @@ static const char usage[] =
     "  --slack X          fp32 budget factor (default 4)\n"
     "  --failures-only    print only rows that fail\n"
     "  --json             JSON instead of the tables\n"
+    "  --no-golden        leave out the golden step (the default run, without --model, ends with\n"
+    "                     `verify golden` on cpu and the --devices: the portable bits of the\n"
+    "                     committed cases recomputed on this machine)\n"
     "Exit status: 0 every promise holds, 1 one is broken, 2 usage or input error.\n"
     "\n";
 
@@ -177,13 +180,14 @@ int verify_run(int argc, char **argv) {
                                          {"slack", required_argument, 0, 'S'},
                                          {"failures-only", no_argument, 0, 'f'},
                                          {"json", no_argument, 0, 'j'},
+                                         {"no-golden", no_argument, 0, 'G'},
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
     sbp_verify_opts o = {0};
     obj_args oa;
     obj_args_init(&oa);
-    int json = 0, failures_only = 0, c, list[8], n;
+    int json = 0, failures_only = 0, no_golden = 0, c, list[8], n;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -232,6 +236,7 @@ int verify_run(int argc, char **argv) {
             if (!parse_number("verify", "slack", optarg, 1, &o.slack)) return EXIT_USAGE;
             break;
         case 'f': failures_only = 1; break;
+        case 'G': no_golden = 1; break;
         case 'j': json = 1; break;
         case 'h': printf("%s%s", usage, obj_usage); return 0;
         default:
@@ -249,12 +254,19 @@ int verify_run(int argc, char **argv) {
         fprintf(stderr, "streambp verify: give both --model and --batch, or neither\n%s", usage);
         return EXIT_USAGE;
     }
+    const int golden = !o.model && !no_golden;
     sbp_err err = {0};
     sbp_default_inputs def = {0};
     if (!o.model) {
         if (sbp_default_inputs_make(&def, &err)) return report_error("verify", &err);
         o.model = def.model, o.batch = def.batch;
     }
+    /* the full check on the bundled default also proves the portable contract on this machine
+     * and on the devices named: the committed golden cases, recomputed (golden.c) */
+    const char *gdev[3] = {"cpu"};
+    int n_gdev = 1;
+    for (int d = SBP_DEVICE_CUDA; d <= SBP_DEVICE_CUDA_EMU; d++)
+        if (o.devices & (1 << d)) gdev[n_gdev++] = sbp_device_name((sbp_device)d);
     sbp_verify_report rep;
     double t0 = now_seconds();
     sbp_status st = sbp_verify_run(&rep, &o, &err);
@@ -310,5 +322,12 @@ int verify_run(int argc, char **argv) {
     }
     int failed = rep.failed;
     sbp_verify_report_free(&rep);
+    if (golden) {
+        if (!json) printf("\ngolden digests: the committed portable cases recomputed here\n");
+        int g = golden_check(json ? stderr : stdout, gdev, n_gdev, 0, NULL);
+        if (g == EXIT_USAGE) return g;
+        failed |= g != 0;
+        if (!json) printf("%s\n", failed ? "FAIL" : "PASS");
+    }
     return failed ? EXIT_MISMATCH : 0;
 }

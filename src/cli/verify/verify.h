@@ -2,6 +2,8 @@
 #ifndef SBP_VERIFY_H
 #define SBP_VERIFY_H
 
+#include <stdio.h>
+
 int verify_main(int argc, char **argv); /* dispatches on argv[1] */
 int verify_diff(int argc, char **argv);
 int verify_fd(int argc, char **argv);
@@ -9,5 +11,10 @@ int verify_run(int argc, char **argv); /* no subcommand: the full matrix */
 int verify_audit(int argc, char **argv);
 int verify_suite(int argc, char **argv);
 int verify_digest(int argc, char **argv);
+int verify_golden(int argc, char **argv);
+/* The golden step (golden.c) on the devices given ("cpu", "cuda", "cuda-emu"): prints one line
+ * per case run and a summary to f; returns 0, EXIT_MISMATCH or EXIT_USAGE. */
+int golden_check(FILE *f, const char *const *devices, int n_devices, int all,
+                 const char *golden_dir);
 
 #endif

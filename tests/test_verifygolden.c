@@ -1,0 +1,82 @@
+/* test_verifygolden.c — `streambp verify golden` (issue 35 item 16): the committed golden cases,
+ * built into the binary, recomputed on this machine and compared with their digests; from any
+ * directory; a changed digest (standing for a changed portable arithmetic: the comparison cannot
+ * tell the two apart) fails naming the case and the tensor; the default `verify` runs the step. */
+#include "testutil.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int golden_files(void) {
+    DIR *d = opendir("data/golden");
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) n += strstr(e->d_name, ".txt") != NULL;
+    closedir(d);
+    return n;
+}
+
+START_TEST(every_case_passes_anywhere) {
+    char bin[4096];
+    ck_assert_ptr_nonnull(realpath(tu_bin(), bin));
+    int rc = tu_sh("cd / && timeout 300 '%s' verify golden", bin);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, tu_last_output());
+    char want[96];
+    snprintf(want, sizeof want, "golden: %d case runs on 1 device, %d pass, 0 differ",
+             golden_files(), golden_files());
+    ck_assert_msg(strstr(tu_last_output(), want), "no \"%s\" in: %s", want, tu_last_output());
+    ck_assert_msg(strstr(tu_last_output(), "qwen3-hd72") && strstr(tu_last_output(), "llama3-tiny"),
+                  "%s", tu_last_output());
+}
+END_TEST
+
+START_TEST(a_changed_digest_fails) {
+    const char *dir = tu_keep(tu_new_dir("golden-copy"));
+    ck_assert_int_eq(tu_sh("cp data/golden/*.txt '%s'/", dir), 0);
+    /* one hex digit of one tensor's digest */
+    ck_assert_int_eq(tu_sh("sed -i '/model.layers.1.mlp.down_proj.weight/ s/ \\([0-9a-f]\\)/ X/' "
+                           "'%s/qwen2-hd24-dpo-fp32.txt'",
+                           dir),
+                     0);
+    int rc = tu_sh("timeout 300 '%s' verify golden --golden-dir '%s'", tu_bin(), dir);
+    const char *out = tu_last_output();
+    ck_assert_msg(rc == 1, "exit %d: %s", rc, out);
+    ck_assert_msg(strstr(out, "qwen2-hd24   dpo  fp32  cpu       FAIL") &&
+                      strstr(out, "model.layers.1.mlp.down_proj.weight"),
+                  "%s", out);
+    ck_assert_msg(strstr(out, "1 differ"), "%s", out);
+    /* a missing golden file is an input error, not a pass */
+    ck_assert_int_eq(tu_sh("rm '%s/qwen3-tiny-sft-fp64.txt'", dir), 0);
+    rc = tu_sh("timeout 300 '%s' verify golden --golden-dir '%s'", tu_bin(), dir);
+    ck_assert_msg(rc == 2 && strstr(tu_last_output(), "qwen3-tiny-sft-fp64"), "exit %d: %s", rc,
+                  tu_last_output());
+}
+END_TEST
+
+START_TEST(default_verify_runs_it) {
+    int rc = tu_sh("timeout 300 '%s' verify", tu_bin());
+    ck_assert_msg(rc == 0 && strstr(tu_last_output(), "golden: "), "exit %d: %s", rc,
+                  tu_last_output());
+    rc = tu_sh("timeout 300 '%s' verify --no-golden", tu_bin());
+    ck_assert_msg(rc == 0 && !strstr(tu_last_output(), "golden: "), "exit %d: %s", rc,
+                  tu_last_output());
+    tu_expect_usage("gpu0", "verify golden --devices gpu0");
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("verifygolden");
+    TCase *tc = tcase_create("verifygolden");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, every_case_passes_anywhere);
+    tcase_add_test(tc, a_changed_digest_fails);
+    tcase_add_test(tc, default_verify_runs_it);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run_suite(suite());
+}
