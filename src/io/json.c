@@ -2,6 +2,7 @@
 #include "json.h"
 #include "../core/err.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,4 +142,15 @@ cJSON *sbp_json_number(double v) {
         if (strtod(buf, NULL) == v) break;
     }
     return cJSON_CreateRaw(buf);
+}
+
+int sbp_json_int(const cJSON *x, int64_t lo, int64_t hi, int64_t *out) {
+    if (!cJSON_IsNumber(x)) return 0;
+    double v = x->valuedouble;
+    /* NaN fails every comparison; v is within [lo, hi] and int64's range before it is converted
+     * ((double)INT64_MAX rounds up to 2^63, hence the second test) */
+    if (!(v >= (double)lo && v <= (double)hi) || !(v >= -0x1p63 && v < 0x1p63) || v != floor(v))
+        return 0;
+    *out = (int64_t)v;
+    return 1;
 }

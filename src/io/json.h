@@ -16,6 +16,7 @@
 
 #include <cJSON.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Parses n bytes of text (need not be NUL-terminated) as one JSON value into *out after checking
  * that it is valid UTF-8 (RFC 3629: no overlong forms, surrogates or code points past U+10FFFF)
@@ -26,5 +27,11 @@ sbp_status sbp_json_parse(cJSON **out, const char *text, size_t n, const char *w
 /* A number node whose text is the shortest of %.15g, %.16g, %.17g that reads back as exactly v
  * (v finite). NULL when out of memory. */
 cJSON *sbp_json_number(double v);
+
+/* Whether x is a JSON number holding an integer in [lo, hi]; then *out is that integer. The
+ * range is checked on the double before any conversion (a conversion of a double outside the
+ * target type's range is undefined behaviour). Beyond +-2^53 not every integer is a double,
+ * so a bound there is only as exact as its double. */
+int sbp_json_int(const cJSON *x, int64_t lo, int64_t hi, int64_t *out);
 
 #endif
