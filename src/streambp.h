@@ -650,8 +650,10 @@ sbp_status sbp_train_step(sbp_step_result *r, sbp_model *m, sbp_lora *lora, sbp_
 uint64_t sbp_hash64(const void *data, size_t n, uint64_t h);
 
 /* A directory that appears under its final name only when complete: files go into
- * "<path>.tmp.<pid>"; commit fsyncs every file and the directory, renames it into place
- * (replacing an older directory of that name) and fsyncs the parent. */
+ * "<path>.tmp.<pid>.XXXXXX" (mkdtemp: unpredictable); commit fsyncs every file and the
+ * directory, puts it in place (swapping it with an older directory of that name in one
+ * renameat2(RENAME_EXCHANGE), then removing the older one) and fsyncs the parent. A symbolic
+ * link at path is refused, never followed or replaced. */
 typedef struct {
     char path[4096];
     char tmp[4200];
@@ -662,6 +664,15 @@ sbp_status sbp_outdir_open(sbp_outdir *d, const char *path, sbp_err *err);
 const char *sbp_outdir_file(const sbp_outdir *d, const char *name, char *buf, size_t n);
 sbp_status sbp_outdir_commit(sbp_outdir *d, sbp_err *err);
 void sbp_outdir_abort(sbp_outdir *d);
+/* Removes path: a file or a symbolic link as itself (never what it points to), a directory with
+ * everything under it walked through its own descriptors (openat/unlinkat, O_NOFOLLOW). 0 when
+ * done or absent, -1 with errno otherwise. */
+int sbp_remove_tree(const char *path);
+/* In a run directory: the leftovers of writers that were killed ("<name>.tmp.<pid>[.X]",
+ * "<name>.old.<pid>[.X]" for the names a run writes, pid no longer alive) removed as
+ * sbp_remove_tree does; an older checkpoint moved aside by a writer killed before the new one
+ * was in place is renamed back when its name is free. */
+void sbp_remove_stale(const char *dir);
 /* Writes a model directory's two files into dir: config.json (config_json verbatim) and
  * model.safetensors (the weights under their HF names, F32 or F64 as m holds them). */
 sbp_status sbp_model_save_files(const char *dir, const sbp_model *m, const char *config_json,

@@ -471,7 +471,7 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     if (sbp_config_load(&cfg, cfgpath, &err) || (!model && sbp_model_init(&cfg, 1, dir, &err))) {
-        if (dir[0]) rmdir(dir);
+        if (dir[0]) sbp_remove_tree(dir);
         return report_error("bench", &err);
     }
     const char *mdir = model ? model : dir;
@@ -695,13 +695,6 @@ int cmd_bench(int argc, char **argv) {
                 "mean of the rates timed just before and just after its process; the training "
                 "rows: over the run's sgemm rate))\n");
     }
-    if (dir[0]) {
-        char p[1200];
-        snprintf(p, sizeof p, "%s/config.json", dir);
-        remove(p);
-        snprintf(p, sizeof p, "%s/model.safetensors", dir);
-        remove(p);
-        rmdir(dir);
-    }
+    if (dir[0]) sbp_remove_tree(dir); /* ours (mkdtemp), walked without following a link */
     return failures ? EXIT_USAGE : 0;
 }

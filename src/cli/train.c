@@ -535,11 +535,11 @@ static const char timing_header[] =
 
 static int is_dir(const char *p) {
     struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+    return lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 static int is_file(const char *p) {
     struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+    return lstat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
 /* N of a name "checkpoint-N" (digits only), or -1. */
@@ -591,49 +591,6 @@ static int find_checkpoint(char *out, size_t n, const char *path) {
     if (best < 0) return 0;
     pathf(out, n, "%s/checkpoint-%ld", path, best);
     return 1;
-}
-
-/* Leftovers of a process that was killed while writing: "NAME.tmp.PID" and "NAME.old.PID",
- * for the names a run writes, whose process no longer exists. */
-static void remove_stale(const char *dir) {
-    static const char *const ours[] = {"checkpoint-",         "loss.csv.",
-                                       "timing.csv.",         "model.safetensors.",
-                                       "config.json.",        "adapter_model.safetensors.",
-                                       "adapter_config.json."};
-    DIR *dp = opendir(dir);
-    if (!dp) return;
-    struct dirent *e;
-    while ((e = readdir(dp))) {
-        int mine = 0;
-        for (int i = 0; i < 7 && !mine; i++)
-            mine = strncmp(e->d_name, ours[i], strlen(ours[i])) == 0;
-        const char *t = strstr(e->d_name, ".tmp.");
-        if (!t) t = strstr(e->d_name, ".old.");
-        if (!mine || !t || strchr(t + 5, '.')) continue;
-        char *end;
-        long pid = strtol(t + 5, &end, 10);
-        if (*end || pid <= 0) continue;
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to tell */
-        char p[4200];
-        pathf(p, sizeof p, "%s/%s", dir, e->d_name);
-        if (is_dir(p)) {
-            DIR *inner = opendir(p);
-            if (inner) {
-                struct dirent *f;
-                while ((f = readdir(inner))) {
-                    if (strcmp(f->d_name, ".") == 0 || strcmp(f->d_name, "..") == 0) continue;
-                    char q[8400];
-                    pathf(q, sizeof q, "%s/%s", p, f->d_name);
-                    unlink(q);
-                }
-                closedir(inner);
-            }
-            rmdir(p);
-        } else {
-            unlink(p);
-        }
-    }
-    closedir(dp);
 }
 
 static int mkdir_p(const char *dir) {
@@ -1079,7 +1036,7 @@ static sbp_status open_logs(train_run *r, const train_args *a, sbp_err *err) {
     if (mkdir_p(a->out) != 0)
         return sbp_fail(err, SBP_EIO, "--out %s: cannot create the directory: %s", a->out,
                         strerror(errno));
-    remove_stale(a->out);
+    sbp_remove_stale(a->out);
     char p[4200];
     pathf(p, sizeof p, "%s/loss.csv", a->out);
     sbp_status st = sbp_write_atomic(p, r->rs.loss_csv, r->rs.loss_len, err);

@@ -1,11 +1,14 @@
 /* checkpoint.c — the pieces of a checkpoint that are not the optimizer's: a directory written
  * atomically, a model directory's files, and a hash to recognise a run's model and data.
  *
- * Atomic directory: everything is written into "<path>.tmp.<pid>" beside the final name; commit
- * fsyncs each file and the directory, then renames it into place and fsyncs the parent, so after
- * a crash at any moment the final name holds either nothing, the previous complete directory, or
- * the new complete one. A directory of the same name (a run resumed from an earlier checkpoint
- * writes the same step again) is first renamed aside and removed after the new one is in place. */
+ * Atomic directory: everything is written into "<path>.tmp.<pid>.XXXXXX" (mkdtemp) beside the
+ * final name; commit fsyncs each file and the directory, then renames it into place and fsyncs
+ * the parent, so after a crash at any moment the final name holds either nothing, the previous
+ * complete directory, or the new complete one. A directory of the same name (a run resumed from
+ * an earlier checkpoint writes the same step again) is swapped with the new one in one
+ * renameat2(RENAME_EXCHANGE) and then removed; nothing is ever followed through a symbolic link
+ * (sbp_remove_tree). */
+#define _GNU_SOURCE /* renameat2, RENAME_EXCHANGE */
 #include "../core/err.h"
 #include "../io/file.h"
 #include "../streambp.h"
@@ -17,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <signal.h>
 #include <unistd.h>
 
 uint64_t sbp_hash64(const void *data, size_t n, uint64_t h) {
@@ -35,20 +39,54 @@ uint64_t sbp_hash64(const void *data, size_t n, uint64_t h) {
     return h ^ (uint64_t)n;
 }
 
-/* Removes a directory that holds only files (ours: checkpoints are flat). */
-static void remove_flat_dir(const char *dir) {
-    DIR *dp = opendir(dir);
-    if (dp) {
-        struct dirent *e;
-        while ((e = readdir(dp))) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-            char path[8400];
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            unlink(path);
-        }
-        closedir(dp);
+/* Removes everything under the directory open as dirfd, never following a symbolic link: each
+ * entry is examined with fstatat(AT_SYMLINK_NOFOLLOW), a link or file is unlinked as what it is,
+ * and a real directory is entered through its own descriptor (O_DIRECTORY | O_NOFOLLOW), so a
+ * link planted inside cannot lead the removal out of the tree. depth bounds the recursion. */
+static void remove_under(int dirfd, int depth) {
+    int fd = dup(dirfd);
+    DIR *dp = fd < 0 ? NULL : fdopendir(fd);
+    if (!dp) {
+        if (fd >= 0) close(fd);
+        return;
     }
-    rmdir(dir);
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        struct stat sb;
+        if (fstatat(dirfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (S_ISDIR(sb.st_mode)) {
+            int sub = depth > 0 ? openat(dirfd, e->d_name,
+                                         O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                                : -1;
+            if (sub >= 0) {
+                remove_under(sub, depth - 1);
+                close(sub);
+            }
+            unlinkat(dirfd, e->d_name, AT_REMOVEDIR);
+        } else {
+            unlinkat(dirfd, e->d_name, 0);
+        }
+    }
+    closedir(dp);
+}
+
+int sbp_remove_tree(const char *path) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0) return errno == ENOENT ? 0 : -1;
+    if (!S_ISDIR(sb.st_mode)) return unlink(path); /* a link is removed as a link */
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return -1;
+    remove_under(fd, 8);
+    close(fd);
+    return rmdir(path);
+}
+
+/* "<path>.<what>.<pid>.XXXXXX" made unique by mkdtemp: a name nobody can predict or plant, whose
+ * pid part still tells a later run whether its writer is alive (sbp_remove_stale). */
+static int make_temp_dir(char *out, size_t n, const char *path, const char *what) {
+    if ((size_t)snprintf(out, n, "%s.%s.%ld.XXXXXX", path, what, (long)getpid()) >= n) return -1;
+    return mkdtemp(out) ? 0 : -1;
 }
 
 sbp_status sbp_outdir_open(sbp_outdir *d, const char *path, sbp_err *err) {
@@ -56,9 +94,7 @@ sbp_status sbp_outdir_open(sbp_outdir *d, const char *path, sbp_err *err) {
     if (strlen(path) >= sizeof d->path)
         return sbp_fail(err, SBP_EUSAGE, "directory name too long: %.80s...", path);
     snprintf(d->path, sizeof d->path, "%s", path);
-    snprintf(d->tmp, sizeof d->tmp, "%s.tmp.%ld", path, (long)getpid());
-    remove_flat_dir(d->tmp); /* a leftover of an earlier process with our pid */
-    if (mkdir(d->tmp, 0755) != 0) {
+    if (make_temp_dir(d->tmp, sizeof d->tmp, path, "tmp") != 0) {
         int e = errno;
         d->tmp[0] = '\0';
         return sbp_fail(err, SBP_EIO, "%s: cannot create the directory: %s", path, strerror(e));
@@ -72,7 +108,7 @@ const char *sbp_outdir_file(const sbp_outdir *d, const char *name, char *buf, si
 }
 
 static int fsync_path(const char *path, int dir) {
-    int fd = open(path, (dir ? O_DIRECTORY : 0) | O_RDONLY);
+    int fd = open(path, (dir ? O_DIRECTORY : 0) | O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return -1;
     int r = fsync(fd);
     close(fd);
@@ -80,8 +116,10 @@ static int fsync_path(const char *path, int dir) {
 }
 
 sbp_status sbp_outdir_commit(sbp_outdir *d, sbp_err *err) {
-    DIR *dp = opendir(d->tmp);
+    int dfd = open(d->tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *dp = dfd < 0 ? NULL : fdopendir(dup(dfd));
     if (!dp) {
+        if (dfd >= 0) close(dfd);
         sbp_outdir_abort(d);
         return sbp_fail(err, SBP_EIO, "%s: the directory being written is gone", d->path);
     }
@@ -89,43 +127,58 @@ sbp_status sbp_outdir_commit(sbp_outdir *d, sbp_err *err) {
     struct dirent *e;
     while ((e = readdir(dp))) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        char path[8400];
-        snprintf(path, sizeof path, "%s/%s", d->tmp, e->d_name);
-        bad |= fsync_path(path, 0) != 0;
+        int fd = openat(dfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        bad |= fd < 0 || fsync(fd) != 0;
+        if (fd >= 0) close(fd);
     }
     closedir(dp);
-    bad |= fsync_path(d->tmp, 1) != 0;
+    bad |= fsync(dfd) != 0;
+    close(dfd);
     if (bad) {
         int e2 = errno;
         sbp_outdir_abort(d);
         return sbp_fail(err, SBP_EIO, "%s: cannot flush the files to disk: %s", d->path,
                         strerror(e2));
     }
-    char old[4300] = "";
     struct stat sb;
-    if (stat(d->path, &sb) == 0) {
-        if (!S_ISDIR(sb.st_mode)) {
-            sbp_outdir_abort(d);
-            return sbp_fail(err, SBP_EIO, "%s: exists and is not a directory", d->path);
-        }
-        snprintf(old, sizeof old, "%s.old.%ld", d->path, (long)getpid());
-        remove_flat_dir(old);
-        if (rename(d->path, old) != 0) {
+    const int exists = lstat(d->path, &sb) == 0;
+    if (exists && !S_ISDIR(sb.st_mode)) { /* a file, or a link (never followed, never replaced) */
+        sbp_outdir_abort(d);
+        return sbp_fail(err, SBP_EIO, "%s: exists and is %s; not replaced", d->path,
+                        S_ISLNK(sb.st_mode) ? "a symbolic link" : "not a directory");
+    }
+    if (!exists) {
+        if (rename(d->tmp, d->path) != 0) {
             int e2 = errno;
+            sbp_outdir_abort(d);
+            return sbp_fail(err, SBP_EIO, "%s: cannot rename the finished directory into place: %s",
+                            d->path, strerror(e2));
+        }
+    } else if (renameat2(AT_FDCWD, d->tmp, AT_FDCWD, d->path, RENAME_EXCHANGE) != 0) {
+        /* one atomic swap where the file system has it; elsewhere the old directory is moved
+         * aside to an unpredictable name first, and a run that dies between the two renames
+         * leaves it complete under that name: sbp_remove_stale puts it back */
+        char old[4300];
+        int e2 = errno;
+        if ((e2 != EINVAL && e2 != ENOSYS) || make_temp_dir(old, sizeof old, d->path, "old") != 0 ||
+            rename(d->path, old) != 0) {
+            e2 = errno;
             sbp_outdir_abort(d);
             return sbp_fail(err, SBP_EIO, "%s: cannot move the older directory aside: %s", d->path,
                             strerror(e2));
         }
-    }
-    if (rename(d->tmp, d->path) != 0) {
-        int e2 = errno;
-        if (old[0]) rename(old, d->path);
-        sbp_outdir_abort(d);
-        return sbp_fail(err, SBP_EIO, "%s: cannot rename the finished directory into place: %s",
-                        d->path, strerror(e2));
+        if (rename(d->tmp, d->path) != 0) {
+            e2 = errno;
+            rename(old, d->path);
+            sbp_outdir_abort(d);
+            return sbp_fail(err, SBP_EIO, "%s: cannot rename the finished directory into place: %s",
+                            d->path, strerror(e2));
+        }
+        sbp_remove_tree(old);
+    } else {
+        sbp_remove_tree(d->tmp); /* after the swap: the older directory */
     }
     d->tmp[0] = '\0';
-    if (old[0]) remove_flat_dir(old);
     char parent[4096];
     snprintf(parent, sizeof parent, "%s", d->path);
     char *slash = strrchr(parent, '/');
@@ -139,8 +192,75 @@ sbp_status sbp_outdir_commit(sbp_outdir *d, sbp_err *err) {
     return SBP_OK;
 }
 
+/* "<base>.tmp.<pid>[.<suffix>]" or "<base>.old.<pid>[.<suffix>]" with base one of a run's names:
+ * *kind 't' or 'o', the pid, and the length of base. 0 when name is not such a leftover. */
+static int leftover(const char *name, char *kind, long *pid, size_t *base) {
+    static const char *const ours[] = {"checkpoint-",         "loss.csv",
+                                       "timing.csv",          "model.safetensors",
+                                       "config.json",         "adapter_model.safetensors",
+                                       "adapter_config.json", "optimizer.safetensors",
+                                       "trainer_state.json"};
+    int mine = 0;
+    for (size_t i = 0; i < sizeof ours / sizeof *ours && !mine; i++)
+        mine = strncmp(name, ours[i], strlen(ours[i])) == 0;
+    const char *t = strstr(name, ".tmp.");
+    if (!t) t = strstr(name, ".old.");
+    if (!mine || !t) return 0;
+    char *end;
+    errno = 0;
+    *pid = strtol(t + 5, &end, 10);
+    if (errno || end == t + 5 || *pid <= 0) return 0;
+    if (*end == '.') /* the random part: letters and digits only */
+        for (end++; *end && ((*end >= 'a' && *end <= 'z') || (*end >= 'A' && *end <= 'Z') ||
+                             (*end >= '0' && *end <= '9'));
+             end++)
+            ;
+    if (*end) return 0;
+    *kind = t[1], *base = (size_t)(t - name);
+    return 1;
+}
+
+void sbp_remove_stale(const char *dir) {
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *dp = dfd < 0 ? NULL : fdopendir(dup(dfd));
+    if (!dp) {
+        if (dfd >= 0) close(dfd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        char kind, base[256];
+        long pid;
+        size_t nb;
+        if (!leftover(e->d_name, &kind, &pid, &nb) || nb >= sizeof base) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to tell */
+        memcpy(base, e->d_name, nb);
+        base[nb] = '\0';
+        struct stat sb, bb;
+        if (fstatat(dfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        /* an older directory moved aside by a writer that died before the new one was in place:
+         * it is the complete copy, so it goes back under its name */
+        if (kind == 'o' && S_ISDIR(sb.st_mode) &&
+            fstatat(dfd, base, &bb, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT &&
+            renameat(dfd, e->d_name, dfd, base) == 0)
+            continue;
+        if (S_ISDIR(sb.st_mode)) {
+            int sub = openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub >= 0) {
+                remove_under(sub, 8);
+                close(sub);
+            }
+            unlinkat(dfd, e->d_name, AT_REMOVEDIR);
+        } else {
+            unlinkat(dfd, e->d_name, 0); /* a file, or a link removed as a link */
+        }
+    }
+    closedir(dp);
+    close(dfd);
+}
+
 void sbp_outdir_abort(sbp_outdir *d) {
-    if (d->tmp[0]) remove_flat_dir(d->tmp);
+    if (d->tmp[0]) sbp_remove_tree(d->tmp);
     d->tmp[0] = '\0';
 }
 

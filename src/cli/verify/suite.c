@@ -28,24 +28,6 @@ static const char usage[] =
     "  --json        JSON instead of the table\n"
     "Exit status: 0 every case passes, 1 one fails, 2 usage or input error.\n";
 
-/* The model directories of every case: its model at seed 1 and its reference model. */
-static void remove_models(const char *workdir) {
-    char p[1200];
-    for (int i = 0; i < sbp_suite_count(); i++) {
-        const sbp_suite_case *c = sbp_suite_case_at(i);
-        const int seeds[2] = {1, c->ref_seed};
-        for (int k = 0; k < 2 && seeds[k]; k++) {
-            snprintf(p, sizeof p, "%s/%s-seed%d/config.json", workdir, c->model, seeds[k]);
-            remove(p);
-            snprintf(p, sizeof p, "%s/%s-seed%d/model.safetensors", workdir, c->model, seeds[k]);
-            remove(p);
-            snprintf(p, sizeof p, "%s/%s-seed%d", workdir, c->model, seeds[k]);
-            rmdir(p);
-        }
-    }
-    rmdir(workdir);
-}
-
 int verify_suite(int argc, char **argv) {
     static const struct option opts[] = {
         {"suite", no_argument, 0, 'S'}, {"case", required_argument, 0, 'c'},
@@ -135,7 +117,7 @@ int verify_suite(int argc, char **argv) {
         }
         sbp_verify_report_free(&rep);
     }
-    remove_models(workdir);
+    sbp_remove_tree(workdir); /* ours (mkdtemp), walked without following a link */
     if (rc) {
         cJSON_Delete(jcases);
         return rc;
