@@ -2,6 +2,7 @@
 #include "cli.h"
 #include "../core/err.h"
 #include "../io/file.h"
+#include "../../verify/text.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -83,7 +84,9 @@ int parse_precision(const char *cmd, const char *text, sbp_precision *out) {
 }
 
 int report_error(const char *cmd, const sbp_err *err) {
-    fprintf(stderr, "streambp %s: %s\n", cmd, err->msg);
+    /* the message may quote a file's tensor names or fields: printed inert (sbp_text_escape) */
+    char msg[SBP_TEXT_ESCAPED];
+    fprintf(stderr, "streambp %s: %s\n", cmd, sbp_text_escape(msg, sizeof msg, err->msg));
     return err->status == SBP_ENUMERIC ? EXIT_MISMATCH : EXIT_USAGE;
 }
 
