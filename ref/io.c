@@ -7,41 +7,44 @@
  * A safetensors file is read whole into memory; only the tensors asked for are looked at. */
 #include "ref.h"
 #include "../src/core/err.h"
+#include "../src/io/file.h"
 
 #include <cJSON.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ---------------------------------------------------------------------------------------------
  * Whole files */
 
 static int slurp(unsigned char **out, size_t *n, const char *path, sbp_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return sbp_fail(err, SBP_EIO, "ref: %s: cannot open", path);
-    unsigned char *buf = NULL;
-    size_t cap = 0, len = 0;
-    for (;;) {
-        if (len == cap) {
-            size_t ncap = cap ? 2 * cap : 1 << 16;
-            unsigned char *nb = realloc(buf, ncap + 1);
-            if (!nb) {
-                free(buf), fclose(f);
-                return sbp_fail(err, SBP_ENOMEM, "ref: %s: out of memory", path);
-            }
-            buf = nb, cap = ncap;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (!got) break;
+    FILE *f;
+    uint64_t size;
+    /* a regular file only (a FIFO would block, a device never end), read up to the size it had
+     * when opened, so memory is bounded by what fstat said */
+    sbp_status st = sbp_open_regular(&f, &size, path, err);
+    if (st) return sbp_fail_prefix(err, "ref: ");
+    if (size >= SIZE_MAX / 2) {
+        fclose(f);
+        return sbp_fail(err, SBP_EFORMAT, "ref: %s: too large (%llu bytes)", path,
+                        (unsigned long long)size);
     }
+    unsigned char *buf = malloc((size_t)size + 1);
+    if (!buf) {
+        fclose(f);
+        return sbp_fail(err, SBP_ENOMEM, "ref: %s: out of memory", path);
+    }
+    size_t len = fread(buf, 1, (size_t)size, f);
     int bad = ferror(f);
     fclose(f);
-    if (bad) {
+    if (bad || len != size) {
         free(buf);
-        return sbp_fail(err, SBP_EIO, "ref: %s: read error", path);
+        return sbp_fail(err, SBP_EIO, "ref: %s: read error%s", path,
+                        bad ? "" : " (the file shrank while read)");
     }
     buf[len] = '\0';
     *out = buf, *n = len;
@@ -376,11 +379,10 @@ int ref_model_read(ref_model *m, const char *dir, char *mismatch, size_t n_misma
     if (!st) st = ref_params_build(&m->ps, &m->cfg, err);
     if (st) return st;
     cJSON *index = NULL;
-    FILE *single;
+    struct stat sb;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if ((single = fopen(path, "rb"))) {
-        fclose(single);
-    } else {
+    /* stat, not an open: a FIFO here must not block (slurp refuses it when it is read) */
+    if (stat(path, &sb) != 0) {
         unsigned char *text;
         size_t n;
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);

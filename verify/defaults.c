@@ -1,6 +1,7 @@
 /* defaults.c — locating data/ and materialising the default model (see defaults.h). */
 #include "defaults.h"
 #include "../src/core/err.h"
+#include "../src/io/file.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +47,11 @@ sbp_status sbp_data_dir(char *out, size_t n, sbp_err *err) {
 static sbp_status copy_config(const char *dir, const char *from, sbp_err *err) {
     char to[700], buf[8192];
     snprintf(to, sizeof to, "%s/config.json", dir);
-    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    FILE *in, *out = NULL;
+    uint64_t size;
+    sbp_err open_err = {0}; /* the copy's own message below says what failed */
+    if (sbp_open_regular(&in, &size, from, &open_err)) in = NULL; /* a FIFO must not block */
+    if (in) out = fopen(to, "wb");
     size_t n;
     int bad = !in || !out;
     while (!bad && (n = fread(buf, 1, sizeof buf, in)) > 0) bad = fwrite(buf, 1, n, out) != n;

@@ -7,6 +7,7 @@
 #include "../streambp.h"
 
 #include <cJSON.h>
+#include <stdint.h>
 #include <stdio.h>
 
 enum { EXIT_MISMATCH = 1, EXIT_USAGE = 2 };
@@ -18,7 +19,14 @@ int cmd_plan(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 
-/* Parses a positive int option value; prints an error naming the option and returns 0 if bad. */
+/* The one parser of integer option values: decimal digits with an optional '-', in [lo, hi]
+ * (checked before any conversion); otherwise prints "streambp CMD: --OPT must be an integer in
+ * [lo, hi], got ..." and returns 0. */
+int parse_int_opt(const char *cmd, const char *opt, const char *text, int64_t lo, int64_t hi,
+                  int64_t *out);
+/* A seed: any integer in [0, 2^64). */
+int parse_seed_opt(const char *cmd, const char *opt, const char *text, unsigned long long *out);
+/* parse_int_opt in [1, 2^30] (--block and --threads: their own limits in streambp.h). */
 int parse_pos_int(const char *cmd, const char *opt, const char *text, int *out);
 int parse_precision(const char *cmd, const char *text, sbp_precision *out);
 int parse_numerics(const char *cmd, const char *text, sbp_numerics *out);

@@ -33,18 +33,9 @@ int cmd_init(int argc, char **argv) {
         switch (c) {
         case 'c': config = optarg; break;
         case 'o': out = optarg; break;
-        case 's': {
-            char *end;
-            errno = 0;
-            seed = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end || optarg[0] == '-') {
-                fprintf(stderr,
-                        "streambp init: --seed must be a non-negative integer, got \"%s\"\n",
-                        optarg);
-                return EXIT_USAGE;
-            }
+        case 's':
+            if (!parse_seed_opt("init", "seed", optarg, &seed)) return EXIT_USAGE;
             break;
-        }
         case 'f': force = 1; break;
         case 'h': fputs(usage, stdout); return 0;
         default: fputs(usage, stderr); return EXIT_USAGE;

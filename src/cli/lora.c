@@ -80,18 +80,9 @@ int cmd_lora(int argc, char **argv) {
                 return EXIT_USAGE;
             }
             break;
-        case 's': {
-            char *end;
-            errno = 0;
-            seed = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end || optarg[0] == '-') {
-                fprintf(stderr,
-                        "streambp lora init: --seed must be an integer in [0, 2^64), got \"%s\"\n",
-                        optarg);
-                return EXIT_USAGE;
-            }
+        case 's':
+            if (!parse_seed_opt("lora init", "seed", optarg, &seed)) return EXIT_USAGE;
             break;
-        }
         case 'b':
             if (!parse_number("lora init", "b-std", optarg, 0, &b_std)) return EXIT_USAGE;
             break;

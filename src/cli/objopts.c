@@ -2,6 +2,7 @@
  * pass that fills a batch's reference log-probs. */
 #include "objopts.h"
 #include "../core/err.h"
+#include "cli.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -69,16 +70,8 @@ int obj_args_option(obj_args *a, const char *cmd, int code, const char *arg) {
             return 0;
         }
         return 1;
-    case OBJ_OPT_MAX_COMPLETION: {
-        double v;
-        if (!number(cmd, "max-completion-length", arg, &v) || v < 1 || v != floor(v)) {
-            fprintf(stderr, "streambp %s: --max-completion-length must be a positive integer\n",
-                    cmd);
-            return 0;
-        }
-        o->max_completion_length = (int)v;
-        return 1;
-    }
+    case OBJ_OPT_MAX_COMPLETION:
+        return parse_pos_int(cmd, "max-completion-length", arg, &o->max_completion_length);
     case OBJ_OPT_NO_SCALE: a->scale_rewards = 0; return 1;
     case OBJ_OPT_REF_MODEL: a->ref_model = arg; return 1;
     }

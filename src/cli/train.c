@@ -234,18 +234,9 @@ static int parse(train_args *a, int argc, char **argv) {
         case OPT_SEQ: ok = parse_pos_int("train", "seq", optarg, &a->T); break;
         case OPT_BATCH_SIZE: ok = parse_pos_int("train", "batch-size", optarg, &a->B); break;
         case OPT_SHUFFLE: a->shuffle = 1; break;
-        case OPT_SEED: {
-            char *end;
-            errno = 0;
-            a->seed = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end || optarg[0] == '-') {
-                fprintf(stderr,
-                        "streambp train: --seed must be a non-negative integer, got \"%s\"\n",
-                        optarg);
-                return EXIT_USAGE;
-            }
+        case OPT_SEED:
+            if (!parse_seed_opt("train", "seed", optarg, &a->seed)) return EXIT_USAGE;
             break;
-        }
         case OPT_STEPS: ok = parse_pos_int("train", "steps", optarg, &a->steps); break;
         case OPT_GRAD_ACCUM:
             ok = parse_pos_int("train", "grad-accum", optarg, &a->grad_accum);

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -22,19 +23,63 @@ static long max_of(const char *opt) {
     return 1L << 30;
 }
 
-int parse_pos_int(const char *cmd, const char *opt, const char *text, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10), max = max_of(opt);
-    if (errno || end == text || *end || v < 1) {
-        fprintf(stderr, "streambp %s: --%s must be a positive integer, got \"%s\"\n", cmd, opt,
+/* Decimal digits with an optional leading '-': no space, sign '+', exponent, fraction or trailing
+ * text, so "1e30" or "12abc" is never read as 1 or 12. *neg tells the sign; *mag the magnitude,
+ * or UINT64_MAX when it does not fit in 64 bits. */
+static int decimal(const char *text, int *neg, uint64_t *mag) {
+    *neg = text[0] == '-';
+    const char *p = text + *neg;
+    if (!*p) return 0;
+    uint64_t v = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9') return 0;
+        unsigned d = (unsigned)(*p - '0');
+        v = v > (UINT64_MAX - d) / 10 ? UINT64_MAX : v * 10 + d;
+    }
+    *mag = v;
+    return 1;
+}
+
+static int bad_int(const char *cmd, const char *opt, const char *text, int64_t lo, int64_t hi) {
+    if (lo == 1 || lo == 0)
+        fprintf(stderr, "streambp %s: --%s must be a %s integer at most %lld, got \"%s\"\n", cmd,
+                opt, lo ? "positive" : "non-negative", (long long)hi, text);
+    else
+        fprintf(stderr, "streambp %s: --%s must be an integer in [%lld, %lld], got \"%s\"\n", cmd,
+                opt, (long long)lo, (long long)hi, text);
+    return 0;
+}
+
+int parse_int_opt(const char *cmd, const char *opt, const char *text, int64_t lo, int64_t hi,
+                  int64_t *out) {
+    int neg;
+    uint64_t mag;
+    if (!decimal(text, &neg, &mag)) return bad_int(cmd, opt, text, lo, hi);
+    /* compared as magnitudes: nothing is converted while it may lie outside int64's range */
+    uint64_t below = lo < 0 ? (uint64_t)(-(lo + 1)) + 1 : 0; /* |lo| when lo < 0 */
+    if (neg ? mag > below : (hi < 0 || mag > (uint64_t)hi)) return bad_int(cmd, opt, text, lo, hi);
+    int64_t v = neg ? (mag == below && lo == INT64_MIN ? INT64_MIN : -(int64_t)mag) : (int64_t)mag;
+    if (v < lo || v > hi) return bad_int(cmd, opt, text, lo, hi);
+    *out = v;
+    return 1;
+}
+
+int parse_seed_opt(const char *cmd, const char *opt, const char *text, unsigned long long *out) {
+    int neg;
+    uint64_t mag;
+    if (!decimal(text, &neg, &mag) || neg ||
+        (mag == UINT64_MAX && strcmp(text, "18446744073709551615"))) {
+        fprintf(stderr, "streambp %s: --%s must be an integer in [0, 2^64), got \"%s\"\n", cmd, opt,
                 text);
         return 0;
     }
-    if (v > max) {
-        fprintf(stderr, "streambp %s: --%s must be at most %ld, got \"%s\"\n", cmd, opt, max, text);
-        return 0;
-    }
+    *out = mag;
+    return 1;
+}
+
+int parse_pos_int(const char *cmd, const char *opt, const char *text, int *out) {
+    int64_t v;
+    if (!parse_int_opt(cmd, opt, text, 1, max_of(opt), &v)) return 0;
     *out = (int)v;
     return 1;
 }

@@ -23,12 +23,15 @@
 #include "../core/err.h"
 #include "../core/objective.h"
 #include "../core/rng.h"
+#include "../io/file.h"
 #include "../io/json.h"
+#include "data.h"
 #include "../streambp.h"
 
 #include <cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,8 +97,10 @@ static sbp_status add_dir(sbp_data *d, const char *dir, sbp_err *err) {
 }
 
 static sbp_status hash_file(uint64_t *h, const char *path, sbp_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return sbp_fail(err, SBP_EIO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    uint64_t size;
+    sbp_status st = sbp_open_regular(&f, &size, path, err);
+    if (st) return st;
     char buf[1 << 16];
     size_t got;
     while ((got = fread(buf, 1, sizeof buf, f)) > 0) *h = sbp_hash64(buf, got, *h);
@@ -161,13 +166,18 @@ static sbp_status read_ints(int32_t **v, int64_t *len, int64_t *cap, const cJSON
     const cJSON *x;
     cJSON_ArrayForEach(x, arr) {
         const char *what = labels ? "labels" : "input_ids";
-        if (!cJSON_IsNumber(x) || x->valuedouble != (double)(int64_t)x->valuedouble)
+        int64_t val;
+        /* the widest range first, so an id is compared, never converted, while out of range */
+        if (!sbp_json_int(x, INT32_MIN, INT32_MAX, &val)) {
+            if (cJSON_IsNumber(x) && x->valuedouble == floor(x->valuedouble))
+                return sbp_fail(err, SBP_EINPUT, "%s: %s[%d] = %.0f is outside [0, %d)%s", where,
+                                what, i, x->valuedouble, V, labels ? " and is not -100" : "");
             return sbp_fail(err, SBP_EINPUT, "%s: %s[%d] is not an integer", where, what, i);
-        double val = x->valuedouble;
+        }
         int ok = (val >= 0 && val < V) || (labels && val == SBP_IGNORE);
         if (!ok)
-            return sbp_fail(err, SBP_EINPUT, "%s: %s[%d] = %.0f is outside [0, %d)%s", where, what,
-                            i, val, V, labels ? " and is not -100" : "");
+            return sbp_fail(err, SBP_EINPUT, "%s: %s[%d] = %lld is outside [0, %d)%s", where, what,
+                            i, (long long)val, V, labels ? " and is not -100" : "");
         if (i < T) {
             if (*len == *cap) {
                 int64_t nc = *cap ? 2 * *cap : 4096;
@@ -237,30 +247,47 @@ static sbp_status add_record(sbp_data *d, const char *text, int lineno, int64_t 
     return SBP_OK;
 }
 
-static sbp_status open_jsonl(sbp_data *d, sbp_err *err) {
-    if (d->o.T < 1 || d->o.B < 1)
-        return sbp_fail(err, SBP_EUSAGE, "JSONL data needs T >= 1 and B >= 1 (got %d, %d)", d->o.T,
-                        d->o.B);
-    if (d->o.objective.kind != SBP_OBJ_SFT)
-        return sbp_fail(err, SBP_EUSAGE,
-                        "JSONL records are SFT data; DPO and GRPO train from batch files");
-    struct stat sb;
-    if (stat(d->o.jsonl, &sb) == 0 && S_ISDIR(sb.st_mode))
-        return sbp_fail(err, SBP_EIO, "%s: is a directory, not a JSONL file", d->o.jsonl);
-    FILE *f = fopen(d->o.jsonl, "rb");
-    if (!f) return sbp_fail(err, SBP_EIO, "%s: cannot open: %s", d->o.jsonl, strerror(errno));
+/* Reads one line (its '\n' kept) into *buf, growing it up to max bytes: 1 with *len set, 0 at the
+ * end of the file, -1 on a read error, -2 when the line is longer than max (nothing past max is
+ * held, so a file of one endless line cannot take memory without bound). */
+static int read_line(FILE *f, char **buf, size_t *cap, size_t *len, size_t max) {
+    size_t n = 0;
+    int c;
+    while ((c = getc_unlocked(f)) != EOF) {
+        if (n == max) return -2;
+        if (n + 2 > *cap) {
+            size_t nc = *cap ? 2 * *cap : 4096;
+            if (nc > max + 2) nc = max + 2;
+            char *nb = realloc(*buf, nc);
+            if (!nb) return -3;
+            *buf = nb, *cap = nc;
+        }
+        (*buf)[n++] = (char)c;
+        if (c == '\n') break;
+    }
+    if (ferror(f)) return -1;
+    if (n == 0) return 0;
+    (*buf)[n] = 0;
+    *len = n;
+    return 1;
+}
+
+/* The records of the JSONL text in f; name is its path in messages. */
+static sbp_status read_jsonl(sbp_data *d, FILE *f, const char *name, sbp_err *err) {
     char *line = NULL;
-    size_t cap = 0;
-    ssize_t got;
-    int lineno = 0;
+    size_t cap = 0, got = 0;
+    int lineno = 0, r;
     int64_t cap_tok = 0, cap_lab = 0, cap_rec = 0, n_tok = 0, n_lab = 0;
     sbp_status st = SBP_OK;
-    while (!st && (got = getline(&line, &cap, f)) >= 0) {
+    while (!st && (r = read_line(f, &line, &cap, &got, SBP_JSONL_MAX_LINE)) > 0) {
+        if (lineno == INT32_MAX) {
+            st = sbp_fail(err, SBP_EFORMAT, "%s: more than %d lines", name, INT32_MAX);
+            break;
+        }
         lineno++;
-        d->hash = sbp_hash64(line, (size_t)got, d->hash);
-        if (strlen(line) != (size_t)got) {
-            st =
-                sbp_fail(err, SBP_EFORMAT, "%s:%d: a NUL byte inside the line", d->o.jsonl, lineno);
+        d->hash = sbp_hash64(line, got, d->hash);
+        if (strlen(line) != got) {
+            st = sbp_fail(err, SBP_EFORMAT, "%s:%d: a NUL byte inside the line", name, lineno);
             break;
         }
         const char *p = line;
@@ -268,14 +295,66 @@ static sbp_status open_jsonl(sbp_data *d, sbp_err *err) {
         if (!*p) continue; /* blank line */
         st = add_record(d, line, lineno, &cap_tok, &cap_lab, &cap_rec, &n_tok, &n_lab, err);
     }
-    if (!st && ferror(f)) st = sbp_fail(err, SBP_EIO, "%s: read error", d->o.jsonl);
+    if (!st && r == -2)
+        st = sbp_fail(err, SBP_EFORMAT, "%s:%d: the line is longer than %d bytes (the limit)", name,
+                      lineno + 1, SBP_JSONL_MAX_LINE);
+    else if (!st && r == -3)
+        st = sbp_fail(err, SBP_ENOMEM, "%s:%d: out of memory reading the line", name, lineno + 1);
+    else if (!st && r == -1)
+        st = sbp_fail(err, SBP_EIO, "%s: read error", name);
     free(line);
-    fclose(f);
     if (!st && d->n_records == 0)
         st = sbp_fail(err, SBP_EINPUT,
                       "%s: no record with a target token in its first %d tokens (%lld skipped)",
-                      d->o.jsonl, d->o.T, (long long)d->skipped);
+                      name, d->o.T, (long long)d->skipped);
     return st;
+}
+
+static sbp_status check_jsonl_opts(const sbp_data_opts *o, sbp_err *err) {
+    if (o->T < 1 || o->B < 1)
+        return sbp_fail(err, SBP_EUSAGE, "JSONL data needs T >= 1 and B >= 1 (got %d, %d)", o->T,
+                        o->B);
+    if (o->objective.kind != SBP_OBJ_SFT)
+        return sbp_fail(err, SBP_EUSAGE,
+                        "JSONL records are SFT data; DPO and GRPO train from batch files");
+    return SBP_OK;
+}
+
+static sbp_status open_jsonl(sbp_data *d, sbp_err *err) {
+    sbp_status st = check_jsonl_opts(&d->o, err);
+    if (st) return st;
+    FILE *f;
+    uint64_t size;
+    /* a regular file only: a FIFO would block the open or the read, a device never end */
+    if ((st = sbp_open_regular(&f, &size, d->o.jsonl, err))) return st;
+    st = read_jsonl(d, f, d->o.jsonl, err);
+    fclose(f);
+    return st;
+}
+
+sbp_status sbp_data_jsonl_bytes(sbp_data **out, const char *bytes, size_t n, const sbp_data_opts *o,
+                                const sbp_config *cfg, sbp_err *err) {
+    *out = NULL;
+    sbp_status st = check_jsonl_opts(o, err);
+    if (st) return st;
+    sbp_data *d = calloc(1, sizeof *d);
+    if (!d) return sbp_fail(err, SBP_ENOMEM, "out of memory");
+    d->o = *o, d->cfg = *cfg;
+    snprintf(d->jsonl_path, sizeof d->jsonl_path, "%s", o->jsonl ? o->jsonl : "<bytes>");
+    d->o.jsonl = d->jsonl_path;
+    d->o.paths = NULL, d->o.n_paths = 0;
+    static const char empty[1] = "";
+    FILE *f = fmemopen((void *)(n ? bytes : empty), n ? n : 1, "rb");
+    if (!f) st = sbp_fail(err, SBP_ENOMEM, "out of memory");
+    if (!st && !n) getc(f); /* fmemopen refuses a size of 0: read past the 1-byte stand-in */
+    if (!st) st = read_jsonl(d, f, d->jsonl_path, err);
+    if (f) fclose(f);
+    if (st) {
+        sbp_data_free(d);
+        return st;
+    }
+    *out = d;
+    return SBP_OK;
 }
 
 /* ---- the source ------------------------------------------------------------------------------ */
