@@ -673,6 +673,12 @@ int sbp_remove_tree(const char *path);
  * sbp_remove_tree does; an older checkpoint moved aside by a writer killed before the new one
  * was in place is renamed back when its name is free. */
 void sbp_remove_stale(const char *dir);
+/* The SHA-256 of a regular file, as 64 hex digits (out: 65 bytes). */
+sbp_status sbp_file_sha256(char out[65], const char *path, sbp_err *err);
+/* Checks every file a checkpoint's trainer_state.json lists under "files" against the SHA-256
+ * recorded there, naming the first that differs or is missing. *recorded: whether the state
+ * lists its files (checkpoints written before this check do not; they pass). */
+sbp_status sbp_checkpoint_verify(const char *ckpt, int *recorded, sbp_err *err);
 /* Writes a model directory's two files into dir: config.json (config_json verbatim) and
  * model.safetensors (the weights under their HF names, F32 or F64 as m holds them). */
 sbp_status sbp_model_save_files(const char *dir, const sbp_model *m, const char *config_json,

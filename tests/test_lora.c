@@ -334,6 +334,22 @@ START_TEST(bad_resume_overwrites_nothing) {
     ck_assert_int_eq(tu_sh("rm -rf '%s' && cp -r '%s' '%s' && cp '%s'/adapter_* '%s/'", swapped, ck,
                            swapped, rank, swapped),
                      0);
+    /* the recorded file hashes catch it first; without them (a checkpoint written before they
+     * were recorded) the adapter's configuration check still does */
+    tu_expect_usage("adapter_config.json does not match the SHA-256",
+                    "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s "
+                    "--resume %s",
+                    m, lora, fresh, swapped);
+    {
+        const char *sp = tu_join(swapped, "trainer_state.json");
+        char *text = tu_slurp(sp, NULL);
+        cJSON *o = cJSON_Parse(text);
+        free(text);
+        cJSON_DeleteItemFromObjectCaseSensitive(o, "files");
+        char *out = cJSON_Print(o);
+        tu_spit(sp, out, strlen(out));
+        free(out), cJSON_Delete(o);
+    }
     tu_expect_usage("is not the one the run trains",
                     "train --model %s --lora %s " DEMO_DATA " --steps 10 --out %s "
                     "--resume %s",

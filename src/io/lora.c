@@ -358,12 +358,12 @@ sbp_status sbp_lora_save(const char *dir, const sbp_lora *a, const char *base_mo
     char *text = cJSON_Print(j);
     cJSON_Delete(j);
     if (!text) return sbp_fail(err, SBP_ENOMEM, "out of memory");
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    st = sbp_write_atomic(path, text, strlen(text), err);
-    free(text);
-    if (st) return st;
+    /* weights first, each file atomically: the config never stands beside missing weights */
     sbp_st_entry *e = calloc((size_t)(a->params.n ? a->params.n : 1), sizeof *e);
-    if (!e) return sbp_fail(err, SBP_ENOMEM, "out of memory");
+    if (!e) {
+        free(text);
+        return sbp_fail(err, SBP_ENOMEM, "out of memory");
+    }
     const size_t esz = a->prec == SBP_FP64 ? 8 : 4;
     for (int i = 0; i < a->params.n; i++) {
         const sbp_param *p = &a->params.p[i];
@@ -377,5 +377,8 @@ sbp_status sbp_lora_save(const char *dir, const sbp_lora *a, const char *base_mo
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     st = sbp_st_write(path, e, a->params.n, meta, err);
     free(e);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    if (!st) st = sbp_write_atomic(path, text, strlen(text), err);
+    free(text);
     return st;
 }

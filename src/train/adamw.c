@@ -28,6 +28,7 @@
 #include "../io/safetensors.h"
 #include "../streambp.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,8 +264,9 @@ sbp_status sbp_adamw_load(sbp_adamw *a, const char *path, const sbp_params *ps, 
     const sbp_dtype want = a->prec == SBP_FP64 ? SBP_DT_F64 : SBP_DT_F32;
     const char *step_text = sbp_st_meta(&sf, "step");
     char *end = NULL;
+    errno = 0;
     long long step = step_text ? strtoll(step_text, &end, 10) : -1;
-    if (!step_text || *end || step < 0)
+    if (!step_text || *end || end == step_text || errno || step < 0)
         st = sbp_fail(err, SBP_EFORMAT, "%s: no valid \"step\" in __metadata__", path);
     if (!st && sf.n != 2 * ps->n)
         st = sbp_fail(err, SBP_EINPUT, "%s: %d tensors, expected %d (two moments per parameter)",
@@ -278,18 +280,35 @@ sbp_status sbp_adamw_load(sbp_adamw *a, const char *path, const sbp_params *ps, 
             const sbp_st_tensor *t = sbp_st_find(&sf, name);
             if (!t)
                 st = sbp_fail(err, SBP_EINPUT, "%s: no tensor \"%s\"", path, name);
-            else if (t->dtype != want || t->numel != p->numel)
+            else if (t->dtype != want || t->numel != p->numel || t->ndim != p->ndim ||
+                     t->shape[0] != p->shape[0] || (p->ndim == 2 && t->shape[1] != p->shape[1]))
                 st = sbp_fail(err, SBP_EINPUT,
-                              "%s: tensor \"%s\" is %s with %lld elements; expected %s with %lld "
-                              "(a checkpoint of another model or precision?)",
-                              path, name, sbp_dtype_name(t->dtype), (long long)t->numel,
-                              sbp_dtype_name(want), (long long)p->numel);
+                              "%s: tensor \"%s\" is %s of shape [%lld%s%lld]; expected %s of "
+                              "shape [%lld%s%lld] (a checkpoint of another model or precision?)",
+                              path, name, sbp_dtype_name(t->dtype), (long long)t->shape[0],
+                              t->ndim > 1 ? ", " : "", t->ndim > 1 ? (long long)t->shape[1] : 0,
+                              sbp_dtype_name(want), (long long)p->shape[0], p->ndim > 1 ? ", " : "",
+                              p->ndim > 1 ? (long long)p->shape[1] : 0);
             else
                 st = sbp_st_read_raw(
                     &sf, t, (char *)(k ? a->exp_avg_sq : a->exp_avg) + esz * (size_t)p->offset,
                     err);
         }
     sbp_st_close(&sf);
+    /* moments a step could not have produced: non-finite values, negative second moments */
+    for (int i = 0; i < ps->n && !st; i++)
+        for (int k = 0; k < 2 && !st; k++) {
+            const sbp_param *p = &ps->p[i];
+            const void *m = k ? a->exp_avg_sq : a->exp_avg;
+            for (int64_t j = 0; j < p->numel && !st; j++) {
+                const double v = a->prec == SBP_FP64 ? ((const double *)m)[p->offset + j]
+                                                     : ((const float *)m)[p->offset + j];
+                if (!isfinite(v) || (k && v < 0))
+                    st = sbp_fail(err, SBP_EINPUT, "%s: \"%s.%s\" element %lld is %g%s", path,
+                                  p->name, moment_suffix[k], (long long)j, v,
+                                  isfinite(v) ? " (a second moment is never negative)" : "");
+            }
+        }
     if (!st) a->step = step;
     return st;
 }

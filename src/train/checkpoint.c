@@ -11,9 +11,13 @@
 #define _GNU_SOURCE /* renameat2, RENAME_EXCHANGE */
 #include "../core/err.h"
 #include "../io/file.h"
+#include "../io/json.h"
+#include "../io/train_state.h"
 #include "../streambp.h"
 
+#include <cJSON.h>
 #include <dirent.h>
+#include <openssl/evp.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -266,11 +270,63 @@ void sbp_outdir_abort(sbp_outdir *d) {
 
 sbp_status sbp_model_save_files(const char *dir, const sbp_model *m, const char *config_json,
                                 const char *const *meta, sbp_err *err) {
+    /* weights first, each file atomically: a config.json never stands beside missing or older
+     * weights (a full disk stops the save after the weights at worst, with the error) */
     char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    sbp_status st = sbp_write_atomic(path, config_json, strlen(config_json), err);
-    if (st) return st;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     /* a gradient file and a weight file are the same thing: one tensor per parameter, HF names */
-    return sbp_grads_save(path, &m->params, m->prec, m->w, meta, err);
+    sbp_status st = sbp_grads_save(path, &m->params, m->prec, m->w, meta, err);
+    if (st) return st;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    return sbp_write_atomic(path, config_json, strlen(config_json), err);
+}
+
+sbp_status sbp_file_sha256(char out[65], const char *path, sbp_err *err) {
+    FILE *f;
+    uint64_t size;
+    sbp_status st = sbp_open_regular(&f, &size, path, err);
+    if (st) return st;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    unsigned char buf[1 << 16], md[EVP_MAX_MD_SIZE];
+    unsigned len = 0;
+    int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+    size_t n;
+    while (ok && (n = fread(buf, 1, sizeof buf, f)) > 0) ok = EVP_DigestUpdate(ctx, buf, n);
+    ok = ok && !ferror(f) && EVP_DigestFinal_ex(ctx, md, &len) && len == 32;
+    EVP_MD_CTX_free(ctx);
+    fclose(f);
+    if (!ok) return sbp_fail(err, SBP_EIO, "%s: cannot read it to hash it", path);
+    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+    return SBP_OK;
+}
+
+sbp_status sbp_checkpoint_verify(const char *ckpt, int *recorded, sbp_err *err) {
+    char p[4300], *text = NULL;
+    size_t n = 0;
+    sbp_train_state ts;
+    *recorded = 0;
+    if (snprintf(p, sizeof p, "%s/trainer_state.json", ckpt) >= (int)sizeof p)
+        return sbp_fail(err, SBP_EUSAGE, "%s: path too long", ckpt);
+    sbp_status st = sbp_read_text(&text, &n, p, 16u << 20, err);
+    if (!st) st = sbp_train_state_parse(&ts, text, n, p, err);
+    free(text);
+    if (st) return st;
+    *recorded = ts.files != NULL;
+    const cJSON *f;
+    /* the parser checked each name is one component of the checkpoint and each hash's form */
+    cJSON_ArrayForEach(f, ts.files) {
+        char got[65];
+        if (snprintf(p, sizeof p, "%s/%s", ckpt, f->string) >= (int)sizeof p)
+            st = sbp_fail(err, SBP_EUSAGE, "%s: path too long", ckpt);
+        else if ((st = sbp_file_sha256(got, p, err)))
+            ;
+        else if (strcmp(got, f->valuestring) != 0)
+            st = sbp_fail(err, SBP_EINPUT,
+                          "%s does not match the SHA-256 its trainer_state.json recorded (the "
+                          "file was changed or damaged after the checkpoint was written)",
+                          f->string);
+        if (st) break;
+    }
+    sbp_train_state_free(&ts);
+    return st;
 }
