@@ -543,10 +543,12 @@ static long checkpoint_number(const char *name) {
 
 /* Whether dir holds a training run (anything a run writes). */
 static const char *holds_run(const char *dir) {
-    static const char *const files[] = {"loss.csv", "timing.csv", "model.safetensors",
-                                        "trainer_state.json", "adapter_model.safetensors"};
+    /* the logs alone are not a run to keep: a run that died before its first checkpoint leaves
+     * only them, and a fresh run starts over (prepare says so) */
+    static const char *const files[] = {"model.safetensors", "trainer_state.json",
+                                        "adapter_model.safetensors"};
     char p[4200];
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 3; i++) {
         pathf(p, sizeof p, "%s/%s", dir, files[i]);
         if (is_file(p)) return files[i];
     }
@@ -561,27 +563,67 @@ static const char *holds_run(const char *dir) {
     return found;
 }
 
-/* The checkpoint to resume from: PATH itself, or PATH's newest complete checkpoint-N. */
-static int find_checkpoint(char *out, size_t n, const char *path) {
+/* The checkpoint to resume from: PATH itself, or PATH's newest complete checkpoint-N with N below
+ * `below` (LONG_MAX: any). Returns N, 0 when PATH is itself a checkpoint, -1 when none. */
+static long find_checkpoint(char *out, size_t n, const char *path, long below) {
     char p[4200];
     pathf(p, sizeof p, "%s/trainer_state.json", path);
     if (is_file(p)) {
         pathf(out, n, "%s", path);
-        return 1;
+        return 0;
     }
     DIR *dp = opendir(path);
-    if (!dp) return 0;
+    if (!dp) return -1;
     long best = -1;
     struct dirent *e;
+    char q[4200];
     while ((e = readdir(dp))) {
         long k = checkpoint_number(e->d_name);
         pathf(p, sizeof p, "%s/%s/trainer_state.json", path, e->d_name);
-        if (k > best && is_file(p)) best = k;
+        pathf(q, sizeof q, "%s/%s", path, e->d_name);
+        if (k > best && k < below && is_dir(q) && is_file(p)) best = k; /* no link followed */
     }
     closedir(dp);
-    if (best < 0) return 0;
+    if (best < 0) return -1;
     pathf(out, n, "%s/checkpoint-%ld", path, best);
-    return 1;
+    return best;
+}
+
+/* The checkpoint of --resume, verified (sbp_checkpoint_verify). One that fails is never taken
+ * silently in place of the newest: the error names it, why, and the newest that verifies. */
+static sbp_status resume_point(char *ckpt, size_t n, const char *path, sbp_err *err) {
+    long k = find_checkpoint(ckpt, n, path, LONG_MAX);
+    if (k < 0)
+        return sbp_fail(err, SBP_EIO,
+                        "--resume %s: no checkpoint there (no trainer_state.json, and no "
+                        "checkpoint-N directory holding one); a run that ended before its first "
+                        "checkpoint starts again without --resume",
+                        path);
+    int recorded;
+    sbp_status st = sbp_checkpoint_verify(ckpt, &recorded, err);
+    if (!st) {
+        if (!recorded)
+            fprintf(stderr,
+                    "streambp train: note: %s lists no file hashes (written before "
+                    "checkpoints recorded them); its files are not verified\n",
+                    ckpt);
+        return SBP_OK;
+    }
+    char why[700], other[4300] = "";
+    snprintf(why, sizeof why, "%.600s", err->msg);
+    for (long below = k;
+         k > 0 && (below = find_checkpoint(other, sizeof other, path, below)) >= 0;) {
+        sbp_err e2 = {0};
+        if (sbp_checkpoint_verify(other, &recorded, &e2) == SBP_OK) break;
+        other[0] = '\0';
+    }
+    if (k > 0 && other[0])
+        return sbp_fail(err, SBP_EINPUT,
+                        "--resume %s: the newest checkpoint, %s, fails verification: %s. The "
+                        "newest that verifies is %s: resume from it with --resume %s",
+                        path, ckpt, why, other, other);
+    return sbp_fail(err, SBP_EINPUT, "--resume %s: %s fails verification: %s%s", path, ckpt, why,
+                    k > 0 ? "; no older checkpoint verifies either" : "");
 }
 
 static int mkdir_p(const char *dir) {
@@ -598,7 +640,8 @@ static int mkdir_p(const char *dir) {
 
 /* ---- checkpoints ----------------------------------------------------------------------------- */
 
-static cJSON *state_json(const train_args *a, const run_state *rs, const settings *s) {
+static cJSON *state_json(const train_args *a, const run_state *rs, const settings *s,
+                         cJSON *files) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "format", "streambp-train-1");
     cJSON_AddNumberToObject(o, "step", (double)rs->step);
@@ -631,7 +674,35 @@ static cJSON *state_json(const train_args *a, const run_state *rs, const setting
     cJSON_AddBoolToObject(run, "chunked_logits", a->g.chunked_logits);
     cJSON_AddNumberToObject(run, "threads", a->threads);
     cJSON_AddStringToObject(run, "implementation", "streambp " SBP_VERSION);
+    /* the SHA-256 of every other file of the checkpoint: resume checks them
+     * (sbp_checkpoint_verify) */
+    cJSON_AddItemToObject(o, "files", files);
     return o;
+}
+
+/* The SHA-256 of every file in the directory being written (ours, from mkdtemp), as a JSON
+ * object name -> hex; NULL with err set on failure. */
+static cJSON *hash_files(const sbp_outdir *d, sbp_err *err) {
+    static const char *const names[] = {"config.json",
+                                        "model.safetensors",
+                                        "adapter_config.json",
+                                        "adapter_model.safetensors",
+                                        "optimizer.safetensors",
+                                        "loss.csv",
+                                        "timing.csv"};
+    cJSON *files = cJSON_CreateObject();
+    char p[4300], hex[65];
+    for (size_t i = 0; files && i < sizeof names / sizeof *names; i++) {
+        struct stat sb;
+        if (lstat(sbp_outdir_file(d, names[i], p, sizeof p), &sb) != 0) continue;
+        if (sbp_file_sha256(hex, p, err)) {
+            cJSON_Delete(files);
+            return NULL;
+        }
+        cJSON_AddStringToObject(files, names[i], hex);
+    }
+    if (!files) sbp_fail(err, SBP_ENOMEM, "out of memory");
+    return files;
 }
 
 /* What the run trains, as a checkpoint writes it: the model's files (config.json,
@@ -639,7 +710,19 @@ static cJSON *state_json(const train_args *a, const run_state *rs, const setting
 static sbp_status save_trained(const char *dir, const train_args *a, const sbp_model *m,
                                const sbp_lora *lora, const char *config_json, int64_t step,
                                sbp_err *err) {
-    if (lora) return sbp_lora_save(dir, lora, a->model, err);
+    if (lora) return sbp_lora_save(dir, lora, a->model, err); /* refuses non-finite tensors */
+    /* a step that left a non-finite weight fails here instead of writing it */
+    for (int i = 0; i < m->params.n; i++) {
+        const sbp_param *p = &m->params.p[i];
+        for (int64_t j = 0; j < p->numel; j++) {
+            const double v = m->prec == SBP_FP64 ? ((const double *)m->w)[p->offset + j]
+                                                 : ((const float *)m->w)[p->offset + j];
+            if (!isfinite(v))
+                return sbp_fail(err, SBP_ENUMERIC,
+                                "step %lld: weight \"%s\" element %lld is %g; not saved",
+                                (long long)step, p->name, (long long)j, v);
+        }
+    }
     char stepv[32];
     snprintf(stepv, sizeof stepv, "%lld", (long long)step);
     const char *meta[] = {"format", "pt", "generator", "streambp train", "step", stepv, NULL};
@@ -664,8 +747,10 @@ static sbp_status save_checkpoint(const train_args *a, const run_state *rs, cons
     if (!st)
         st = sbp_write_atomic(sbp_outdir_file(&d, "timing.csv", p, sizeof p), rs->timing_csv,
                               rs->timing_len, err);
+    cJSON *files = st ? NULL : hash_files(&d, err);
+    if (!st && !files) st = err->status ? err->status : SBP_ENOMEM;
     if (!st) {
-        cJSON *o = state_json(a, rs, s);
+        cJSON *o = state_json(a, rs, s, files);
         char *text = cJSON_Print(o);
         cJSON_Delete(o);
         if (!text)
@@ -904,11 +989,8 @@ static sbp_status prepare(train_run *r, const train_args *a, settings *s, char *
     struct stat sb;
     if (stat(a->out, &sb) == 0 && !S_ISDIR(sb.st_mode))
         return sbp_fail(err, SBP_EIO, "--out %s: exists and is not a directory", a->out);
-    if (a->resume && !find_checkpoint(ckpt, ckpt_n, a->resume))
-        return sbp_fail(err, SBP_EIO,
-                        "--resume %s: no checkpoint there (no trainer_state.json, and no "
-                        "checkpoint-N directory holding one)",
-                        a->resume);
+    sbp_status st;
+    if (a->resume && (st = resume_point(ckpt, ckpt_n, a->resume, err))) return st;
     const char *found = is_dir(a->out) ? holds_run(a->out) : NULL;
     if (found && !a->resume)
         return sbp_fail(err, SBP_EINPUT,
@@ -926,8 +1008,14 @@ static sbp_status prepare(train_run *r, const train_args *a, settings *s, char *
                             a->out, found, ckpt);
     }
     char p[4200];
+    pathf(p, sizeof p, "%s/loss.csv", a->out);
+    if (!found && !a->resume && is_file(p))
+        fprintf(stderr,
+                "streambp train: note: %s holds the logs of a run that ended before its "
+                "first checkpoint; starting afresh (they are replaced)\n",
+                a->out);
     pathf(p, sizeof p, "%s/config.json", a->model);
-    sbp_status st = sbp_model_load(&r->m, a->model, a->prec, lg, err);
+    st = sbp_model_load(&r->m, a->model, a->prec, lg, err);
     if (!st) st = sbp_read_text(&r->config_json, NULL, p, 16u << 20, err);
     if (st) return st;
     size_t esz = a->prec == SBP_FP64 ? sizeof(double) : sizeof(float);
