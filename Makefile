@@ -34,7 +34,10 @@ DEB_PKGS := libopenblas-openmp-dev check libcjson-dev libssl-dev pkg-config g++
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
 
-SANFLAGS := -fsanitize=address -fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+# float-cast-overflow (a double outside the integer type's range converted to it: undefined) is
+# not part of -fsanitize=undefined in GCC or clang; both have it, so it is named here.
+SANFLAGS := -fsanitize=address -fsanitize=undefined -fsanitize=float-cast-overflow \
+            -fno-sanitize-recover=undefined,float-cast-overflow -fno-omit-frame-pointer
 OPT      := $(if $(filter 1,$(SAN)),-O1 $(SANFLAGS),-O3)
 VECW     := -mprefer-vector-width=512
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter $(if $(filter 1,$(WERROR)),-Werror)
@@ -406,12 +409,14 @@ format-cuda:
 # to build-fuzz/corpus/<target>, findings (crash-*, leak-*, timeout-*) to build-fuzz/. CI runs it
 # for a short fixed time. Needs clang and libclang-rt-14-dev (Debian 12).
 
-FUZZ_TARGETS := safetensors config batch index adapter_config
+FUZZ_TARGETS := safetensors config batch index adapter_config jsonl
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= clang
 FUZZ_FLAGS   := -std=gnu11 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
-                -fno-sanitize-recover=undefined $(if $(HAVE_PKGS),$(shell pkg-config --cflags libcjson))
-FUZZ_OBJ     := $(patsubst %.c,build-fuzz/obj/%.o,$(wildcard src/core/*.c src/io/*.c))
+                -fsanitize=float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow \
+                $(if $(HAVE_PKGS),$(shell pkg-config --cflags libcjson))
+# src/train/data.c for the JSONL reader (fuzz_jsonl)
+FUZZ_OBJ     := $(patsubst %.c,build-fuzz/obj/%.o,$(wildcard src/core/*.c src/io/*.c) src/train/data.c)
 .SECONDARY: $(FUZZ_OBJ)
 
 build-fuzz/obj/%.o: %.c | check-deps
