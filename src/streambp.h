@@ -478,6 +478,10 @@ typedef struct {
  * objective's shape (sbp_batch_bytes), and every buffer the engine allocates for that
  * objective (DPO's first-pass log-probs included). */
 sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *o, sbp_err *err);
+/* The most tokens a planned step may hold (rows x T, a DPO pair two rows): planning walks the
+ * step and its host arrays token by token (about 8 s and 1 GiB at this limit), so a larger step
+ * is refused (SBP_EUSAGE) rather than left running for minutes. */
+#define SBP_PLAN_MAX_TOKENS (1 << 26)
 
 /* Checks before any work is spent that an output file can be created at path: it must not be a
  * directory, and its directory must accept a new file. */

@@ -5,8 +5,8 @@
  * belongs, one endless line, 1e30 where a count belongs) and checks the clear exit 2 (or status)
  * that must come instead of a hang, unbounded memory, or a wrapped negative number.
  *
- * Command-line cases run streambp under `timeout` and a memory limit, so a hang or a runaway
- * allocation fails the test instead of stalling the suite or the machine. */
+ * Command-line cases run streambp under `timeout` and (without ASan) a memory limit, so a hang or
+ * a runaway allocation fails the test instead of stalling the suite or the machine. */
 #include "testutil.h"
 #include "../ref/ref.h"
 #include "../src/io/json.h"
@@ -19,11 +19,31 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MODEL "qwen3-tiny"
 
+/* ASan reserves terabytes of address space for its shadow, so under it the time limit alone
+ * bounds a runaway run. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MEMORY_LIMIT ""
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MEMORY_LIMIT ""
+#endif
+#endif
+#ifndef MEMORY_LIMIT
+#define MEMORY_LIMIT "ulimit -v 2097152; "
+#endif
+
 static char last_cmd[4096];
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* Runs `timeout 20 streambp ARGS` under a 2 GiB address-space limit (stdout and stderr together
  * in tu_last_output()); 124 means it hung. */
@@ -34,7 +54,7 @@ static int run_cli(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
-    snprintf(last_cmd, sizeof last_cmd, "ulimit -v 2097152; timeout 20 %s %s </dev/null", tu_bin(),
+    snprintf(last_cmd, sizeof last_cmd, "%stimeout 20 %s %s </dev/null", MEMORY_LIMIT, tu_bin(),
              args);
     return tu_sh("%s", last_cmd);
 }
@@ -279,6 +299,35 @@ START_TEST(config_counts) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------
+ * Item 10 (plan): huge T answers at once, and never overflows */
+
+/* plan --seq 1073741824 walked a billion tokens for minutes; now it names planning's limit. */
+START_TEST(plan_huge_seq) {
+    const char *cfg = "--config data/configs/qwen3-0.6b.json";
+    double t0 = now();
+    check_run(run_cli("plan %s --seq 1073741824", cfg), 2, "--seq", "67108864");
+    ck_assert_msg(now() - t0 < 5, "plan took %.1f s to refuse", now() - t0);
+    check_run(run_cli("plan %s --seq 9223372036854775807", cfg), 2, "--seq");
+    check_run(run_cli("plan %s --seq 1048576 --batch-size 128", cfg), 2, "at most 67108864 tokens");
+    check_run(run_cli("plan %s --seq 33554432 --batch-size 2 --objective dpo", cfg), 2,
+              "at most 67108864 tokens");
+    /* the library refuses as the command does */
+    sbp_config c;
+    sbp_err err = {0};
+    ck_assert_int_eq(sbp_config_load(&c, "data/configs/qwen3-0.6b.json", &err), SBP_OK);
+    sbp_plan_opts o = {.grad = {.schedule = SBP_STREAM}, .B = 1, .T = INT32_MAX};
+    sbp_ledger lg;
+    t0 = now();
+    ck_assert_int_eq(sbp_plan(&lg, &c, &o, &err), SBP_EUSAGE);
+    ck_assert_msg(strstr(err.msg, "67108864"), "%s", err.msg);
+    o.B = INT32_MAX, o.T = INT32_MAX;
+    o.grad.objective.kind = SBP_OBJ_DPO;
+    ck_assert_int_eq(sbp_plan(&lg, &c, &o, &err), SBP_EUSAGE);
+    ck_assert_msg(now() - t0 < 1, "sbp_plan took %.1f s to refuse", now() - t0);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("inputs");
     TCase *tc = tcase_create("inputs");
@@ -292,6 +341,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, json_int);
     tcase_add_test(tc, jsonl_huge_id);
     tcase_add_test(tc, config_counts);
+    tcase_add_test(tc, plan_huge_seq);
     suite_add_tcase(s, tc);
     return s;
 }

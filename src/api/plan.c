@@ -60,6 +60,12 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
                         "storage must be 2 (bf16), 4 (fp32) or 8 (fp64) bytes, not %d", sb);
     if (o->B < 1 || o->T < 1)
         return sbp_fail(err, SBP_EUSAGE, "B and T must be >= 1 (got %d, %d)", o->B, o->T);
+    const int64_t rows = o->grad.objective.kind == SBP_OBJ_DPO ? 2 * (int64_t)o->B : o->B;
+    if (rows * o->T > SBP_PLAN_MAX_TOKENS)
+        return sbp_fail(err, SBP_EUSAGE,
+                        "planning covers steps of at most %d tokens (rows x T: 2^26), not %lld "
+                        "(%lld rows of T = %d): the walk visits every token",
+                        SBP_PLAN_MAX_TOKENS, (long long)(rows * o->T), (long long)rows, o->T);
     if ((unsigned)o->grad.objective.kind > SBP_OBJ_GRPO)
         return sbp_fail(err, SBP_EUSAGE, "unknown objective %d", (int)o->grad.objective.kind);
     sbp_grad_opts g = o->grad;

@@ -98,10 +98,15 @@ static int fits(const sbp_config *cfg, const sbp_plan_opts *o, int T, int64_t bu
     return *peak <= budget;
 }
 
+int plan_max_T(const sbp_plan_opts *o) {
+    const int64_t rows = o->grad.objective.kind == SBP_OBJ_DPO ? 2 * (int64_t)o->B : o->B;
+    return rows < 1 ? 0 : (int)(SBP_PLAN_MAX_TOKENS / rows);
+}
+
 int plan_largest_T(const sbp_config *cfg, const sbp_plan_opts *o, int64_t budget, sbp_ledger *at) {
-    enum { T_MAX = 1 << 26 };
     sbp_err err;
     const int shortest = o->grad.objective.kind == SBP_OBJ_DPO ? 2 : 1;
+    const int T_MAX = plan_max_T(o);
     int64_t m0, m1;
     int lo = shortest, hi;
     if (!fits(cfg, o, lo, budget, &m0)) {
@@ -442,7 +447,14 @@ int cmd_plan(int argc, char **argv) {
         case 'c': config = optarg; break;
         case 'm': model = optarg; break;
         case 'T':
-            if (!parse_pos_int("plan", "seq", optarg, &T)) return EXIT_USAGE;
+            if (!parse_pos_int("plan", "seq", optarg, &T) || T > SBP_PLAN_MAX_TOKENS) {
+                if (T > SBP_PLAN_MAX_TOKENS)
+                    fprintf(stderr,
+                            "streambp plan: --seq %s is past planning's limit of %d tokens a step "
+                            "(2^26: the walk visits every token)\n",
+                            optarg, SBP_PLAN_MAX_TOKENS);
+                return EXIT_USAGE;
+            }
             break;
         case 'b':
             if (!plan_parse_size("plan", optarg, &budget)) return EXIT_USAGE;
@@ -568,9 +580,14 @@ int cmd_plan(int argc, char **argv) {
         sbp_ledger lg;
         int t = T;
         sbp_plan_opts po = plan_opts(&s, &all_rows[k]);
-        if (budget)
+        if (budget) {
             t = largest_T(&s, &all_rows[k], budget, &lg);
-        else if (plan_at(&lg, &s.cfg, &po, T, &err)) {
+            if (t == plan_max_T(&po))
+                fprintf(stderr,
+                        "streambp plan: note: %s fits at planning's limit of %d tokens a step; "
+                        "the budget may hold a longer T\n",
+                        all_rows[k].name, SBP_PLAN_MAX_TOKENS);
+        } else if (plan_at(&lg, &s.cfg, &po, T, &err)) {
             cJSON_Delete(jrows);
             return report_error("plan", &err);
         }
