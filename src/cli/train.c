@@ -24,6 +24,7 @@
 #include "../core/err.h"
 #include "../io/file.h"
 #include "../io/json.h"
+#include "../io/train_state.h"
 #include "cli.h"
 #include "objopts.h"
 
@@ -774,28 +775,13 @@ static sbp_status read_checkpoint(run_state *rs, const char *ckpt, const setting
                                   sbp_err *err) {
     char p[4300], *text = NULL;
     size_t n = 0;
-    cJSON *o = NULL;
+    sbp_train_state ts;
     pathf(p, sizeof p, "%s/trainer_state.json", ckpt);
     sbp_status st = sbp_read_text(&text, &n, p, 16u << 20, err);
-    if (!st) st = sbp_json_parse(&o, text, n, p, err);
+    if (!st) st = sbp_train_state_parse(&ts, text, n, p, err);
     free(text);
     if (st) return st;
-    const cJSON *set = cJSON_GetObjectItemCaseSensitive(o, "settings");
-    const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
-    const cJSON *tokens = cJSON_GetObjectItemCaseSensitive(o, "tokens");
-    const cJSON *dp = cJSON_GetObjectItemCaseSensitive(o, "data_position");
-    const cJSON *epoch = cJSON_GetObjectItemCaseSensitive(dp, "epoch");
-    const cJSON *item = cJSON_GetObjectItemCaseSensitive(dp, "item");
-    const cJSON *rng = cJSON_GetObjectItemCaseSensitive(dp, "rng_at_epoch_start");
-    if (!cJSON_IsObject(set) || !cJSON_IsNumber(step) || !cJSON_IsNumber(tokens) ||
-        !cJSON_IsNumber(epoch) || !cJSON_IsNumber(item) || cJSON_GetArraySize(rng) != 4 ||
-        step->valuedouble < 0) {
-        cJSON_Delete(o);
-        return sbp_fail(err, SBP_EFORMAT,
-                        "%s: not a streambp trainer state (step, tokens, data_position, "
-                        "settings)",
-                        p);
-    }
+    const cJSON *set = ts.settings;
     /* a full-weight run and an adapter's are told apart first: their settings differ in kind */
     const char *their_lora = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(set, "lora"));
     int ours_lora = 0;
@@ -826,24 +812,13 @@ static sbp_status read_checkpoint(run_state *rs, const char *ckpt, const setting
                       "--resume %s: the checkpoint's settings hold %d entries, "
                       "this version writes %d",
                       ckpt, cJSON_GetArraySize(set), s->n);
-    uint64_t r[4];
-    for (int i = 0; i < 4 && !st; i++) {
-        const char *h = cJSON_GetStringValue(cJSON_GetArrayItem(rng, i));
-        char *end;
-        if (!h || !*h || (r[i] = strtoull(h, &end, 16), *end))
-            st = sbp_fail(err, SBP_EFORMAT,
-                          "%s: data_position.rng_at_epoch_start[%d] is not a "
-                          "hexadecimal number",
-                          p, i);
-    }
     if (!st) {
-        rs->step = (int64_t)step->valuedouble;
-        rs->tokens = (int64_t)tokens->valuedouble;
-        st = sbp_sampler_restore(&rs->sampler, (int64_t)epoch->valuedouble,
-                                 (int64_t)item->valuedouble, r, err);
+        rs->step = ts.step;
+        rs->tokens = ts.tokens;
+        st = sbp_sampler_restore(&rs->sampler, ts.epoch, ts.item, ts.rng, err);
         if (st) sbp_fail_prefix(err, "%s: ", p);
     }
-    cJSON_Delete(o);
+    sbp_train_state_free(&ts);
     /* the logs up to this step */
     char *csv = NULL;
     if (!st) {
