@@ -30,33 +30,44 @@ static const char *loss_name(const sbp_objective *o) {
                                      : "-";
 }
 
+/* What is audited: the model's gradient, or with --lora an adapter's (the base frozen). */
+typedef struct {
+    const sbp_model *m64;
+    const sbp_lora *l64;  /* NULL without an adapter */
+    const sbp_params *ps; /* the gradient's table: m64's, or l64's */
+} subject;
+
 /* The float64 oracle's gradient of the objective, from the files alone: the oracle reads the
  * model, the batch and the reference model with its own readers (ref/ref.h), so a reading
  * mistake of the library does not reach the truth. Its table is mapped to m64's by name. */
-static sbp_status oracle_grad(double *loss, double *grads /* (total) */, const sbp_model *m64,
+static sbp_status oracle_grad(double *loss, double *grads /* (total) */, const subject *su,
                               const sbp_audit_opts *o, sbp_err *err) {
     ref_model rm;
+    ref_lora rl = {0};
     double *tg;
     const ref_files f = {.model_dir = o->model,
                          .batch_path = o->batch,
                          .o = &o->objective,
                          .scale_rewards = !o->no_scale_rewards,
                          .ref_model_dir = o->ref_model,
+                         .lora_dir = o->lora,
                          .unattended = o->unattended};
-    sbp_status st = ref_truth_files(loss, &tg, &rm, NULL, &f, NULL, 0, err);
+    sbp_status st = ref_truth_files(loss, &tg, &rm, o->lora ? &rl : NULL, &f, NULL, 0, err);
     if (st) return st;
-    for (int i = 0; i < m64->params.n && !st; i++) {
-        const sbp_param *p = &m64->params.p[i];
-        int j = sbp_params_find(&rm.ps, p->name);
-        if (j < 0 || rm.ps.p[j].numel != p->numel)
+    const sbp_params *theirs = o->lora ? &rl.ps : &rm.ps;
+    for (int i = 0; i < su->ps->n && !st; i++) {
+        const sbp_param *p = &su->ps->p[i];
+        int j = sbp_params_find(theirs, p->name);
+        if (j < 0 || theirs->p[j].numel != p->numel)
             st = sbp_fail(err, SBP_EINPUT,
-                          "%s: the oracle's reading of the model has no tensor \"%s\" of the "
+                          "%s: the oracle's reading of the %s has no tensor \"%s\" of the "
                           "library's shape",
-                          o->model, p->name);
+                          o->lora ? o->lora : o->model, o->lora ? "adapter" : "model", p->name);
         else
-            memcpy(grads + p->offset, tg + rm.ps.p[j].offset, sizeof(double) * (size_t)p->numel);
+            memcpy(grads + p->offset, tg + theirs->p[j].offset, sizeof(double) * (size_t)p->numel);
     }
     free(tg);
+    if (o->lora) ref_lora_free(&rl);
     ref_model_free(&rm);
     return st;
 }
@@ -84,28 +95,36 @@ static sbp_status load_batch(sbp_batch *b, const sbp_audit_opts *o, const sbp_co
 /* Our own full-BP gradient at precision p, as doubles; b64 is the float64 batch (reused when
  * the reference log-probs do not depend on the precision). */
 static sbp_status ours_at(double *out, double *loss, sbp_theirs_precision p,
-                          const sbp_audit_opts *o, const sbp_model *m64, const sbp_batch *b64,
+                          const sbp_audit_opts *o, const subject *su, const sbp_batch *b64,
                           sbp_err *err) {
     sbp_grad_opts g = {.schedule = SBP_FULL,
                        .block = o->block,
                        .objective = o->objective,
                        .numerics = o->numerics,
-                       .unattended = o->unattended};
+                       .unattended = o->unattended,
+                       .lora = su->l64};
     sbp_grad_result r;
     sbp_status st;
-    const int64_t n = m64->params.total;
+    const int64_t n = su->ps->total;
     if (p == SBP_THEIRS_FP64) {
-        if ((st = sbp_grad(&r, m64, b64, &g, NULL, err))) return st;
+        if ((st = sbp_grad(&r, su->m64, b64, &g, NULL, err))) return st;
         memcpy(out, r.grads, sizeof(double) * (size_t)n);
     } else {
         sbp_model m32;
+        sbp_lora l32 = {0};
         sbp_batch b32 = {0};
         const int bf16 = p == SBP_THEIRS_BF16;
         if ((st = sbp_model_load(&m32, o->model, SBP_FP32, NULL, err))) return st;
+        if (o->lora && (st = sbp_lora_load(&l32, o->lora, &m32.cfg, SBP_FP32, NULL, err))) {
+            sbp_model_free(&m32, NULL);
+            return st;
+        }
+        g.lora = o->lora ? &l32 : NULL;
         if (bf16) sbp_model_round_bf16(&m32), g.emulate_bf16 = 1;
         if (o->ref_model) st = load_batch(&b32, o, &m32.cfg, SBP_FP32, bf16, err);
         if (!st) st = sbp_grad(&r, &m32, o->ref_model ? &b32 : b64, &g, NULL, err);
         sbp_batch_free(&b32);
+        sbp_lora_free(&l32, NULL);
         sbp_model_free(&m32, NULL);
         if (st) return st;
         for (int64_t i = 0; i < n; i++) out[i] = ((const float *)r.grads)[i];
@@ -116,13 +135,13 @@ static sbp_status ours_at(double *out, double *loss, sbp_theirs_precision p,
 }
 
 static sbp_status truth_of(sbp_audit_report *rep, double *truth, const sbp_audit_opts *o,
-                           const sbp_model *m64, const sbp_batch *b, sbp_err *err) {
+                           const subject *su, const sbp_batch *b, sbp_err *err) {
     if (!o->no_ref) {
         rep->truth = "ref/ float64 oracle";
-        return oracle_grad(&rep->truth_loss, truth, m64, o, err);
+        return oracle_grad(&rep->truth_loss, truth, su, o, err);
     }
     rep->truth = "float64 full BP";
-    return ours_at(truth, &rep->truth_loss, SBP_THEIRS_FP64, o, m64, b, err);
+    return ours_at(truth, &rep->truth_loss, SBP_THEIRS_FP64, o, su, b, err);
 }
 
 /* The settings their file says it was computed with, where they differ from the audit's. */
@@ -163,16 +182,16 @@ static void check_metadata(sbp_diagnosis *d, const sbp_st_file *sf, const sbp_ob
 
 /* Our run at the next lower precision, and the budget it would give; NULL when there is none. */
 static const char *lower_yardstick(sbp_audit_report *rep, double *buf, const double *truth,
-                                   const sbp_audit_opts *o, const sbp_model *m64,
+                                   const sbp_audit_opts *o, const subject *su,
                                    const sbp_batch *b, double slack, sbp_err *err, sbp_status *st) {
     sbp_theirs_precision lp = o->precision == SBP_THEIRS_FP64   ? SBP_THEIRS_FP32
                               : o->precision == SBP_THEIRS_FP32 ? SBP_THEIRS_BF16
                                                                 : SBP_THEIRS_FP64;
     if (o->precision == SBP_THEIRS_BF16) return NULL;
     double loss;
-    if ((*st = ours_at(buf, &loss, lp, o, m64, b, err))) return NULL;
+    if ((*st = ours_at(buf, &loss, lp, o, su, b, err))) return NULL;
     for (int i = 0; i < rep->n; i++) {
-        const sbp_param *p = &m64->params.p[i];
+        const sbp_param *p = &su->ps->p[i];
         sbp_tensor_cmp c;
         sbp_compare(&c, buf + p->offset, truth + p->offset, p->numel, SBP_DT_F64, 0, 0);
         rep->rows[i].lower_rel_l2 = c.rel_l2;
@@ -181,7 +200,7 @@ static const char *lower_yardstick(sbp_audit_report *rep, double *buf, const dou
     return lp == SBP_THEIRS_FP32 ? "float32" : "bf16 (emulated)";
 }
 
-static void diagnose(sbp_audit_report *rep, const sbp_audit_opts *o, const sbp_model *m64,
+static void diagnose(sbp_audit_report *rep, const sbp_audit_opts *o, const subject *su,
                      const sbp_st_file *sf) {
     sbp_diag_row *dr = calloc((size_t)rep->n, sizeof *dr);
     const char **extra = calloc((size_t)sf->n + 1, sizeof *extra);
@@ -191,10 +210,10 @@ static void diagnose(sbp_audit_report *rep, const sbp_audit_opts *o, const sbp_m
     }
     int n_extra = 0;
     for (int i = 0; i < sf->n; i++)
-        if (sbp_params_find(&m64->params, sf->t[i].name) < 0) extra[n_extra++] = sf->t[i].name;
+        if (sbp_params_find(su->ps, sf->t[i].name) < 0) extra[n_extra++] = sf->t[i].name;
     for (int i = 0; i < rep->n; i++) {
         const sbp_audit_row *r = &rep->rows[i];
-        const sbp_param *p = &m64->params.p[i];
+        const sbp_param *p = &su->ps->p[i];
         dr[i] = (sbp_diag_row){.name = r->name,
                                .kind = (int)p->kind,
                                .layer = p->layer,
@@ -209,7 +228,7 @@ static void diagnose(sbp_audit_report *rep, const sbp_audit_opts *o, const sbp_m
     static const sbp_diag_prec claimed[] = {SBP_DIAG_FP32, SBP_DIAG_BF16, SBP_DIAG_FP64};
     sbp_diag_input in = {.claimed = claimed[o->precision],
                          .lower = o->precision == SBP_THEIRS_FP64 ? SBP_DIAG_FP32 : SBP_DIAG_BF16,
-                         .tied = m64->cfg.tied,
+                         .tied = su->m64->cfg.tied && !su->l64,
                          .extra = extra,
                          .n_extra = n_extra,
                          .their_loss = rep->their_loss[0] ? rep->their_loss : NULL,
@@ -225,9 +244,15 @@ sbp_status sbp_audit(sbp_audit_report *rep, const sbp_audit_opts *o, sbp_err *er
     sbp_batch b = {0};
     sbp_st_file sf = {0};
     double *truth = NULL, *ours = NULL, *theirs = NULL;
+    sbp_lora l64 = {0};
     sbp_status st = sbp_model_load(&m64, o->model, SBP_FP64, NULL, err);
     if (st) return st;
-    const sbp_params *ps = &m64.params;
+    if (o->lora && (st = sbp_lora_load(&l64, o->lora, &m64.cfg, SBP_FP64, NULL, err))) {
+        sbp_model_free(&m64, NULL);
+        return st;
+    }
+    const subject su = {&m64, o->lora ? &l64 : NULL, o->lora ? &l64.params : &m64.params};
+    const sbp_params *ps = su.ps;
     if ((st = load_batch(&b, o, &m64.cfg, SBP_FP64, 0, err)) ||
         (st = sbp_st_open(&sf, o->grads, err)))
         goto out;
@@ -251,8 +276,8 @@ sbp_status sbp_audit(sbp_audit_report *rep, const sbp_audit_opts *o, sbp_err *er
         st = sbp_fail(err, SBP_ENOMEM, "out of memory");
         goto out;
     }
-    if ((st = truth_of(rep, truth, o, &m64, &b, err)) ||
-        (st = ours_at(ours, &rep->our_loss, o->precision, o, &m64, &b, err)))
+    if ((st = truth_of(rep, truth, o, &su, &b, err)) ||
+        (st = ours_at(ours, &rep->our_loss, o->precision, o, &su, &b, err)))
         goto out;
     const char *tl = sbp_st_meta(&sf, "loss");
     snprintf(rep->their_loss, sizeof rep->their_loss, "%s", tl ? tl : "");
@@ -301,9 +326,9 @@ sbp_status sbp_audit(sbp_audit_report *rep, const sbp_audit_opts *o, sbp_err *er
     for (int i = 0; i < rep->n; i++) numeric += rep->rows[i].status == 1;
     /* the lower precision's budget only matters to the diagnosis of failures over budget */
     if (!st && numeric)
-        rep->lower = lower_yardstick(rep, ours, truth, o, &m64, &b, slack, err, &st);
+        rep->lower = lower_yardstick(rep, ours, truth, o, &su, &b, slack, err, &st);
     if (!st && (rep->failed || rep->extra[0])) {
-        diagnose(rep, o, &m64, &sf);
+        diagnose(rep, o, &su, &sf);
         check_metadata(&rep->diag, &sf, &o->objective);
         int64_t rows, targets;
         sbp_batch_count_unattended(&b, &rows, &targets);
@@ -319,6 +344,7 @@ out:
     free(truth), free(ours), free(theirs);
     sbp_st_close(&sf);
     sbp_batch_free(&b);
+    sbp_lora_free(&l64, NULL);
     sbp_model_free(&m64, NULL);
     if (st) sbp_audit_free(rep);
     return st;

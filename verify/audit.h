@@ -33,6 +33,8 @@ typedef struct {
     const char *ref_model;     /* DPO/GRPO reference log-probs from this model, or NULL */
     sbp_numerics numerics;     /* of our runs (the yardstick, and the truth with no_ref) */
     sbp_unattended unattended; /* rows with no visible key, in every run and in the oracle */
+    const char *lora;          /* an adapter directory: its gradients (peft's names) are audited,
+                                * the base model frozen; NULL: the model's */
 } sbp_audit_opts;
 
 typedef struct {

@@ -30,8 +30,11 @@ typedef struct {
     sbp_device device;     /* where they run */
     sbp_verify_report *rep;
     const sbp_model *m32, *m64;
+    const sbp_lora *l32, *l64; /* --lora: the adapter (the base frozen), or NULL */
+    const sbp_params *ps;      /* the gradient's table: the model's, or the adapter's */
     const sbp_batch *b;
     const ref_model *rm; /* the oracle's reading of the model and batch; NULL with --no-ref */
+    const ref_lora *rlora; /* and of the adapter, with --lora */
     const sbp_batch *rb;
     double *truth;     /* (params.total) */
     double *budget32;  /* (params.n) relative-L2 budget per tensor */
@@ -58,7 +61,8 @@ static sbp_status run(sbp_grad_result *r, ctx *x, sbp_precision p, const run_cfg
                        .objective = x->o->objective,
                        .numerics = x->numerics,
                        .device = x->device,
-                       .unattended = x->o->unattended};
+                       .unattended = x->o->unattended,
+                       .lora = p == SBP_FP64 ? x->l64 : x->l32};
     x->rep->n_runs++;
     return sbp_grad(r, p == SBP_FP64 ? x->m64 : x->m32, x->b, &g, NULL, err);
 }
@@ -74,7 +78,7 @@ static void to_double(double *out, const void *g, sbp_precision p, int64_t off, 
 static void compare(ctx *x, int gi, const char *what, const void *a, const void *b, sbp_precision p,
                     double budget, const double *budgets) {
     sbp_verify_group *g = &x->rep->g[gi];
-    const sbp_params *ps = &x->m64->params;
+    const sbp_params *ps = x->ps;
     size_t esz = p == SBP_FP64 ? sizeof(double) : sizeof(float);
     g->runs++;
     for (int i = 0; i < ps->n; i++) {
@@ -121,7 +125,7 @@ static void loss_dev(ctx *x, sbp_precision p, double loss) {
  * numerics every run is compared bitwise with base (group "portable"). */
 static sbp_status run_precision(ctx *x, sbp_precision p, const run_cfg *cfgs, int n, sbp_err *err) {
     const sbp_verify_opts *o = x->o;
-    const sbp_params *ps = &x->m64->params;
+    const sbp_params *ps = x->ps;
     const int portable = x->numerics == SBP_NUMERICS_PORTABLE;
     int gtruth = p == SBP_FP64 ? SBP_VG_TRUTH64 : SBP_VG_TRUTH32;
     sbp_grad_result base, r0, rt;
@@ -197,13 +201,13 @@ static sbp_status run_device(ctx *x, sbp_precision p, const run_cfg *cfgs, int n
     return st;
 }
 
-/* The oracle's gradient (its table's layout) into the library's layout, by tensor name. */
-static void to_library_layout(double *out, const double *g, const ref_model *rm,
+/* The oracle's gradient (its table `theirs`) into the library's layout, by tensor name. */
+static void to_library_layout(double *out, const double *g, const sbp_params *theirs,
                               const sbp_params *ps) {
     for (int i = 0; i < ps->n; i++) {
-        int j = sbp_params_find(&rm->ps, ps->p[i].name); /* same names: checked by loading */
-        if (j >= 0 && rm->ps.p[j].numel == ps->p[i].numel)
-            memcpy(out + ps->p[i].offset, g + rm->ps.p[j].offset,
+        int j = sbp_params_find(theirs, ps->p[i].name); /* same names: checked by loading */
+        if (j >= 0 && theirs->p[j].numel == ps->p[i].numel)
+            memcpy(out + ps->p[i].offset, g + theirs->p[j].offset,
                    sizeof(double) * (size_t)ps->p[i].numel);
         else
             memset(out + ps->p[i].offset, 0, sizeof(double) * (size_t)ps->p[i].numel);
@@ -213,22 +217,26 @@ static void to_library_layout(double *out, const double *g, const ref_model *rm,
 /* The truth (and, from the oracle, the float32 budget: slack × the error of its float32 loops
  * against its float64 ones, per tensor). */
 static sbp_status truth_of(ctx *x, sbp_err *err) {
-    const sbp_params *ps = &x->m64->params;
+    const sbp_params *ps = x->ps;
     if (x->rm) {
         const sbp_objective *o = &x->o->objective;
         x->rep->truth = "ref/ float64 oracle";
         x->rep->budget32 = "the oracle's own loops in float32";
-        double *g = malloc(sizeof(double) * (size_t)x->rm->ps.total), loss32;
-        double *g32 = malloc(sizeof(double) * (size_t)x->rm->ps.total);
+        const ref_net net = {.cfg = &x->rm->cfg,
+                             .ps = &x->rm->ps,
+                             .w = x->rm->w,
+                             .unattended = x->o->unattended,
+                             .lora = x->rlora};
+        const sbp_params *theirs = x->rlora ? &x->rlora->ps : &x->rm->ps;
+        double *g = malloc(sizeof(double) * (size_t)ref_grad_total(&net)), loss32;
+        double *g32 = malloc(sizeof(double) * (size_t)ref_grad_total(&net));
         double *t32 = malloc(sizeof(double) * (size_t)ps->total);
         sbp_status st = !g || !g32 || !t32 ? sbp_fail(err, SBP_ENOMEM, "out of memory") : SBP_OK;
-        const ref_net net = {
-            .cfg = &x->rm->cfg, .ps = &x->rm->ps, .w = x->rm->w, .unattended = x->o->unattended};
         if (!st) st = ref_truth(&x->rep->truth_loss, g, &net, x->rb, o, 0, err);
         if (!st) st = ref_truth(&loss32, g32, &net, x->rb, o, 1, err);
         if (!st) {
-            to_library_layout(x->truth, g, x->rm, ps);
-            to_library_layout(t32, g32, x->rm, ps);
+            to_library_layout(x->truth, g, theirs, ps);
+            to_library_layout(t32, g32, theirs, ps);
             for (int i = 0; i < ps->n; i++) {
                 const sbp_param *pa = &ps->p[i];
                 sbp_tensor_cmp c;
@@ -282,6 +290,7 @@ static sbp_status run_micro(ctx *x, int precs, sbp_err *err) {
         sbp_grad_result r;
         sbp_set_threads(x->o->threads[0]);
         x->rep->n_runs++;
+        g.lora = p == SBP_FP64 ? x->l64 : x->l32;
         if ((st = sbp_grad_batches(&r, p == SBP_FP64 ? x->m64 : x->m32, mb, n, &g, NULL, err)))
             break;
         char lbl[128];
@@ -327,6 +336,28 @@ static void default_chunks(sbp_verify_report *rep) {
 static const char *group_titles[SBP_VG_N] = {"loading",   "fp64 vs truth", "fp32 vs truth",
                                              "schedules", "threads",       "ragged chunks",
                                              "portable",  "devices",       "micro-batches"};
+
+/* The loading group with an adapter: each of the library's adapter tensors (float64) against the
+ * oracle's reading of the same file, bit for bit; returns the tensors that differ. */
+static int compare_adapter(sbp_verify_group *g, const sbp_lora *l, const ref_lora *rl) {
+    int bad = 0;
+    g->runs = 1;
+    for (int i = 0; i < l->params.n; i++) {
+        const sbp_param *p = &l->params.p[i];
+        const int j = sbp_params_find(&rl->ps, p->name);
+        const int same = j >= 0 && rl->ps.p[j].numel == p->numel &&
+                         memcmp((const double *)l->w + p->offset, rl->w + rl->ps.p[j].offset,
+                                sizeof(double) * (size_t)p->numel) == 0;
+        g->rows[i].runs = 1;
+        g->rows[i].bitwise_runs = same;
+        g->rows[i].failed = !same;
+        if (!same)
+            snprintf(g->rows[i].first_failure, sizeof g->rows[i].first_failure, "%s",
+                     j < 0 ? "the oracle's reader has no such tensor" : "the two readings differ");
+        bad += !same;
+    }
+    return bad;
+}
 
 /* One row per tensor of table ps in every group. */
 static sbp_status make_groups(sbp_verify_report *rep, const sbp_params *ps, sbp_err *err) {
@@ -374,10 +405,17 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
     if (!o.n_threads) o.threads[0] = 1, o.threads[1] = 2, o.n_threads = 2;
     int precs = o.precisions ? o.precisions : 3;
     sbp_model m32 = {0}, m64 = {0};
+    sbp_lora l32 = {0}, l64 = {0};
     sbp_batch b = {0}, rb = {0};
     ref_model rm = {0};
+    ref_lora rl = {0};
     sbp_status st = sbp_model_load(&m64, o.model, SBP_FP64, NULL, err);
     if (!st && (precs & (1 << SBP_FP32))) st = sbp_model_load(&m32, o.model, SBP_FP32, NULL, err);
+    if (!st && o.lora) st = sbp_lora_load(&l64, o.lora, &m64.cfg, SBP_FP64, NULL, err);
+    if (!st && o.lora && (precs & (1 << SBP_FP32)))
+        st = sbp_lora_load(&l32, o.lora, &m64.cfg, SBP_FP32, NULL, err);
+    /* the gradient's table: with an adapter its tensors (peft's names), the base frozen */
+    const sbp_params *ps = o.lora ? &l64.params : &m64.params;
     if (!st) st = sbp_batch_load_as(&b, o.batch, &m64.cfg, o.objective.kind, o.scale_rewards, err);
     if (!st && o.ref_model) { /* the reference statistic, in float64 */
         sbp_model ref;
@@ -396,6 +434,7 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
     int rst = SBP_OK;
     if (!o.no_ref) {
         rst = ref_model_read(&rm, o.model, mismatch, sizeof mismatch, &rerr);
+        if (!rst && o.lora) rst = ref_lora_read(&rl, o.lora, &rm.cfg, &rerr);
         if (!rst)
             rst = ref_batch_read(&rb, o.batch, &rm.cfg, o.objective.kind, o.scale_rewards, &rerr);
         if (!rst && o.ref_model) {
@@ -407,9 +446,9 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
         }
     }
     if (rst) {
-        if ((st = make_groups(rep, &m64.params, err))) goto out;
+        if ((st = make_groups(rep, ps, err))) goto out;
         snprintf(rep->model_type, sizeof rep->model_type, "%s", m64.cfg.model_type);
-        refused(rep, &m64.params, "the oracle's reader refuses what the library read", rerr.msg,
+        refused(rep, ps, "the oracle's reader refuses what the library read", rerr.msg,
                 mismatch[0] ? mismatch : rerr.msg);
         rep->truth = "ref/ float64 oracle";
         goto out;
@@ -420,12 +459,12 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
     memcpy(rep->chunks, o.chunks, sizeof o.chunks);
     rep->n_chunks = o.n_chunks;
     if (!rep->n_chunks) default_chunks(rep);
-    const sbp_params *ps = &m64.params;
     if ((st = make_groups(rep, ps, err))) goto out;
     int64_t maxn = 1;
     for (int i = 0; i < ps->n; i++) maxn = ps->p[i].numel > maxn ? ps->p[i].numel : maxn;
-    ctx x = {.o = &o, .rep = rep, .m32 = &m32, .m64 = &m64, .b = &b};
-    if (!o.no_ref) x.rm = &rm, x.rb = &rb;
+    ctx x = {.o = &o, .rep = rep, .m32 = &m32, .m64 = &m64, .b = &b, .ps = ps};
+    if (o.lora) x.l32 = &l32, x.l64 = &l64;
+    if (!o.no_ref) x.rm = &rm, x.rb = &rb, x.rlora = o.lora ? &rl : NULL;
     x.truth = malloc(sizeof(double) * (size_t)ps->total);
     x.budget32 = calloc((size_t)ps->n, sizeof(double));
     x.ta = malloc(sizeof(double) * (size_t)maxn);
@@ -434,9 +473,11 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
     int ncfg = configs(cfgs, &o, rep);
     if (!st && (!x.truth || !x.budget32 || !x.ta || !x.tb))
         st = sbp_fail(err, SBP_ENOMEM, "out of memory");
-    if (!st && x.rm)
+    if (!st && x.rm && !o.lora)
         rep->failed += sbp_verify_compare_inputs(&rep->g[SBP_VG_LOAD], rep->load_notes,
                                                  sizeof rep->load_notes, &m64, &b, &rm, &rb) > 0;
+    if (!st && x.rm && o.lora) /* the adapter's tensors as both read them: the same bits */
+        rep->failed += compare_adapter(&rep->g[SBP_VG_LOAD], &l64, &rl) > 0;
     if (!st) st = truth_of(&x, err);
     snprintf(rep->g[SBP_VG_LOAD].promise, sizeof rep->g[0].promise, "%s",
              x.rm ? "the library's reading of config, weights and batch against the "
@@ -498,6 +539,9 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
 out:
     ref_batch_free(&rb);
     ref_model_free(&rm);
+    ref_lora_free(&rl);
+    sbp_lora_free(&l32, NULL);
+    sbp_lora_free(&l64, NULL);
     sbp_batch_free(&b);
     sbp_model_free(&m32, NULL);
     sbp_model_free(&m64, NULL);

@@ -63,6 +63,8 @@ typedef struct {
     sbp_objective objective; /* zero: SFT */
     int scale_rewards;       /* GRPO rewards: divide by the group std */
     const char *ref_model;   /* DPO/GRPO reference log-probs from this model */
+    const char *lora;        /* an adapter directory (peft's layout): its gradients are checked,
+                              * the base model frozen; NULL: the model's own */
     double slack;            /* fp32 budget factor; 0: 4 */
 } sbp_verify_opts;
 

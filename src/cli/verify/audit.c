@@ -25,6 +25,8 @@ static const char usage[] =
     "The objective options are grad's (TRL names); the truth and our yardstick use them both.\n"
     "\n"
     "  --numerics N             fast | portable: the numerics of our own runs (default fast)\n"
+    "  --lora DIR               their file holds a LoRA adapter's gradients (peft's names, the\n"
+    "                           base frozen): audited against the oracle's adapter gradient\n"
     "  --unattended MODE        rows that see no key: zero (default), hf-eager (what HF's eager\n"
     "                           attention computes), hf-sdpa (HF's sdpa) (grad --help)\n"
     "  --precision-of-theirs P  fp32 | bf16 | fp64 (default fp32); bf16 is measured with our\n"
@@ -162,6 +164,7 @@ int verify_audit(int argc, char **argv) {
                                          {"precision-of-theirs", required_argument, 0, 'p'},
                                          {"numerics", required_argument, 0, 'N'},
                                          {"unattended", required_argument, 0, 'U'},
+                                         {"lora", required_argument, 0, 'L'},
                                          {"slack", required_argument, 0, 's'},
                                          {"block", required_argument, 0, 'B'},
                                          {"no-ref", no_argument, 0, 'n'},
@@ -201,6 +204,7 @@ int verify_audit(int argc, char **argv) {
             if (!parse_pos_int("verify audit", "block", optarg, &o.block)) return EXIT_USAGE;
             break;
         case 'n': o.no_ref = 1; break;
+        case 'L': o.lora = optarg; break;
         case 'U':
             if (!parse_unattended("verify audit", optarg, &o.unattended)) return EXIT_USAGE;
             break;

@@ -39,6 +39,8 @@ static const char usage[] =
     "  --threads LIST     thread counts, e.g. 1,2 (default 1,2; the first is the reference)\n"
     "  --block N          token block (default 16 when T < 1024, else 256)\n"
     "  --unattended MODE  rows that see no key: zero (default), hf-eager, hf-sdpa (grad --help)\n"
+    "  --lora DIR         check a LoRA adapter's gradients (peft's names; the base model frozen)\n"
+    "                     in every group, the oracle reading the adapter with its own reader\n"
     "  --no-ref           take float64 full BP as the truth (ref/ is naive: use for large models)\n"
     "  --slack X          fp32 budget factor (default 4)\n"
     "  --failures-only    print only rows that fail\n"
@@ -174,6 +176,7 @@ int verify_run(int argc, char **argv) {
                                          {"numerics", required_argument, 0, 'N'},
                                          {"devices", required_argument, 0, 'D'},
                                          {"unattended", required_argument, 0, 'U'},
+                                         {"lora", required_argument, 0, 'L'},
                                          {"threads", required_argument, 0, 't'},
                                          {"block", required_argument, 0, 'B'},
                                          {"no-ref", no_argument, 0, 'n'},
@@ -214,6 +217,7 @@ int verify_run(int argc, char **argv) {
             }
             o.numerics = bits(list, n);
             break;
+        case 'L': o.lora = optarg; break;
         case 'U':
             if (!parse_unattended("verify", optarg, &o.unattended)) return EXIT_USAGE;
             break;
