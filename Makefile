@@ -409,7 +409,7 @@ format-cuda:
 # to build-fuzz/corpus/<target>, findings (crash-*, leak-*, timeout-*) to build-fuzz/. CI runs it
 # for a short fixed time. Needs clang and libclang-rt-14-dev (Debian 12).
 
-FUZZ_TARGETS := safetensors config batch index adapter_config jsonl
+FUZZ_TARGETS := safetensors config batch index adapter_config jsonl trainer_state
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= clang
 FUZZ_FLAGS   := -std=gnu11 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
