@@ -415,16 +415,18 @@ FUZZ_CC      ?= clang
 FUZZ_FLAGS   := -std=gnu11 -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
                 -fsanitize=float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow \
                 $(if $(HAVE_PKGS),$(shell pkg-config --cflags libcjson))
-# src/train/data.c for the JSONL reader (fuzz_jsonl)
-FUZZ_OBJ     := $(patsubst %.c,build-fuzz/obj/%.o,$(wildcard src/core/*.c src/io/*.c) src/train/data.c)
-.SECONDARY: $(FUZZ_OBJ)
+FUZZ_OBJ     := $(patsubst %.c,build-fuzz/obj/%.o,$(wildcard src/core/*.c src/io/*.c))
+# a target's own objects beyond those: fuzz_jsonl's JSONL reader
+FUZZ_OBJ_jsonl := build-fuzz/obj/src/train/data.o
+.SECONDARY: $(FUZZ_OBJ) $(FUZZ_OBJ_jsonl)
+build-fuzz/fuzz_jsonl: $(FUZZ_OBJ_jsonl)
 
 build-fuzz/obj/%.o: %.c | check-deps
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
 
 build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(FUZZ_OBJ)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJ) \
+	$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJ) $(FUZZ_OBJ_$*) \
 	  $(if $(HAVE_PKGS),$(shell pkg-config --libs libcjson)) -lm
 
 fuzz: deps
