@@ -30,6 +30,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -1085,6 +1086,20 @@ static sbp_status prepare(train_run *r, const train_args *a, settings *s, char *
     return SBP_OK;
 }
 
+/* A log just written in place, opened for appending: never through a symbolic link (one planted
+ * there after the write is refused, not followed), a regular file only. */
+static FILE *open_append(const char *path) {
+    int fd = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        if (fd >= 0) close(fd), errno = EINVAL;
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "ab");
+    if (!f) close(fd);
+    return f;
+}
+
 /* Creates the output directory and the two logs (fresh, or as the checkpoint had them). */
 static sbp_status open_logs(train_run *r, const train_args *a, sbp_err *err) {
     if (mkdir_p(a->out) != 0)
@@ -1094,11 +1109,11 @@ static sbp_status open_logs(train_run *r, const train_args *a, sbp_err *err) {
     char p[4200];
     pathf(p, sizeof p, "%s/loss.csv", a->out);
     sbp_status st = sbp_write_atomic(p, r->rs.loss_csv, r->rs.loss_len, err);
-    if (!st && !(r->loss_f = fopen(p, "ab")))
+    if (!st && !(r->loss_f = open_append(p)))
         st = sbp_fail(err, SBP_EIO, "%s: cannot open for appending: %s", p, strerror(errno));
     pathf(p, sizeof p, "%s/timing.csv", a->out);
     if (!st) st = sbp_write_atomic(p, r->rs.timing_csv, r->rs.timing_len, err);
-    if (!st && !(r->timing_f = fopen(p, "ab")))
+    if (!st && !(r->timing_f = open_append(p)))
         st = sbp_fail(err, SBP_EIO, "%s: cannot open for appending: %s", p, strerror(errno));
     return st;
 }
