@@ -683,6 +683,17 @@ sbp_status sbp_file_sha256(char out[65], const char *path, sbp_err *err);
  * recorded there, naming the first that differs or is missing. *recorded: whether the state
  * lists its files (checkpoints written before this check do not; they pass). */
 sbp_status sbp_checkpoint_verify(const char *ckpt, int *recorded, sbp_err *err);
+/* N of a name "checkpoint-N" (N at most 9 decimal digits, nothing else), or -1. */
+long sbp_checkpoint_number(const char *name);
+/* The newest checkpoint-N of run directory dir with N < below (LONG_MAX: any) that is a
+ * directory, not a link, holding a regular trainer_state.json; its path in out. N, or -1. */
+long sbp_checkpoint_newest(char *out, size_t n, const char *dir, long below);
+/* The checkpoint `train --resume PATH` starts from: PATH itself when it holds a
+ * trainer_state.json, else its newest checkpoint-N; verified (sbp_checkpoint_verify). One that
+ * fails is never replaced silently by an older one: the error names it, why, and the newest
+ * that verifies. *recorded as sbp_checkpoint_verify's. */
+sbp_status sbp_checkpoint_resume_point(char *ckpt, size_t n, const char *path, int *recorded,
+                                       sbp_err *err);
 /* Writes a model directory's two files into dir: config.json (config_json verbatim) and
  * model.safetensors (the weights under their HF names, F32 or F64 as m holds them). */
 sbp_status sbp_model_save_files(const char *dir, const sbp_model *m, const char *config_json,

@@ -9,9 +9,11 @@
 #include "../src/io/train_state.h"
 
 #include <cJSON.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* A minimal valid state with the numbers given as JSON text. */
 static const char *state(const char *step, const char *tokens, const char *epoch,
@@ -143,6 +145,55 @@ START_TEST(resume_refuses_an_edited_count) {
 }
 END_TEST
 
+/* The library picks the newest checkpoint that is a real directory with a regular state (a link
+ * planted as checkpoint-9 is not it), reads only decimal names, and resume names a damaged
+ * newest checkpoint with the newest that verifies. */
+START_TEST(newest_checkpoint_and_resume_point) {
+    ck_assert_int_eq(sbp_checkpoint_number("checkpoint-12"), 12);
+    static const char *const bad[] = {"checkpoint-",
+                                      "checkpoint-+5",
+                                      "checkpoint- 5",
+                                      "checkpoint-5x",
+                                      "checkpoint-99999999999999999999",
+                                      "checkpoint-5.tmp.123.AbCdEf"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        ck_assert_msg(sbp_checkpoint_number(bad[i]) == -1, "%s read as a checkpoint", bad[i]);
+    const char *model = tu_model("qwen3-tiny", 1);
+    const char *run = tu_keep(tu_path("rundir-newest"));
+    int rc = tu_sh("timeout 120 '%s' train --model '%s' --jsonl data/train/counting.jsonl "
+                   "--seq 32 --batch-size 2 --block 16 --threads 1 --lr 1e-2 --steps 6 "
+                   "--save-every 2 --stop-at 4 --out '%s'",
+                   tu_bin(), model, run);
+    ck_assert_msg(rc == 0, "%s", tu_last_output());
+    /* a link to a copy of checkpoint-4 outside, under a newer name */
+    const char *elsewhere = tu_keep(tu_new_dir("rundir-elsewhere"));
+    ck_assert_int_eq(tu_sh("cp -r '%s/checkpoint-4' '%s/ck'", run, elsewhere), 0);
+    ck_assert_int_eq(symlink(tu_join(elsewhere, "ck"), tu_join(run, "checkpoint-9")), 0);
+    char out[4300];
+    ck_assert_int_eq(sbp_checkpoint_newest(out, sizeof out, run, LONG_MAX), 4);
+    ck_assert_str_eq(out, tu_join(run, "checkpoint-4"));
+    ck_assert_int_eq(sbp_checkpoint_newest(out, sizeof out, run, 4), 2);
+    ck_assert_int_eq(sbp_checkpoint_newest(out, sizeof out, run, 2), -1);
+    int recorded = 0;
+    sbp_err err = {0};
+    ck_assert_msg(sbp_checkpoint_resume_point(out, sizeof out, run, &recorded, &err) == SBP_OK,
+                  "%s", err.msg);
+    ck_assert(recorded);
+    /* damage checkpoint-4's optimizer file: resume names it and offers checkpoint-2 */
+    const char *opt = tu_join(run, "checkpoint-4/optimizer.safetensors");
+    size_t n;
+    char *bytes = tu_slurp(opt, &n);
+    bytes[n - 1] ^= 1;
+    tu_spit(opt, bytes, n);
+    free(bytes);
+    ck_assert_int_eq(sbp_checkpoint_resume_point(out, sizeof out, run, &recorded, &err),
+                     SBP_EINPUT);
+    ck_assert_msg(strstr(err.msg, "checkpoint-4") && strstr(err.msg, "optimizer.safetensors") &&
+                      strstr(err.msg, "checkpoint-2: resume from it"),
+                  "%s", err.msg);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("rundir");
     TCase *tc = tcase_create("rundir");
@@ -152,6 +203,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, file_names_stay_in_the_checkpoint);
     tcase_add_test(tc, rng_words_are_hex_of_16_digits_at_most);
     tcase_add_test(tc, resume_refuses_an_edited_count);
+    tcase_add_test(tc, newest_checkpoint_and_resume_point);
     suite_add_tcase(s, tc);
     return s;
 }

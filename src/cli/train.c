@@ -535,14 +535,6 @@ static int is_file(const char *p) {
     return lstat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
-/* N of a name "checkpoint-N" (digits only), or -1. */
-static long checkpoint_number(const char *name) {
-    if (strncmp(name, "checkpoint-", 11) != 0 || !name[11]) return -1;
-    char *end;
-    long v = strtol(name + 11, &end, 10);
-    return *end || v < 0 ? -1 : v;
-}
-
 /* Whether dir holds a training run (anything a run writes). */
 static const char *holds_run(const char *dir) {
     /* the logs alone are not a run to keep: a run that died before its first checkpoint leaves
@@ -559,73 +551,22 @@ static const char *holds_run(const char *dir) {
     if (dp) {
         struct dirent *e;
         while ((e = readdir(dp)) && !found)
-            if (checkpoint_number(e->d_name) >= 0) found = "checkpoint directories";
+            if (sbp_checkpoint_number(e->d_name) >= 0) found = "checkpoint directories";
         closedir(dp);
     }
     return found;
 }
 
-/* The checkpoint to resume from: PATH itself, or PATH's newest complete checkpoint-N with N below
- * `below` (LONG_MAX: any). Returns N, 0 when PATH is itself a checkpoint, -1 when none. */
-static long find_checkpoint(char *out, size_t n, const char *path, long below) {
-    char p[4200];
-    pathf(p, sizeof p, "%s/trainer_state.json", path);
-    if (is_file(p)) {
-        pathf(out, n, "%s", path);
-        return 0;
-    }
-    DIR *dp = opendir(path);
-    if (!dp) return -1;
-    long best = -1;
-    struct dirent *e;
-    char q[4200];
-    while ((e = readdir(dp))) {
-        long k = checkpoint_number(e->d_name);
-        pathf(p, sizeof p, "%s/%s/trainer_state.json", path, e->d_name);
-        pathf(q, sizeof q, "%s/%s", path, e->d_name);
-        if (k > best && k < below && is_dir(q) && is_file(p)) best = k; /* no link followed */
-    }
-    closedir(dp);
-    if (best < 0) return -1;
-    pathf(out, n, "%s/checkpoint-%ld", path, best);
-    return best;
-}
-
-/* The checkpoint of --resume, verified (sbp_checkpoint_verify). One that fails is never taken
- * silently in place of the newest: the error names it, why, and the newest that verifies. */
+/* The checkpoint of --resume, verified (sbp_checkpoint_resume_point). */
 static sbp_status resume_point(char *ckpt, size_t n, const char *path, sbp_err *err) {
-    long k = find_checkpoint(ckpt, n, path, LONG_MAX);
-    if (k < 0)
-        return sbp_fail(err, SBP_EIO,
-                        "--resume %s: no checkpoint there (no trainer_state.json, and no "
-                        "checkpoint-N directory holding one); a run that ended before its first "
-                        "checkpoint starts again without --resume",
-                        path);
     int recorded;
-    sbp_status st = sbp_checkpoint_verify(ckpt, &recorded, err);
-    if (!st) {
-        if (!recorded)
-            fprintf(stderr,
-                    "streambp train: note: %s lists no file hashes (written before "
-                    "checkpoints recorded them); its files are not verified\n",
-                    ckpt);
-        return SBP_OK;
-    }
-    char why[700], other[4300] = "";
-    snprintf(why, sizeof why, "%.600s", err->msg);
-    for (long below = k;
-         k > 0 && (below = find_checkpoint(other, sizeof other, path, below)) >= 0;) {
-        sbp_err e2 = {0};
-        if (sbp_checkpoint_verify(other, &recorded, &e2) == SBP_OK) break;
-        other[0] = '\0';
-    }
-    if (k > 0 && other[0])
-        return sbp_fail(err, SBP_EINPUT,
-                        "--resume %s: the newest checkpoint, %s, fails verification: %s. The "
-                        "newest that verifies is %s: resume from it with --resume %s",
-                        path, ckpt, why, other, other);
-    return sbp_fail(err, SBP_EINPUT, "--resume %s: %s fails verification: %s%s", path, ckpt, why,
-                    k > 0 ? "; no older checkpoint verifies either" : "");
+    sbp_status st = sbp_checkpoint_resume_point(ckpt, n, path, &recorded, err);
+    if (!st && !recorded)
+        fprintf(stderr,
+                "streambp train: note: %s lists no file hashes (written before "
+                "checkpoints recorded them); its files are not verified\n",
+                ckpt);
+    return st;
 }
 
 static int mkdir_p(const char *dir) {

@@ -20,6 +20,7 @@
 #include <openssl/evp.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -329,4 +330,81 @@ sbp_status sbp_checkpoint_verify(const char *ckpt, int *recorded, sbp_err *err) 
     }
     sbp_train_state_free(&ts);
     return st;
+}
+
+long sbp_checkpoint_number(const char *name) {
+    if (strncmp(name, "checkpoint-", 11) != 0 || !name[11] || strlen(name + 11) > 9) return -1;
+    long v = 0;
+    for (const char *c = name + 11; *c; c++) {
+        if (*c < '0' || *c > '9') return -1;
+        v = v * 10 + (*c - '0');
+    }
+    return v;
+}
+
+/* Whether name, in the directory open as fd, is a directory (not a link to one) holding a
+ * regular trainer_state.json (not a link to one). */
+static int holds_state(int fd, const char *name) {
+    struct stat sb;
+    if (fstatat(fd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sb.st_mode)) return 0;
+    int d = openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (d < 0) return 0;
+    int ok = fstatat(d, "trainer_state.json", &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode);
+    close(d);
+    return ok;
+}
+
+long sbp_checkpoint_newest(char *out, size_t n, const char *dir, long below) {
+    DIR *dp = opendir(dir);
+    if (!dp) return -1;
+    long best = -1;
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        long k = sbp_checkpoint_number(e->d_name);
+        if (k > best && k < below && holds_state(dirfd(dp), e->d_name)) best = k;
+    }
+    closedir(dp);
+    if (best < 0 || snprintf(out, n, "%s/checkpoint-%ld", dir, best) >= (int)n) return -1;
+    return best;
+}
+
+sbp_status sbp_checkpoint_resume_point(char *ckpt, size_t n, const char *path, int *recorded,
+                                       sbp_err *err) {
+    struct stat sb;
+    char p[4300];
+    long k = -1;
+    *recorded = 0;
+    if (snprintf(p, sizeof p, "%s/trainer_state.json", path) < (int)sizeof p &&
+        lstat(p, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        if (snprintf(ckpt, n, "%s", path) >= (int)n)
+            return sbp_fail(err, SBP_EUSAGE, "--resume %s: path too long", path);
+        k = 0;
+    } else
+        k = sbp_checkpoint_newest(ckpt, n, path, LONG_MAX);
+    if (k < 0)
+        return sbp_fail(err, SBP_EIO,
+                        "--resume %s: no checkpoint there (no trainer_state.json, and no "
+                        "checkpoint-N directory holding one); a run that ended before its first "
+                        "checkpoint starts again without --resume",
+                        path);
+    sbp_status st = sbp_checkpoint_verify(ckpt, recorded, err);
+    if (!st) return SBP_OK;
+    /* one that fails is never replaced silently by an older one: it is named, with why, and
+     * the newest that verifies */
+    char why[700], other[4300] = "";
+    snprintf(why, sizeof why, "%.600s", err->msg);
+    for (long below = k;
+         k > 0 && (below = sbp_checkpoint_newest(other, sizeof other, path, below)) >= 0;) {
+        sbp_err e2 = {0};
+        int r2;
+        if (sbp_checkpoint_verify(other, &r2, &e2) == SBP_OK) break;
+        other[0] = '\0';
+    }
+    if (k > 0 && other[0])
+        return sbp_fail(err, SBP_EINPUT,
+                        "--resume %s: the newest checkpoint, %s, fails verification: %s. The "
+                        "newest that verifies is %s: resume from it with --resume %s",
+                        path, ckpt, why, other, other);
+    return sbp_fail(err, SBP_EINPUT, "--resume %s: %s fails verification: %s%s", path, ckpt, why,
+                    k > 0 ? "; no older checkpoint verifies either" : "");
 }
