@@ -181,4 +181,19 @@ int ref_grpo(double *loss, double *grads /* (ref_grad_total(net)), overwritten, 
 int ref_grpo_f32(double *loss, double *grads, const ref_net *net, const sbp_batch *b,
                  const sbp_objective *o, sbp_err *err);
 
+/* ---------------------------------------------------------------------------------------------
+ * The optimizer's oracle (ref/adamw.c): torch.optim.AdamW, clip_grad_norm_ and the warm-up
+ * schedules from their documented formulas, in float64, for `streambp verify optim`. */
+
+/* The learning rate of optimizer step k (0-based) of a run of `total` steps. */
+double ref_lr_at(sbp_lr_kind kind, double peak, int64_t warmup, int64_t total, int64_t k);
+/* Scales g (laid out as ps) by min(1, max_norm / (norm + 1e-6)), max_norm 0: not at all; returns
+ * the norm before clipping (the norm of the per-tensor norms). */
+double ref_clip_grad_norm(double *g /* (ps->total) */, const sbp_params *ps, double max_norm);
+/* One AdamW step t (from 1) at learning rate lr; decay[i] 0 keeps element i out of the weight
+ * decay. */
+void ref_adamw_step(double *p, double *m, double *v, const double *g,
+                    const unsigned char *decay /* (n) */, int64_t n, int64_t t,
+                    const sbp_adamw_opts *o, double lr);
+
 #endif

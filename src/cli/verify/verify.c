@@ -13,6 +13,7 @@ static const char usage[] =
     "  audit       judge another implementation's gradient file against the float64 truth\n"
     "  digest F    the fingerprint of a gradient file (SHA-256 per tensor, the loss in hex)\n"
     "  golden      the committed golden cases recomputed here, against their digests\n"
+    "  optim       optimizer steps (clipping, AdamW, schedule) against a float64 oracle\n"
     "  --suite     the edge-case fixtures, each through the full check\n";
 
 int verify_main(int argc, char **argv) {
@@ -21,6 +22,7 @@ int verify_main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "audit") == 0) return verify_audit(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "digest") == 0) return verify_digest(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "golden") == 0) return verify_golden(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "optim") == 0) return verify_optim(argc - 1, argv + 1);
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--suite") == 0) return verify_suite(argc, argv);
     if (argc < 2 || argv[1][0] == '-') return verify_run(argc, argv);
