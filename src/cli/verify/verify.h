@@ -16,7 +16,7 @@ int verify_optim(int argc, char **argv);
 /* The optimizer check (optim.c) printed to f; returns 0, EXIT_MISMATCH or EXIT_USAGE. */
 int optim_check(FILE *f);
 /* The golden step (golden.c) on the devices given ("cpu", "cuda", "cuda-emu"): prints one line
- * per case run and a summary to f; returns 0, EXIT_MISMATCH or EXIT_USAGE. */
+ * per case run and a summary to f (NULL: nothing); returns 0, EXIT_MISMATCH or EXIT_USAGE. */
 int golden_check(FILE *f, const char *const *devices, int n_devices, int all,
                  const char *golden_dir);
 
