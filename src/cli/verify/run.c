@@ -259,6 +259,7 @@ int verify_run(int argc, char **argv) {
         return EXIT_USAGE;
     }
     const int golden = !o.model && !no_golden;
+    const int optim = !o.model; /* the default run: the training arithmetic too (optim.c) */
     sbp_err err = {0};
     sbp_default_inputs def = {0};
     if (!o.model) {
@@ -337,6 +338,13 @@ int verify_run(int argc, char **argv) {
     if (golden && !json) {
         printf("\ngolden digests: the committed portable cases recomputed here\n");
         int g = golden_check(stdout, gdev, n_gdev, 0, NULL);
+        if (g == EXIT_USAGE) return g;
+        failed |= g != 0;
+        printf("%s\n", failed ? "FAIL" : "PASS");
+    }
+    if (optim && !json) {
+        printf("\noptim: optimizer steps against the float64 oracle (ref/adamw.c)\n");
+        int g = optim_check(stdout);
         if (g == EXIT_USAGE) return g;
         failed |= g != 0;
         printf("%s\n", failed ? "FAIL" : "PASS");
