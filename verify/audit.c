@@ -182,8 +182,8 @@ static void check_metadata(sbp_diagnosis *d, const sbp_st_file *sf, const sbp_ob
 
 /* Our run at the next lower precision, and the budget it would give; NULL when there is none. */
 static const char *lower_yardstick(sbp_audit_report *rep, double *buf, const double *truth,
-                                   const sbp_audit_opts *o, const subject *su,
-                                   const sbp_batch *b, double slack, sbp_err *err, sbp_status *st) {
+                                   const sbp_audit_opts *o, const subject *su, const sbp_batch *b,
+                                   double slack, sbp_err *err, sbp_status *st) {
     sbp_theirs_precision lp = o->precision == SBP_THEIRS_FP64   ? SBP_THEIRS_FP32
                               : o->precision == SBP_THEIRS_FP32 ? SBP_THEIRS_BF16
                                                                 : SBP_THEIRS_FP64;
@@ -325,8 +325,7 @@ sbp_status sbp_audit(sbp_audit_report *rep, const sbp_audit_opts *o, sbp_err *er
     int numeric = 0;
     for (int i = 0; i < rep->n; i++) numeric += rep->rows[i].status == 1;
     /* the lower precision's budget only matters to the diagnosis of failures over budget */
-    if (!st && numeric)
-        rep->lower = lower_yardstick(rep, ours, truth, o, &su, &b, slack, err, &st);
+    if (!st && numeric) rep->lower = lower_yardstick(rep, ours, truth, o, &su, &b, slack, err, &st);
     if (!st && (rep->failed || rep->extra[0])) {
         diagnose(rep, o, &su, &sf);
         check_metadata(&rep->diag, &sf, &o->objective);

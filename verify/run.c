@@ -33,7 +33,7 @@ typedef struct {
     const sbp_lora *l32, *l64; /* --lora: the adapter (the base frozen), or NULL */
     const sbp_params *ps;      /* the gradient's table: the model's, or the adapter's */
     const sbp_batch *b;
-    const ref_model *rm; /* the oracle's reading of the model and batch; NULL with --no-ref */
+    const ref_model *rm;   /* the oracle's reading of the model and batch; NULL with --no-ref */
     const ref_lora *rlora; /* and of the adapter, with --lora */
     const sbp_batch *rb;
     double *truth;     /* (params.total) */

@@ -14,8 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     if (sbp_json_parse(&j, (const char *)data, n, "fuzz", &err) != SBP_OK) return 0;
     sbp_lora_config c;
     if (sbp_lora_config_from_json(&c, j, "fuzz", &err) == SBP_OK) {
-        if (c.r < 1 || c.r > 1048576 || !(c.alpha > 0) || !isfinite(c.alpha) || !c.targets)
-            abort();
+        if (c.r < 1 || c.r > 1048576 || !(c.alpha > 0) || !isfinite(c.alpha) || !c.targets) abort();
         sbp_config cfg;
         static const char model[] =
             "{\"model_type\": \"qwen3\", \"vocab_size\": 32, \"hidden_size\": 16, "
