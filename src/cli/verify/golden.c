@@ -14,7 +14,6 @@
 #include "golden_data.h"
 #include "verify.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -82,34 +81,6 @@ static int put(int dirfd, const char *name, const golden_file *g) {
         at += (size_t)w;
     }
     return close(fd);
-}
-
-/* Removes everything under the directory dirfd refers to, never following a link: entries are
- * examined with fstatat(AT_SYMLINK_NOFOLLOW) and real directories entered through their own fd. */
-static void remove_under(int dirfd) {
-    int dup_fd = dup(dirfd);
-    DIR *d = dup_fd < 0 ? NULL : fdopendir(dup_fd);
-    if (!d) {
-        if (dup_fd >= 0) close(dup_fd);
-        return;
-    }
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        struct stat sb;
-        if (fstatat(dirfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0) continue;
-        if (S_ISDIR(sb.st_mode)) {
-            int sub = openat(dirfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-            if (sub >= 0) {
-                remove_under(sub);
-                close(sub);
-            }
-            unlinkat(dirfd, e->d_name, AT_REMOVEDIR);
-        } else {
-            unlinkat(dirfd, e->d_name, 0);
-        }
-    }
-    closedir(d);
 }
 
 /* Runs this binary with the words of `args` (split at spaces; no word holds one), output to
@@ -297,11 +268,8 @@ int golden_check(FILE *f, const char *const *devices, int n_devices, int all,
             }
         free(want);
     }
-    if (dirfd >= 0) {
-        remove_under(dirfd);
-        close(dirfd);
-    }
-    rmdir(tmp);
+    if (dirfd >= 0) close(dirfd);
+    sbp_remove_tree(tmp); /* ours (mkdtemp), walked without following a link */
     if (f)
         fprintf(f, "golden: %d case runs on %d device%s, %d pass, %d differ, %d could not run\n",
                 cases, n_devices, n_devices == 1 ? "" : "s", cases - failed - broken, failed,
