@@ -197,6 +197,11 @@ DEMO_MODEL := $(DEMO_DIR)/qwen3-tiny
 DEMO_BATCH := data/batches/sft-demo.safetensors
 DEMO_OPTS  := --block 16 --chunk 32 --logit-chunk 16 --threads 2
 
+# Recipes that pipe a command's output through tail/tee/tr run under bash -o pipefail, so the
+# command's failure fails the target (a non-bitwise demo verdict once printed FAIL and exited 0).
+demo bench bench-blas plots: SHELL := /bin/bash
+demo bench bench-blas plots: .SHELLFLAGS := -o pipefail -c
+
 demo: all
 	@$(BIN) init --config data/models/qwen3-tiny.json --seed 1 --out $(DEMO_MODEL) --force >/dev/null
 	@for s in full ckpt stream; do \
@@ -206,7 +211,7 @@ demo: all
 	@echo "== bitwise verdict: $(BIN) verify diff --bitwise <schedule> full"
 	@for s in ckpt stream; do printf '%-7s ' "$$s:"; \
 	  $(BIN) verify diff --bitwise $(DEMO_DIR)/grad-$$s.safetensors \
-	    $(DEMO_DIR)/grad-full.safetensors | tail -2 | tr '\n' ' '; echo; done
+	    $(DEMO_DIR)/grad-full.safetensors | tail -2 | tr '\n' ' ' || exit 1; echo; done
 
 # ---- training demo -------------------------------------------------------------------------------
 # 50 AdamW steps of the tiny Qwen3 on data/train/counting.jsonl with each schedule, then a stream
