@@ -5,7 +5,7 @@
  *   cpu-fast      the fast mode: products and attention tiles on OpenBLAS (ops/cpu.c)
  *   cpu-portable  the portable mode: every product and reduction by DESIGN §11 (ops/cpu.c)
  *   plan          allocation only: the buffers are reserved by a planning ledger, every
- *                 operation does nothing (ops/plan.c), so a plan walks the very code of a run
+ *                 operation does nothing (ops/ledger_ops.c), so a plan walks the very code of a run
  * and the CUDA tables of cuda/. Buffers are the backend's memory ("device" below; on the CPU it
  * is host memory); the host sees only what it uploads and downloads.
  *
@@ -89,7 +89,7 @@ typedef struct sbp_ops {
                              const int32_t *target, int M);
 } sbp_ops;
 
-/* The tables of this precision (ops/cpu.c, ops/plan.c). */
+/* The tables of this precision (ops/cpu.c, ops/ledger_ops.c). */
 extern const sbp_ops sbp_ops_cpu_fast, sbp_ops_cpu_portable, sbp_ops_plan;
 
 /* The CPU's run and memory, shared by the CPU and planning tables (ops/cpu.c). */

@@ -1,7 +1,7 @@
-/* plan.c — the planning table: buffers are allocated as the CPU allocates them (through a
- * planning ledger, which only reserves address space, so nothing can be touched) and every
- * operation does nothing. A plan therefore walks the driver and the steps of a real run, with
- * the same allocations and frees in the same order, in milliseconds for any model and T. */
+/* ledger_ops.c — the planning op table (sbp_ops_plan): buffers are allocated as the CPU allocates
+ * them (through a planning ledger, which only reserves address space, so nothing can be touched)
+ * and every operation does nothing. A plan therefore walks the driver and the steps of a real run,
+ * with the same allocations and frees in the same order, in milliseconds for any model and T. */
 #include "../engine.h"
 
 static void no_move(const eng *e, void *dst, const void *src, size_t bytes) {}
