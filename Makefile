@@ -50,7 +50,7 @@ LDFLAGS  := -fopenmp $(if $(filter 1,$(SAN)),$(SANFLAGS))
 
 COMMON_SRC := $(wildcard src/core/*.c src/io/*.c src/api/*.c src/train/*.c)
 NUM_SRC    := $(wildcard src/kernels/*.c src/kernels/blas/*.c src/engine/*.c src/engine/*/*.c)
-CLI_SRC    := $(wildcard src/cli/*.c src/cli/verify/*.c)
+CLI_SRC    := $(wildcard src/cli/*.c)
 VERIFY_SRC := $(wildcard verify/*.c)
 REF_SRC    := $(wildcard ref/*.c)
 TEST_SRC   := $(wildcard tests/test_*.c)
@@ -60,6 +60,9 @@ COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/common/%.o) $(VERIFY_SRC:%.c=$(BUILD)/co
 F32_OBJ    := $(NUM_SRC:%.c=$(BUILD)/f32/%.o)
 F64_OBJ    := $(NUM_SRC:%.c=$(BUILD)/f64/%.o)
 CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/common/%.o) $(BUILD)/gen/golden_data.o
+# The command line (src/cli) names the verifier's headers from the top of the tree:
+# #include "verify/run.h".
+$(CLI_SRC:%.c=$(BUILD)/common/%.o): CFLAGS += -I.
 TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
 LIB        := $(BUILD)/libstreambp.a
@@ -108,18 +111,18 @@ $(BUILD)/f64/%.o: %.c | check-deps
 	$(CC) $(CFLAGS) -DSBP_REAL_F64 -MMD -MP -c $< -o $@
 
 # The golden cases built into the binary for `streambp verify golden`: the digests, the configs
-# of the families they name and the tiny batches (src/cli/verify/embed.sh).
+# of the families they name and the tiny batches (src/cli/golden_embed.sh).
 GOLDEN_FILES := $(wildcard data/golden/*.txt) \
                 $(sort $(foreach g,$(wildcard data/golden/*.txt),$(wildcard data/models/$(word 1,$(subst -sft-, ,$(subst -dpo-, ,$(subst -grpo-, ,$(notdir $(g)))))).json))) \
                 data/batches/sft-tiny.safetensors data/batches/dpo-tiny.safetensors \
                 data/batches/grpo-tiny.safetensors
 
-$(BUILD)/gen/golden_data.c: $(GOLDEN_FILES) src/cli/verify/embed.sh
+$(BUILD)/gen/golden_data.c: $(GOLDEN_FILES) src/cli/golden_embed.sh
 	@mkdir -p $(dir $@)
-	src/cli/verify/embed.sh $@ $(GOLDEN_FILES)
+	src/cli/golden_embed.sh $@ $(GOLDEN_FILES)
 
-$(BUILD)/gen/golden_data.o: $(BUILD)/gen/golden_data.c src/cli/verify/golden_data.h
-	$(CC) $(CFLAGS) -Isrc/cli/verify -c $< -o $@
+$(BUILD)/gen/golden_data.o: $(BUILD)/gen/golden_data.c src/cli/golden_data.h
+	$(CC) $(CFLAGS) -Isrc/cli -c $< -o $@
 
 # One relocatable object per precision; everything but the entry point becomes local.
 $(BUILD)/engine_f32.o: $(F32_OBJ)

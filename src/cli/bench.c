@@ -6,7 +6,7 @@
  * OpenMP thread pool before it forks. The child sends its numbers back through a pipe. */
 #include "../../verify/defaults.h"
 #include "cli.h"
-#include "plan.h"
+#include "cmd_plan.h"
 
 #include <cblas.h>
 #include <getopt.h>

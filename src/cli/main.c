@@ -1,6 +1,6 @@
 /* main.c — the `streambp` command: git-style subcommands. */
 #include "cli.h"
-#include "verify/verify.h"
+#include "cmd_verify.h"
 
 #include <stdio.h>
 #include <stdlib.h>

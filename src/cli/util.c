@@ -2,7 +2,7 @@
 #include "cli.h"
 #include "../core/err.h"
 #include "../io/file.h"
-#include "../../verify/text.h"
+#include "verify/text.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* cli/verify/golden.c — `streambp verify golden`: the committed golden cases recomputed on this
+/* cmd_verify_golden.c — `streambp verify golden`: the committed golden cases recomputed on this
  * machine, compiler and device, against the committed digests. The portable numerics promise
  * the same bits everywhere (README, "Exactness"); this is the one command that
  * tells a user on a new CPU, compiler or GPU whether the promise holds there.
@@ -7,12 +7,12 @@
  * (golden_data.h), so it needs no checkout. Each case runs this very binary as tests/test_golden.c
  * does (`init --seed 1`, then `grad --numerics portable`) in a private temporary directory, and
  * compares the fingerprint of the gradient file (`verify digest`) line by line. */
-#include "../../../verify/digest.h"
-#include "../../io/file.h"
-#include "../../../verify/text.h"
-#include "../cli.h"
+#include "verify/digest.h"
+#include "../io/file.h"
+#include "verify/text.h"
+#include "cli.h"
 #include "golden_data.h"
-#include "verify.h"
+#include "cmd_verify.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
-/* golden_data.h — the committed golden cases built into the binary (embed.sh writes the table
- * at build time from data/golden/, the model configs they name and the tiny batches). */
+/* golden_data.h — the committed golden cases built into the binary (golden_embed.sh writes the
+ * table at build time from data/golden/, the model configs they name and the tiny batches). */
 #ifndef SBP_GOLDEN_DATA_H
 #define SBP_GOLDEN_DATA_H
 

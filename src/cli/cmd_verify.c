@@ -1,6 +1,6 @@
-/* cli/verify/verify.c — `streambp verify <what>`: dispatch to the verifier's subcommands. */
-#include "../cli.h"
-#include "verify.h"
+/* cmd_verify.c — `streambp verify <what>`: dispatch to the verifier's subcommands. */
+#include "cli.h"
+#include "cmd_verify.h"
 
 #include <string.h>
 

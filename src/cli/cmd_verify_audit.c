@@ -1,10 +1,10 @@
-/* cli/verify/audit.c — `streambp verify audit`: another implementation's gradients, judged per
+/* cmd_verify_audit.c — `streambp verify audit`: another implementation's gradients, judged per
  * tensor against the float64 truth with a budget measured from our own run at their precision. */
-#include "../cli.h"
-#include "../objopts.h"
-#include "../../../verify/audit.h"
-#include "../../../verify/text.h"
-#include "verify.h"
+#include "cli.h"
+#include "objopts.h"
+#include "verify/audit.h"
+#include "verify/text.h"
+#include "cmd_verify.h"
 
 #include <getopt.h>
 #include <math.h>

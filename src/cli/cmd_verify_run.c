@@ -1,10 +1,10 @@
-/* cli/verify/run.c — `streambp verify [options]`: the full comparison matrix on one model and
+/* cmd_verify_run.c — `streambp verify [options]`: the full comparison matrix on one model and
  * batch, by default the bundled one. */
-#include "../cli.h"
-#include "../objopts.h"
-#include "../../../verify/defaults.h"
-#include "../../../verify/run.h"
-#include "verify.h"
+#include "cli.h"
+#include "objopts.h"
+#include "verify/defaults.h"
+#include "verify/run.h"
+#include "cmd_verify.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -259,7 +259,8 @@ int verify_run(int argc, char **argv) {
         return EXIT_USAGE;
     }
     const int golden = !o.model && !no_golden;
-    const int optim = !o.model; /* the default run: the training arithmetic too (optim.c) */
+    const int optim =
+        !o.model; /* the default run: the training arithmetic too (cmd_verify_optim.c) */
     sbp_err err = {0};
     sbp_default_inputs def = {0};
     if (!o.model) {
@@ -267,7 +268,7 @@ int verify_run(int argc, char **argv) {
         o.model = def.model, o.batch = def.batch;
     }
     /* the full check on the bundled default also proves the portable contract on this machine
-     * and on the devices named: the committed golden cases, recomputed (golden.c) */
+     * and on the devices named: the committed golden cases, recomputed (cmd_verify_golden.c) */
     const char *gdev[3] = {"cpu"};
     int n_gdev = 1;
     for (int d = SBP_DEVICE_CUDA; d <= SBP_DEVICE_CUDA_EMU; d++)

@@ -1,8 +1,8 @@
-/* cli/verify/fd.c — `streambp verify fd`: finite-difference spot checks in float64. */
-#include "../cli.h"
-#include "../../../verify/defaults.h"
-#include "../../../verify/fd.h"
-#include "verify.h"
+/* cmd_verify_fd.c — `streambp verify fd`: finite-difference spot checks in float64. */
+#include "cli.h"
+#include "verify/defaults.h"
+#include "verify/fd.h"
+#include "cmd_verify.h"
 
 #include <getopt.h>
 #include <math.h>

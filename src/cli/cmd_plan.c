@@ -1,10 +1,10 @@
-/* plan.c — `streambp plan`: the peak memory of a step at any size, and the largest sequence
+/* cmd_plan.c — `streambp plan`: the peak memory of a step at any size, and the largest sequence
  * that fits a budget, by walking the real schedule code with allocation only (sbp_plan); and
  * the StreamBP paper's Table 3 computed that way, beside the paper's numbers. */
 #include "cli.h"
 #include "objopts.h"
-#include "plan.h"
-#include "../../verify/defaults.h"
+#include "cmd_plan.h"
+#include "verify/defaults.h"
 
 #include <getopt.h>
 #include <stdint.h>

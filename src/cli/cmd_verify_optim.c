@@ -1,8 +1,8 @@
-/* cli/verify/optim.c — `streambp verify optim`: the training arithmetic (verify/optim.h) checked
+/* cmd_verify_optim.c — `streambp verify optim`: the training arithmetic (verify/optim.h) checked
  * on this machine; also the default verify's last step. */
-#include "../../../verify/optim.h"
-#include "../cli.h"
-#include "verify.h"
+#include "verify/optim.h"
+#include "cli.h"
+#include "cmd_verify.h"
 
 #include <string.h>
 

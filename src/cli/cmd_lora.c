@@ -1,4 +1,4 @@
-/* lora.c — `streambp lora init`: a new LoRA adapter directory in peft's layout. */
+/* cmd_lora.c — `streambp lora init`: a new LoRA adapter directory in peft's layout. */
 #include "cli.h"
 
 #include <errno.h>

@@ -1,8 +1,8 @@
-/* cli/verify/digest.c — `streambp verify digest FILE`: the fingerprint of a gradient file. */
-#include "../../../verify/digest.h"
-#include "../../../verify/text.h"
-#include "../cli.h"
-#include "verify.h"
+/* cmd_verify_digest.c — `streambp verify digest FILE`: the fingerprint of a gradient file. */
+#include "verify/digest.h"
+#include "verify/text.h"
+#include "cli.h"
+#include "cmd_verify.h"
 
 #include <string.h>
 

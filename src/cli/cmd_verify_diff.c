@@ -1,8 +1,8 @@
-/* cli/verify/diff.c — `streambp verify diff A B`: two gradient files compared by HF name. */
-#include "../cli.h"
-#include "../../../verify/diff.h"
-#include "../../../verify/text.h"
-#include "verify.h"
+/* cmd_verify_diff.c — `streambp verify diff A B`: two gradient files compared by HF name. */
+#include "cli.h"
+#include "verify/diff.h"
+#include "verify/text.h"
+#include "cmd_verify.h"
 
 #include <getopt.h>
 #include <math.h>

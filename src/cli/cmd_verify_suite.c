@@ -1,9 +1,9 @@
-/* cli/verify/suite.c — `streambp verify --suite`: every edge-case fixture through the full matrix.
+/* cmd_verify_suite.c — `streambp verify --suite`: every edge-case fixture through the full matrix.
  */
-#include "../cli.h"
-#include "../../../verify/defaults.h"
-#include "../../../verify/suite.h"
-#include "verify.h"
+#include "cli.h"
+#include "verify/defaults.h"
+#include "verify/suite.h"
+#include "cmd_verify.h"
 
 #include <getopt.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* plan.h — planning helpers shared by `plan` and `bench`. */
+/* cmd_plan.h — planning helpers of the command line, shared by `plan` and `bench`. */
 #ifndef SBP_CLI_PLAN_H
 #define SBP_CLI_PLAN_H
 

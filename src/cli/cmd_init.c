@@ -1,4 +1,4 @@
-/* init.c — `streambp init`: a seeded random model directory from a config.json. */
+/* cmd_init.c — `streambp init`: a seeded random model directory from a config.json. */
 #include "cli.h"
 
 #include <errno.h>

@@ -1,6 +1,6 @@
-/* verify.h — the `streambp verify` subcommands. */
-#ifndef SBP_VERIFY_H
-#define SBP_VERIFY_H
+/* cmd_verify.h — the `streambp verify` subcommands. */
+#ifndef SBP_CMD_VERIFY_H
+#define SBP_CMD_VERIFY_H
 
 #include <stdio.h>
 
@@ -13,10 +13,11 @@ int verify_suite(int argc, char **argv);
 int verify_digest(int argc, char **argv);
 int verify_golden(int argc, char **argv);
 int verify_optim(int argc, char **argv);
-/* The optimizer check (optim.c) printed to f; returns 0, EXIT_MISMATCH or EXIT_USAGE. */
+/* The optimizer check (cmd_verify_optim.c) printed to f; returns 0, EXIT_MISMATCH or EXIT_USAGE. */
 int optim_check(FILE *f);
-/* The golden step (golden.c) on the devices given ("cpu", "cuda", "cuda-emu"): prints one line
- * per case run and a summary to f (NULL: nothing); returns 0, EXIT_MISMATCH or EXIT_USAGE. */
+/* The golden step (cmd_verify_golden.c) on the devices given ("cpu", "cuda", "cuda-emu"): prints
+ * one line per case run and a summary to f (NULL: nothing); returns 0, EXIT_MISMATCH or EXIT_USAGE.
+ */
 int golden_check(FILE *f, const char *const *devices, int n_devices, int all,
                  const char *golden_dir);
 

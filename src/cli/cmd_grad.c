@@ -1,7 +1,8 @@
-/* grad.c — `streambp grad`: one forward + backward step, the gradient written under HF names. */
+/* cmd_grad.c — `streambp grad`: one forward + backward step, the gradient written under HF names.
+ */
 #include "cli.h"
 #include "objopts.h"
-#include "plan.h"
+#include "cmd_plan.h"
 #include "../core/err.h"
 
 #include <getopt.h>
