@@ -1,6 +1,7 @@
-/* grad.c — sbp_grad: resolves the options (defaults, clamping, checks) and dispatches to the
- * float or double engine. */
+/* grad.c — sbp_grad: options resolved (resolve.c: defaults, clamping, checks), then the float or
+ * double engine run on each micro-batch. */
 #include "../engine/entry.h"
+#include "resolve.h"
 #include "../streambp.h"
 #include "../core/err.h"
 
@@ -81,52 +82,6 @@ int sbp_unattended_parse(const char *s, sbp_unattended *out) {
 
 /* The op table of a CUDA device (cuda/registry.cc). */
 const void *sbp_cuda_ops(sbp_device d, sbp_precision p);
-
-static int clamp(int v, int hi) {
-    return v < hi ? v : hi;
-}
-
-sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, int T, sbp_err *err) {
-    memset(eo, 0, sizeof *eo);
-    if (opts->block < 0 || opts->chunk < 0 || opts->logit_chunk < 0)
-        return sbp_fail(err, SBP_EUSAGE,
-                        "block, chunk and logit chunk must be positive (got %d, %d, %d)",
-                        opts->block, opts->chunk, opts->logit_chunk);
-    if (opts->block > SBP_MAX_BLOCK) /* also keeps the default chunk, 2 blocks, within int */
-        return sbp_fail(err, SBP_EUSAGE, "block %d is larger than the supported %d", opts->block,
-                        SBP_MAX_BLOCK);
-    if ((unsigned)opts->schedule > SBP_STREAM)
-        return sbp_fail(err, SBP_EUSAGE, "unknown schedule %d", (int)opts->schedule);
-    if ((unsigned)opts->numerics > SBP_NUMERICS_PORTABLE)
-        return sbp_fail(err, SBP_EUSAGE, "unknown numerics %d", (int)opts->numerics);
-    if ((unsigned)opts->unattended > SBP_UNATTENDED_HF_SDPA)
-        return sbp_fail(err, SBP_EUSAGE, "unknown mode %d for rows without a visible key",
-                        (int)opts->unattended);
-    if ((unsigned)opts->device > SBP_DEVICE_CUDA_EMU)
-        return sbp_fail(err, SBP_EUSAGE, "unknown device %d", (int)opts->device);
-    if (opts->device != SBP_DEVICE_CPU && opts->numerics != SBP_NUMERICS_PORTABLE)
-        return sbp_fail(err, SBP_EUSAGE,
-                        "the %s backend computes the portable numerics only (--numerics portable)",
-                        sbp_device_name(opts->device));
-    if (opts->device != SBP_DEVICE_CPU && opts->emulate_bf16)
-        return sbp_fail(err, SBP_EUSAGE, "bf16 storage runs on the CPU only");
-    if (!sbp_device_built(opts->device))
-        return sbp_fail(err, SBP_EUSAGE,
-                        "this build has no %s backend (nvcc was not found when it was built)",
-                        sbp_device_name(opts->device));
-    if (T < 1) return sbp_fail(err, SBP_EINPUT, "the batch has T = 0 tokens");
-    eo->schedule = opts->schedule;
-    eo->numerics = opts->numerics;
-    eo->unattended = opts->unattended;
-    eo->lora = opts->lora;
-    eo->emulate_bf16 = opts->emulate_bf16;
-    eo->block = opts->block ? opts->block : SBP_DEFAULT_BLOCK;
-    eo->chunk = clamp(opts->chunk ? opts->chunk : SBP_DEFAULT_CHUNK(eo->block), T);
-    eo->materialise = opts->schedule != SBP_STREAM && !opts->chunked_logits;
-    eo->logit_chunk = clamp(opts->logit_chunk ? opts->logit_chunk : eo->block, T);
-    if (eo->materialise) eo->logit_chunk = T;
-    return SBP_OK;
-}
 
 static sbp_status engine(double *loss, void *grads, const sbp_model *m, const sbp_batch *b,
                          sbp_engine_opts *eo, sbp_device device, sbp_ledger *lg, sbp_err *err) {

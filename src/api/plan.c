@@ -13,6 +13,7 @@
  * (sbp_batch_bytes), which sbp_grad charges for the duration of a step. */
 #include "../core/objective.h"
 #include "../engine/entry.h"
+#include "resolve.h"
 #include "../streambp.h"
 #include "../core/err.h"
 

@@ -6,6 +6,8 @@
 #include "../core/objective.h"
 #include "../streambp.h"
 
+/* One engine run's options, filled from the user's sbp_grad_opts by sbp_engine_resolve
+ * (src/api/resolve.h, the layer that knows the user's options). */
 typedef struct {
     sbp_schedule schedule;
     sbp_numerics numerics;
@@ -21,9 +23,6 @@ typedef struct {
     double *logp_out; /* non-NULL: forward only, every target's log-prob (B·T) */
     double inv_tau;   /* forward only: 1 / temperature */
 } sbp_engine_opts;
-
-/* Applies defaults and clamping to the user's options for a batch of T tokens. */
-sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, int T, sbp_err *err);
 
 /* loss: added to (the objective's loss); grads: (params.total) reals of the model's precision,
  * added to (zeroed by the caller for a fresh step). */
