@@ -14,7 +14,7 @@
 # both live in one binary.
 # No -ffast-math anywhere (no reassociation, NaN/Inf kept) and no contraction
 # (-ffp-contract=off): a fused multiply-add happens where the source writes fma() and nowhere
-# else, so the portable numerics give the same bits with any compiler (DESIGN §11).
+# else, so the portable numerics give the same bits with any compiler (docs/numerics.md §2).
 # -fno-trapping-math (no FP trap handlers are installed) lets GCC vectorize selects.
 # -mprefer-vector-width=512: where the target has AVX-512, GCC otherwise vectorizes with 256-bit
 # registers, and the portable product's register tile (gemm.c, then 8 × 32) spilled to the
@@ -309,7 +309,7 @@ plots: all
 #                     CUDA=0 skips nvcc. Objects go to build/nvcc whatever SAN is.
 #   make test         also builds and runs $(BUILD)/emu/test_emu: the same .cu sources compiled by
 #                     g++ as host C++ against the emulator in cuda/emu (under ASan with SAN=1).
-# Numerics as DESIGN.md §11: nvcc -fmad=false (no contraction; IEEE division, square root and
+# Numerics as docs/numerics.md §11: nvcc -fmad=false (no contraction; IEEE division, square root and
 # subnormals are nvcc's defaults, spelled out), g++ -ffp-contract=off, never fast-math.
 
 ifeq ($(origin CXX),default)

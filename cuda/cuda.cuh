@@ -6,8 +6,8 @@
  * (cuda/emu), each in float and in double (SBP_REAL_F64). SBP_CUDA_NS gives each build its own
  * namespace, so all four live in one binary; the tables are reached through registry.cc.
  *
- * The arithmetic is the portable contract of DESIGN §11, the same chains and trees as the CPU's
- * portable kernels (src/kernels/): every output element has one owner (no atomics, no split
+ * The arithmetic is the portable contract of docs/numerics.md §11, the same chains and trees as the
+ * CPU's portable kernels (src/kernels/): every output element has one owner (no atomics, no split
  * sums), every dot product and sum over tokens is one fma chain in ascending order from the
  * stored value, and row reductions use the 32-lane tree of src/kernels/lanes.h with lane k a
  * warp's lane k and the halving tree done by __shfl_down_sync. nvcc compiles with -fmad=false and

@@ -3,8 +3,8 @@
  * the steps run unchanged on top of it; the host sees the weights and the batch going up, the
  * gradients and the per-row log-probs coming down.
  *
- * The table implements the portable numerics only (DESIGN §11): the same bits as the portable
- * CPU table, on a GPU or in the emulator. */
+ * The table implements the portable numerics only (docs/numerics.md §11): the same bits as the
+ * portable CPU table, on a GPU or in the emulator. */
 #include "cuda.cuh"
 
 #include <stdlib.h>

@@ -13,7 +13,7 @@
  * is plain CUDA: threadIdx, __syncthreads(), __shfl_down_sync(), fmaf(), ... (see
  * emu/cuda_emu.h for what the emulator provides and checks).
  *
- * Numerics (DESIGN.md §11): nvcc compiles with -fmad=false and the emulator with
+ * Numerics (docs/numerics.md §11): nvcc compiles with -fmad=false and the emulator with
  * -ffp-contract=off, never fast-math; a fused multiply-add is written as fmaf()/fma(). */
 #ifndef SBP_CUDA_H
 #define SBP_CUDA_H

@@ -3,8 +3,9 @@
  *
  * The library computes exact parameter gradients of a Hugging Face decoder (Qwen3, Qwen2/2.5,
  * Llama-3) for a training objective, with one of three backprop schedules: full BP, gradient
- * checkpointing, and StreamBP (arXiv 2506.03077). In deterministic mode the three give
- * bit-identical gradients (see README, "Exactness").
+ * checkpointing, and StreamBP (arXiv 2506.03077). The three give bit-identical gradients: in the
+ * portable numerics for every chunk size, in the fast one for chunks that are multiples of the
+ * token block (docs/numerics.md §1).
  *
  * Conventions: every function that can fail returns an sbp_status and, on failure, fills the
  * sbp_err it was given with a message naming the file, tensor or value at fault. Nothing here
@@ -356,8 +357,9 @@ typedef enum { SBP_FULL, SBP_CKPT, SBP_STREAM } sbp_schedule;
 const char *sbp_schedule_name(sbp_schedule s);
 int sbp_schedule_parse(const char *s, sbp_schedule *out); /* 1 on success */
 
-/* How the arithmetic is done (README, "Exactness"; DESIGN §11):
- *   FAST      products and attention tiles on OpenBLAS, one single-threaded call per tile: the
+/* How the arithmetic is done (docs/numerics.md §1, §10):
+ *   FAST      linear products on the portable product where the CPU has AVX-512, else on
+ *             OpenBLAS, one single-threaded call per tile; attention tiles on our own: the
  *             three schedules agree bit for bit for chunks that are multiples of the block, at
  *             any thread count; the bits depend on the machine;
  *   PORTABLE  every operation by the portable arithmetic contract: the bits of every gradient
@@ -493,8 +495,8 @@ double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o)
 
 /* C (M, N) = A (M, K) · Bᵀ (B: (N, K)), all row-major, with the portable product of the
  * portable numerics: every element one chain of fused multiply-adds in ascending k, so the bits
- * are the same on every machine and thread count (DESIGN §11). 0 on success, -1 when out of
- * memory for its packing buffers. */
+ * are the same on every machine and thread count (docs/numerics.md §4). 0 on success, -1 when out
+ * of memory for its packing buffers. */
 int sbp_portable_gemm_f32(float *C, const float *A, const float *B, int M, int N, int K);
 int sbp_portable_gemm_f64(double *C, const double *A, const double *B, int M, int N, int K);
 

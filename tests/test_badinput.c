@@ -1,5 +1,6 @@
-/* test_badinput.c — DESIGN §8: bad input gets a clear message naming the problem, exit status 2
- * and no output file left behind; exit 1 only for a non-finite loss or gradient.
+/* test_badinput.c — docs/commands.md#limits-and-bad-input: bad input gets a clear message naming
+ * the problem, exit status 2 and no output file left behind; exit 1 only for a non-finite loss or
+ * gradient.
  *
  * Every bad file is made in tu_tmpdir() from a good seeded qwen3-tiny model: well-formed but
  * wrong content through sbp_st_write, malformed files as raw bytes. The command-line cases run

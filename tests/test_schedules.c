@@ -1,4 +1,4 @@
-/* test_schedules.c — the exactness promises of README "Exactness" (fast numerics, then the
+/* test_schedules.c — the exactness promises of docs/numerics.md §1 (fast numerics, then the
  * portable numerics at the end):
  *  - full, ckpt and stream give bit-identical gradients and loss whenever the chunk (and logits
  *    chunk) is a multiple of the token block, in float32 and float64, on every bundled family;
@@ -153,8 +153,8 @@ START_TEST(thread_count_invariance) {
 END_TEST
 
 /* Chunks that are not block multiples split token blocks, so BLAS sums group differently: the
- * result differs from full BP by rounding only. The bounds below are measured (README,
- * "Exactness"): worst relative L2 over all parameters, families and chunk sizes, with margin. */
+ * result differs from full BP by rounding only. The bounds below are measured (docs/numerics.md
+ * §1): worst relative L2 over all parameters, families and chunk sizes, with margin. */
 #define RAGGED_TOL_FP32 1e-5
 #define RAGGED_TOL_FP64 2e-14
 
@@ -185,8 +185,8 @@ START_TEST(ragged_chunks_within_tolerance) {
 }
 END_TEST
 
-/* Portable numerics (DESIGN §11): every run is bit-identical to full BP on one thread — every
- * schedule, layer chunks and logits chunks of 1, 7, T − 1, T + 5 and block multiples, other
+/* Portable numerics (docs/numerics.md §1): every run is bit-identical to full BP on one thread —
+ * every schedule, layer chunks and logits chunks of 1, 7, T − 1, T + 5 and block multiples, other
  * token blocks, 2 threads — for every family, both precisions and every objective. _i: family
  * (_i / 6), objective (_i / 2 % 3), precision (_i % 2). */
 START_TEST(portable_every_run) {

@@ -27,14 +27,14 @@
  *                      thread count: bitwise;
  *   ragged chunks      chunks that are not block multiples against full BP of the same
  *                      precision: relative L2 <= 1e-5 (fp32) or 2e-14 (fp64), the bounds measured
- *                      on the bundled models (README, "Exactness");
+ *                      on the bundled models (docs/numerics.md §1);
  *   micro-batches      the batch split into up to three micro-batches of different T (verify/
  *                      micro.h) and run as one accumulated step (sbp_grad_batches, stream),
  *                      against the truth of the whole batch: the fp64 and fp32 promises above;
- *   portable           the portable numerics (DESIGN §11): every run — every schedule and chunk,
- *                      ragged ones included, every thread count — against portable full BP of
- *                      the same precision at the first thread count: bitwise. Portable runs are
- *                      also judged against the truth in the first two groups.
+ *   portable           the portable numerics (docs/numerics.md §1): every run — every schedule
+ *                      and chunk, ragged ones included, every thread count — against portable
+ *                      full BP of the same precision at the first thread count: bitwise. Portable
+ *                      runs are also judged against the truth in the first two groups.
  *   devices            every schedule (block-multiple and ragged chunks) in both precisions on each
  *                      device of --devices other than the CPU (cuda, cuda-emu), against portable
  *                      full BP on the CPU: bitwise.

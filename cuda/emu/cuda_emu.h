@@ -39,7 +39,7 @@
  *   - warp operations with a full mask need a block size that is a multiple of 32 (a lane past the
  *     end of the block does not exist), and no thread may return before a barrier or a warp
  *     operation that names it;
- *   - no atomics (none are provided: streambp's sums have a fixed order, DESIGN.md §11).
+ *   - no atomics (none are provided: streambp's sums have a fixed order, docs/numerics.md §4).
  *
  * Numerics: compile with -ffp-contract=off and without fast-math (the Makefile does), so a*b+c is
  * two roundings as under nvcc -fmad=false; fmaf()/fma()/sqrtf()/sqrt() are the host's libm,

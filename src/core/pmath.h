@@ -1,5 +1,5 @@
 /* pmath.h — exp, log, log1p, sin and cos built from +, −, ×, / and fused multiply-add only
- * (DESIGN §11), so that every platform, compiler and backend computes the same bits.
+ * (docs/numerics.md §3), so that every platform, compiler and backend computes the same bits.
  *
  * libm's functions are accurate but not reproducible: glibc picks FMA or non-FMA variants at
  * run time, other libcs and CUDA's math library round differently. These functions are written

@@ -112,7 +112,7 @@ static void free_bufs(eng *e, run_bufs *r) {
 
 /* Rows per chunk of the forward. A row that keeps every activation recomputes nothing from its
  * forward, so the forward need not run as one chunk of T: it runs in chunks of whole token
- * blocks near the user's chunk (block multiples change no bit, README "Exactness"), and its
+ * blocks near the user's chunk (block multiples change no bit, docs/numerics.md §10), and its
  * working set (the formed rows) is one such chunk's, not T rows. A T-row working set that lives
  * only in the forward is given back by the pool at the head, where the ledger peaks, and
  * displaced a kept tensor into the logits' pages in the next step: 1 GB re-faulted every step

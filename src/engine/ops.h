@@ -1,9 +1,12 @@
-/* ops.h — the table of operations the steps are written against (DESIGN §11).
+/* ops.h — the table of operations the steps are written against
+ * (docs/development.md#the-op-table).
  *
  * The schedule driver (driver.c) and the steps (steps/) never call a kernel, a BLAS routine or
  * memcpy by name: they call through e->ops. One table per backend and precision:
- *   cpu-fast      the fast mode: products and attention tiles on OpenBLAS (ops/cpu.c)
- *   cpu-portable  the portable mode: every product and reduction by DESIGN §11 (ops/cpu.c)
+ *   cpu-fast      the fast mode: linear products on gemm.c (AVX-512) or OpenBLAS tiles,
+ *                 attention tiles on blas/tile_mm.c (ops/cpu.c; docs/numerics.md §10)
+ *   cpu-portable  the portable mode: every product and reduction by docs/numerics.md §4, §5
+ *                 (ops/cpu.c)
  *   plan          allocation only: the buffers are reserved by a planning ledger, every
  *                 operation does nothing (ops/ledger_ops.c), so a plan walks the very code of a run
  * and the CUDA tables of cuda/. Buffers are the backend's memory ("device" below; on the CPU it

@@ -1,5 +1,5 @@
 /* attention.c — causal grouped-query attention with an online softmax over key tiles at fixed
- * absolute positions (the portable kernel; DESIGN §11).
+ * absolute positions (the portable kernel; docs/numerics.md §6).
  *
  * Keys are cut into tiles [j0, j0 + W) with j0 a multiple of W = ATTN_TILE. For query i of head
  * h (kv head g = h / (NH/NKV)) and each key tile at or below the query, with n = min(W, i+1−j0)

@@ -1,5 +1,5 @@
 /* gemm.c — the portable matrix product: C += A·B with every element of C one chain of fused
- * multiply-adds in ascending k, continuing from the value C already holds (DESIGN §11).
+ * multiply-adds in ascending k, continuing from the value C already holds (docs/numerics.md §4).
  *
  * The blocking is Goto's: column blocks of NC, k blocks of KC (ascending), row blocks of MC;
  * B packed into KC×NR panels, A into MR×KC panels, and an MR×NR register tile per micro-kernel

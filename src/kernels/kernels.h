@@ -4,8 +4,8 @@
  * parameter gradients and activation gradients; callers zero what must start at zero. Arguments
  * go outputs first, then inputs, then saved forward tensors, then weights, then sizes.
  *
- * Two families (DESIGN §5, §11):
- *  - the portable kernels (this directory) follow the arithmetic contract of DESIGN §11: every
+ * Two families (docs/numerics.md §1, §10):
+ *  - the portable kernels (this directory) keep the arithmetic contract of docs/numerics.md: every
  *    dot product and every sum over tokens is one fma chain in ascending order that continues
  *    from the stored value, row reductions use the fixed tree of lanes.h, the transcendental
  *    functions are our own (pmath.h), nothing is contracted or reassociated, threads split

@@ -1,4 +1,5 @@
-/* lanes.h — row reductions in a fixed tree that depends on the row length alone (DESIGN §11).
+/* lanes.h — row reductions in a fixed tree that depends on the row length alone
+ * (docs/numerics.md §5).
  *
  * Lane k (of LANES = 32) takes the elements whose index is ≡ k (mod 32), in ascending order,
  * starting from the operation's identity; then a halving tree combines the lanes: for

@@ -6,7 +6,7 @@
  * coexist in one executable without any renaming in the source.
  *
  * The scalar functions are the project's own (src/core/pmath.h): built from +, −, ×, /, sqrt and
- * fma only, so that they give the same bits on every machine (DESIGN §11). Everything is
+ * fma only, so that they give the same bits on every machine (docs/numerics.md §3). Everything is
  * compiled with -ffp-contract=off: an fma is written as rfma where one is meant, and nowhere
  * else. */
 #ifndef SBP_REAL_H

@@ -12,10 +12,10 @@
  * add nothing for them; these two functions then supply the row's output (after the forward
  * kernel) and its gradients (before the backward kernel), in both numerics.
  *
- * Arithmetic (DESIGN §11, as the portable kernels): scores, D and dP are chains over d; the max
- * and the sum over the T keys use the lane tree of lanes.h (defined by T alone); O, dQ are chains
- * over the keys in ascending order; dK and dV of every key are chains over the rows in ascending
- * order, the heads of a group in ascending order within a row — the order of the backward
+ * Arithmetic (docs/numerics.md §6, as the portable kernels): scores, D and dP are chains over d;
+ * the max and the sum over the T keys use the lane tree of lanes.h (defined by T alone); O, dQ are
+ * chains over the keys in ascending order; dK and dV of every key are chains over the rows in
+ * ascending order, the heads of a group in ascending order within a row — the order of the backward
  * kernel's own pass, so a key's chain is the same whatever the chunking (the rows without a key
  * precede every row that has one). */
 #include "kernels.h"

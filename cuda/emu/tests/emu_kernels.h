@@ -31,7 +31,7 @@ void emu_votes(unsigned *ballot, int *all, int *any, unsigned *half, int *count,
 
 /* C[M×N] = A[M×K] · B[K×N], row-major, 16×16 shared tiles, block (16,16), grid (⌈N/16⌉, ⌈M/16⌉).
  * Each C element is one chain acc ← fmaf(a_k, b_k, acc) over k ascending from acc = 0
- * (DESIGN.md §11), tiles or not. */
+ * (docs/numerics.md §4), tiles or not. */
 void emu_matmul(float *C, const float *A, const float *B, int M, int N, int K);
 
 /* Reverses each block's segment of x[n] through dynamic shared memory: out[b·bs + t] =

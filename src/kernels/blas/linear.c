@@ -17,10 +17,10 @@
  * packed once per tile. Output features go in panels of NP = 1024: the forward's x block and
  * dW's x columns are packed once per panel (the bench model's layers are one or two panels, the
  * LM head's 32000 are 32: measured, the LM head's forward costs ~30% more than one threaded call
- * per block did, README "Performance"). dW's input features go in panels of KP = 256, so that
+ * per block did, docs/performance-log.md). dW's input features go in panels of KP = 256, so that
  * its tiles are many even where a call holds one block (StreamBP's logits chunk); dx's go in
  * panels of XKP = 512, since each dx tile packs the whole dy block: on the LM head (dy of 512 ×
- * 32000, K = 512) one panel instead of two made dx 9% faster (README "Performance"). The dx and
+ * 32000, K = 512) one panel instead of two made dx 9% faster (docs/performance-log.md). The dx and
  * dW tiles share one loop, so that a call of one block still has work for every thread.
  *
  * Shapes: x (e−s, K), w (N, K), y (e−s, N), dy (e−s, N), dx (e−s, K), dw (N, K). */
