@@ -51,11 +51,12 @@ const char *sbp_status_name(sbp_status st);
 /* ---------------------------------------------------------------------------------------------
  * Model configuration (config.json as Hugging Face writes it) */
 
-typedef enum { SBP_QWEN3, SBP_QWEN2, SBP_LLAMA } sbp_family;
+typedef enum { SBP_QWEN3, SBP_QWEN2, SBP_LLAMA, SBP_GEMMA3 } sbp_family;
 
 typedef struct {
     sbp_family family;
-    char model_type[16]; /* "qwen3", "qwen2", "llama" */
+    char model_type[16]; /* "qwen3", "qwen2", "llama", "gemma3_text" (also for a "gemma3"
+                          * multimodal directory: its text model is what is read) */
     int vocab;           /* V, e.g. 151936 */
     int hidden;          /* C, e.g. 4096 */
     int ffn;             /* F, intermediate_size, e.g. 12288 */
@@ -67,11 +68,30 @@ typedef struct {
     double rope_theta;
     int rope_llama3; /* 1 when rope_type is "llama3"; the four fields below apply */
     double rope_factor, rope_low_freq, rope_high_freq, rope_orig_max;
+    int rope_linear;   /* 1 when rope_type is "linear": inv_freq / rope_factor (Gemma-3 4B+) */
     int tied;          /* tie_word_embeddings: lm_head is the embedding */
     int qkv_bias;      /* Qwen2: bias on q/k/v projections */
-    int qk_norm;       /* Qwen3: per-head RMSNorm of q and k before RoPE */
+    int qk_norm;       /* Qwen3, Gemma-3: per-head RMSNorm of q and k before RoPE */
     double init_range; /* initializer_range, used by sbp_model_init */
+    int pad_token_id;  /* every family: HF's nn.Embedding padding_idx, the row that gets no
+                        * gradient from input lookups (a tied head still gives it one); -1 when
+                        * absent or null */
+    /* Gemma-3 (gemma3_text); zero in the other families */
+    int sliding_window;         /* W: a local layer's query i sees keys i−W < j <= i; 0: none */
+    int sliding_window_pattern; /* layer l is local iff (l+1) % pattern != 0 (HF 4.51.3) */
+    double rope_local_theta;    /* rope_local_base_freq: the local layers' RoPE base (no scaling) */
+    double query_pre_attn_scalar; /* the attention scale is its ^-0.5 (not head_dim's) */
+    int wrapped; /* read from a multimodal "gemma3" directory: config under text_config, weights
+                  * named "language_model." + the text model's names; vision tower ignored */
 } sbp_config;
+
+/* The attention window of layer l: W for a Gemma-3 sliding (local) layer, 0 for a global layer
+ * and for every layer of the other families. */
+int sbp_layer_window(const sbp_config *cfg, int layer);
+/* The softmax scale of the attention as HF forms it: query_pre_attn_scalar^-0.5 (Gemma-3) or
+ * head_dim^-0.5, in double (1/sqrt, two correctly rounded operations; round it to the working
+ * precision once). */
+double sbp_attn_scale(const sbp_config *cfg);
 
 /* What streambp accepts, and why each limit is where it is: past them a value has no meaning for
  * a model that fits any machine, and every size product stays far from int64 overflow. The
@@ -123,6 +143,9 @@ typedef enum {
     SBP_P_POST_NORM,
     SBP_P_FINAL_NORM,
     SBP_P_LM_HEAD,
+    SBP_P_PRE_FF_NORM,  /* Gemma-3 pre_feedforward_layernorm */
+    SBP_P_POST_FF_NORM, /* Gemma-3 post_feedforward_layernorm (SBP_P_POST_NORM is its
+                         * post_attention_layernorm: a norm of the attention output there) */
     SBP_P_NKINDS
 } sbp_param_kind;
 

@@ -1,9 +1,12 @@
-/* config.c — config.json (Hugging Face) for Qwen3, Qwen2/2.5 and Llama-3, read with cJSON.
+/* config.c — config.json (Hugging Face) for Qwen3, Qwen2/2.5, Llama-3 and Gemma-3, read with
+ * cJSON.
  *
  * Accepts both ways HF writes RoPE settings: `rope_theta` + `rope_scaling` (transformers 4.x) and
- * `rope_parameters` (transformers 5). Anything the engine does not implement (sliding windows,
- * attention or MLP bias outside Qwen2, other activations, other RoPE types) is rejected by name
- * rather than silently computed wrong. */
+ * `rope_parameters` (transformers 5). Gemma-3 is read as transformers 4.51.3's Gemma3TextConfig
+ * reads it, defaults for absent keys included, from a gemma3_text config or from the
+ * text_config of a multimodal gemma3 one. Anything the engine does not implement (Qwen2's
+ * sliding windows, attention or MLP bias outside Qwen2, other activations, other RoPE types,
+ * soft-capping) is rejected by name rather than silently computed wrong. */
 #include "../core/err.h"
 #include "../streambp.h"
 #include "file.h"
@@ -86,10 +89,21 @@ static int parse_rope(sbp_config *c, const cJSON *rs, const char *field, const c
     if (!type) type = cJSON_GetObjectItemCaseSensitive(rs, "type");
     const char *t = cJSON_GetStringValue(type);
     if (!type || (t && strcmp(t, "default") == 0)) return 1;
+    if (t && strcmp(t, "linear") == 0 && c->family == SBP_GEMMA3) {
+        /* HF _compute_linear_scaling_rope_parameters: inv_freq / factor (Gemma-3 4B and up) */
+        c->rope_linear = 1;
+        if (!get_num(rs, "factor", 1, 0, &c->rope_factor, what, err)) return 0;
+        if (!(c->rope_factor > 0)) {
+            sbp_fail(err, SBP_EINPUT, "%s: %s.factor must be > 0", what, field);
+            return 0;
+        }
+        return 1;
+    }
     if (!t || strcmp(t, "llama3") != 0) {
         sbp_fail(err, SBP_EINPUT,
-                 "%s: %s.rope_type \"%s\" is not supported (only \"default\" and \"llama3\")", what,
-                 field, t ? t : "(not a string)");
+                 "%s: %s.rope_type \"%s\" is not supported (only \"default\" and \"llama3\"%s)",
+                 what, field, t ? t : "(not a string)",
+                 c->family == SBP_GEMMA3 ? " and \"linear\"" : "");
         return 0;
     }
     c->rope_llama3 = 1;
@@ -109,16 +123,104 @@ static int parse_rope(sbp_config *c, const cJSON *rs, const char *field, const c
     return 1;
 }
 
+/* pad_token_id: absent gives the family's default (Gemma3TextConfig: 0; the others: None), null
+ * gives -1 (no padding_idx), as HF's nn.Embedding(..., padding_idx=config.pad_token_id). */
+static int get_pad(const cJSON *o, int dflt, int *out, const char *what, sbp_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "pad_token_id");
+    if (!v) {
+        *out = dflt;
+        return 1;
+    }
+    if (cJSON_IsNull(v)) {
+        *out = -1;
+        return 1;
+    }
+    double d = cJSON_GetNumberValue(v);
+    if (!cJSON_IsNumber(v) || d != floor(d) || d < 0 || d >= SBP_MAX_VOCAB) {
+        sbp_fail(err, SBP_EINPUT,
+                 "%s: field \"pad_token_id\" must be null or a token id (a non-negative integer "
+                 "below vocab_size)",
+                 what);
+        return 0;
+    }
+    *out = (int)d;
+    return 1;
+}
+
+/* A field that must be absent or null; `why` says what it would need. */
+static int must_be_null(const cJSON *o, const char *key, const char *why, const char *what,
+                        sbp_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 1;
+    sbp_fail(err, SBP_EINPUT, "%s: %s is set; %s", what, key, why);
+    return 0;
+}
+
+/* The Gemma-3 fields (Gemma3TextConfig, HF 4.51.3, with its defaults). */
+static int parse_gemma3(const cJSON *t, sbp_config *c, const char *what, sbp_err *err) {
+    const char *act =
+        cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(t, "hidden_activation"));
+    if (cJSON_GetObjectItemCaseSensitive(t, "hidden_activation") &&
+        (!act || strcmp(act, "gelu_pytorch_tanh") != 0)) {
+        sbp_fail(err, SBP_EINPUT,
+                 "%s: hidden_activation \"%s\" is not supported (only \"gelu_pytorch_tanh\")", what,
+                 act ? act : "(not a string)");
+        return 0;
+    }
+    if (!must_be_null(t, "attn_logit_softcapping",
+                      "attention logit soft-capping is not implemented (Gemma-3 has none)", what,
+                      err) ||
+        !must_be_null(t, "final_logit_softcapping",
+                      "final logit soft-capping is not implemented (Gemma-3 has none)", what, err))
+        return 0;
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(t, "sliding_window");
+    if (sw && cJSON_IsNull(sw)) {
+        sbp_fail(err, SBP_EINPUT,
+                 "%s: sliding_window is null; Gemma-3's local layers need a window (HF's "
+                 "Gemma3DecoderLayer fails without one)",
+                 what);
+        return 0;
+    }
+    if (!get_int(t, "sliding_window", 0, 4096, &c->sliding_window, what, err) ||
+        !get_int(t, "sliding_window_pattern", 0, 6, &c->sliding_window_pattern, what, err) ||
+        !get_num(t, "rope_local_base_freq", 0, 10000.0, &c->rope_local_theta, what, err) ||
+        !get_num(t, "query_pre_attn_scalar", 0, 256, &c->query_pre_attn_scalar, what, err))
+        return 0;
+    if (c->sliding_window < 1 || c->sliding_window_pattern < 1) {
+        sbp_fail(err, SBP_EINPUT, "%s: sliding_window and sliding_window_pattern must be >= 1",
+                 what);
+        return 0;
+    }
+    if (!(c->rope_local_theta > 0) || !(c->query_pre_attn_scalar > 0)) {
+        sbp_fail(err, SBP_EINPUT, "%s: rope_local_base_freq and query_pre_attn_scalar must be > 0",
+                 what);
+        return 0;
+    }
+    return 1;
+}
+
+int sbp_layer_window(const sbp_config *c, int layer) {
+    if (c->family != SBP_GEMMA3 || c->sliding_window_pattern < 1) return 0;
+    /* Gemma3Attention.is_sliding = bool((layer_idx + 1) % config.sliding_window_pattern) */
+    return (layer + 1) % c->sliding_window_pattern != 0 ? c->sliding_window : 0;
+}
+
+double sbp_attn_scale(const sbp_config *c) {
+    const double d = c->family == SBP_GEMMA3 ? c->query_pre_attn_scalar : (double)c->head_dim;
+    return 1.0 / sqrt(d);
+}
+
 static int check_unsupported(const cJSON *o, const sbp_config *c, const char *what, sbp_err *err) {
     int flag;
     const char *act = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "hidden_act"));
-    if (act && strcmp(act, "silu") != 0) {
+    /* Gemma-3 reads hidden_activation (parse_gemma3); its hidden_act is never used by HF */
+    if (c->family != SBP_GEMMA3 && act && strcmp(act, "silu") != 0) {
         sbp_fail(err, SBP_EINPUT, "%s: hidden_act \"%s\" is not supported (only \"silu\")", what,
                  act);
         return 0;
     }
     if (!get_bool(o, "use_sliding_window", 0, &flag, what, err)) return 0;
-    if (flag) {
+    if (flag && c->family != SBP_GEMMA3) {
         sbp_fail(err, SBP_EINPUT,
                  "%s: use_sliding_window is true; sliding-window attention is "
                  "not supported",
@@ -180,11 +282,12 @@ int64_t sbp_config_param_count(const sbp_config *c) {
         return -1;
     int64_t C = c->hidden, F = c->ffn, V = c->vocab, HD = c->head_dim;
     int64_t Q = (int64_t)c->heads * HD, KV = (int64_t)c->kv_heads * HD;
-    int64_t layer = add_mul(0, Q, C);  /* q_proj */
-    layer = add_mul(layer, 2 * KV, C); /* k_proj, v_proj */
-    layer = add_mul(layer, C, Q);      /* o_proj */
-    layer = add_mul(layer, 3 * F, C);  /* gate, up, down */
-    layer = add_mul(layer, 2, C);      /* the two norms */
+    int64_t layer = add_mul(0, Q, C);                          /* q_proj */
+    layer = add_mul(layer, 2 * KV, C);                         /* k_proj, v_proj */
+    layer = add_mul(layer, C, Q);                              /* o_proj */
+    layer = add_mul(layer, 3 * F, C);                          /* gate, up, down */
+    layer = add_mul(layer, 2, C);                              /* the two norms */
+    if (c->family == SBP_GEMMA3) layer = add_mul(layer, 2, C); /* the feed-forward norms */
     if (c->qkv_bias) layer = add_mul(layer, 1, Q + 2 * KV);
     if (c->qk_norm) layer = add_mul(layer, 2, HD);
     int64_t total = add_mul(0, c->layers, layer < 0 ? SBP_MAX_PARAMS + 1 : layer);
@@ -193,7 +296,7 @@ int64_t sbp_config_param_count(const sbp_config *c) {
 }
 
 sbp_status sbp_config_validate(const sbp_config *c, const char *what, sbp_err *err) {
-    if ((unsigned)c->family > SBP_LLAMA)
+    if ((unsigned)c->family > SBP_GEMMA3)
         return sbp_fail(err, SBP_EINPUT, "%s: unknown model family %d", what, (int)c->family);
     if (c->vocab < 1 || c->hidden < 1 || c->ffn < 1 || c->layers < 1 || c->heads < 1 ||
         c->kv_heads < 1 || c->head_dim < 1)
@@ -213,6 +316,20 @@ sbp_status sbp_config_validate(const sbp_config *c, const char *what, sbp_err *e
     if (!(c->eps > 0) || !isfinite(c->eps) || !(c->rope_theta > 0) || !isfinite(c->rope_theta))
         return sbp_fail(err, SBP_EINPUT, "%s: rms_norm_eps and rope_theta must be finite and > 0",
                         what);
+    if (c->pad_token_id < -1 || c->pad_token_id >= c->vocab)
+        return sbp_fail(err, SBP_EINPUT,
+                        "%s: pad_token_id %d is not a token of the vocabulary [0, %d)", what,
+                        c->pad_token_id, c->vocab);
+    if (c->family == SBP_GEMMA3 &&
+        (c->sliding_window < 1 || c->sliding_window_pattern < 1 || !(c->rope_local_theta > 0) ||
+         !isfinite(c->rope_local_theta) || !(c->query_pre_attn_scalar > 0) ||
+         !isfinite(c->query_pre_attn_scalar)))
+        return sbp_fail(err, SBP_EINPUT,
+                        "%s: Gemma-3 needs sliding_window >= 1, sliding_window_pattern >= 1, and "
+                        "rope_local_base_freq and query_pre_attn_scalar finite and > 0",
+                        what);
+    if (c->rope_linear && (c->rope_llama3 || !(c->rope_factor > 0)))
+        return sbp_fail(err, SBP_EINPUT, "%s: linear rope scaling needs a factor > 0", what);
     if (sbp_config_param_count(c) < 0)
         return sbp_fail(err, SBP_EINPUT,
                         "%s: the model would have more than %lld parameters (vocab %d, hidden %d, "
@@ -234,32 +351,53 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
         return sbp_fail(err, SBP_EFORMAT, "%s: the top level is not a JSON object", what);
     }
     sbp_status st = SBP_EINPUT;
+    cJSON *empty = NULL; /* a gemma3 config's missing text_config */
     const char *mt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "model_type"));
     if (!mt) {
         sbp_fail(err, SBP_EINPUT, "%s: missing required field \"model_type\"", what);
         goto out;
     }
+    /* t: the text model's config; the top level, or a multimodal gemma3's text_config */
+    const cJSON *t = o;
     if (strcmp(mt, "qwen3") == 0)
         c.family = SBP_QWEN3;
     else if (strcmp(mt, "qwen2") == 0)
         c.family = SBP_QWEN2;
     else if (strcmp(mt, "llama") == 0)
         c.family = SBP_LLAMA;
-    else {
-        sbp_fail(err, SBP_EINPUT, "%s: model_type \"%s\" is not supported (qwen3, qwen2, llama)",
+    else if (strcmp(mt, "gemma3_text") == 0)
+        c.family = SBP_GEMMA3;
+    else if (strcmp(mt, "gemma3") == 0) {
+        /* Gemma3ForConditionalGeneration: the language model is Gemma3TextConfig(**text_config),
+         * whose defaults fill the keys text_config leaves out (an absent text_config: all) */
+        c.family = SBP_GEMMA3, c.wrapped = 1;
+        t = cJSON_GetObjectItemCaseSensitive(o, "text_config");
+        if (!t || cJSON_IsNull(t)) t = empty = cJSON_CreateObject();
+        if (!t || !cJSON_IsObject(t)) {
+            sbp_fail(err, SBP_EINPUT, "%s: \"text_config\" must be an object", what);
+            goto out;
+        }
+    } else {
+        sbp_fail(err, SBP_EINPUT,
+                 "%s: model_type \"%s\" is not supported (qwen3, qwen2, llama, gemma3_text, "
+                 "gemma3)",
                  what, mt);
         goto out;
     }
-    snprintf(c.model_type, sizeof c.model_type, "%s", mt);
-    if (!get_int(o, "vocab_size", 1, 0, &c.vocab, what, err) ||
-        !get_int(o, "hidden_size", 1, 0, &c.hidden, what, err) ||
-        !get_int(o, "intermediate_size", 1, 0, &c.ffn, what, err) ||
-        !get_int(o, "num_hidden_layers", 1, 0, &c.layers, what, err) ||
-        !get_int(o, "num_attention_heads", 1, 0, &c.heads, what, err) ||
-        !get_int(o, "num_key_value_heads", 0, c.heads, &c.kv_heads, what, err) ||
-        !get_num(o, "rms_norm_eps", 1, 0, &c.eps, what, err) ||
-        !get_num(o, "initializer_range", 0, 0.02, &c.init_range, what, err) ||
-        !get_bool(o, "tie_word_embeddings", 0, &c.tied, what, err))
+    const int gem = c.family == SBP_GEMMA3;
+    snprintf(c.model_type, sizeof c.model_type, "%s", gem ? "gemma3_text" : mt);
+    /* Gemma3TextConfig gives every field a default (HF 4.51.3); the other families' configs
+     * must name their sizes */
+    if (!get_int(t, "vocab_size", !gem, 262208, &c.vocab, what, err) ||
+        !get_int(t, "hidden_size", !gem, 2304, &c.hidden, what, err) ||
+        !get_int(t, "intermediate_size", !gem, 9216, &c.ffn, what, err) ||
+        !get_int(t, "num_hidden_layers", !gem, 26, &c.layers, what, err) ||
+        !get_int(t, "num_attention_heads", !gem, 8, &c.heads, what, err) ||
+        !get_int(t, "num_key_value_heads", 0, gem ? 4 : c.heads, &c.kv_heads, what, err) ||
+        !get_num(t, "rms_norm_eps", !gem, 1e-6, &c.eps, what, err) ||
+        !get_num(t, "initializer_range", 0, 0.02, &c.init_range, what, err) ||
+        !get_bool(t, "tie_word_embeddings", gem, &c.tied, what, err) ||
+        !get_pad(t, gem ? 0 : -1, &c.pad_token_id, what, err))
         goto out;
     if (c.vocab < 1 || c.hidden < 1 || c.ffn < 1 || c.layers < 1 || c.heads < 1 || c.kv_heads < 1) {
         sbp_fail(err, SBP_EINPUT,
@@ -282,10 +420,13 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
                       ? c.hidden / c.heads
                       : 0; /* planted bug (tests/test_plant.c); never in a normal build */
 #else
-    int dflt_hd = c.family == SBP_QWEN3 ? 128 : c.hidden % c.heads == 0 ? c.hidden / c.heads : 0;
+    int dflt_hd = c.family == SBP_QWEN3     ? 128
+                  : c.family == SBP_GEMMA3  ? 256 /* Gemma3TextConfig's default */
+                  : c.hidden % c.heads == 0 ? c.hidden / c.heads
+                                            : 0;
 #endif
-    if (!get_int(o, "head_dim", 0, dflt_hd, &c.head_dim, what, err)) goto out;
-    if (c.head_dim == 0 && cJSON_GetObjectItemCaseSensitive(o, "head_dim")) {
+    if (!get_int(t, "head_dim", 0, dflt_hd, &c.head_dim, what, err)) goto out;
+    if (c.head_dim == 0 && cJSON_GetObjectItemCaseSensitive(t, "head_dim")) {
         sbp_fail(err, SBP_EINPUT, "%s: head_dim 0 must be >= 1", what);
         goto out;
     }
@@ -311,12 +452,12 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
         goto out;
     }
     c.qkv_bias = c.family == SBP_QWEN2;
-    c.qk_norm = c.family == SBP_QWEN3;
-    if (!check_unsupported(o, &c, what, err)) goto out;
-    if (!get_num(o, "rope_theta", 0, 10000.0, &c.rope_theta, what, err)) goto out;
-    if (!parse_rope(&c, cJSON_GetObjectItemCaseSensitive(o, "rope_scaling"), "rope_scaling", what,
+    c.qk_norm = c.family == SBP_QWEN3 || gem;
+    if (!check_unsupported(t, &c, what, err) || (gem && !parse_gemma3(t, &c, what, err))) goto out;
+    if (!get_num(t, "rope_theta", 0, gem ? 1e6 : 10000.0, &c.rope_theta, what, err)) goto out;
+    if (!parse_rope(&c, cJSON_GetObjectItemCaseSensitive(t, "rope_scaling"), "rope_scaling", what,
                     err) ||
-        !parse_rope(&c, cJSON_GetObjectItemCaseSensitive(o, "rope_parameters"), "rope_parameters",
+        !parse_rope(&c, cJSON_GetObjectItemCaseSensitive(t, "rope_parameters"), "rope_parameters",
                     what, err))
         goto out;
     if (!(c.rope_theta > 0)) {
@@ -327,6 +468,7 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
     *cfg = c;
     st = SBP_OK;
 out:
+    cJSON_Delete(empty);
     cJSON_Delete(o);
     return st;
 }
@@ -341,7 +483,9 @@ sbp_status sbp_config_load(sbp_config *cfg, const char *path, sbp_err *err) {
 }
 
 sbp_status sbp_config_save(const sbp_config *c, const char *path, sbp_err *err) {
-    static const char *arch[] = {"Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"};
+    static const char *arch[] = {"Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM",
+                                 "Gemma3ForCausalLM"};
+    const int gem = c->family == SBP_GEMMA3;
     cJSON *o = cJSON_CreateObject();
     cJSON *a = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(a, cJSON_CreateString(arch[c->family]));
@@ -353,7 +497,10 @@ sbp_status sbp_config_save(const sbp_config *c, const char *path, sbp_err *err) 
     cJSON_AddNumberToObject(o, "num_attention_heads", c->heads);
     cJSON_AddNumberToObject(o, "num_key_value_heads", c->kv_heads);
     cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
-    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    if (gem)
+        cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh");
+    else
+        cJSON_AddStringToObject(o, "hidden_act", "silu");
     cJSON_AddItemToObject(o, "rms_norm_eps", sbp_json_number(c->eps));
     cJSON_AddItemToObject(o, "rope_theta", sbp_json_number(c->rope_theta));
     if (c->rope_llama3) {
@@ -364,13 +511,31 @@ sbp_status sbp_config_save(const sbp_config *c, const char *path, sbp_err *err) 
         cJSON_AddItemToObject(rs, "high_freq_factor", sbp_json_number(c->rope_high_freq));
         cJSON_AddItemToObject(rs, "original_max_position_embeddings",
                               sbp_json_number(c->rope_orig_max));
+    } else if (c->rope_linear) {
+        cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+        cJSON_AddStringToObject(rs, "rope_type", "linear");
+        cJSON_AddItemToObject(rs, "factor", sbp_json_number(c->rope_factor));
     } else {
         cJSON_AddNullToObject(o, "rope_scaling");
     }
     if (c->family != SBP_QWEN2) cJSON_AddFalseToObject(o, "attention_bias");
     if (c->family == SBP_LLAMA) cJSON_AddFalseToObject(o, "mlp_bias");
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied);
-    cJSON_AddFalseToObject(o, "use_sliding_window");
+    if (c->pad_token_id >= 0)
+        cJSON_AddNumberToObject(o, "pad_token_id", c->pad_token_id);
+    else if (gem) /* absent would mean Gemma3TextConfig's 0 */
+        cJSON_AddNullToObject(o, "pad_token_id");
+    if (gem) {
+        cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
+        cJSON_AddNumberToObject(o, "sliding_window_pattern", c->sliding_window_pattern);
+        cJSON_AddItemToObject(o, "rope_local_base_freq", sbp_json_number(c->rope_local_theta));
+        cJSON_AddItemToObject(o, "query_pre_attn_scalar",
+                              sbp_json_number(c->query_pre_attn_scalar));
+        cJSON_AddNullToObject(o, "attn_logit_softcapping");
+        cJSON_AddNullToObject(o, "final_logit_softcapping");
+    } else {
+        cJSON_AddFalseToObject(o, "use_sliding_window");
+    }
     cJSON_AddItemToObject(o, "initializer_range", sbp_json_number(c->init_range));
     cJSON_AddStringToObject(o, "torch_dtype", "float32");
     char *text = cJSON_Print(o);

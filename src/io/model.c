@@ -107,11 +107,16 @@ static const sbp_st_tensor *shards_find(const shard_set *s, const char *name, in
     return NULL;
 }
 
-/* The tensor for parameter p, with its shape checked against the config. */
+/* The tensor for parameter p, with its shape checked against the config. A multimodal gemma3
+ * directory (cfg.wrapped) names the text model's tensors "language_model." + its own names
+ * (Gemma3ForConditionalGeneration.language_model is a Gemma3ForCausalLM); the vision tower and
+ * the projector are never read. */
 static sbp_status find_tensor(const sbp_st_tensor **out, int *which, const shard_set *shards,
-                              const sbp_param *p, const char *dir, sbp_err *err) {
-    const sbp_st_tensor *t = shards_find(shards, p->name, which);
-    if (!t) return sbp_fail(err, SBP_EINPUT, "%s: the model has no tensor \"%s\"", dir, p->name);
+                              const sbp_param *p, int wrapped, const char *dir, sbp_err *err) {
+    char name[128];
+    snprintf(name, sizeof name, "%s%s", wrapped ? "language_model." : "", p->name);
+    const sbp_st_tensor *t = shards_find(shards, name, which);
+    if (!t) return sbp_fail(err, SBP_EINPUT, "%s: the model has no tensor \"%s\"", dir, name);
     int same = t->ndim == p->ndim;
     for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
     if (!same) {
@@ -156,7 +161,8 @@ static sbp_status open_model(sbp_model *m, shard_set *shards, const sbp_st_tenso
     *file = calloc((size_t)m->params.n, sizeof **file);
     if (!*src || !*file) st = sbp_fail(err, SBP_ENOMEM, "out of memory");
     for (int i = 0; i < m->params.n && !st; i++)
-        st = find_tensor(&(*src)[i], &(*file)[i], shards, &m->params.p[i], dir, err);
+        st =
+            find_tensor(&(*src)[i], &(*file)[i], shards, &m->params.p[i], m->cfg.wrapped, dir, err);
     if (st) {
         free(*src), free(*file);
         *src = NULL, *file = NULL;
@@ -256,8 +262,10 @@ sbp_status sbp_model_init(const sbp_config *cfg, uint64_t seed, const char *dir,
     }
     /* Matrices ~ N(0, initializer_range) as HF initialises them; norm weights 1 + 0.1 N(0,1) and
      * biases 0.1 N(0,1) rather than HF's constants 1 and 0, so that their gradients are
-     * exercised by every check. Each tensor has its own stream, so a tensor's values do not
-     * depend on which other tensors the family has. */
+     * exercised by every check. Gemma-3's norms scale by (1 + w) and HF zero-initialises w:
+     * their w is 0.1 N(0,1), the same scales. Each tensor has its own stream, so a tensor's
+     * values do not depend on which other tensors the family has. */
+    const double norm_mean = cfg->family == SBP_GEMMA3 ? 0.0 : 1.0;
     for (int i = 0; i < ps.n; i++) {
         const sbp_param *p = &ps.p[i];
         sbp_rng r;
@@ -265,11 +273,14 @@ sbp_status sbp_model_init(const sbp_config *cfg, uint64_t seed, const char *dir,
         for (const char *c = p->name; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
         sbp_rng_seed(&r, h);
         int norm = p->kind == SBP_P_QNORM || p->kind == SBP_P_KNORM || p->kind == SBP_P_IN_NORM ||
-                   p->kind == SBP_P_POST_NORM || p->kind == SBP_P_FINAL_NORM;
+                   p->kind == SBP_P_POST_NORM || p->kind == SBP_P_FINAL_NORM ||
+                   p->kind == SBP_P_PRE_FF_NORM || p->kind == SBP_P_POST_FF_NORM;
         int bias = p->kind == SBP_P_QB || p->kind == SBP_P_KB || p->kind == SBP_P_VB;
         for (int64_t j = 0; j < p->numel; j++) {
             double z = sbp_rng_normal(&r);
-            w[p->offset + j] = (float)(norm ? 1.0 + 0.1 * z : bias ? 0.1 * z : cfg->init_range * z);
+            w[p->offset + j] = (float)(norm   ? norm_mean + 0.1 * z
+                                       : bias ? 0.1 * z
+                                              : cfg->init_range * z);
         }
         e[i] = (sbp_st_entry){.name = p->name,
                               .dtype = SBP_DT_F32,

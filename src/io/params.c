@@ -1,8 +1,10 @@
 /* params.c — the parameter table: HF names, shapes and slab offsets of every tensor.
  *
  * Order follows HF's state_dict: the embedding, then per layer the attention projections (with
- * Qwen2's biases after their weights), Qwen3's q_norm/k_norm, the MLP, the two norms; then the
- * final norm and, when the head is not tied, lm_head. */
+ * Qwen2's biases after their weights), Qwen3's and Gemma-3's q_norm/k_norm, the MLP, the two
+ * norms (Gemma-3: four; its post_attention_layernorm normalises the attention output, and
+ * pre_feedforward_layernorm is the MLP's input norm); then the final norm and, when the head is
+ * not tied, lm_head. */
 #include "../core/err.h"
 #include "../streambp.h"
 
@@ -32,7 +34,7 @@ sbp_status sbp_params_build(sbp_params *ps, const sbp_config *c, sbp_err *err) {
     /* a config built in memory gets the checks a file gets, the size products among them */
     sbp_status st = sbp_config_validate(c, "config", err);
     if (st) return st;
-    int per_layer = 14;
+    int per_layer = 16;
     ps->p = calloc((size_t)c->layers * per_layer + 3, sizeof *ps->p);
     if (!ps->p) return sbp_fail(err, SBP_ENOMEM, "out of memory for the parameter table");
     int64_t C = c->hidden, F = c->ffn, V = c->vocab;
@@ -55,6 +57,10 @@ sbp_status sbp_params_build(sbp_params *ps, const sbp_config *c, sbp_err *err) {
         add(ps, SBP_P_DOWN, l, "mlp.down_proj.weight", C, F);
         add(ps, SBP_P_IN_NORM, l, "input_layernorm.weight", C, 0);
         add(ps, SBP_P_POST_NORM, l, "post_attention_layernorm.weight", C, 0);
+        if (c->family == SBP_GEMMA3) {
+            add(ps, SBP_P_PRE_FF_NORM, l, "pre_feedforward_layernorm.weight", C, 0);
+            add(ps, SBP_P_POST_FF_NORM, l, "post_feedforward_layernorm.weight", C, 0);
+        }
     }
     add(ps, SBP_P_FINAL_NORM, -1, "model.norm.weight", C, 0);
     if (!c->tied) add(ps, SBP_P_LM_HEAD, -1, "lm_head.weight", V, C);

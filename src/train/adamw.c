@@ -195,6 +195,8 @@ sbp_status sbp_params_no_decay(sbp_range **out, int *n, const sbp_params *ps, sb
         case SBP_P_KNORM:
         case SBP_P_IN_NORM:
         case SBP_P_POST_NORM:
+        case SBP_P_PRE_FF_NORM:
+        case SBP_P_POST_FF_NORM:
         case SBP_P_FINAL_NORM:
             if (*n && r[*n - 1].end == p->offset) /* adjacent: one range */
                 r[*n - 1].end += p->numel;
