@@ -1,7 +1,7 @@
 /* run.h — the library half of `streambp train`: what a run is (its options and the settings a
  * resumed run must share), its state between steps, its checkpoints and its run directory. The
- * command (src/cli/train.c) parses options, prints and picks exit codes; everything here returns
- * an sbp_status with an sbp_err naming what is wrong and where, and never prints.
+ * command (src/cli/cmd_train.c) parses options, prints and picks exit codes; everything here
+ * returns an sbp_status with an sbp_err naming what is wrong and where, and never prints.
  *
  * A run directory:
  *   loss.csv, timing.csv              one row per optimizer step

@@ -1,4 +1,4 @@
-/* train.c — `streambp train`: AdamW training of a HF decoder's full weights, or of a LoRA
+/* cmd_train.c — `streambp train`: AdamW training of a HF decoder's full weights, or of a LoRA
  * adapter on the frozen model, with any schedule and objective, checkpoints that resume bit for
  * bit, a loss log and a plot.
  *

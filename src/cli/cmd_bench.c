@@ -1,4 +1,4 @@
-/* bench.c — `streambp bench`: step time, FLOP rate and memory of each schedule, against the
+/* cmd_bench.c — `streambp bench`: step time, FLOP rate and memory of each schedule, against the
  * machine's sgemm rate measured in the same run.
  *
  * Every measurement (the sgemm rate too) runs in a child process of its own, so that the peak
