@@ -84,6 +84,23 @@ START_TEST(test_unknown_include_and_folder_fail) {
 }
 END_TEST
 
+/* Every entry point a macro names (SBP_ENTRY(name) in a .c file of src/: name_f32 and name_f64)
+ * is found by grepping "name_f32(" in src: at a one-line definition or in a comment that spells it
+ * out (a line starting with a type, or a comment line); calls, indented, do not count. */
+START_TEST(test_entry_points_greppable) {
+    int rc = tu_sh("cd src && names=$(grep -rhoE 'SBP_ENTRY\\([a-z_0-9]+\\)' --include='*.c' . | "
+                   "sed 's/SBP_ENTRY(\\(.*\\))/\\1/' | sort -u) && [ -n \"$names\" ] && "
+                   "for n in $names; do for p in f32 f64; do echo \"entry point ${n}_$p\"; "
+                   "grep -rqE \"^([a-z_].*[ *]|[ ]\\*.*|/\\*.*)${n}_$p\\(\" --include='*.c' . || "
+                   "echo \"MISSING: ${n}_$p( is in no definition or comment of src/\"; "
+                   "done; done");
+    ck_assert_int_eq(rc, 0);
+    const char *out = tu_last_output();
+    ck_assert_msg(!strstr(out, "MISSING"), "%s", out);
+    ck_assert_msg(strstr(out, "entry point sbp_engine_grad_f64"), "%s", out);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("layers");
     TCase *tc = tcase_create("layers");
@@ -93,6 +110,7 @@ int main(void) {
     tcase_add_test(tc, test_upward_include_fails);
     tcase_add_test(tc, test_upward_through_root_path_fails);
     tcase_add_test(tc, test_unknown_include_and_folder_fail);
+    tcase_add_test(tc, test_entry_points_greppable);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

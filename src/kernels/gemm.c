@@ -327,6 +327,8 @@ void pgemm_set(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t 
     gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 1);
 }
 
+/* SBP_ENTRY (real.h) names the two definitions, one per build of this file:
+ *   int sbp_portable_gemm_f32(float *C, ...)    int sbp_portable_gemm_f64(double *C, ...) */
 int SBP_ENTRY(sbp_portable_gemm)(real *C, const real *A, const real *B, int M, int N, int K) {
     real *ws = malloc(sizeof(real) * pgemm_workspace(N, K));
     if (M > 0 && N > 0 && K > 0 && !ws) return -1;
