@@ -40,13 +40,13 @@ __device__ inline real warp_sum(real s) {
 }
 
 __global__ void attention_forward_kernel(real *o, real *lse, const real *q, const real *k,
-                                         const real *v, const uint8_t *kmask, int s, int M, int NH,
-                                         int NKV, int HD) {
+                                         const real *v, const uint8_t *kmask, sbp_attn_dims dm) {
+    const int NH = dm.NH, NKV = dm.NKV, HD = dm.HD;
     const int lane = threadIdx.x % WARP, task = blockIdx.x * WARPS + threadIdx.x / WARP;
-    if (task >= M * NH) return; /* the whole warp */
-    const int r = task / NH, h = task % NH, g = h / (NH / NKV), i = s + r;
+    if (task >= dm.M * NH) return; /* the whole warp */
+    const int r = task / NH, h = task % NH, g = h / (NH / NKV), i = dm.s + r;
     const int Q = NH * HD, KV = NKV * HD;
-    const real scale = rattn_scale(HD);
+    const real scale = (real)dm.scale;
     const real *q_i = q + (size_t)r * Q + (size_t)h * HD;
     real m = -INFINITY, l = 0, acc[DPL];
     for (int t = 0; t < DPL; t++) acc[t] = 0;
@@ -108,13 +108,13 @@ __global__ void dsum_kernel(real *dsum, const real *dout, const real *o, int M, 
 template <int PER>
 __global__ void attention_dkdv_kernel(real *dk, real *dv, const real *dout, const real *lse,
                                       const real *dsum, const real *q, const real *k, const real *v,
-                                      const uint8_t *kmask, int s, int e, int T, int NH, int NKV,
-                                      int HD) {
+                                      const uint8_t *kmask, sbp_attn_dims dm) {
     SBP_SHARED(real, P, W);
     SBP_SHARED(real, dSs, W);
+    const int s = dm.s, e = dm.s + dm.M, T = dm.T, NH = dm.NH, NKV = dm.NKV, HD = dm.HD;
     const int g = blockIdx.y, j0 = blockIdx.x * W, tid = threadIdx.x, rep = NH / NKV;
     const int Q = NH * HD, KV = NKV * HD, nk = j0 + W < T ? W : T - j0;
-    const real scale = rattn_scale(HD);
+    const real scale = (real)dm.scale;
     const int per = PER;
     real adk[PER], adv[PER];
     for (int u = 0; u < per; u++) {
@@ -170,12 +170,13 @@ __global__ void attention_dkdv_kernel(real *dk, real *dv, const real *dout, cons
 /* dQ of (query s + r, head h), one warp, the key tiles in ascending order */
 __global__ void attention_dq_kernel(real *dq, const real *dout, const real *lse, const real *dsum,
                                     const real *q, const real *k, const real *v,
-                                    const uint8_t *kmask, int s, int M, int NH, int NKV, int HD) {
+                                    const uint8_t *kmask, sbp_attn_dims dm) {
+    const int NH = dm.NH, NKV = dm.NKV, HD = dm.HD;
     const int lane = threadIdx.x % WARP, task = blockIdx.x * WARPS + threadIdx.x / WARP;
-    if (task >= M * NH) return; /* the whole warp */
-    const int r = task / NH, h = task % NH, g = h / (NH / NKV), i = s + r;
+    if (task >= dm.M * NH) return; /* the whole warp */
+    const int r = task / NH, h = task % NH, g = h / (NH / NKV), i = dm.s + r;
     const int Q = NH * HD, KV = NKV * HD;
-    const real scale = rattn_scale(HD);
+    const real scale = (real)dm.scale;
     const size_t qo = (size_t)r * Q + (size_t)h * HD, ro = (size_t)r * NH + h;
     const real *q_i = q + qo, *do_i = dout + qo, L = lse[ro], D = dsum[ro];
     real acc[DPL];
@@ -213,19 +214,19 @@ __global__ void attention_dq_kernel(real *dq, const real *dout, const real *lse,
 }
 
 void attention_forward(const eng *e, real *o, real *lse, const real *q, const real *k,
-                       const real *v, const uint8_t *kmask, int s, int M) {
-    SBP_LAUNCH(attention_forward_kernel, blocks_for((size_t)M * e->NH, WARPS), THREADS, 0, o, lse,
-               q, k, v, kmask, s, M, e->NH, e->NKV, e->HD);
+                       const real *v, const uint8_t *kmask, const sbp_attn_dims *d) {
+    SBP_LAUNCH(attention_forward_kernel, blocks_for((size_t)d->M * d->NH, WARPS), THREADS, 0, o,
+               lse, q, k, v, kmask, *d);
     check(e, "attention_forward_kernel");
-    unattended_forward(e, o, q, k, v, kmask, s, M);
+    unattended_forward(e, o, q, k, v, kmask, d);
 }
 
 void attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum, const real *dout,
                         const real *o, const real *lse, const real *q, const real *k, const real *v,
-                        const uint8_t *kmask, int s, int M) {
-    const int NH = e->NH, NKV = e->NKV, HD = e->HD, end = s + M;
+                        const uint8_t *kmask, const sbp_attn_dims *d) {
+    const int NH = d->NH, NKV = d->NKV, HD = d->HD, M = d->M, end = d->s + M;
     /* rows without a key first: they precede every row with one (src/kernels/unattended.c) */
-    unattended_backward(e, dq, dk, dv, dout, o, q, k, v, kmask, s, M);
+    unattended_backward(e, dq, dk, dv, dout, o, q, k, v, kmask, d);
     SBP_LAUNCH(dsum_kernel, blocks_for((size_t)M * NH, THREADS), THREADS, 0, dsum, dout, o, M, NH,
                HD);
     check(e, "dsum_kernel");
@@ -233,7 +234,7 @@ void attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum, 
     /* the smallest bucket whose PER·THREADS covers the tile's W·HD elements */
 #define DKDV(hd_max)                                                                               \
     SBP_LAUNCH((attention_dkdv_kernel<W *(hd_max) / THREADS>), tiles, THREADS, 0, dk, dv, dout,    \
-               lse, dsum, q, k, v, kmask, s, end, e->T, NH, NKV, HD)
+               lse, dsum, q, k, v, kmask, *d)
     static_assert(W * 32 % THREADS == 0 && MAX_HD == 256, "dK/dV buckets");
     if (HD <= 32)
         DKDV(32);
@@ -246,7 +247,7 @@ void attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum, 
 #undef DKDV
     check(e, "attention_dkdv_kernel");
     SBP_LAUNCH(attention_dq_kernel, blocks_for((size_t)M * NH, WARPS), THREADS, 0, dq, dout, lse,
-               dsum, q, k, v, kmask, s, M, NH, NKV, HD);
+               dsum, q, k, v, kmask, *d);
     check(e, "attention_dq_kernel");
 }
 

@@ -100,18 +100,18 @@ void rope_backward(const eng *e, real *dx, int s, int M, int H);
 
 /* attention.cu */
 void attention_forward(const eng *e, real *o, real *lse, const real *q, const real *k,
-                       const real *v, const uint8_t *kmask, int s, int M);
+                       const real *v, const uint8_t *kmask, const sbp_attn_dims *d);
 void attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum, const real *dout,
                         const real *o, const real *lse, const real *q, const real *k,
-                        const real *v, const uint8_t *kmask, int s, int M);
+                        const real *v, const uint8_t *kmask, const sbp_attn_dims *d);
 
 /* unattended.cu: rows that see no key (src/kernels/unattended.c) */
 size_t unattended_workspace(const eng *e);
 void unattended_forward(const eng *e, real *o, const real *q, const real *k, const real *v,
-                        const uint8_t *kmask, int s, int M);
+                        const uint8_t *kmask, const sbp_attn_dims *d);
 void unattended_backward(const eng *e, real *dq, real *dk, real *dv, const real *dout,
                          const real *o, const real *q, const real *k, const real *v,
-                         const uint8_t *kmask, int s, int M);
+                         const uint8_t *kmask, const sbp_attn_dims *d);
 
 /* swiglu.cu */
 void swiglu_forward(const eng *e, real *h, const real *g, const real *u, size_t n);

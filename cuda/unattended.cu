@@ -108,10 +108,11 @@ __global__ void unattended_dkdv_kernel(real *dk, real *dv, const real *ws, const
 }
 
 void unattended_forward(const eng *e, real *o, const real *q, const real *k, const real *v,
-                        const uint8_t *kmask, int s, int M) {
+                        const uint8_t *kmask, const sbp_attn_dims *d) {
     if (!e->unattended) return;
-    const int NH = e->NH, HD = e->HD, Q = NH * HD, KV = e->NKV * HD, rep = NH / e->NKV;
-    const real scale = rattn_scale(HD);
+    const int s = d->s, M = d->M, NH = d->NH, HD = d->HD, Q = NH * HD, KV = d->NKV * HD;
+    const int rep = NH / d->NKV;
+    const real scale = (real)d->scale;
     const int fv = first_visible(e, kmask);
     for (int i = s; i < s + M && i < fv; i++)
         for (int h = 0; h < NH; h++) {
@@ -124,10 +125,11 @@ void unattended_forward(const eng *e, real *o, const real *q, const real *k, con
 
 void unattended_backward(const eng *e, real *dq, real *dk, real *dv, const real *dout,
                          const real *o, const real *q, const real *k, const real *v,
-                         const uint8_t *kmask, int s, int M) {
+                         const uint8_t *kmask, const sbp_attn_dims *d) {
     if (!e->unattended) return;
-    const int NH = e->NH, HD = e->HD, Q = NH * HD, KV = e->NKV * HD, rep = NH / e->NKV;
-    const real scale = rattn_scale(HD);
+    const int s = d->s, M = d->M, NH = d->NH, HD = d->HD, Q = NH * HD, KV = d->NKV * HD;
+    const int rep = NH / d->NKV;
+    const real scale = (real)d->scale;
     const int fv = first_visible(e, kmask);
     for (int i = s; i < s + M && i < fv; i++)
         for (int h = 0; h < NH; h++) {

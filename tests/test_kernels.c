@@ -586,30 +586,39 @@ static void attn_free(attn_prob *p) {
 }
 
 /* Forward over [s, e) into o and lse at rows s.. of the whole-sequence buffers. */
+static sbp_attn_dims attn_dims(const attn_cfg *c, int s, int e) {
+    return (sbp_attn_dims){.s = s,
+                           .M = e - s,
+                           .T = c->T,
+                           .NH = c->NH,
+                           .NKV = c->NKV,
+                           .HD = c->HD,
+                           .blk = c->blk,
+                           .scale = 1.0 / sqrt((double)c->HD)};
+}
+
 static void attn_fwd_range(attn_prob *p, double *o, double *lse, int s, int e) {
     const attn_cfg c = p->c;
+    const sbp_attn_dims d = attn_dims(&c, s, e);
     if (p->portable)
         attention_forward(o + (size_t)s * p->Q, lse + (size_t)s * c.NH, p->scratch,
-                          p->q + (size_t)s * p->Q, p->k, p->v, p->kmask, s, e - s, c.T, c.NH, c.NKV,
-                          c.HD);
+                          p->q + (size_t)s * p->Q, p->k, p->v, p->kmask, &d);
     else
         blas_attention_forward(o + (size_t)s * p->Q, lse + (size_t)s * c.NH, p->scratch,
-                               p->q + (size_t)s * p->Q, p->k, p->v, p->kmask, s, e - s, c.T, c.NH,
-                               c.NKV, c.HD, c.blk);
+                               p->q + (size_t)s * p->Q, p->k, p->v, p->kmask, &d);
 }
 
 /* Backward over queries [s, e), with dO = r and the saved o, lse of those rows. */
 static void attn_bwd_range(attn_prob *p, double *dq, double *dk, double *dv, int s, int e) {
     const attn_cfg c = p->c;
     const size_t so = (size_t)s * p->Q, sl = (size_t)s * c.NH;
+    const sbp_attn_dims d = attn_dims(&c, s, e);
     if (p->portable)
         attention_backward(dq + so, dk, dv, p->dsum + sl, p->scratch, p->r + so, p->o + so,
-                           p->lse + sl, p->q + so, p->k, p->v, p->kmask, s, e - s, c.T, c.NH, c.NKV,
-                           c.HD);
+                           p->lse + sl, p->q + so, p->k, p->v, p->kmask, &d);
     else
         blas_attention_backward(dq + so, dk, dv, p->dsum + sl, p->scratch, p->r + so, p->o + so,
-                                p->lse + sl, p->q + so, p->k, p->v, p->kmask, s, e - s, c.T, c.NH,
-                                c.NKV, c.HD, c.blk);
+                                p->lse + sl, p->q + so, p->k, p->v, p->kmask, &d);
 }
 
 static void attn_fwd(void *p_, double *o) {

@@ -51,6 +51,8 @@ struct eng {
     int bf16;       /* round every stored tensor to bfloat16 (ops.h) */
     int portable;   /* the numerics the table implements (the planning table needs to know) */
     int unattended; /* sbp_unattended: attention rows that see no key */
+    /* the softmax scale of every layer's scores (sbp_attn_dims.scale) */
+    double attn_scale;
     int lora_r;     /* the adapters' rank; 0: no adapter */
     real lora_s;    /* their scaling, alpha/r or alpha/√r */
     sbp_ledger *lg;
@@ -166,6 +168,7 @@ typedef struct {
     real *y;              /* (T, C) its output; NULL when the forward is a recompute */
     real *dx;             /* (T, C) dY when the backward starts, dX when it ends (in place) */
     const uint8_t *kmask; /* (T) */
+    int window;           /* the layer's sliding window (sbp_attn_dims.window), 0: global */
     kv_acts *kv;          /* the K/V side */
     chunk_acts *acts;     /* rows [0, T) when it holds T rows (full BP), else the current chunk */
     chunk_formed *fm;     /* the current chunk's formed rows */

@@ -6,6 +6,7 @@
 #include "engine.h"
 #include "entry.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,6 +88,11 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
              .bf16 = o->emulate_bf16,
              .portable = o->numerics == SBP_NUMERICS_PORTABLE,
              .unattended = o->unattended,
+             /* hd^(-1/2) as HF forms it (`head_dim ** -0.5`, a Python double, used in the
+              * compute dtype): 1/sqrt(hd) in double, the kernels round it to real once
+              * ((real)sbp_attn_dims.scale, on the CPU and in cuda/ alike: `1 / sqrt((real)hd)`
+              * gave different float32 bits in C and C++ for 151 head sizes up to 512) */
+             .attn_scale = 1.0 / sqrt((double)c->head_dim),
              .lora_r = o->lora ? o->lora->cfg.r : 0,
              .lora_s = o->lora ? (real)sbp_lora_scaling(&o->lora->cfg) : 0,
              .lg = lg};

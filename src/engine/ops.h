@@ -22,6 +22,7 @@
 #ifndef SBP_OPS_H
 #define SBP_OPS_H
 
+#include "../kernels/kernels.h" /* sbp_attn_dims */
 #include "../kernels/real.h"
 #include "../streambp.h"
 
@@ -76,11 +77,13 @@ typedef struct sbp_ops {
                              const real *x, const real *rstd, const real *w, int M, int C);
     void (*rope_forward)(const eng *e, real *x, int s, int M, int H);
     void (*rope_backward)(const eng *e, real *dx, int s, int M, int H);
+    /* d: the queries, sizes, window and scale of the call (kernels.h's sbp_attn_dims) */
     void (*attention_forward)(const eng *e, real *o, real *lse, const real *q, const real *k,
-                              const real *v, const uint8_t *kmask, int s, int M);
+                              const real *v, const uint8_t *kmask, const sbp_attn_dims *d);
     void (*attention_backward)(const eng *e, real *dq, real *dk, real *dv, real *dsum,
                                const real *dout, const real *o, const real *lse, const real *q,
-                               const real *k, const real *v, const uint8_t *kmask, int s, int M);
+                               const real *k, const real *v, const uint8_t *kmask,
+                               const sbp_attn_dims *d);
     void (*swiglu_forward)(const eng *e, real *h, const real *g, const real *u, size_t n);
     void (*swiglu_backward)(const eng *e, real *dg, real *du, const real *dh, const real *g,
                             const real *u, size_t n);

@@ -93,9 +93,10 @@ static int tile_end(int i0, int e) {
 }
 
 void attention_forward(real *o, real *lse, real *ws, const real *q, const real *k, const real *v,
-                       const uint8_t *kmask, int s, int M, int T, int NH, int NKV, int HD) {
-    const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, e = s + M;
-    const real scale = rattn_scale(HD);
+                       const uint8_t *kmask, const sbp_attn_dims *dm) {
+    const int s = dm->s, NH = dm->NH, NKV = dm->NKV, HD = dm->HD;
+    const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, e = s + dm->M;
+    const real scale = (real)dm->scale;
     const int first = s / W, ntiles = (e - 1) / W - first + 1;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < NH * ntiles; task++) {
@@ -154,9 +155,10 @@ static void tile_grads(real *P, real *dSs, const real *q_i, const real *do_i, co
 
 void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, const real *dout,
                         const real *o, const real *lse, const real *q, const real *k, const real *v,
-                        const uint8_t *kmask, int s, int M, int T, int NH, int NKV, int HD) {
+                        const uint8_t *kmask, const sbp_attn_dims *dm) {
+    const int s = dm->s, M = dm->M, NH = dm->NH, NKV = dm->NKV, HD = dm->HD;
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, e = s + M;
-    const real scale = rattn_scale(HD);
+    const real scale = (real)dm->scale;
     const int first = s / W, nqtiles = (e - 1) / W - first + 1, nktiles = (e + W - 1) / W;
 
 #pragma omp parallel for schedule(static)

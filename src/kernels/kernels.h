@@ -118,10 +118,24 @@ void rope_backward(real *dx,                        /* (M, H, HD), in place */
                    const real *cos, const real *sin, int s, int M, int H, int HD);
 
 /* ---- causal GQA attention, tiled with an online softmax -------------------------------------- *
- * Query i (global position) sees key j iff j <= i and kmask[j] == 1; query head h reads kv head
- * h / (NH/NKV). Only O and the row log-sum-exp are kept; no T×T matrix exists. A query with no
- * visible key gets O = 0 and lse = +inf. K and V are given for the whole sequence (keys
- * 0..T-1); dK and dV are accumulated for keys 0 .. s+M-1. */
+ * Query i (global position) sees key j iff j <= i, kmask[j] == 1 and, on a sliding-window layer
+ * (window W > 0), i − W < j: the W most recent keys, the query's own included (HF's
+ * tril(diagonal=−W) mask, docs/gemma3.md). Query head h reads kv head h / (NH/NKV). Only O and
+ * the row log-sum-exp are kept; no T×T matrix exists. A query with no visible key gets O = 0 and
+ * lse = +inf. K and V are given for the whole sequence (keys 0..T-1); dK and dV are accumulated
+ * for keys 0 .. s+M-1 (on a window layer only keys from s − W + 1 on receive anything). */
+
+/* What one attention call computes: the sizes, the queries, and the two parameters of the
+ * softmax. Shared by the portable, fast, unattended and CUDA kernels. */
+typedef struct {
+    int s, M;        /* the queries: global positions s .. s+M-1 */
+    int T;           /* tokens of the sequence (keys 0 .. T-1) */
+    int NH, NKV, HD; /* query heads, key/value heads, head dim */
+    int blk;         /* the fast mode's token block (its tiles divide it); unused elsewhere */
+    int window;   /* 0: causal (global); W > 0: key j visible from query i iff i − W < j ≤ i */
+    double scale; /* the scores are (q·k)·(real)scale: 1/sqrt(HD), or Gemma-3's
+                     query_pre_attn_scalar^−0.5 */
+} sbp_attn_dims;
 
 /* portable (attention.c): key tiles of ATTN_TILE keys at fixed absolute positions; a query's
  * result depends on its position and the keys alone, never on the chunk it is computed in. */
@@ -134,7 +148,7 @@ void attention_forward(real *o,              /* (M, NH·HD) queries s .. s+M-1 *
                        const real *k,        /* (T, NKV·HD) */
                        const real *v,        /* (T, NKV·HD) */
                        const uint8_t *kmask, /* (T) */
-                       int s, int M, int T, int NH, int NKV, int HD);
+                       const sbp_attn_dims *d);
 void attention_backward(real *dq,             /* (M, NH·HD) += */
                         real *dk,             /* (T, NKV·HD) += keys 0 .. s+M-1 */
                         real *dv,             /* (T, NKV·HD) += */
@@ -147,20 +161,18 @@ void attention_backward(real *dq,             /* (M, NH·HD) += */
                         const real *k,        /* (T, NKV·HD) */
                         const real *v,        /* (T, NKV·HD) */
                         const uint8_t *kmask, /* (T) */
-                        int s, int M, int T, int NH, int NKV, int HD);
+                        const sbp_attn_dims *d);
 
-/* fast (blas/attention.c): tiles of attention_tile(blk) on the global grid, products in registers
- * (blas/tile_mm.c) */
+/* fast (blas/attention.c): tiles of attention_tile(d->blk) on the global grid, products in
+ * registers (blas/tile_mm.c); the arguments and shapes are the portable kernels' */
 int attention_tile(int blk);          /* the largest divisor of blk up to 128 (src/core/tiles.c) */
 int attention_one_pass(int kv_heads); /* the backward's form at this thread count (tiles.c) */
 size_t blas_attention_workspace(int blk, int NH, int NKV, int HD); /* reals */
 void blas_attention_forward(real *o, real *lse, real *ws, const real *q, const real *k,
-                            const real *v, const uint8_t *kmask, int s, int M, int T, int NH,
-                            int NKV, int HD, int blk);
+                            const real *v, const uint8_t *kmask, const sbp_attn_dims *d);
 void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, const real *dout,
                              const real *o, const real *lse, const real *q, const real *k,
-                             const real *v, const uint8_t *kmask, int s, int M, int T, int NH,
-                             int NKV, int HD, int blk);
+                             const real *v, const uint8_t *kmask, const sbp_attn_dims *d);
 
 /* Rows with no visible key (unattended.c): mode is an sbp_unattended. The attention kernels
  * leave such rows at O = 0, lse = +inf and add nothing for them in the backward; these give the
@@ -172,7 +184,7 @@ void unattended_forward(real *o,              /* (M, NH·HD) rows without a key 
                         const real *k,        /* (T, NKV·HD) */
                         const real *v,        /* (T, NKV·HD) */
                         const uint8_t *kmask, /* (T) */
-                        int s, int M, int T, int NH, int NKV, int HD, int mode);
+                        const sbp_attn_dims *d, int mode);
 void unattended_backward(real *dq,             /* (M, NH·HD) += */
                          real *dk,             /* (T, NKV·HD) += every key */
                          real *dv,             /* (T, NKV·HD) += every key */
@@ -183,7 +195,7 @@ void unattended_backward(real *dq,             /* (M, NH·HD) += */
                          const real *k,        /* (T, NKV·HD) */
                          const real *v,        /* (T, NKV·HD) */
                          const uint8_t *kmask, /* (T) */
-                         int s, int M, int T, int NH, int NKV, int HD, int mode);
+                         const sbp_attn_dims *d, int mode);
 
 /* ---- SwiGLU: h = silu(g) ⊙ u ----------------------------------------------------------------- */
 

@@ -32,12 +32,4 @@ typedef float real;
 #define rsqrt_(x)       (1.0f / sqrtf(x))
 #endif
 
-/* The attention scale hd^(-1/2), as HF forms it (`head_dim ** -0.5`, a Python double, used in the
- * compute dtype): 1/sqrt(hd) in double, two correctly rounded operations, then one rounding to
- * real. The types are spelled out because the same text is compiled as C (src/kernels, where
- * sqrt is the double function) and as C++ (cuda/, where sqrt of a float is the float overload):
- * `1 / sqrt((real)hd)` gave different float32 bits on the two sides for 151 head sizes up to 512
- * (6, 24, 72, 96, 112, ...; none of the powers of two). */
-#define rattn_scale(hd) ((real)(1.0 / sqrt((double)(hd))))
-
 #endif

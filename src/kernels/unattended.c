@@ -58,11 +58,11 @@ static void probs(real *P, real *S, const real *q_i, const real *k, int g, int T
 }
 
 void unattended_forward(real *o, real *ws, const real *q, const real *k, const real *v,
-                        const uint8_t *kmask, int s, int M, int T, int NH, int NKV, int HD,
-                        int mode) {
+                        const uint8_t *kmask, const sbp_attn_dims *dm, int mode) {
     if (mode == SBP_UNATTENDED_ZERO) return;
+    const int s = dm->s, M = dm->M, T = dm->T, NH = dm->NH, NKV = dm->NKV, HD = dm->HD;
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, fv = first_visible(kmask, T);
-    const real scale = rattn_scale(HD);
+    const real scale = (real)dm->scale;
     real *P = ws, *S = ws + T;
     for (int i = s; i < s + M && i < fv; i++)
         for (int h = 0; h < NH; h++) {
@@ -79,11 +79,12 @@ void unattended_forward(real *o, real *ws, const real *q, const real *k, const r
 }
 
 void unattended_backward(real *dq, real *dk, real *dv, real *ws, const real *dout, const real *o,
-                         const real *q, const real *k, const real *v, const uint8_t *kmask, int s,
-                         int M, int T, int NH, int NKV, int HD, int mode) {
+                         const real *q, const real *k, const real *v, const uint8_t *kmask,
+                         const sbp_attn_dims *dm, int mode) {
     if (mode == SBP_UNATTENDED_ZERO) return;
+    const int s = dm->s, M = dm->M, T = dm->T, NH = dm->NH, NKV = dm->NKV, HD = dm->HD;
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, fv = first_visible(kmask, T);
-    const real scale = rattn_scale(HD);
+    const real scale = (real)dm->scale;
     real *P = ws, *dS = ws + T;
     for (int i = s; i < s + M && i < fv; i++)
         for (int h = 0; h < NH; h++) {

@@ -183,42 +183,38 @@ static void cpu_rope_backward(const eng *e, real *dx, int s, int M, int H) {
 }
 
 static void fast_attention_forward(const eng *e, real *o, real *lse, const real *q, const real *k,
-                                   const real *v, const uint8_t *kmask, int s, int M) {
-    blas_attention_forward(o, lse, e->ws, q, k, v, kmask, s, M, e->T, e->NH, e->NKV, e->HD, e->blk);
-    unattended_forward(o, e->ws, q, k, v, kmask, s, M, e->T, e->NH, e->NKV, e->HD, e->unattended);
-    store(e, o, (size_t)M * e->Q);
+                                   const real *v, const uint8_t *kmask, const sbp_attn_dims *d) {
+    blas_attention_forward(o, lse, e->ws, q, k, v, kmask, d);
+    unattended_forward(o, e->ws, q, k, v, kmask, d, e->unattended);
+    store(e, o, (size_t)d->M * e->Q);
 }
 
 static void portable_attention_forward(const eng *e, real *o, real *lse, const real *q,
-                                       const real *k, const real *v, const uint8_t *kmask, int s,
-                                       int M) {
-    attention_forward(o, lse, e->ws, q, k, v, kmask, s, M, e->T, e->NH, e->NKV, e->HD);
-    unattended_forward(o, e->ws, q, k, v, kmask, s, M, e->T, e->NH, e->NKV, e->HD, e->unattended);
-    store(e, o, (size_t)M * e->Q);
+                                       const real *k, const real *v, const uint8_t *kmask,
+                                       const sbp_attn_dims *d) {
+    attention_forward(o, lse, e->ws, q, k, v, kmask, d);
+    unattended_forward(o, e->ws, q, k, v, kmask, d, e->unattended);
+    store(e, o, (size_t)d->M * e->Q);
 }
 
 /* dK and dV accumulate over the chunks: they are stored once, complete (kv_backward). Rows
  * without a key go first: they precede every row with one (unattended.c). */
 static void fast_attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum,
                                     const real *dout, const real *o, const real *lse, const real *q,
-                                    const real *k, const real *v, const uint8_t *kmask, int s,
-                                    int M) {
-    unattended_backward(dq, dk, dv, e->ws, dout, o, q, k, v, kmask, s, M, e->T, e->NH, e->NKV,
-                        e->HD, e->unattended);
-    blas_attention_backward(dq, dk, dv, dsum, e->ws, dout, o, lse, q, k, v, kmask, s, M, e->T,
-                            e->NH, e->NKV, e->HD, e->blk);
-    store(e, dq, (size_t)M * e->Q);
+                                    const real *k, const real *v, const uint8_t *kmask,
+                                    const sbp_attn_dims *d) {
+    unattended_backward(dq, dk, dv, e->ws, dout, o, q, k, v, kmask, d, e->unattended);
+    blas_attention_backward(dq, dk, dv, dsum, e->ws, dout, o, lse, q, k, v, kmask, d);
+    store(e, dq, (size_t)d->M * e->Q);
 }
 
 static void portable_attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum,
                                         const real *dout, const real *o, const real *lse,
                                         const real *q, const real *k, const real *v,
-                                        const uint8_t *kmask, int s, int M) {
-    unattended_backward(dq, dk, dv, e->ws, dout, o, q, k, v, kmask, s, M, e->T, e->NH, e->NKV,
-                        e->HD, e->unattended);
-    attention_backward(dq, dk, dv, dsum, e->ws, dout, o, lse, q, k, v, kmask, s, M, e->T, e->NH,
-                       e->NKV, e->HD);
-    store(e, dq, (size_t)M * e->Q);
+                                        const uint8_t *kmask, const sbp_attn_dims *d) {
+    unattended_backward(dq, dk, dv, e->ws, dout, o, q, k, v, kmask, d, e->unattended);
+    attention_backward(dq, dk, dv, dsum, e->ws, dout, o, lse, q, k, v, kmask, d);
+    store(e, dq, (size_t)d->M * e->Q);
 }
 
 static void cpu_swiglu_forward(const eng *e, real *h, const real *g, const real *u, size_t n) {

@@ -21,11 +21,11 @@ static void no_norm_backward(const eng *e, real *dx, real *dw, const real *dout,
                              const real *rstd, const real *w, int M, int C) {}
 static void no_rope(const eng *e, real *x, int s, int M, int H) {}
 static void no_attention_forward(const eng *e, real *o, real *lse, const real *q, const real *k,
-                                 const real *v, const uint8_t *kmask, int s, int M) {}
+                                 const real *v, const uint8_t *kmask, const sbp_attn_dims *d) {}
 static void no_attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum,
                                   const real *dout, const real *o, const real *lse, const real *q,
-                                  const real *k, const real *v, const uint8_t *kmask, int s,
-                                  int M) {}
+                                  const real *k, const real *v, const uint8_t *kmask,
+                                  const sbp_attn_dims *d) {}
 static void no_swiglu_forward(const eng *e, real *h, const real *g, const real *u, size_t n) {}
 static void no_swiglu_backward(const eng *e, real *dg, real *du, const real *dh, const real *g,
                                const real *u, size_t n) {}

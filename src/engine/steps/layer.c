@@ -32,6 +32,19 @@ static chunk_acts rows_from(const eng *e, const chunk_acts *a, int s) {
     return v;
 }
 
+/* The attention call of rows [s, s+M) of this layer. */
+static sbp_attn_dims attn_dims(const eng *e, const layer_run *lr, int s, int M) {
+    return (sbp_attn_dims){.s = s,
+                           .M = M,
+                           .T = e->T,
+                           .NH = e->NH,
+                           .NKV = e->NKV,
+                           .HD = e->HD,
+                           .blk = e->blk,
+                           .window = lr->window,
+                           .scale = e->attn_scale};
+}
+
 /* ---- a projection, with or without a LoRA adapter --------------------------------------------
  * y = x·Wᵀ (+ b), and with an adapter y ← y + (t·Bᵀ)·s, t = x·Aᵀ (peft: base + lora_B(lora_A(x))
  * · scaling). The backward: dx += dy·W (dW, db only when the weight is not frozen), then with an
@@ -96,7 +109,8 @@ void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
     proj_forward(e, lr->lw, q, xn, w->wq, w->bq, &w->aq, s, end, Q, C);
     if (a.qpre) op->rmsnorm_forward(e, a.q, a.qrstd, a.qpre, w->q_norm, M * e->NH, e->HD);
     op->rope_forward(e, a.q, s, M, e->NH);
-    op->attention_forward(e, a.o, a.lse, a.q, lr->kv->k, lr->kv->v, lr->kmask, s, M);
+    const sbp_attn_dims ad = attn_dims(e, lr, s, M);
+    op->attention_forward(e, a.o, a.lse, a.q, lr->kv->k, lr->kv->v, lr->kmask, &ad);
     /* x2 = x + o·Woᵀ */
     proj_forward(e, lr->lw, a.x2, a.o, w->wo, NULL, &w->ao, s, end, C, Q);
     op->add(e, a.x2, x, a.x2, MC);
@@ -153,8 +167,9 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     proj_backward(e, lr->lw, d->dout, gw->wo, NULL, &gw->ao, d->dx2, a.o, w->wo, &w->ao, s, end, C,
                   Q);
     /* o = attention(q, K, V) */
+    const sbp_attn_dims ad = attn_dims(e, lr, s, M);
     op->attention_backward(e, d->dq, lr->kvw->dk, lr->kvw->dv, d->dsum, d->dout, a.o, a.lse, a.q,
-                           lr->kv->k, lr->kv->v, lr->kmask, s, M);
+                           lr->kv->k, lr->kv->v, lr->kmask, &ad);
     /* q = rope(q_norm(qpre)) */
     op->rope_backward(e, d->dq, s, M, e->NH);
     real *dqpre = d->dq;

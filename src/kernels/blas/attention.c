@@ -85,10 +85,11 @@ static void mask_tile(real *S, int i0, int nq, int j0, int nk, int ldS, const ui
 }
 
 void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, const real *k,
-                            const real *v, const uint8_t *kmask, int s, int M, int T, int NH,
-                            int NKV, int HD, int blk) {
-    const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(blk), e = s + M;
-    const real scale = rattn_scale(HD);
+                            const real *v, const uint8_t *kmask, const sbp_attn_dims *dm) {
+    const int s = dm->s, NH = dm->NH, NKV = dm->NKV, HD = dm->HD;
+    const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(dm->blk);
+    const int e = s + dm->M;
+    const real scale = (real)dm->scale;
     const size_t per_thread = per_thread_ws(W, HD, rep);
     /* query tiles of the chunk, each aligned to the global W grid; a task is a query tile of
      * a kv group: its heads share the transpose of each key tile */
@@ -209,10 +210,12 @@ static void key_tile(const bwd_args *a, int g, int j0, int with_dq) {
 
 void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scratch,
                              const real *dout, const real *o, const real *lse, const real *q,
-                             const real *k, const real *v, const uint8_t *kmask, int s, int M,
-                             int T, int NH, int NKV, int HD, int blk) {
-    const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(blk), e = s + M;
-    const real scale = rattn_scale(HD);
+                             const real *k, const real *v, const uint8_t *kmask,
+                             const sbp_attn_dims *dm) {
+    const int s = dm->s, M = dm->M, NH = dm->NH, NKV = dm->NKV, HD = dm->HD;
+    const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(dm->blk);
+    const int e = s + M;
+    const real scale = (real)dm->scale;
     const size_t per_thread = per_thread_ws(W, HD, rep);
     const int first = s / W, nqtiles = (e - 1) / W - first + 1, nktiles = (e + W - 1) / W;
 
