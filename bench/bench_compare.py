@@ -10,8 +10,8 @@ both alike. Each round gives one ratio per schedule (new's median step over old'
 minutes apart at most); the verdict is the median of those ratios, printed with their quartiles.
 Paired ratios, not the ratio of two medians: on a shared VM the speed of the machine drifts by
 10-20% within an hour, and only the pairing cancels that. The
-speed of one build is only ever compared with another measured in the same run (README,
-"Performance"). Used for the fast mode's no-regression check: `make bench-compare OLD=<rev>`.
+speed of one build is only ever compared with another measured in the same run
+(docs/performance.md). Used for the fast mode's no-regression check: `make bench-compare OLD=<rev>`.
 """
 import argparse
 import csv

@@ -11,12 +11,12 @@
  *   repeat  — the same call on the same operands gives the same bits (determinism);
  *   threads — a block's products give the same bits at 1 and at N threads (the tests compare
  *             1 against 2 threads).
- * A library that fails either cannot be a drop-in for OpenBLAS without weakening README
- * "Exactness". And a third, which the fast mode does not rely on:
+ * A library that fails either cannot be a drop-in for OpenBLAS without weakening
+ * docs/numerics.md §10. And a third, which the fast mode does not rely on:
  *   rows    — one call over all T rows gives every row the bits that the per-block calls give
  *             it (forward and dx, on one thread, on the largest layer shape and the lm_head).
  * Where it holds, a whole-sequence call could replace the per-block ones (measured ~10% faster
- * on one thread, README "Performance"); where it does not, full BP's single call and StreamBP's
+ * on one thread, docs/performance-log.md); where it does not, full BP's single call and StreamBP's
  * per-chunk calls would disagree.
  *
  * Usage: blas_rates NAME THREADS [C Q KV F V LAYERS T]   (default: the bench model, T = 2048)

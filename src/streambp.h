@@ -278,8 +278,8 @@ typedef struct {
 /* Reads an SFT batch (input_ids, labels, optional attention_mask; I32 or I64) and checks it
  * against cfg: equal shapes, ids and labels in range, mask in {0,1}, T > 0. */
 sbp_status sbp_batch_load(sbp_batch *b, const char *path, const sbp_config *cfg, sbp_err *err);
-/* The same for any objective (file formats in README "Objectives"): DPO pairs become 2B rows,
- * GRPO completion masks become labels; scale_rewards: divide GRPO group-normalised rewards by
+/* The same for any objective (file formats in docs/training.md#objectives): DPO pairs become 2B
+ * rows, GRPO completion masks become labels; scale_rewards: divide GRPO group-normalised rewards by
  * the group std (TRL's default). */
 sbp_status sbp_batch_load_as(sbp_batch *b, const char *path, const sbp_config *cfg,
                              sbp_objective_kind kind, int scale_rewards, sbp_err *err);

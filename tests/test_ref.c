@@ -10,7 +10,7 @@
  *     on the tensors no score depends on, and at a point where it is hf-sdpa's), and src against
  *     it for SFT, DPO and GRPO, every mode with and without an adapter, every schedule, float64;
  *     `grad --lora --ref-model` (the reference a plain model) against it.
- * The worst measured values are printed once per check, for the README. */
+ * The worst measured values are printed once per check, for docs/numerics.md §1. */
 #include "testutil.h"
 #include "../ref/ref.h"
 #include "../src/core/rng.h"

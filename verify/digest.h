@@ -1,6 +1,6 @@
 /* digest.h — the fingerprint of a gradient file: the SHA-256 of every tensor's stored bytes and
  * the loss's bits. Portable runs (--numerics portable) must give the same fingerprint on every
- * machine, compiler and backend; data/golden/ holds the committed ones (README, "Exactness"). */
+ * machine, compiler and backend; data/golden/ holds the committed ones (docs/numerics.md §12). */
 #ifndef SBP_DIGEST_H
 #define SBP_DIGEST_H
 

@@ -1,5 +1,5 @@
 /* suite.h — the edge-case suite: fixtures aimed at the bugs chunked backprop actually has (the
- * StreamBP authors' fixes and open bugs, notes in README "Check your own implementation"), each
+ * StreamBP authors' fixes and open bugs, notes in docs/verify.md), each
  * run through the full verification matrix (run.h). */
 #ifndef SBP_SUITE_H
 #define SBP_SUITE_H

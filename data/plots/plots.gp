@@ -1,4 +1,4 @@
-# plots.gp — the README's charts, drawn by `make plots` from the CSV files in `dir`:
+# plots.gp — the charts of docs/performance.md, drawn by `make plots` from the CSV files in `dir`:
 #   plan-bench.csv, plan-qwen3-8b.csv  (streambp plan --csv: planned peak by schedule and T;
 #                                       column 11 is the total)
 #   bench.csv                          (streambp bench --csv: measured time and peaks)

@@ -1,4 +1,4 @@
-"""Batch files for streambp, from Hugging Face / TRL-style tensors (README "Objectives").
+"""Batch files for streambp, from Hugging Face / TRL-style tensors (docs/training.md#objectives).
 
 Inputs may be torch tensors, numpy arrays or nested lists; ids are written as int64, floats as
 float64. Each writer checks shapes before anything is written.

@@ -1,6 +1,6 @@
 /* cmd_verify_golden.c — `streambp verify golden`: the committed golden cases recomputed on this
  * machine, compiler and device, against the committed digests. The portable numerics promise
- * the same bits everywhere (README, "Exactness"); this is the one command that
+ * the same bits everywhere (docs/numerics.md §12); this is the one command that
  * tells a user on a new CPU, compiler or GPU whether the promise holds there.
  *
  * The cases, their models' configs, batches and digests are built into the binary

@@ -1,7 +1,7 @@
 /* data.c — where a training run's micro-batches come from, and in which order.
  *
  * Two sources:
- *  - batch files (the formats of README "Objectives"), one file a micro-batch. A directory
+ *  - batch files (the formats of docs/training.md#objectives), one file a micro-batch. A directory
  *    contributes its *.safetensors files in name order; files named directly keep the order they
  *    were given in, so a user can fix any order.
  *  - a JSONL file of token-id records, {"input_ids": [...], "labels": [...]} (labels optional:
