@@ -69,7 +69,7 @@ LIB        := $(BUILD)/libstreambp.a
 BIN        := $(BUILD)/streambp
 
 .PHONY: all deps demo train-demo test format clean check-deps bench bench-torch bench-blas plots bench-compare \
-        portable-builds golden plants fuzz
+        portable-builds golden plants fuzz linkcheck
 all: deps
 	@$(MAKE) --no-print-directory $(BIN) $(LIB)
 
@@ -157,7 +157,7 @@ $(BUILD)/tests/test_%: $(BUILD)/tests/test_%.o $(BUILD)/tests/testutil.o $(F64_O
 # test); every suite otherwise. The golden digests of the other builds run with the full set only.
 RUN_TESTS = $(if $(SUITES),$(filter $(addprefix %/test_,$(SUITES)),$(TESTS)),$(TESTS))
 
-test: deps
+test: deps $(if $(SUITES),,linkcheck)
 	@$(MAKE) --no-print-directory $(BIN) $(RUN_TESTS) $(if $(filter %/test_plant,$(RUN_TESTS)),plants)
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(RUN_TESTS)
 ifeq ($(SAN)$(SUITES),0)
@@ -168,6 +168,13 @@ ifeq ($(SAN)$(SUITES),0)
 	@for b in $(PORTABLE_BUILDS); do \
 	  STREAMBP=$$b/streambp tests/run.sh $(BUILD)/tests/test_golden || exit 1; done
 endif
+
+# Every relative markdown link and every docs/<page>.md §N or docs/<page>.md#anchor citation
+# in the tree resolves, and nothing cites a document outside the repository (tests/linkcheck.py;
+# docs/README.md says how § numbers map to headings). Python 3 standard library only. Part of
+# the whole `make test` (not of `make test SUITES=...`).
+linkcheck:
+	@python3 tests/linkcheck.py
 
 # ---- portable numerics: the same digests from other compilers and instruction sets --------------
 # The sources built a second time with clang and a third time for baseline x86-64 (SSE2 only:
@@ -284,7 +291,7 @@ bench-blas:
 	  | tee $(BENCH_DIR)/blas.txt
 
 # Fast mode against an earlier revision, same machine, interleaved rounds (no-regression check):
-# make bench-compare OLD=<git revision> [ROUNDS=N] (default 5; the README's numbers: ROUNDS=10)
+# make bench-compare OLD=<git revision> [ROUNDS=N] (default 5; docs/performance-log.md: ROUNDS=10)
 bench-compare: all
 	@test -n "$(OLD)" || { echo "usage: make bench-compare OLD=<git revision>"; exit 2; }
 	rm -rf build-old && mkdir -p build-old/src
@@ -309,8 +316,8 @@ plots: all
 #                     CUDA=0 skips nvcc. Objects go to build/nvcc whatever SAN is.
 #   make test         also builds and runs $(BUILD)/emu/test_emu: the same .cu sources compiled by
 #                     g++ as host C++ against the emulator in cuda/emu (under ASan with SAN=1).
-# Numerics as docs/numerics.md §11: nvcc -fmad=false (no contraction; IEEE division, square root and
-# subnormals are nvcc's defaults, spelled out), g++ -ffp-contract=off, never fast-math.
+# Numerics as docs/numerics.md §11: nvcc -fmad=false (no contraction; IEEE division, square root
+# and subnormals are nvcc's defaults, spelled out), g++ -ffp-contract=off, never fast-math.
 
 ifeq ($(origin CXX),default)
 CXX        := g++

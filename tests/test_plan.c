@@ -329,7 +329,7 @@ START_TEST(paper_table3_complete) {
                                   "8B LoRA", "14B LoRA", "32B LoRA"};
     static const char *objs[3] = {"sft", "dpo", "grpo"},
                       *methods[3] = {"no ckpt", "ckpt", "StreamBP"};
-    /* notes/paper.md, Table 3 (0: no entry) */
+    /* the paper's Table 3, arXiv 2506.03077 (0: no entry) */
     static const double paper[3][3][6] = {
         {{7.0, 7.1, 3.4, 5.1, 2.9, 0.4},
          {28.5, 36.5, 15.7, 30.6, 23.0, 5.9},

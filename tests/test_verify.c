@@ -147,7 +147,7 @@ START_TEST(diff_nan_missing_extra) {
 }
 END_TEST
 
-/* The StreamBP authors' per-chunk count (notes/paper.md §6, bug 1): a logits chunk [s, e) with
+/* The StreamBP authors' per-chunk count (a bug of their released code): a logits chunk [s, e) with
  * one overlapping row e' = min(e + 1, T) scores the targets labels[s+1 .. e'), but is weighted
  * by n = #(labels[:, s:e'] != -100) − B instead of their true number. Every target in the chunk
  * therefore carries the factor n / n_true (the chunk is dropped when n <= 0). */

@@ -235,9 +235,10 @@ static cJSON *ledger_cats(const sbp_ledger *lg) {
 
 /* ---- the paper's Table 3 ------------------------------------------------------------------- */
 
-/* The StreamBP paper's Table 3 (notes/paper.md §5): the maximum sequence length in thousands of
- * tokens on one 80 GB A800, of Qwen3 models trained with full gradients or LoRA (r 32, alpha
- * 128, all-linear), by objective and method; 0 where the paper has no entry. */
+/* The StreamBP paper's Table 3 (arXiv 2506.03077; docs/memory.md#the-papers-table-3): the maximum
+ * sequence length in thousands of tokens on one 80 GB A800, of Qwen3 models trained with full
+ * gradients or LoRA (r 32, alpha 128, all-linear), by objective and method; 0 where the paper has
+ * no entry. */
 enum { N_COLS = 6, N_OBJ = 3, N_METHODS = 3 };
 
 static const struct {
