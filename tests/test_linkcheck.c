@@ -105,13 +105,15 @@ END_TEST
 START_TEST(test_outside_document_fails) {
     const char *root = good_tree("outside");
     put(root, "src/cli/cmd_plan.c", "/* the paper's table (notes/paper.md §5) */\n");
-    expect_fail(root, "src/cli/cmd_plan.c:1:", "names notes/paper.md, which is not in the repository");
+    expect_fail(root,
+                "src/cli/cmd_plan.c:1:", "names notes/paper.md, which is not in the repository");
 }
 END_TEST
 
 START_TEST(test_readme_section_fails) {
     const char *root = good_tree("readme");
-    put(root, "src/cli/cmd_grad.c", "\"  --batch FILE   formats in README \\\"Objectives\\\"\\n\"\n");
+    put(root, "src/cli/cmd_grad.c",
+        "\"  --batch FILE   formats in README \\\"Objectives\\\"\\n\"\n");
     expect_fail(root, "src/cli/cmd_grad.c:1:", "cites README \"Objectives\": no such heading");
 }
 END_TEST
