@@ -48,7 +48,22 @@ LDLIBS   := $(if $(HAVE_PKGS),$(shell pkg-config --libs openblas libcjson libcry
 CHECK_LIBS := $(if $(HAVE_PKGS),$(shell pkg-config --libs check))
 LDFLAGS  := -fopenmp $(if $(filter 1,$(SAN)),$(SANFLAGS))
 
-COMMON_SRC := $(wildcard src/core/*.c src/io/*.c src/api/*.c src/train/*.c)
+# MPI (src/dist, docs/distributed.md): found like nvcc: mpicc on the PATH builds src/dist/mpi.c
+# with its flags (only that file), MPI=0 skips it, MPI=1 requires it; without it src/dist/none.c
+# (one process) takes its place, so nothing else changes.
+MPICC    ?= $(shell command -v mpicc 2>/dev/null)
+MPI      ?= $(if $(and $(MPICC),$(wildcard src/dist/mpi.c)),1,0)
+ifeq ($(MPI),1)
+ifeq ($(MPICC),)
+$(error MPI=1 but no mpicc: apt-get install openmpi-bin libopenmpi-dev, or MPI=0)
+endif
+MPI_CFLAGS := $(shell $(MPICC) --showme:compile)
+MPI_LIBS   := $(shell $(MPICC) --showme:link)
+endif
+DIST_SRC := $(filter-out src/dist/mpi.c src/dist/none.c,$(wildcard src/dist/*.c)) \
+            src/dist/$(if $(filter 1,$(MPI)),mpi,none).c
+
+COMMON_SRC := $(wildcard src/core/*.c src/io/*.c src/api/*.c src/train/*.c) $(DIST_SRC)
 NUM_SRC    := $(wildcard src/kernels/*.c src/kernels/blas/*.c src/engine/*.c src/engine/*/*.c)
 CLI_SRC    := $(wildcard src/cli/*.c)
 VERIFY_SRC := $(wildcard verify/*.c)
@@ -101,6 +116,9 @@ check-deps:
 $(BUILD)/common/%.o: %.c | check-deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/common/src/dist/mpi.o: CFLAGS += $(MPI_CFLAGS)
+LDLIBS += $(MPI_LIBS)
 
 $(BUILD)/f32/%.o: %.c | check-deps
 	@mkdir -p $(dir $@)

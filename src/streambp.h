@@ -493,6 +493,8 @@ typedef struct {
     int T;                /* tokens per row */
     int storage_bytes;    /* bytes per stored element: 4 (fp32), 2 (bf16) or 8 (fp64); 0 = 4 */
     int optimizer;        /* also charge AdamW's two fp32 moments per trainable parameter */
+    int micro_batches;    /* n micro-batches per step (0 = 1): n > 1 charges the fold's scratch
+                           * (the largest gradient bucket, and a tied embedding's) */
     sbp_lora_config lora; /* r > 0: a LoRA adapter of this rank on these targets is trained:
                            * the base is frozen (its weights, no gradients), the adapter's
                            * weights, gradients (and moments) are charged; alpha is not read */

@@ -184,12 +184,19 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
     int64_t batch_bytes = 0;
     for (int i = 0; i < n; i++) batch_bytes += sbp_batch_bytes(&batches[i]);
     sbp_ledger_charge(host_lg, SBP_MEM_BATCH, batch_bytes);
+    /* The fold (docs/distributed.md): micro-batch 0 forms S in place; each later one forms its
+     * gradient g_k and loss l_k from zero and adds them, S ← S + g_k, L ← L + l_k, one IEEE add
+     * per element in ascending k. A step's bits are then a function of the micro-batch sequence
+     * alone, however the micro-batches are spread over processes. */
     for (int i = 0; i < n && !st; i++) {
         sbp_obj_eval ev;
         sbp_engine_resolve(&eo, opts, batches[i].T, err);
         if ((st = sbp_obj_begin(&ev, &so, &batches[i], err))) break;
         eo.ev = &ev;
-        st = engine(&res->loss, res->grads, m, &batches[i], &eo, opts->device, lg, err);
+        eo.fold = i > 0;
+        double loss_k = 0;
+        st = engine(&loss_k, res->grads, m, &batches[i], &eo, opts->device, lg, err);
+        res->loss = i > 0 ? res->loss + loss_k : loss_k;
         sbp_obj_end(&ev);
         res->n_targets += batches[i].n_targets;
     }

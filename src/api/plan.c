@@ -59,6 +59,8 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
     if (sb != 2 && sb != 4 && sb != 8)
         return sbp_fail(err, SBP_EUSAGE,
                         "storage must be 2 (bf16), 4 (fp32) or 8 (fp64) bytes, not %d", sb);
+    if (o->micro_batches < 0)
+        return sbp_fail(err, SBP_EUSAGE, "micro-batches must be >= 0 (got %d)", o->micro_batches);
     if (o->B < 1 || o->T < 1)
         return sbp_fail(err, SBP_EUSAGE, "B and T must be >= 1 (got %d, %d)", o->B, o->T);
     const int64_t rows = o->grad.objective.kind == SBP_OBJ_DPO ? 2 * (int64_t)o->B : o->B;
@@ -76,6 +78,7 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
     if (st) return st;
     eo.plan = 1;
     eo.elem_bytes = sb;
+    eo.fold = o->micro_batches > 1; /* the later micro-batches' runs, the step's largest */
     sbp_model m = {.cfg = *cfg, .prec = SBP_FP32};
     sbp_lora a = {.prec = SBP_FP32};
     if (o->lora.r > 0) { /* the adapter's tensors; alpha only scales values, never memory */
@@ -108,7 +111,9 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
         st = sbp_fail(err, SBP_ENOMEM, "out of address space planning %lld parameters",
                       (long long)m.params.total);
     } else if (!(st = sbp_obj_begin(&ev, &obj, &b, err))) {
-        const int64_t batch_bytes = sbp_batch_bytes(&b);
+        /* every micro-batch is held while the step runs (sbp_grad_batches), all of this shape */
+        const int64_t batch_bytes =
+            sbp_batch_bytes(&b) * (o->micro_batches > 1 ? o->micro_batches : 1);
         sbp_ledger_charge(lg, SBP_MEM_BATCH, batch_bytes);
         double loss = 0;
         eo.ev = &ev;

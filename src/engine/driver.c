@@ -161,13 +161,16 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
     r.g = ealloc(e, SBP_MEM_LAYER, BTC, "hidden-state gradient");
     if (e->oom) goto out;
     e->ops->zero(e, r.g, BTC); /* the head adds dH into it */
+    bucket_begin(e, BUCKET_HEAD);
     if (!head_step(e, loss, r.g, r.xL, b, h)) goto out;
+    bucket_end(e, BUCKET_HEAD);
     efree(e, r.xL);
     r.xL = NULL;
 
     /* backward */
     if (!pass_begin(e, &r, row, c, 1)) goto out;
-    for (int l = L - 1; l >= 0; l--)
+    for (int l = L - 1; l >= 0; l--) {
+        bucket_begin(e, l);
         for (int bi = 0; bi < B; bi++) {
             layer_run lr = layer_at(e, &r, row, b, l, bi);
             lr.y = NULL;
@@ -181,10 +184,14 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
             kv_backward(e, &lr); /* the K/V side, for all T */
             if (row->keep_all) kv_acts_free(e, lr.kv), chunk_acts_free(e, lr.acts);
         }
+        bucket_end(e, l); /* the layer's gradient is complete: one fold or send per bucket */
+    }
     pass_end(e, &r, row);
+    bucket_begin(e, BUCKET_EMBED);
     for (int bi = 0; bi < B && e->gemb; bi++) /* no gradient for a frozen embedding */
         e->ops->embedding_backward(e, e->gemb, r.g + bi * (size_t)T * e->C, e->ids + (size_t)bi * T,
                                    T);
+    bucket_end(e, BUCKET_EMBED);
     ok = 1;
 out:
     free_bufs(e, &r);

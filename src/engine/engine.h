@@ -68,7 +68,17 @@ struct eng {
     const int32_t *ids;    /* (B, T) input ids */
     const uint8_t *mask;   /* (B, T) attention mask */
     const int32_t *tgt;    /* (B, T) the target predicted at t: labels[b][t+1], or −1 */
+    struct grad_fold *fold;
 };
+
+/* The gradient buckets, in the order the backward completes them (docs/distributed.md): the head
+ * (final norm and an untied lm_head), layers L−1 … 0, the embedding. bucket_begin points the
+ * bucket's gradient views at zeroed scratch; bucket_end rounds it (store) and folds it into the
+ * slab, S ← S + g (one add per element), or hands it to the caller's hook. Both do nothing when
+ * e->fold is NULL. With a tied head the embedding bucket begins with the head's. */
+enum { BUCKET_HEAD = -1, BUCKET_EMBED = -2 }; /* else a layer index */
+void bucket_begin(eng *e, int id);
+void bucket_end(eng *e, int id);
 
 /* n reals (ealloc) or bytes charged to cat through the table, uninitialised; NULL when out of
  * memory (e->oom set). */

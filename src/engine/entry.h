@@ -22,6 +22,15 @@ typedef struct {
     int emulate_bf16;
     double *logp_out; /* non-NULL: forward only, every target's log-prob (B·T) */
     double inv_tau;   /* forward only: 1 / temperature */
+    /* 1: grads holds S, the step's sum over the micro-batches before this one; this one's
+     * gradient g is formed from zero a bucket at a time in a scratch of the largest bucket
+     * (charged to SBP_MEM_GRADS) and folded, S ← S + g, one add per element (the fold,
+     * docs/distributed.md). 0: the gradients are added into grads as they form. */
+    int fold;
+    /* with fold, on the CPU: each completed bucket's gradient (rounded to the storage) goes to
+     * the hook instead of the fold; 0 from the hook fails the run (SBP_EIO) */
+    int (*bucket_hook)(void *ctx, int64_t off, int64_t n, const void *g /* (n) */);
+    void *hook_ctx;
 } sbp_engine_opts;
 
 /* loss: added to (the objective's loss); grads: (params.total) reals of the model's precision,
