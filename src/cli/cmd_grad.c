@@ -2,6 +2,7 @@
  */
 #include "cli.h"
 #include "objopts.h"
+#include "options.h"
 #include "cmd_plan.h"
 #include "../core/err.h"
 
@@ -66,28 +67,38 @@ typedef struct {
 } grad_args;
 
 static int parse(grad_args *a, int argc, char **argv) {
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+    static const struct option opts[] = {OPTION_MODEL,
                                          {"batch", required_argument, 0, 'b'},
                                          {"out", required_argument, 0, 'o'},
-                                         {"schedule", required_argument, 0, 's'},
-                                         {"chunk", required_argument, 0, 'c'},
-                                         {"logit-chunk", required_argument, 0, 'l'},
+                                         OPTION_SCHEDULE,
+                                         OPTION_CHUNK,
+                                         OPTION_LOGIT_CHUNK,
                                          {"chunked-logits", no_argument, 0, 'L'},
-                                         {"block", required_argument, 0, 'B'},
+                                         OPTION_BLOCK,
                                          {"precision", required_argument, 0, 'p'},
-                                         {"threads", required_argument, 0, 't'},
-                                         {"numerics", required_argument, 0, 'n'},
-                                         {"device", required_argument, 0, 'D'},
-                                         {"unattended", required_argument, 0, 'U'},
+                                         OPTION_THREADS,
+                                         OPTION_NUMERICS,
+                                         OPTION_DEVICE,
+                                         OPTION_UNATTENDED,
                                          {"lora", required_argument, 0, 'A'},
-                                         {"json", no_argument, 0, 'j'},
+                                         OPTION_JSON,
                                          {"mem-limit", required_argument, 0, 'M'},
                                          {"force", no_argument, 0, 'F'},
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
     memset(a, 0, sizeof *a);
-    int numerics_set = 0;
+    common_opts co = {.cmd = "grad",
+                      .model = &a->model,
+                      .schedule = &a->g.schedule,
+                      .chunk = &a->g.chunk,
+                      .logit_chunk = &a->g.logit_chunk,
+                      .block = &a->g.block,
+                      .threads = &a->threads,
+                      .numerics = &a->g.numerics,
+                      .device = &a->g.device,
+                      .unattended = &a->g.unattended,
+                      .json = &a->json};
     obj_args_init(&a->obj);
     a->g.schedule = SBP_STREAM;
     a->threads = omp_get_num_procs();
@@ -95,7 +106,6 @@ static int parse(grad_args *a, int argc, char **argv) {
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': a->model = optarg; break;
         case 'b':
             if (a->n_batches == MAX_BATCHES) {
                 fprintf(stderr, "streambp grad: at most %d --batch files\n", MAX_BATCHES);
@@ -104,25 +114,7 @@ static int parse(grad_args *a, int argc, char **argv) {
             a->batch[a->n_batches++] = optarg;
             break;
         case 'o': a->out = optarg; break;
-        case 's':
-            if (!sbp_schedule_parse(optarg, &a->g.schedule)) {
-                fprintf(stderr,
-                        "streambp grad: --schedule must be full, ckpt or stream, got "
-                        "\"%s\"\n",
-                        optarg);
-                return EXIT_USAGE;
-            }
-            break;
-        case 'c':
-            if (!parse_pos_int("grad", "chunk", optarg, &a->g.chunk)) return EXIT_USAGE;
-            break;
-        case 'l':
-            if (!parse_pos_int("grad", "logit-chunk", optarg, &a->g.logit_chunk)) return EXIT_USAGE;
-            break;
         case 'L': a->g.chunked_logits = 1; break;
-        case 'B':
-            if (!parse_pos_int("grad", "block", optarg, &a->g.block)) return EXIT_USAGE;
-            break;
         case 'p': /* bf16 runs on the float32 engine (sbp_grad_opts.emulate_bf16) */
             a->bf16 = strcmp(optarg, "bf16") == 0;
             if (a->bf16)
@@ -130,27 +122,17 @@ static int parse(grad_args *a, int argc, char **argv) {
             else if (!parse_precision("grad", optarg, &a->prec))
                 return EXIT_USAGE;
             break;
-        case 't':
-            if (!parse_pos_int("grad", "threads", optarg, &a->threads)) return EXIT_USAGE;
-            break;
-        case 'n':
-            if (!parse_numerics("grad", optarg, &a->g.numerics)) return EXIT_USAGE;
-            numerics_set = 1;
-            break;
-        case 'D':
-            if (!parse_device("grad", optarg, &a->g.device)) return EXIT_USAGE;
-            break;
-        case 'U':
-            if (!parse_unattended("grad", optarg, &a->g.unattended)) return EXIT_USAGE;
-            break;
         case 'A': a->lora = optarg; break;
-        case 'j': a->json = 1; break;
         case 'M':
             if (!plan_parse_size("grad", optarg, &a->mem_limit)) return EXIT_USAGE;
             break;
         case 'F': a->force = 1; break;
         case 'h': printf("%s%s", usage, obj_usage); return -1;
         default:
+            if (common_opt_code(c)) {
+                if (!common_opt(&co, c, optarg)) return EXIT_USAGE;
+                break;
+            }
             if (c >= OBJ_OPT_OBJECTIVE && c <= OBJ_OPT_REF_MODEL) {
                 if (!obj_args_option(&a->obj, "grad", c, optarg)) return EXIT_USAGE;
                 break;
@@ -173,7 +155,7 @@ static int parse(grad_args *a, int argc, char **argv) {
     }
     if (!obj_args_finish(&a->obj, "grad")) return EXIT_USAGE;
     /* the CUDA backends compute the portable numerics: that is the default there */
-    if (a->g.device != SBP_DEVICE_CPU && !numerics_set) a->g.numerics = SBP_NUMERICS_PORTABLE;
+    if (a->g.device != SBP_DEVICE_CPU && !co.numerics_given) a->g.numerics = SBP_NUMERICS_PORTABLE;
     a->g.objective = a->obj.obj;
     a->g.emulate_bf16 = a->bf16;
     return 0;

@@ -1,5 +1,6 @@
 /* cmd_init.c — `streambp init`: a seeded random model directory from a config.json. */
 #include "cli.h"
+#include "options.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -22,23 +23,26 @@ static const char usage[] =
 
 int cmd_init(int argc, char **argv) {
     static const struct option opts[] = {
-        {"config", required_argument, 0, 'c'}, {"out", required_argument, 0, 'o'},
-        {"seed", required_argument, 0, 's'},   {"force", no_argument, 0, 'f'},
-        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+        {"config", required_argument, 0, 'c'}, {"out", required_argument, 0, 'o'}, OPTION_SEED,
+        {"force", no_argument, 0, 'f'},        {"help", no_argument, 0, 'h'},      {0, 0, 0, 0}};
     const char *config = NULL, *out = NULL;
     unsigned long long seed = 0;
     int c, force = 0;
+    common_opts co = {.cmd = "init", .seed = &seed};
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'c': config = optarg; break;
         case 'o': out = optarg; break;
-        case 's':
-            if (!parse_seed_opt("init", "seed", optarg, &seed)) return EXIT_USAGE;
-            break;
         case 'f': force = 1; break;
         case 'h': fputs(usage, stdout); return 0;
-        default: fputs(usage, stderr); return EXIT_USAGE;
+        default:
+            if (common_opt_code(c)) {
+                if (!common_opt(&co, c, optarg)) return EXIT_USAGE;
+                break;
+            }
+            fputs(usage, stderr);
+            return EXIT_USAGE;
         }
     }
     if (optind < argc || !config || !out) {

@@ -1,5 +1,6 @@
 /* cmd_lora.c — `streambp lora init`: a new LoRA adapter directory in peft's layout. */
 #include "cli.h"
+#include "options.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -38,13 +39,13 @@ int cmd_lora(int argc, char **argv) {
         fputs(usage, stderr);
         return EXIT_USAGE;
     }
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+    static const struct option opts[] = {OPTION_MODEL,
                                          {"out", required_argument, 0, 'o'},
                                          {"r", required_argument, 0, 'r'},
                                          {"alpha", required_argument, 0, 'a'},
                                          {"rslora", no_argument, 0, 'R'},
                                          {"targets", required_argument, 0, 't'},
-                                         {"seed", required_argument, 0, 's'},
+                                         OPTION_SEED,
                                          {"b-std", required_argument, 0, 'b'},
                                          {"precision", required_argument, 0, 'p'},
                                          {"force", no_argument, 0, 'f'},
@@ -56,10 +57,10 @@ int cmd_lora(int argc, char **argv) {
     unsigned long long seed = 1;
     sbp_precision prec = SBP_FP32;
     int c, force = 0;
+    common_opts co = {.cmd = "lora init", .model = &model, .seed = &seed};
     optind = 1;
     while ((c = getopt_long(argc - 1, argv + 1, "", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': model = optarg; break;
         case 'o': out = optarg; break;
         case 'r':
             if (!parse_pos_int("lora init", "r", optarg, &lc.r)) return EXIT_USAGE;
@@ -80,9 +81,6 @@ int cmd_lora(int argc, char **argv) {
                 return EXIT_USAGE;
             }
             break;
-        case 's':
-            if (!parse_seed_opt("lora init", "seed", optarg, &seed)) return EXIT_USAGE;
-            break;
         case 'b':
             if (!parse_number("lora init", "b-std", optarg, 0, &b_std)) return EXIT_USAGE;
             break;
@@ -91,7 +89,13 @@ int cmd_lora(int argc, char **argv) {
             break;
         case 'f': force = 1; break;
         case 'h': fputs(usage, stdout); return 0;
-        default: fputs(usage, stderr); return EXIT_USAGE;
+        default:
+            if (common_opt_code(c)) {
+                if (!common_opt(&co, c, optarg)) return EXIT_USAGE;
+                break;
+            }
+            fputs(usage, stderr);
+            return EXIT_USAGE;
         }
     }
     if (!model || !out || optind < argc - 1) {

@@ -3,6 +3,7 @@
  * the StreamBP paper's Table 3 computed that way, beside the paper's numbers. */
 #include "cli.h"
 #include "objopts.h"
+#include "options.h"
 #include "cmd_plan.h"
 #include "verify/defaults.h"
 
@@ -416,21 +417,21 @@ enum { OPT_LORA_R = 3000, OPT_LORA_TARGETS };
 
 int cmd_plan(int argc, char **argv) {
     static const struct option opts[] = {{"config", required_argument, 0, 'c'},
-                                         {"model", required_argument, 0, 'm'},
+                                         OPTION_MODEL,
                                          {"seq", required_argument, 0, 'T'},
                                          {"budget", required_argument, 0, 'b'},
                                          {"batch-size", required_argument, 0, 'B'},
                                          {"schedules", required_argument, 0, 's'},
                                          {"storage", required_argument, 0, 'S'},
                                          {"optimizer", no_argument, 0, 'o'},
-                                         {"block", required_argument, 0, 'k'},
-                                         {"chunk", required_argument, 0, 'C'},
-                                         {"logit-chunk", required_argument, 0, 'l'},
+                                         OPTION_BLOCK,
+                                         OPTION_CHUNK,
+                                         OPTION_LOGIT_CHUNK,
                                          {"objective", required_argument, 0, OBJ_OPT_OBJECTIVE},
                                          {"lora-r", required_argument, 0, OPT_LORA_R},
                                          {"lora-targets", required_argument, 0, OPT_LORA_TARGETS},
                                          {"paper", no_argument, 0, 'p'},
-                                         {"json", no_argument, 0, 'j'},
+                                         OPTION_JSON,
                                          {"csv", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -439,14 +440,19 @@ int cmd_plan(int argc, char **argv) {
     const char *config = NULL, *model = NULL, *sched = NULL, *targets = NULL;
     int T = 0, json = 0, csv = 0, paper_mode = 0, other = 0, c;
     int64_t budget = 0;
+    common_opts co = {.cmd = "plan",
+                      .model = &model,
+                      .block = &s.block,
+                      .chunk = &s.chunk,
+                      .logit_chunk = &s.logit_chunk,
+                      .json = &json};
     obj_args oa;
     obj_args_init(&oa);
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        other |= c != 'b' && c != 'j' && c != 'p';
+        other |= c != 'b' && c != COMMON_OPT_JSON && c != 'p';
         switch (c) {
         case 'c': config = optarg; break;
-        case 'm': model = optarg; break;
         case 'T':
             if (!parse_pos_int("plan", "seq", optarg, &T) || T > SBP_PLAN_MAX_TOKENS) {
                 if (T > SBP_PLAN_MAX_TOKENS)
@@ -475,15 +481,6 @@ int cmd_plan(int argc, char **argv) {
             }
             break;
         case 'o': s.optimizer = 1; break;
-        case 'k':
-            if (!parse_pos_int("plan", "block", optarg, &s.block)) return EXIT_USAGE;
-            break;
-        case 'C':
-            if (!parse_pos_int("plan", "chunk", optarg, &s.chunk)) return EXIT_USAGE;
-            break;
-        case 'l':
-            if (!parse_pos_int("plan", "logit-chunk", optarg, &s.logit_chunk)) return EXIT_USAGE;
-            break;
         case OBJ_OPT_OBJECTIVE:
             if (!obj_args_option(&oa, "plan", c, optarg)) return EXIT_USAGE;
             break;
@@ -492,10 +489,15 @@ int cmd_plan(int argc, char **argv) {
             break;
         case OPT_LORA_TARGETS: targets = optarg; break;
         case 'p': paper_mode = 1; break;
-        case 'j': json = 1; break;
         case 'v': csv = 1; break;
         case 'h': fputs(usage, stdout); return 0;
-        default: fputs(usage, stderr); return EXIT_USAGE;
+        default:
+            if (common_opt_code(c)) {
+                if (!common_opt(&co, c, optarg)) return EXIT_USAGE;
+                break;
+            }
+            fputs(usage, stderr);
+            return EXIT_USAGE;
         }
     }
     if (!s.chunk) s.chunk = SBP_DEFAULT_CHUNK(s.block);

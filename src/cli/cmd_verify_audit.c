@@ -2,6 +2,7 @@
  * tensor against the float64 truth with a budget measured from our own run at their precision. */
 #include "cli.h"
 #include "objopts.h"
+#include "options.h"
 #include "verify/audit.h"
 #include "verify/text.h"
 #include "cmd_verify.h"
@@ -158,17 +159,17 @@ static void print_audit_text(const sbp_audit_report *rep, const sbp_audit_opts *
 }
 
 int verify_audit(int argc, char **argv) {
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+    static const struct option opts[] = {OPTION_MODEL,
                                          {"batch", required_argument, 0, 'b'},
                                          {"grads", required_argument, 0, 'g'},
                                          {"precision-of-theirs", required_argument, 0, 'p'},
-                                         {"numerics", required_argument, 0, 'N'},
-                                         {"unattended", required_argument, 0, 'U'},
+                                         OPTION_NUMERICS,
+                                         OPTION_UNATTENDED,
                                          {"lora", required_argument, 0, 'L'},
                                          {"slack", required_argument, 0, 's'},
-                                         {"block", required_argument, 0, 'B'},
+                                         OPTION_BLOCK,
                                          {"no-ref", no_argument, 0, 'n'},
-                                         {"json", no_argument, 0, 'j'},
+                                         OPTION_JSON,
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
@@ -176,10 +177,15 @@ int verify_audit(int argc, char **argv) {
     obj_args oa;
     obj_args_init(&oa);
     int json = 0, c;
+    common_opts co = {.cmd = "verify audit",
+                      .model = &o.model,
+                      .numerics = &o.numerics,
+                      .unattended = &o.unattended,
+                      .block = &o.block,
+                      .json = &json};
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': o.model = optarg; break;
         case 'b': o.batch = optarg; break;
         case 'g': o.grads = optarg; break;
         case 'p':
@@ -200,20 +206,14 @@ int verify_audit(int argc, char **argv) {
         case 's':
             if (!parse_number("verify audit", "slack", optarg, 1, &o.slack)) return EXIT_USAGE;
             break;
-        case 'B':
-            if (!parse_pos_int("verify audit", "block", optarg, &o.block)) return EXIT_USAGE;
-            break;
         case 'n': o.no_ref = 1; break;
         case 'L': o.lora = optarg; break;
-        case 'U':
-            if (!parse_unattended("verify audit", optarg, &o.unattended)) return EXIT_USAGE;
-            break;
-        case 'N':
-            if (!parse_numerics("verify audit", optarg, &o.numerics)) return EXIT_USAGE;
-            break;
-        case 'j': json = 1; break;
         case 'h': printf("%s%s", usage, obj_usage); return 0;
         default:
+            if (common_opt_code(c)) {
+                if (!common_opt(&co, c, optarg)) return EXIT_USAGE;
+                break;
+            }
             if (c >= OBJ_OPT_OBJECTIVE && c <= OBJ_OPT_REF_MODEL) {
                 if (!obj_args_option(&oa, "verify audit", c, optarg)) return EXIT_USAGE;
                 break;

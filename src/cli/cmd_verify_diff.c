@@ -1,5 +1,6 @@
 /* cmd_verify_diff.c — `streambp verify diff A B`: two gradient files compared by HF name. */
 #include "cli.h"
+#include "options.h"
 #include "verify/diff.h"
 #include "verify/text.h"
 #include "cmd_verify.h"
@@ -139,12 +140,13 @@ int verify_diff(int argc, char **argv) {
                                          {"rtol", required_argument, 0, 'r'},
                                          {"atol", required_argument, 0, 'a'},
                                          {"rel-l2", required_argument, 0, 'l'},
-                                         {"json", no_argument, 0, 'j'},
+                                         OPTION_JSON,
                                          {"failures-only", no_argument, 0, 'f'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     sbp_promise p = {0};
     int json = 0, failures_only = 0, c;
+    common_opts co = {.cmd = "verify diff", .json = &json};
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -165,10 +167,15 @@ int verify_diff(int argc, char **argv) {
             if (!parse_double("rel-l2", optarg, &p.rel_l2)) return EXIT_USAGE;
             p.use_rel_l2 = 1;
             break;
-        case 'j': json = 1; break;
         case 'f': failures_only = 1; break;
         case 'h': fputs(usage, stdout); return 0;
-        default: fputs(usage, stderr); return EXIT_USAGE;
+        default:
+            if (common_opt_code(c)) {
+                if (!common_opt(&co, c, optarg)) return EXIT_USAGE;
+                break;
+            }
+            fputs(usage, stderr);
+            return EXIT_USAGE;
         }
     }
     if (argc - optind != 2) {

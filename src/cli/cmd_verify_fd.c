@@ -1,5 +1,6 @@
 /* cmd_verify_fd.c — `streambp verify fd`: finite-difference spot checks in float64. */
 #include "cli.h"
+#include "options.h"
 #include "verify/defaults.h"
 #include "verify/fd.h"
 #include "cmd_verify.h"
@@ -27,37 +28,32 @@ static const char usage[] =
     "Exit status: 0 pass, 1 an error above --tol, 2 usage or input error.\n";
 
 int verify_fd(int argc, char **argv) {
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+    static const struct option opts[] = {OPTION_MODEL,
                                          {"batch", required_argument, 0, 'b'},
                                          {"schedule", required_argument, 0, 's'},
-                                         {"block", required_argument, 0, 'B'},
-                                         {"chunk", required_argument, 0, 'c'},
+                                         OPTION_BLOCK,
+                                         OPTION_CHUNK,
                                          {"step", required_argument, 0, 'h'},
                                          {"seed", required_argument, 0, 'S'},
                                          {"tol", required_argument, 0, 't'},
-                                         {"json", no_argument, 0, 'j'},
+                                         OPTION_JSON,
                                          {"help", no_argument, 0, 'H'},
                                          {0, 0, 0, 0}};
     const char *model = NULL, *batch = NULL;
     sbp_grad_opts g = {.schedule = SBP_STREAM, .block = 16, .chunk = 32};
     double step = 2e-3, tol = 1e-6;
     int seed = 1, json = 0, c;
+    common_opts co = {
+        .cmd = "verify fd", .model = &model, .block = &g.block, .chunk = &g.chunk, .json = &json};
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': model = optarg; break;
         case 'b': batch = optarg; break;
         case 's':
             if (!sbp_schedule_parse(optarg, &g.schedule)) {
                 fprintf(stderr, "streambp verify fd: unknown schedule \"%s\"\n", optarg);
                 return EXIT_USAGE;
             }
-            break;
-        case 'B':
-            if (!parse_pos_int("verify fd", "block", optarg, &g.block)) return EXIT_USAGE;
-            break;
-        case 'c':
-            if (!parse_pos_int("verify fd", "chunk", optarg, &g.chunk)) return EXIT_USAGE;
             break;
         case 'S':
             if (!parse_pos_int("verify fd", "seed", optarg, &seed)) return EXIT_USAGE;
@@ -74,9 +70,14 @@ int verify_fd(int argc, char **argv) {
             *(c == 'h' ? &step : &tol) = v;
             break;
         }
-        case 'j': json = 1; break;
         case 'H': fputs(usage, stdout); return 0;
-        default: fputs(usage, stderr); return EXIT_USAGE;
+        default:
+            if (common_opt_code(c)) {
+                if (!common_opt(&co, c, optarg)) return EXIT_USAGE;
+                break;
+            }
+            fputs(usage, stderr);
+            return EXIT_USAGE;
         }
     }
     if (optind < argc || !model != !batch) {

@@ -2,6 +2,7 @@
  * batch, by default the bundled one. */
 #include "cli.h"
 #include "objopts.h"
+#include "options.h"
 #include "verify/defaults.h"
 #include "verify/run.h"
 #include "cmd_verify.h"
@@ -168,21 +169,21 @@ static cJSON *group_json(const sbp_verify_group *g) {
 }
 
 int verify_run(int argc, char **argv) {
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+    static const struct option opts[] = {OPTION_MODEL,
                                          {"batch", required_argument, 0, 'b'},
                                          {"schedules", required_argument, 0, 's'},
                                          {"chunks", required_argument, 0, 'c'},
                                          {"precisions", required_argument, 0, 'p'},
                                          {"numerics", required_argument, 0, 'N'},
                                          {"devices", required_argument, 0, 'D'},
-                                         {"unattended", required_argument, 0, 'U'},
+                                         OPTION_UNATTENDED,
                                          {"lora", required_argument, 0, 'L'},
                                          {"threads", required_argument, 0, 't'},
-                                         {"block", required_argument, 0, 'B'},
+                                         OPTION_BLOCK,
                                          {"no-ref", no_argument, 0, 'n'},
                                          {"slack", required_argument, 0, 'S'},
                                          {"failures-only", no_argument, 0, 'f'},
-                                         {"json", no_argument, 0, 'j'},
+                                         OPTION_JSON,
                                          {"no-golden", no_argument, 0, 'G'},
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
@@ -191,10 +192,14 @@ int verify_run(int argc, char **argv) {
     obj_args oa;
     obj_args_init(&oa);
     int json = 0, failures_only = 0, no_golden = 0, c, list[8], n;
+    common_opts co = {.cmd = "verify",
+                      .model = &o.model,
+                      .unattended = &o.unattended,
+                      .block = &o.block,
+                      .json = &json};
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 'm': o.model = optarg; break;
         case 'b': o.batch = optarg; break;
         case 's':
             if (!parse_list(optarg, "schedules", item_sched, list, 3, &n)) return EXIT_USAGE;
@@ -218,9 +223,6 @@ int verify_run(int argc, char **argv) {
             o.numerics = bits(list, n);
             break;
         case 'L': o.lora = optarg; break;
-        case 'U':
-            if (!parse_unattended("verify", optarg, &o.unattended)) return EXIT_USAGE;
-            break;
         case 'D':
             if (!parse_list(optarg, "devices", item_device, list, 3, &n)) {
                 fprintf(stderr, "streambp verify: --devices takes cpu, cuda, cuda-emu\n");
@@ -232,18 +234,18 @@ int verify_run(int argc, char **argv) {
             if (!parse_list(optarg, "threads", item_threads, o.threads, 4, &o.n_threads))
                 return EXIT_USAGE;
             break;
-        case 'B':
-            if (!parse_pos_int("verify", "block", optarg, &o.block)) return EXIT_USAGE;
-            break;
         case 'n': o.no_ref = 1; break;
         case 'S':
             if (!parse_number("verify", "slack", optarg, 1, &o.slack)) return EXIT_USAGE;
             break;
         case 'f': failures_only = 1; break;
         case 'G': no_golden = 1; break;
-        case 'j': json = 1; break;
         case 'h': printf("%s%s", usage, obj_usage); return 0;
         default:
+            if (common_opt_code(c)) {
+                if (!common_opt(&co, c, optarg)) return EXIT_USAGE;
+                break;
+            }
             if (c >= OBJ_OPT_OBJECTIVE && c <= OBJ_OPT_REF_MODEL) {
                 if (!obj_args_option(&oa, "verify", c, optarg)) return EXIT_USAGE;
                 break;

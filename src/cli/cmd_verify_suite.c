@@ -1,6 +1,7 @@
 /* cmd_verify_suite.c — `streambp verify --suite`: every edge-case fixture through the full matrix.
  */
 #include "cli.h"
+#include "options.h"
 #include "verify/defaults.h"
 #include "verify/suite.h"
 #include "cmd_verify.h"
@@ -31,9 +32,10 @@ static const char usage[] =
 int verify_suite(int argc, char **argv) {
     static const struct option opts[] = {
         {"suite", no_argument, 0, 'S'}, {"case", required_argument, 0, 'c'},
-        {"list", no_argument, 0, 'l'},  {"json", no_argument, 0, 'j'},
+        {"list", no_argument, 0, 'l'},  OPTION_JSON,
         {"help", no_argument, 0, 'h'},  {0, 0, 0, 0}};
     int only = -1, json = 0, c;
+    common_opts co = {.cmd = "verify --suite", .json = &json};
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -48,9 +50,14 @@ int verify_suite(int argc, char **argv) {
             for (int i = 0; i < sbp_suite_count(); i++)
                 printf("%-26s %s\n", sbp_suite_case_at(i)->name, sbp_suite_case_at(i)->what);
             return 0;
-        case 'j': json = 1; break;
         case 'h': fputs(usage, stdout); return 0;
-        default: fputs(usage, stderr); return EXIT_USAGE;
+        default:
+            if (common_opt_code(c)) {
+                if (!common_opt(&co, c, optarg)) return EXIT_USAGE;
+                break;
+            }
+            fputs(usage, stderr);
+            return EXIT_USAGE;
         }
     }
     if (optind < argc) {
