@@ -415,7 +415,18 @@ static int run_paper(int64_t budget, const char *data, int json) {
 
 enum { OPT_LORA_R = 3000, OPT_LORA_TARGETS };
 
-int cmd_plan(int argc, char **argv) {
+/* The command line of `plan`. */
+typedef struct {
+    plan_setup s;
+    const char *config, *model, *sched, *targets;
+    int T, json, csv, paper_mode;
+    int other; /* an option --paper does not take */
+    int64_t budget;
+    obj_args oa;
+} plan_args;
+
+/* The options into a: -1 to go on, else the exit status (0 after --help). */
+static int parse_args(plan_args *a, int argc, char **argv) {
     static const struct option opts[] = {{"config", required_argument, 0, 'c'},
                                          OPTION_MODEL,
                                          {"seq", required_argument, 0, 'T'},
@@ -436,26 +447,24 @@ int cmd_plan(int argc, char **argv) {
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     /* chunk, logit chunk 0: the engine's defaults for the block, set after the options */
-    plan_setup s = {.B = 1, .storage = 4, .block = SBP_DEFAULT_BLOCK};
-    const char *config = NULL, *model = NULL, *sched = NULL, *targets = NULL;
-    int T = 0, json = 0, csv = 0, paper_mode = 0, other = 0, c;
-    int64_t budget = 0;
+    *a = (plan_args){.s = {.B = 1, .storage = 4, .block = SBP_DEFAULT_BLOCK}};
+    plan_setup *s = &a->s;
     common_opts co = {.cmd = "plan",
-                      .model = &model,
-                      .block = &s.block,
-                      .chunk = &s.chunk,
-                      .logit_chunk = &s.logit_chunk,
-                      .json = &json};
-    obj_args oa;
-    obj_args_init(&oa);
+                      .model = &a->model,
+                      .block = &s->block,
+                      .chunk = &s->chunk,
+                      .logit_chunk = &s->logit_chunk,
+                      .json = &a->json};
+    obj_args_init(&a->oa);
+    int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        other |= c != 'b' && c != COMMON_OPT_JSON && c != 'p';
+        a->other |= c != 'b' && c != COMMON_OPT_JSON && c != 'p';
         switch (c) {
-        case 'c': config = optarg; break;
+        case 'c': a->config = optarg; break;
         case 'T':
-            if (!parse_pos_int("plan", "seq", optarg, &T) || T > SBP_PLAN_MAX_TOKENS) {
-                if (T > SBP_PLAN_MAX_TOKENS)
+            if (!parse_pos_int("plan", "seq", optarg, &a->T) || a->T > SBP_PLAN_MAX_TOKENS) {
+                if (a->T > SBP_PLAN_MAX_TOKENS)
                     fprintf(stderr,
                             "streambp plan: --seq %s is past planning's limit of %d tokens a step "
                             "(2^26: the walk visits every token)\n",
@@ -464,32 +473,32 @@ int cmd_plan(int argc, char **argv) {
             }
             break;
         case 'b':
-            if (!plan_parse_size("plan", optarg, &budget)) return EXIT_USAGE;
+            if (!plan_parse_size("plan", optarg, &a->budget)) return EXIT_USAGE;
             break;
         case 'B':
-            if (!parse_pos_int("plan", "batch-size", optarg, &s.B)) return EXIT_USAGE;
+            if (!parse_pos_int("plan", "batch-size", optarg, &s->B)) return EXIT_USAGE;
             break;
-        case 's': sched = optarg; break;
+        case 's': a->sched = optarg; break;
         case 'S':
             if (strcmp(optarg, "bf16") == 0)
-                s.storage = 2;
+                s->storage = 2;
             else if (strcmp(optarg, "fp32") == 0)
-                s.storage = 4;
+                s->storage = 4;
             else {
                 fprintf(stderr, "streambp plan: --storage must be bf16 or fp32\n");
                 return EXIT_USAGE;
             }
             break;
-        case 'o': s.optimizer = 1; break;
+        case 'o': s->optimizer = 1; break;
         case OBJ_OPT_OBJECTIVE:
-            if (!obj_args_option(&oa, "plan", c, optarg)) return EXIT_USAGE;
+            if (!obj_args_option(&a->oa, "plan", c, optarg)) return EXIT_USAGE;
             break;
         case OPT_LORA_R:
-            if (!parse_pos_int("plan", "lora-r", optarg, &s.lora.r)) return EXIT_USAGE;
+            if (!parse_pos_int("plan", "lora-r", optarg, &s->lora.r)) return EXIT_USAGE;
             break;
-        case OPT_LORA_TARGETS: targets = optarg; break;
-        case 'p': paper_mode = 1; break;
-        case 'v': csv = 1; break;
+        case OPT_LORA_TARGETS: a->targets = optarg; break;
+        case 'p': a->paper_mode = 1; break;
+        case 'v': a->csv = 1; break;
         case 'h': fputs(usage, stdout); return 0;
         default:
             if (common_opt_code(c)) {
@@ -500,105 +509,110 @@ int cmd_plan(int argc, char **argv) {
             return EXIT_USAGE;
         }
     }
-    if (!s.chunk) s.chunk = SBP_DEFAULT_CHUNK(s.block);
-    if (!s.logit_chunk) s.logit_chunk = s.block;
-    sbp_err err = {0};
-    char data[512];
-    if (paper_mode) {
-        if (optind < argc || other) {
-            fprintf(stderr, "streambp plan: --paper takes only --budget and --json\n");
-            return EXIT_USAGE;
-        }
-        if (sbp_data_dir(data, sizeof data, &err)) return report_error("plan", &err);
-        return run_paper(budget ? budget : 80LL << 30, data, json);
-    }
-    if (optind < argc || !config == !model || !T == !budget) {
+    if (!s->chunk) s->chunk = SBP_DEFAULT_CHUNK(s->block);
+    if (!s->logit_chunk) s->logit_chunk = s->block;
+    return -1;
+}
+
+/* The checks of a plan's options that need them all (not --paper's): 0, or EXIT_USAGE with the
+ * message printed. */
+static int check_args(plan_args *a, int argc) {
+    plan_setup *s = &a->s;
+    if (optind < argc || !a->config == !a->model || !a->T == !a->budget) {
         fprintf(stderr, "streambp plan: give --config or --model, and --seq or --budget\n%s",
                 usage);
         return EXIT_USAGE;
     }
-    if (!obj_args_finish(&oa, "plan")) return EXIT_USAGE;
-    s.obj = oa.obj;
-    if (targets && !s.lora.r) {
+    if (!obj_args_finish(&a->oa, "plan")) return EXIT_USAGE;
+    s->obj = a->oa.obj;
+    if (a->targets && !s->lora.r) {
         fprintf(stderr, "streambp plan: --lora-targets needs --lora-r\n");
         return EXIT_USAGE;
     }
-    if (s.lora.r) {
-        s.lora.alpha = 2.0 * s.lora.r; /* never read by the planner */
-        s.lora.targets = SBP_LORA_ALL;
-        if (targets && !sbp_lora_targets_parse(targets, &s.lora.targets)) {
+    if (s->lora.r) {
+        s->lora.alpha = 2.0 * s->lora.r; /* never read by the planner */
+        s->lora.targets = SBP_LORA_ALL;
+        if (a->targets && !sbp_lora_targets_parse(a->targets, &s->lora.targets)) {
             fprintf(stderr,
                     "streambp plan: --lora-targets \"%s\": a comma-separated list of q_proj, "
                     "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear\n",
-                    targets);
+                    a->targets);
             return EXIT_USAGE;
         }
     }
-    char path[4200];
-    if (model)
-        snprintf(path, sizeof path, "%s/config.json", model);
+    return 0;
+}
+
+/* The text table's heading: the setting, then the column names. */
+static void print_heading(const plan_args *a, const char *path, int64_t nparam, int64_t nadapter,
+                          int rows) {
+    const plan_setup *s = &a->s;
+    printf("%s: %s, %.3fB parameters, %s, %s, %d sequence%s of T tokens, storage %s, optimizer "
+           "%s",
+           path, s->cfg.model_type, nparam / 1e9, obj_kind_name(s->obj.kind),
+           s->obj.kind == SBP_OBJ_DPO    ? "pairs of chosen and rejected"
+           : s->obj.kind == SBP_OBJ_GRPO ? "a group"
+                                         : "a batch",
+           rows, rows > 1 ? "s" : "", s->storage == 2 ? "bf16" : "fp32",
+           s->optimizer ? "included" : "excluded");
+    if (s->lora.r)
+        printf(", LoRA r %d on %s (%.2fM adapter parameters, the base frozen)", s->lora.r,
+               a->targets ? a->targets : "all-linear", nadapter / 1e6);
+    if (a->budget)
+        printf(", budget %.2f GiB", gib(a->budget));
     else
-        snprintf(path, sizeof path, "%s", config);
-    if (sbp_config_load(&s.cfg, path, &err)) return report_error("plan", &err);
-    if (s.obj.kind == SBP_OBJ_DPO && T == 1) {
-        fprintf(stderr, "streambp plan: a DPO sequence needs T >= 2 (a completion token)\n");
-        return EXIT_USAGE;
+        printf(", T = %d", a->T);
+    printf("\nblock %d, stream chunk %d, logit chunk %d; GiB at the moment of the peak:\n",
+           s->block, s->chunk, s->logit_chunk);
+    header(a->budget ? "largest T" : "T");
+}
+
+/* The --json document around the schedules' rows (taken over). */
+static void print_plan_json(const plan_args *a, const char *path, int64_t nparam, int64_t nadapter,
+                            int rows, cJSON *jrows) {
+    const plan_setup *s = &a->s;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "config", path);
+    cJSON_AddNumberToObject(o, "parameters", (double)nparam);
+    cJSON_AddStringToObject(o, "objective", obj_kind_name(s->obj.kind));
+    cJSON_AddNumberToObject(o, "B", s->B);
+    cJSON_AddNumberToObject(o, "rows", rows);
+    cJSON_AddNumberToObject(o, "storage_bytes", s->storage);
+    cJSON_AddBoolToObject(o, "optimizer", s->optimizer);
+    if (s->lora.r) {
+        cJSON_AddNumberToObject(o, "lora_r", s->lora.r);
+        cJSON_AddNumberToObject(o, "adapter_parameters", (double)nadapter);
     }
-    int use[PLAN_N_SCHEDULES] = {1, 1, 1, 1};
-    if (sched && !plan_parse_schedules("plan", sched, use)) return EXIT_USAGE;
-    sbp_params ps, lps = {0};
-    if (sbp_params_build(&ps, &s.cfg, &err) ||
-        (s.lora.r && sbp_lora_params_build(&lps, &s.cfg, &s.lora, &err)))
-        return report_error("plan", &err);
-    int64_t nparam = ps.total, nadapter = lps.total;
-    sbp_params_free(&ps), sbp_params_free(&lps);
-    const int rows = s.obj.kind == SBP_OBJ_DPO ? 2 * s.B : s.B;
-    cJSON *jrows = cJSON_CreateArray();
-    if (csv) {
-        printf("schedule,T");
-        for (int k = 0; k < SBP_MEM_NCATS; k++) printf(",%s", sbp_mem_cat_name(k));
-        printf(",total\n");
-    } else if (!json) {
-        printf("%s: %s, %.3fB parameters, %s, %s, %d sequence%s of T tokens, storage %s, optimizer "
-               "%s",
-               path, s.cfg.model_type, nparam / 1e9, obj_kind_name(s.obj.kind),
-               s.obj.kind == SBP_OBJ_DPO    ? "pairs of chosen and rejected"
-               : s.obj.kind == SBP_OBJ_GRPO ? "a group"
-                                            : "a batch",
-               rows, rows > 1 ? "s" : "", s.storage == 2 ? "bf16" : "fp32",
-               s.optimizer ? "included" : "excluded");
-        if (s.lora.r)
-            printf(", LoRA r %d on %s (%.2fM adapter parameters, the base frozen)", s.lora.r,
-                   targets ? targets : "all-linear", nadapter / 1e6);
-        if (budget)
-            printf(", budget %.2f GiB", gib(budget));
-        else
-            printf(", T = %d", T);
-        printf("\nblock %d, stream chunk %d, logit chunk %d; GiB at the moment of the peak:\n",
-               s.block, s.chunk, s.logit_chunk);
-        header(budget ? "largest T" : "T");
-    }
+    if (a->budget) cJSON_AddNumberToObject(o, "budget_bytes", (double)a->budget);
+    cJSON_AddItemToObject(o, "schedules", jrows);
+    print_json(o);
+}
+
+/* One row per schedule in use[]: its peak at T, or its largest T within the budget; as CSV, into
+ * jrows (--json) or as a table row. 0, or the exit status of an error. */
+static int plan_rows(const plan_args *a, const int use[PLAN_N_SCHEDULES], cJSON *jrows) {
+    const plan_setup *s = &a->s;
+    sbp_err err = {0};
     for (int k = 0; k < 4; k++) {
         if (!use[k]) continue;
         sbp_ledger lg;
-        int t = T;
-        sbp_plan_opts po = plan_opts(&s, &all_rows[k]);
-        if (budget) {
-            t = largest_T(&s, &all_rows[k], budget, &lg);
+        int t = a->T;
+        sbp_plan_opts po = plan_opts(s, &all_rows[k]);
+        if (a->budget) {
+            t = largest_T(s, &all_rows[k], a->budget, &lg);
             if (t == plan_max_T(&po))
                 fprintf(stderr,
                         "streambp plan: note: %s fits at planning's limit of %d tokens a step; "
                         "the budget may hold a longer T\n",
                         all_rows[k].name, SBP_PLAN_MAX_TOKENS);
-        } else if (plan_at(&lg, &s.cfg, &po, T, &err)) {
-            cJSON_Delete(jrows);
+        } else if (plan_at(&lg, &s->cfg, &po, a->T, &err)) {
             return report_error("plan", &err);
         }
-        if (csv) {
+        if (a->csv) {
             printf("%s,%d", all_rows[k].name, t);
             for (int q = 0; q < SBP_MEM_NCATS; q++) printf(",%lld", (long long)lg.at_peak[q]);
             printf(",%lld\n", (long long)lg.peak_total);
-        } else if (json) {
+        } else if (a->json) {
             cJSON *o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "schedule", all_rows[k].name);
             cJSON_AddNumberToObject(o, "T", t);
@@ -609,24 +623,59 @@ int cmd_plan(int argc, char **argv) {
             print_categories(&lg);
         }
     }
-    if (json) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "config", path);
-        cJSON_AddNumberToObject(o, "parameters", (double)nparam);
-        cJSON_AddStringToObject(o, "objective", obj_kind_name(s.obj.kind));
-        cJSON_AddNumberToObject(o, "B", s.B);
-        cJSON_AddNumberToObject(o, "rows", rows);
-        cJSON_AddNumberToObject(o, "storage_bytes", s.storage);
-        cJSON_AddBoolToObject(o, "optimizer", s.optimizer);
-        if (s.lora.r) {
-            cJSON_AddNumberToObject(o, "lora_r", s.lora.r);
-            cJSON_AddNumberToObject(o, "adapter_parameters", (double)nadapter);
+    return 0;
+}
+
+int cmd_plan(int argc, char **argv) {
+    plan_args a;
+    int rc = parse_args(&a, argc, argv);
+    if (rc >= 0) return rc;
+    plan_setup *s = &a.s;
+    sbp_err err = {0};
+    char data[512];
+    if (a.paper_mode) {
+        if (optind < argc || a.other) {
+            fprintf(stderr, "streambp plan: --paper takes only --budget and --json\n");
+            return EXIT_USAGE;
         }
-        if (budget) cJSON_AddNumberToObject(o, "budget_bytes", (double)budget);
-        cJSON_AddItemToObject(o, "schedules", jrows);
-        print_json(o);
-    } else {
-        cJSON_Delete(jrows);
+        if (sbp_data_dir(data, sizeof data, &err)) return report_error("plan", &err);
+        return run_paper(a.budget ? a.budget : 80LL << 30, data, a.json);
     }
+    if ((rc = check_args(&a, argc))) return rc;
+    char path[4200];
+    if (a.model)
+        snprintf(path, sizeof path, "%s/config.json", a.model);
+    else
+        snprintf(path, sizeof path, "%s", a.config);
+    if (sbp_config_load(&s->cfg, path, &err)) return report_error("plan", &err);
+    if (s->obj.kind == SBP_OBJ_DPO && a.T == 1) {
+        fprintf(stderr, "streambp plan: a DPO sequence needs T >= 2 (a completion token)\n");
+        return EXIT_USAGE;
+    }
+    int use[PLAN_N_SCHEDULES] = {1, 1, 1, 1};
+    if (a.sched && !plan_parse_schedules("plan", a.sched, use)) return EXIT_USAGE;
+    sbp_params ps, lps = {0};
+    if (sbp_params_build(&ps, &s->cfg, &err) ||
+        (s->lora.r && sbp_lora_params_build(&lps, &s->cfg, &s->lora, &err)))
+        return report_error("plan", &err);
+    int64_t nparam = ps.total, nadapter = lps.total;
+    sbp_params_free(&ps), sbp_params_free(&lps);
+    const int rows = s->obj.kind == SBP_OBJ_DPO ? 2 * s->B : s->B;
+    if (a.csv) {
+        printf("schedule,T");
+        for (int k = 0; k < SBP_MEM_NCATS; k++) printf(",%s", sbp_mem_cat_name(k));
+        printf(",total\n");
+    } else if (!a.json) {
+        print_heading(&a, path, nparam, nadapter, rows);
+    }
+    cJSON *jrows = cJSON_CreateArray();
+    if ((rc = plan_rows(&a, use, jrows))) {
+        cJSON_Delete(jrows);
+        return rc;
+    }
+    if (a.json)
+        print_plan_json(&a, path, nparam, nadapter, rows, jrows);
+    else
+        cJSON_Delete(jrows);
     return 0;
 }

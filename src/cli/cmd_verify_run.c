@@ -168,7 +168,14 @@ static cJSON *group_json(const sbp_verify_group *g) {
     return o;
 }
 
-int verify_run(int argc, char **argv) {
+/* The command line of `verify`. */
+typedef struct {
+    sbp_verify_opts o;
+    int json, failures_only, no_golden;
+} run_args;
+
+/* The options into a: -1 to go on, else the exit status (0 after --help). */
+static int parse_args(run_args *a, int argc, char **argv) {
     static const struct option opts[] = {OPTION_MODEL,
                                          {"batch", required_argument, 0, 'b'},
                                          {"schedules", required_argument, 0, 's'},
@@ -188,31 +195,32 @@ int verify_run(int argc, char **argv) {
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
-    sbp_verify_opts o = {0};
+    *a = (run_args){0};
+    sbp_verify_opts *o = &a->o;
     obj_args oa;
     obj_args_init(&oa);
-    int json = 0, failures_only = 0, no_golden = 0, c, list[8], n;
+    int c, list[8], n;
     common_opts co = {.cmd = "verify",
-                      .model = &o.model,
-                      .unattended = &o.unattended,
-                      .block = &o.block,
-                      .json = &json};
+                      .model = &o->model,
+                      .unattended = &o->unattended,
+                      .block = &o->block,
+                      .json = &a->json};
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 'b': o.batch = optarg; break;
+        case 'b': o->batch = optarg; break;
         case 's':
             if (!parse_list(optarg, "schedules", item_sched, list, 3, &n)) return EXIT_USAGE;
-            o.schedules = bits(list, n);
+            o->schedules = bits(list, n);
             break;
         case 'c':
-            if (!parse_list(optarg, "chunks", item_int, o.chunks, SBP_VERIFY_MAX_CHUNKS,
-                            &o.n_chunks))
+            if (!parse_list(optarg, "chunks", item_int, o->chunks, SBP_VERIFY_MAX_CHUNKS,
+                            &o->n_chunks))
                 return EXIT_USAGE;
             break;
         case 'p':
             if (!parse_list(optarg, "precisions", item_prec, list, 2, &n)) return EXIT_USAGE;
-            o.precisions = bits(list, n);
+            o->precisions = bits(list, n);
             break;
         case 'N':
             if (!parse_list(optarg, "numerics", item_numerics, list, 2, &n)) {
@@ -220,26 +228,26 @@ int verify_run(int argc, char **argv) {
                                 "(fast,portable)\n");
                 return EXIT_USAGE;
             }
-            o.numerics = bits(list, n);
+            o->numerics = bits(list, n);
             break;
-        case 'L': o.lora = optarg; break;
+        case 'L': o->lora = optarg; break;
         case 'D':
             if (!parse_list(optarg, "devices", item_device, list, 3, &n)) {
                 fprintf(stderr, "streambp verify: --devices takes cpu, cuda, cuda-emu\n");
                 return EXIT_USAGE;
             }
-            o.devices = bits(list, n);
+            o->devices = bits(list, n);
             break;
         case 't':
-            if (!parse_list(optarg, "threads", item_threads, o.threads, 4, &o.n_threads))
+            if (!parse_list(optarg, "threads", item_threads, o->threads, 4, &o->n_threads))
                 return EXIT_USAGE;
             break;
-        case 'n': o.no_ref = 1; break;
+        case 'n': o->no_ref = 1; break;
         case 'S':
-            if (!parse_number("verify", "slack", optarg, 1, &o.slack)) return EXIT_USAGE;
+            if (!parse_number("verify", "slack", optarg, 1, &o->slack)) return EXIT_USAGE;
             break;
-        case 'f': failures_only = 1; break;
-        case 'G': no_golden = 1; break;
+        case 'f': a->failures_only = 1; break;
+        case 'G': a->no_golden = 1; break;
         case 'h': printf("%s%s", usage, obj_usage); return 0;
         default:
             if (common_opt_code(c)) {
@@ -255,12 +263,82 @@ int verify_run(int argc, char **argv) {
         }
     }
     if (!obj_args_finish(&oa, "verify")) return EXIT_USAGE;
-    o.objective = oa.obj, o.scale_rewards = oa.scale_rewards, o.ref_model = oa.ref_model;
-    if (optind < argc || !o.model != !o.batch) {
+    o->objective = oa.obj, o->scale_rewards = oa.scale_rewards, o->ref_model = oa.ref_model;
+    if (optind < argc || !o->model != !o->batch) {
         fprintf(stderr, "streambp verify: give both --model and --batch, or neither\n%s", usage);
         return EXIT_USAGE;
     }
-    const int golden = !o.model && !no_golden;
+    return -1;
+}
+
+/* The report as one JSON document; with golden, the golden step runs quietly and reports as its
+ * "golden" field (a failure counts in rep->failed). */
+static void print_report_json(sbp_verify_report *rep, const sbp_verify_opts *o, const char *model,
+                              int golden, const char *const *gdev, int n_gdev) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model", model);
+    cJSON_AddStringToObject(j, "model_type", rep->model_type);
+    cJSON_AddStringToObject(j, "batch", o->batch);
+    cJSON_AddNumberToObject(j, "B", rep->B);
+    cJSON_AddNumberToObject(j, "T", rep->T);
+    cJSON_AddNumberToObject(j, "block", rep->block);
+    cJSON_AddItemToObject(j, "chunks", cJSON_CreateIntArray(rep->chunks, rep->n_chunks));
+    cJSON_AddStringToObject(j, "truth", rep->truth);
+    cJSON_AddNumberToObject(j, "truth_loss", rep->truth_loss);
+    cJSON_AddNumberToObject(j, "runs", rep->n_runs);
+    cJSON_AddNumberToObject(j, "max_loss_rel_dev_fp64", rep->max_loss_dev64);
+    cJSON_AddNumberToObject(j, "max_loss_rel_dev_fp32", rep->max_loss_dev32);
+    if (rep->budget32) cJSON_AddStringToObject(j, "fp32_budget_from", rep->budget32);
+    cJSON_AddItemToObject(j, "micro_batch_T", cJSON_CreateIntArray(rep->micro_T, rep->n_micro));
+    if (rep->load_notes[0]) cJSON_AddStringToObject(j, "loading_notes", rep->load_notes);
+    cJSON *gs = cJSON_AddArrayToObject(j, "groups");
+    for (int gi = 0; gi < SBP_VG_N; gi++) cJSON_AddItemToArray(gs, group_json(&rep->g[gi]));
+    if (golden) { /* quietly: the document is the whole output */
+        int g = golden_check(NULL, gdev, n_gdev, 0, NULL);
+        cJSON_AddStringToObject(j, "golden",
+                                g == 0               ? "pass"
+                                : g == EXIT_MISMATCH ? "fail"
+                                                     : "error");
+        rep->failed += g != 0;
+    }
+    cJSON_AddBoolToObject(j, "pass", rep->failed == 0);
+    print_json(j);
+}
+
+/* The report as text: the setting, each group's table, the summary and the verdict. */
+static void print_report_text(const sbp_verify_report *rep, const sbp_verify_opts *o,
+                              const char *model, double secs, int failures_only) {
+    printf("streambp verify: %s (%s), batch %s (B=%d, T=%d), block %d\n", model, rep->model_type,
+           o->batch, rep->B, rep->T, rep->block);
+    printf("chunks:");
+    for (int i = 0; i < rep->n_chunks; i++) printf(" %d", rep->chunks[i]);
+    printf("; truth: %s, loss %.17g; %d runs in %.1f s\n", rep->truth, rep->truth_loss, rep->n_runs,
+           secs);
+    if (rep->budget32) printf("fp32 budget from %s\n", rep->budget32);
+    if (rep->n_micro) {
+        printf("micro-batches: %d, T", rep->n_micro);
+        for (int k = 0; k < rep->n_micro; k++) printf("%s%d", k ? "/" : " ", rep->micro_T[k]);
+        printf("\n");
+    }
+    for (int gi = 0; gi < SBP_VG_N; gi++) print_group(&rep->g[gi], failures_only);
+    if (rep->load_notes[0])
+        printf("\nthe library and the oracle read the inputs differently: %s\n", rep->load_notes);
+    printf("\nsummary:");
+    for (int gi = 0; gi < SBP_VG_N; gi++)
+        printf(" %s %d/%d%s", rep->g[gi].title, rep->g[gi].n_rows - rep->g[gi].failed,
+               rep->g[gi].n_rows, gi + 1 < SBP_VG_N ? "," : "");
+    printf(" tensors ok\nloss: worst relative deviation from the truth: fp64 %.2g, fp32 "
+           "%.2g\n%s\n",
+           rep->max_loss_dev64, rep->max_loss_dev32, rep->failed ? "FAIL" : "PASS");
+}
+
+int verify_run(int argc, char **argv) {
+    run_args a;
+    int rc = parse_args(&a, argc, argv);
+    if (rc >= 0) return rc;
+    sbp_verify_opts o = a.o;
+    const int json = a.json;
+    const int golden = !o.model && !a.no_golden;
     const int optim =
         !o.model; /* the default run: the training arithmetic too (cmd_verify_optim.c) */
     sbp_err err = {0};
@@ -282,60 +360,10 @@ int verify_run(int argc, char **argv) {
     const char *model = def.dir[0] ? "bundled Qwen3-tiny, seed 1" : o.model;
     sbp_default_inputs_free(&def);
     if (st) return report_error("verify", &err);
-    if (json) {
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "model", model);
-        cJSON_AddStringToObject(j, "model_type", rep.model_type);
-        cJSON_AddStringToObject(j, "batch", o.batch);
-        cJSON_AddNumberToObject(j, "B", rep.B);
-        cJSON_AddNumberToObject(j, "T", rep.T);
-        cJSON_AddNumberToObject(j, "block", rep.block);
-        cJSON_AddItemToObject(j, "chunks", cJSON_CreateIntArray(rep.chunks, rep.n_chunks));
-        cJSON_AddStringToObject(j, "truth", rep.truth);
-        cJSON_AddNumberToObject(j, "truth_loss", rep.truth_loss);
-        cJSON_AddNumberToObject(j, "runs", rep.n_runs);
-        cJSON_AddNumberToObject(j, "max_loss_rel_dev_fp64", rep.max_loss_dev64);
-        cJSON_AddNumberToObject(j, "max_loss_rel_dev_fp32", rep.max_loss_dev32);
-        if (rep.budget32) cJSON_AddStringToObject(j, "fp32_budget_from", rep.budget32);
-        cJSON_AddItemToObject(j, "micro_batch_T", cJSON_CreateIntArray(rep.micro_T, rep.n_micro));
-        if (rep.load_notes[0]) cJSON_AddStringToObject(j, "loading_notes", rep.load_notes);
-        cJSON *gs = cJSON_AddArrayToObject(j, "groups");
-        for (int gi = 0; gi < SBP_VG_N; gi++) cJSON_AddItemToArray(gs, group_json(&rep.g[gi]));
-        if (golden) { /* quietly: the document is the whole output */
-            int g = golden_check(NULL, gdev, n_gdev, 0, NULL);
-            cJSON_AddStringToObject(j, "golden",
-                                    g == 0               ? "pass"
-                                    : g == EXIT_MISMATCH ? "fail"
-                                                         : "error");
-            rep.failed += g != 0;
-        }
-        cJSON_AddBoolToObject(j, "pass", rep.failed == 0);
-        print_json(j);
-    } else {
-        printf("streambp verify: %s (%s), batch %s (B=%d, T=%d), block %d\n", model, rep.model_type,
-               o.batch, rep.B, rep.T, rep.block);
-        printf("chunks:");
-        for (int i = 0; i < rep.n_chunks; i++) printf(" %d", rep.chunks[i]);
-        printf("; truth: %s, loss %.17g; %d runs in %.1f s\n", rep.truth, rep.truth_loss,
-               rep.n_runs, secs);
-        if (rep.budget32) printf("fp32 budget from %s\n", rep.budget32);
-        if (rep.n_micro) {
-            printf("micro-batches: %d, T", rep.n_micro);
-            for (int k = 0; k < rep.n_micro; k++) printf("%s%d", k ? "/" : " ", rep.micro_T[k]);
-            printf("\n");
-        }
-        for (int gi = 0; gi < SBP_VG_N; gi++) print_group(&rep.g[gi], failures_only);
-        if (rep.load_notes[0])
-            printf("\nthe library and the oracle read the inputs differently: %s\n",
-                   rep.load_notes);
-        printf("\nsummary:");
-        for (int gi = 0; gi < SBP_VG_N; gi++)
-            printf(" %s %d/%d%s", rep.g[gi].title, rep.g[gi].n_rows - rep.g[gi].failed,
-                   rep.g[gi].n_rows, gi + 1 < SBP_VG_N ? "," : "");
-        printf(" tensors ok\nloss: worst relative deviation from the truth: fp64 %.2g, fp32 "
-               "%.2g\n%s\n",
-               rep.max_loss_dev64, rep.max_loss_dev32, rep.failed ? "FAIL" : "PASS");
-    }
+    if (json)
+        print_report_json(&rep, &o, model, golden, gdev, n_gdev);
+    else
+        print_report_text(&rep, &o, model, secs, a.failures_only);
     int failed = rep.failed;
     sbp_verify_report_free(&rep);
     if (golden && !json) {
