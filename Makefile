@@ -63,7 +63,7 @@ endif
 DIST_SRC := $(filter-out src/dist/mpi.c src/dist/none.c,$(wildcard src/dist/*.c)) \
             src/dist/$(if $(filter 1,$(MPI)),mpi,none).c
 
-COMMON_SRC := $(wildcard src/core/*.c src/io/*.c src/api/*.c src/train/*.c) $(DIST_SRC)
+COMMON_SRC := $(wildcard src/core/*.c src/io/*.c src/api/*.c src/train/*.c src/bench/*.c) $(DIST_SRC)
 NUM_SRC    := $(wildcard src/kernels/*.c src/kernels/blas/*.c src/engine/*.c src/engine/*/*.c)
 CLI_SRC    := $(wildcard src/cli/*.c)
 VERIFY_SRC := $(wildcard verify/*.c)

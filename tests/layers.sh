@@ -17,6 +17,7 @@
 #   cuda        the CUDA op tables (built on the engine's op-table interface)
 #   src/api     the public entry points: sbp_grad, sbp_plan, sbp_logprobs, option resolution
 #   src/train   the optimizer, data, checkpoints, the training loop
+#   src/bench   the benchmark's measurements (`streambp bench`): steps, schedules, memory
 #   verify      the verifier library (comparison matrix, audit, digests, fd, suite)
 #   src/cli     the `streambp` command line
 #   tests       tests/, cuda/emu/tests, bench/, python/: may include anything
@@ -27,7 +28,7 @@
 root=${1:-"$(dirname "$0")/.."}
 cd "$root" || exit 2
 LAYERS="src src/core src/kernels src/io ref src/dist src/engine cuda/emu cuda src/api src/train
-verify src/cli tests"
+src/bench verify src/cli tests"
 
 files=$(find src verify ref cuda tests bench python -type f \
     \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.cc' \) \
