@@ -15,9 +15,7 @@
  * N, rank r) adds per token 2r(K + N) forward (again in a recompute, except the down
  * projection's), and 6rK + 4rN backward (x·Aᵀ again, dt and dB, dX and dA). */
 #include "../streambp.h"
-
-int attention_tile(int blk);          /* tiles.c */
-int attention_one_pass(int kv_heads); /* tiles.c */
+#include "tiles.h"
 
 double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o) {
     const double C = c->hidden, F = c->ffn, V = c->vocab, HD = c->head_dim;

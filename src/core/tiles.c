@@ -6,8 +6,7 @@
 #include <omp.h>
 #endif
 
-int attention_tile(int blk);
-int attention_one_pass(int kv_heads);
+#include "tiles.h"
 
 int attention_tile(int blk) {
     int w = blk < 128 ? blk : 128;

@@ -25,6 +25,7 @@
 #ifndef SBP_KERNELS_H
 #define SBP_KERNELS_H
 
+#include "../core/tiles.h"
 #include "../streambp.h"
 #include "real.h"
 
@@ -165,8 +166,7 @@ void attention_backward(real *dq,             /* (M, NH·HD) += */
 
 /* fast (blas/attention.c): tiles of attention_tile(d->blk) on the global grid, products in
  * registers (blas/tile_mm.c); the arguments and shapes are the portable kernels' */
-int attention_tile(int blk);          /* the largest divisor of blk up to 128 (src/core/tiles.c) */
-int attention_one_pass(int kv_heads); /* the backward's form at this thread count (tiles.c) */
+/* attention_tile and attention_one_pass: src/core/tiles.h */
 size_t blas_attention_workspace(int blk, int NH, int NKV, int HD); /* reals */
 void blas_attention_forward(real *o, real *lse, real *ws, const real *q, const real *k,
                             const real *v, const uint8_t *kmask, const sbp_attn_dims *d);

@@ -1,0 +1,10 @@
+/* tiles.h — the fast attention's tile width and the form of its backward (tiles.c): compiled
+ * once, for both precisions of the kernels (src/kernels/blas/attention.c) and the FLOP count
+ * (flops.c), so it lives in core, below both. */
+#ifndef SBP_TILES_H
+#define SBP_TILES_H
+
+int attention_tile(int blk);          /* the largest divisor of blk up to 128 */
+int attention_one_pass(int kv_heads); /* 1: the backward in one pass at this thread count */
+
+#endif
