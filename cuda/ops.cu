@@ -217,6 +217,10 @@ static const sbp_ops table = {
 
 } // namespace SBP_CUDA_NS
 
+/* SBP_CUDA_TABLE (cuda.cuh) names the four definitions, one per build of this file, that
+ * cuda/registry.cc hands to the API:
+ *   const void *sbp_ops_cuda_emu_f32(void)   const void *sbp_ops_cuda_emu_f64(void)
+ *   const void *sbp_ops_cuda_f32(void)       const void *sbp_ops_cuda_f64(void) */
 extern "C" const void *SBP_CUDA_TABLE(void) {
     return &SBP_CUDA_NS::table;
 }

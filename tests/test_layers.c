@@ -98,6 +98,16 @@ START_TEST(test_entry_points_greppable) {
     const char *out = tu_last_output();
     ck_assert_msg(!strstr(out, "MISSING"), "%s", out);
     ck_assert_msg(strstr(out, "entry point sbp_engine_grad_f64"), "%s", out);
+    /* the CUDA op tables, named by SBP_CUDA_TABLE (cuda/cuda.cuh) in cuda/ops.cu */
+    rc =
+        tu_sh("names=$(sed -n 's/^#define SBP_CUDA_TABLE *\\([a-z_0-9]*\\).*/\\1/p' cuda/cuda.cuh) "
+              "&& [ -n \"$names\" ] && for n in $names; do echo \"entry point $n\"; "
+              "grep -qE \"^([a-z_].*[ *]|[ ]\\*.*|/\\*.*)$n\\(\" cuda/*.cu || "
+              "echo \"MISSING: $n( is in no definition or comment of cuda/\"; done");
+    ck_assert_int_eq(rc, 0);
+    out = tu_last_output();
+    ck_assert_msg(!strstr(out, "MISSING"), "%s", out);
+    ck_assert_msg(strstr(out, "entry point sbp_ops_cuda_emu_f32"), "%s", out);
 }
 END_TEST
 
