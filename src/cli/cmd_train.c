@@ -28,6 +28,7 @@
 #include "../train/run.h"
 #include "cli.h"
 #include "objopts.h"
+#include "options.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -103,13 +104,14 @@ typedef struct {
     obj_args obj;
 } train_args;
 
+/* getopt codes of train's own options (the shared ones are options.h's, the objective's
+ * objopts.h's) */
 enum {
     OPT_DATA = 2000,
     OPT_JSONL,
     OPT_SEQ,
     OPT_BATCH_SIZE,
     OPT_SHUFFLE,
-    OPT_SEED,
     OPT_STEPS,
     OPT_GRAD_ACCUM,
     OPT_LR,
@@ -122,20 +124,13 @@ enum {
     OPT_NO_DECAY,
     OPT_MAX_NORM,
     OPT_PRECISION,
-    OPT_SCHEDULE,
-    OPT_CHUNK,
-    OPT_LOGIT_CHUNK,
     OPT_CHUNKED_LOGITS,
-    OPT_BLOCK,
-    OPT_THREADS,
-    OPT_MODEL,
     OPT_OUT,
     OPT_SAVE_EVERY,
     OPT_RESUME,
     OPT_STOP_AT,
     OPT_LOG_EVERY,
     OPT_PLOT,
-    OPT_JSON,
     OPT_LORA,
     OPT_HELP
 };
@@ -148,14 +143,119 @@ static int nonneg_int(const char *opt, const char *text, int *out) {
     return parse_pos_int("train", opt, text, out);
 }
 
+/* One of train's own options (getopt code c, its argument arg) into a; 0 on a bad value
+ * (reported), -1 for an unknown code. */
+static int parse_option(train_args *a, int c, const char *arg) {
+    sbp_train_opts *o = &a->o;
+    switch (c) {
+    case OPT_DATA:
+        if (o->n_data == MAX_DATA) {
+            fprintf(stderr, "streambp train: at most %d --data paths\n", MAX_DATA);
+            return 0;
+        }
+        a->data[o->n_data++] = arg;
+        return 1;
+    case OPT_JSONL: o->jsonl = arg; return 1;
+    case OPT_SEQ: return parse_pos_int("train", "seq", arg, &o->T);
+    case OPT_BATCH_SIZE: return parse_pos_int("train", "batch-size", arg, &o->B);
+    case OPT_SHUFFLE: o->shuffle = 1; return 1;
+    case OPT_STEPS: return parse_pos_int("train", "steps", arg, &o->steps);
+    case OPT_GRAD_ACCUM: return parse_pos_int("train", "grad-accum", arg, &o->grad_accum);
+    case OPT_LR: return parse_number("train", "lr", arg, 0, &o->sched.lr);
+    case OPT_LR_SCHED:
+        if (sbp_lr_kind_parse(arg, &o->sched.kind)) return 1;
+        fprintf(stderr,
+                "streambp train: --lr-scheduler must be cosine, linear or constant, got \"%s\"\n",
+                arg);
+        return 0;
+    case OPT_WARMUP: return nonneg_int("warmup-steps", arg, &o->warmup);
+    case OPT_BETA1: return parse_number("train", "beta1", arg, 0, &o->adam.beta1);
+    case OPT_BETA2: return parse_number("train", "beta2", arg, 0, &o->adam.beta2);
+    case OPT_EPS: return parse_number("train", "eps", arg, 0, &o->adam.eps);
+    case OPT_WD: return parse_number("train", "weight-decay", arg, 0, &o->adam.weight_decay);
+    case OPT_NO_DECAY: o->no_decay_nb = 1; return 1;
+    case OPT_MAX_NORM: return parse_number("train", "max-grad-norm", arg, 0, &o->max_grad_norm);
+    case OPT_PRECISION:
+        if (strcmp(arg, "bf16") == 0) {
+            fprintf(stderr, "streambp train: --precision bf16 is not a training precision here "
+                            "(fp32 or fp64)\n");
+            return 0;
+        }
+        return parse_precision("train", arg, &o->prec);
+    case OPT_CHUNKED_LOGITS: o->g.chunked_logits = 1; return 1;
+    case OPT_OUT: a->out = arg; return 1;
+    case OPT_SAVE_EVERY: return nonneg_int("save-every", arg, &a->save_every);
+    case OPT_RESUME: a->resume = arg; return 1;
+    case OPT_STOP_AT: return parse_pos_int("train", "stop-at", arg, &a->stop_at);
+    case OPT_LOG_EVERY: return parse_pos_int("train", "log-every", arg, &a->log_every);
+    case OPT_PLOT: a->plot = 1; return 1;
+    case OPT_LORA: o->lora = arg; return 1;
+    }
+    if (c >= OBJ_OPT_OBJECTIVE && c <= OBJ_OPT_REF_MODEL)
+        return obj_args_option(&a->obj, "train", c, arg);
+    return -1;
+}
+
+/* What the options say together: the required ones, path lengths, the data's shape, the stop,
+ * the objective and AdamW; then the library's view of them (a->o). 0, or the exit code. */
+static int check_args(train_args *a) {
+    sbp_train_opts *o = &a->o;
+    if (!o->model || !a->out || !o->steps || (!o->n_data && !o->jsonl)) {
+        fprintf(stderr,
+                "streambp train: --model, --data or --jsonl, --out and --steps are "
+                "required\n%s",
+                usage);
+        return EXIT_USAGE;
+    }
+    const char *paths[MAX_DATA + 6] = {o->model,         a->out,  a->resume,
+                                       a->obj.ref_model, o->lora, o->jsonl};
+    for (int i = 0; i < o->n_data; i++) paths[6 + i] = a->data[i];
+    for (int i = 0; i < 6 + o->n_data; i++)
+        if (paths[i] && strlen(paths[i]) > SBP_RUN_PATH_MAX) {
+            fprintf(stderr, "streambp train: a path longer than %d characters: %.60s...\n",
+                    SBP_RUN_PATH_MAX, paths[i]);
+            return EXIT_USAGE;
+        }
+    if (o->n_data && o->jsonl) {
+        fprintf(stderr, "streambp train: give --data or --jsonl, not both\n");
+        return EXIT_USAGE;
+    }
+    if (o->jsonl && !o->T) {
+        fprintf(stderr, "streambp train: --jsonl needs --seq T (tokens per row)\n");
+        return EXIT_USAGE;
+    }
+    if (!o->jsonl && (o->T || o->B != 1)) {
+        fprintf(stderr, "streambp train: --seq and --batch-size apply to --jsonl data (a batch "
+                        "file has its own shape)\n");
+        return EXIT_USAGE;
+    }
+    if (a->stop_at > o->steps) {
+        fprintf(stderr, "streambp train: --stop-at %d is after the last step (--steps %d)\n",
+                a->stop_at, o->steps);
+        return EXIT_USAGE;
+    }
+    if (!obj_args_finish(&a->obj, "train")) return EXIT_USAGE;
+    sbp_err err = {0};
+    if (sbp_adamw_check(&o->adam, &err)) {
+        fprintf(stderr, "streambp train: %s (--beta1, --beta2, --eps, --weight-decay)\n", err.msg);
+        return EXIT_USAGE;
+    }
+    o->sched.warmup = o->warmup, o->sched.total = o->steps;
+    o->g.objective = a->obj.obj;
+    o->ref_model = a->obj.ref_model, o->scale_rewards = a->obj.scale_rewards;
+    o->data = a->data;
+    return 0;
+}
+
+/* The options into a: 0 to run, else the exit code (-1: --help printed). */
 static int parse(train_args *a, int argc, char **argv) {
-    static const struct option opts[] = {{"model", required_argument, 0, OPT_MODEL},
+    static const struct option opts[] = {OPTION_MODEL,
                                          {"data", required_argument, 0, OPT_DATA},
                                          {"jsonl", required_argument, 0, OPT_JSONL},
                                          {"seq", required_argument, 0, OPT_SEQ},
                                          {"batch-size", required_argument, 0, OPT_BATCH_SIZE},
                                          {"shuffle", no_argument, 0, OPT_SHUFFLE},
-                                         {"seed", required_argument, 0, OPT_SEED},
+                                         OPTION_SEED,
                                          {"steps", required_argument, 0, OPT_STEPS},
                                          {"grad-accum", required_argument, 0, OPT_GRAD_ACCUM},
                                          {"lr", required_argument, 0, OPT_LR},
@@ -168,167 +268,57 @@ static int parse(train_args *a, int argc, char **argv) {
                                          {"no-decay-norms-biases", no_argument, 0, OPT_NO_DECAY},
                                          {"max-grad-norm", required_argument, 0, OPT_MAX_NORM},
                                          {"precision", required_argument, 0, OPT_PRECISION},
-                                         {"schedule", required_argument, 0, OPT_SCHEDULE},
-                                         {"chunk", required_argument, 0, OPT_CHUNK},
-                                         {"logit-chunk", required_argument, 0, OPT_LOGIT_CHUNK},
+                                         OPTION_SCHEDULE,
+                                         OPTION_CHUNK,
+                                         OPTION_LOGIT_CHUNK,
                                          {"chunked-logits", no_argument, 0, OPT_CHUNKED_LOGITS},
-                                         {"block", required_argument, 0, OPT_BLOCK},
-                                         {"threads", required_argument, 0, OPT_THREADS},
+                                         OPTION_BLOCK,
+                                         OPTION_THREADS,
                                          {"out", required_argument, 0, OPT_OUT},
                                          {"save-every", required_argument, 0, OPT_SAVE_EVERY},
                                          {"resume", required_argument, 0, OPT_RESUME},
                                          {"stop-at", required_argument, 0, OPT_STOP_AT},
                                          {"log-every", required_argument, 0, OPT_LOG_EVERY},
                                          {"plot", no_argument, 0, OPT_PLOT},
-                                         {"json", no_argument, 0, OPT_JSON},
+                                         OPTION_JSON,
                                          {"lora", required_argument, 0, OPT_LORA},
                                          {"help", no_argument, 0, OPT_HELP},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
     memset(a, 0, sizeof *a);
     obj_args_init(&a->obj);
-    a->o.B = 1, a->o.seed = 42, a->o.grad_accum = 1, a->log_every = 1;
-    a->o.sched = (sbp_lr_sched){.kind = SBP_LR_COSINE, .lr = 5e-5};
-    a->o.adam = (sbp_adamw_opts){.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0};
-    a->o.max_grad_norm = 1.0;
-    a->o.g.schedule = SBP_STREAM;
-    a->o.threads = omp_get_num_procs();
+    sbp_train_opts *o = &a->o;
+    o->B = 1, o->seed = 42, o->grad_accum = 1, a->log_every = 1;
+    o->sched = (sbp_lr_sched){.kind = SBP_LR_COSINE, .lr = 5e-5};
+    o->adam = (sbp_adamw_opts){.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0};
+    o->max_grad_norm = 1.0;
+    o->g.schedule = SBP_STREAM;
+    o->threads = omp_get_num_procs();
+    common_opts co = {.cmd = "train",
+                      .model = &o->model,
+                      .block = &o->g.block,
+                      .chunk = &o->g.chunk,
+                      .logit_chunk = &o->g.logit_chunk,
+                      .threads = &o->threads,
+                      .schedule = &o->g.schedule,
+                      .seed = &o->seed,
+                      .json = &a->json};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int ok = 1;
-        switch (c) {
-        case OPT_MODEL: a->o.model = optarg; break;
-        case OPT_DATA:
-            if (a->o.n_data == MAX_DATA) {
-                fprintf(stderr, "streambp train: at most %d --data paths\n", MAX_DATA);
-                return EXIT_USAGE;
-            }
-            a->data[a->o.n_data++] = optarg;
-            break;
-        case OPT_JSONL: a->o.jsonl = optarg; break;
-        case OPT_SEQ: ok = parse_pos_int("train", "seq", optarg, &a->o.T); break;
-        case OPT_BATCH_SIZE: ok = parse_pos_int("train", "batch-size", optarg, &a->o.B); break;
-        case OPT_SHUFFLE: a->o.shuffle = 1; break;
-        case OPT_SEED:
-            if (!parse_seed_opt("train", "seed", optarg, &a->o.seed)) return EXIT_USAGE;
-            break;
-        case OPT_STEPS: ok = parse_pos_int("train", "steps", optarg, &a->o.steps); break;
-        case OPT_GRAD_ACCUM:
-            ok = parse_pos_int("train", "grad-accum", optarg, &a->o.grad_accum);
-            break;
-        case OPT_LR: ok = parse_number("train", "lr", optarg, 0, &a->o.sched.lr); break;
-        case OPT_LR_SCHED:
-            if (!sbp_lr_kind_parse(optarg, &a->o.sched.kind)) {
-                fprintf(stderr,
-                        "streambp train: --lr-scheduler must be cosine, linear or constant, got "
-                        "\"%s\"\n",
-                        optarg);
-                return EXIT_USAGE;
-            }
-            break;
-        case OPT_WARMUP: ok = nonneg_int("warmup-steps", optarg, &a->o.warmup); break;
-        case OPT_BETA1: ok = parse_number("train", "beta1", optarg, 0, &a->o.adam.beta1); break;
-        case OPT_BETA2: ok = parse_number("train", "beta2", optarg, 0, &a->o.adam.beta2); break;
-        case OPT_EPS: ok = parse_number("train", "eps", optarg, 0, &a->o.adam.eps); break;
-        case OPT_WD:
-            ok = parse_number("train", "weight-decay", optarg, 0, &a->o.adam.weight_decay);
-            break;
-        case OPT_NO_DECAY: a->o.no_decay_nb = 1; break;
-        case OPT_MAX_NORM:
-            ok = parse_number("train", "max-grad-norm", optarg, 0, &a->o.max_grad_norm);
-            break;
-        case OPT_PRECISION:
-            if (strcmp(optarg, "bf16") == 0) {
-                fprintf(stderr, "streambp train: --precision bf16 is not a training precision here "
-                                "(fp32 or fp64)\n");
-                return EXIT_USAGE;
-            }
-            ok = parse_precision("train", optarg, &a->o.prec);
-            break;
-        case OPT_SCHEDULE:
-            if (!sbp_schedule_parse(optarg, &a->o.g.schedule)) {
-                fprintf(stderr,
-                        "streambp train: --schedule must be full, ckpt or stream, got \"%s\"\n",
-                        optarg);
-                return EXIT_USAGE;
-            }
-            break;
-        case OPT_CHUNK: ok = parse_pos_int("train", "chunk", optarg, &a->o.g.chunk); break;
-        case OPT_LOGIT_CHUNK:
-            ok = parse_pos_int("train", "logit-chunk", optarg, &a->o.g.logit_chunk);
-            break;
-        case OPT_CHUNKED_LOGITS: a->o.g.chunked_logits = 1; break;
-        case OPT_BLOCK: ok = parse_pos_int("train", "block", optarg, &a->o.g.block); break;
-        case OPT_THREADS: ok = parse_pos_int("train", "threads", optarg, &a->o.threads); break;
-        case OPT_OUT: a->out = optarg; break;
-        case OPT_SAVE_EVERY: ok = nonneg_int("save-every", optarg, &a->save_every); break;
-        case OPT_RESUME: a->resume = optarg; break;
-        case OPT_STOP_AT: ok = parse_pos_int("train", "stop-at", optarg, &a->stop_at); break;
-        case OPT_LOG_EVERY: ok = parse_pos_int("train", "log-every", optarg, &a->log_every); break;
-        case OPT_PLOT: a->plot = 1; break;
-        case OPT_JSON: a->json = 1; break;
-        case OPT_LORA: a->o.lora = optarg; break;
-        case OPT_HELP: printf("%s%s", usage, obj_usage); return -1;
-        default:
-            if (c >= OBJ_OPT_OBJECTIVE && c <= OBJ_OPT_REF_MODEL) {
-                ok = obj_args_option(&a->obj, "train", c, optarg);
-                break;
-            }
-            fputs(usage, stderr);
-            return EXIT_USAGE;
+        if (c == OPT_HELP) {
+            printf("%s%s", usage, obj_usage);
+            return -1;
         }
-        if (!ok) return EXIT_USAGE;
+        const int ok = common_opt_code(c) ? common_opt(&co, c, optarg) : parse_option(a, c, optarg);
+        if (ok < 0) fputs(usage, stderr);
+        if (ok <= 0) return EXIT_USAGE;
     }
     if (optind < argc) {
         fprintf(stderr, "streambp train: unexpected argument \"%s\"\n", argv[optind]);
         return EXIT_USAGE;
     }
-    if (!a->o.model || !a->out || !a->o.steps || (!a->o.n_data && !a->o.jsonl)) {
-        fprintf(stderr,
-                "streambp train: --model, --data or --jsonl, --out and --steps are "
-                "required\n%s",
-                usage);
-        return EXIT_USAGE;
-    }
-    const char *paths[MAX_DATA + 6] = {a->o.model,       a->out,    a->resume,
-                                       a->obj.ref_model, a->o.lora, a->o.jsonl};
-    for (int i = 0; i < a->o.n_data; i++) paths[6 + i] = a->data[i];
-    for (int i = 0; i < 6 + a->o.n_data; i++)
-        if (paths[i] && strlen(paths[i]) > SBP_RUN_PATH_MAX) {
-            fprintf(stderr, "streambp train: a path longer than %d characters: %.60s...\n",
-                    SBP_RUN_PATH_MAX, paths[i]);
-            return EXIT_USAGE;
-        }
-    if (a->o.n_data && a->o.jsonl) {
-        fprintf(stderr, "streambp train: give --data or --jsonl, not both\n");
-        return EXIT_USAGE;
-    }
-    if (a->o.jsonl && !a->o.T) {
-        fprintf(stderr, "streambp train: --jsonl needs --seq T (tokens per row)\n");
-        return EXIT_USAGE;
-    }
-    if (!a->o.jsonl && (a->o.T || a->o.B != 1)) {
-        fprintf(stderr, "streambp train: --seq and --batch-size apply to --jsonl data (a batch "
-                        "file has its own shape)\n");
-        return EXIT_USAGE;
-    }
-    if (a->stop_at > a->o.steps) {
-        fprintf(stderr, "streambp train: --stop-at %d is after the last step (--steps %d)\n",
-                a->stop_at, a->o.steps);
-        return EXIT_USAGE;
-    }
-    if (!obj_args_finish(&a->obj, "train")) return EXIT_USAGE;
-    sbp_err err = {0};
-    if (sbp_adamw_check(&a->o.adam, &err)) {
-        fprintf(stderr, "streambp train: %s (--beta1, --beta2, --eps, --weight-decay)\n", err.msg);
-        return EXIT_USAGE;
-    }
-    a->o.sched.warmup = a->o.warmup, a->o.sched.total = a->o.steps;
-    a->o.g.objective = a->obj.obj;
-    a->o.ref_model = a->obj.ref_model, a->o.scale_rewards = a->obj.scale_rewards;
-    a->o.data = a->data;
-    return 0;
+    return check_args(a);
 }
 
 /* ---- progress, plot, summary ----------------------------------------------------------------- */
