@@ -5,6 +5,7 @@
 #include "../bench/bench.h"
 #include "cli.h"
 #include "cmd_plan.h"
+#include "options.h"
 #include "verify/defaults.h"
 
 #include <getopt.h>
@@ -67,11 +68,11 @@ static int parse_rounds(const char *text, int *out) {
     return 1;
 }
 
-/* One option (getopt code c, its argument arg) into a; 0 on a bad value (reported). */
+/* One of bench's own options (getopt code c, its argument arg) into a; 0 on a bad value
+ * (reported), -1 for an unknown code. */
 static int parse_option(bench_args *a, int c, const char *arg) {
     sbp_bench_opts *o = &a->o;
     switch (c) {
-    case 'm': a->model = arg; return 1;
     case 'c': a->config = arg; return 1;
     case 'T':
         if (o->n_seqs == SBP_BENCH_MAX_SEQS ||
@@ -80,7 +81,6 @@ static int parse_option(bench_args *a, int c, const char *arg) {
         o->n_seqs++;
         return 1;
     case 's': a->sched = arg; return 1;
-    case 't': return parse_pos_int("bench", "threads", arg, &o->threads);
     case 'r':
         if (!parse_pos_int("bench", "reps", arg, &o->reps) || o->reps > SBP_BENCH_MAX_ROUNDS) {
             fprintf(stderr, "streambp bench: --reps must be 1..15\n");
@@ -93,9 +93,6 @@ static int parse_option(bench_args *a, int c, const char *arg) {
             return 0;
         }
         return 1;
-    case 'B': return parse_pos_int("bench", "block", arg, &o->block);
-    case 'C': return parse_pos_int("bench", "chunk", arg, &o->chunk);
-    case 'l': return parse_pos_int("bench", "logit-chunk", arg, &o->logit_chunk);
     case 'L': return plan_parse_size("bench", arg, &o->largest);
     case 'N': {
         char buf[64];
@@ -109,25 +106,31 @@ static int parse_option(bench_args *a, int c, const char *arg) {
         return 1;
     }
     case 'X': o->train = 0; return 1;
-    case 'D': return parse_device("bench", arg, &o->device);
     case 'v': a->csv = 1; return 1;
-    case 'j': a->json = 1; return 1;
     }
-    return 0;
+    return -1;
 }
 
 /* The options into a; 0 to run, else the exit code (-1: --help printed). */
 static int parse(bench_args *a, int argc, char **argv) {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},   {"config", required_argument, 0, 'c'},
-        {"seq", required_argument, 0, 'T'},     {"schedules", required_argument, 0, 's'},
-        {"threads", required_argument, 0, 't'}, {"reps", required_argument, 0, 'r'},
-        {"warmup", required_argument, 0, 'w'},  {"block", required_argument, 0, 'B'},
-        {"chunk", required_argument, 0, 'C'},   {"logit-chunk", required_argument, 0, 'l'},
-        {"largest", required_argument, 0, 'L'}, {"numerics", required_argument, 0, 'N'},
-        {"no-train", no_argument, 0, 'X'},      {"device", required_argument, 0, 'D'},
-        {"csv", no_argument, 0, 'v'},           {"json", no_argument, 0, 'j'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    static const struct option opts[] = {OPTION_MODEL,
+                                         {"config", required_argument, 0, 'c'},
+                                         {"seq", required_argument, 0, 'T'},
+                                         {"schedules", required_argument, 0, 's'},
+                                         OPTION_THREADS,
+                                         {"reps", required_argument, 0, 'r'},
+                                         {"warmup", required_argument, 0, 'w'},
+                                         OPTION_BLOCK,
+                                         OPTION_CHUNK,
+                                         OPTION_LOGIT_CHUNK,
+                                         {"largest", required_argument, 0, 'L'},
+                                         {"numerics", required_argument, 0, 'N'},
+                                         {"no-train", no_argument, 0, 'X'},
+                                         OPTION_DEVICE,
+                                         {"csv", no_argument, 0, 'v'},
+                                         OPTION_JSON,
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     memset(a, 0, sizeof *a);
     a->sched = "full,ckpt,stream";
     /* chunk, logit_chunk 0: the engine's defaults for the block, set after the options; reps 0
@@ -138,6 +141,14 @@ static int parse(bench_args *a, int argc, char **argv) {
                             .device = SBP_DEVICE_CPU,
                             .train = 1,
                             .largest_T = plan_largest_T};
+    common_opts co = {.cmd = "bench",
+                      .model = &a->model,
+                      .block = &a->o.block,
+                      .chunk = &a->o.chunk,
+                      .logit_chunk = &a->o.logit_chunk,
+                      .threads = &a->o.threads,
+                      .device = &a->o.device,
+                      .json = &a->json};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -145,11 +156,9 @@ static int parse(bench_args *a, int argc, char **argv) {
             fputs(usage, stdout);
             return -1;
         }
-        if (!strchr("mcTstrwBClLNXDvj", c) || c == 0) {
-            fputs(usage, stderr);
-            return EXIT_USAGE;
-        }
-        if (!parse_option(a, c, optarg)) return EXIT_USAGE;
+        const int ok = common_opt_code(c) ? common_opt(&co, c, optarg) : parse_option(a, c, optarg);
+        if (ok < 0) fputs(usage, stderr);
+        if (ok <= 0) return EXIT_USAGE;
     }
     if (optind < argc || (a->model && a->config)) {
         fprintf(stderr, "streambp bench: give at most one of --model and --config\n%s", usage);
