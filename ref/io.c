@@ -98,6 +98,13 @@ static int cfg_rope(sbp_config *c, const cJSON *rs, const char *path, sbp_err *e
     const char *t = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rs, "rope_type"));
     if (!t) t = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(rs, "type"));
     if (!t || strcmp(t, "default") == 0) return SBP_OK;
+    if (strcmp(t, "linear") == 0 && c->family == SBP_GEMMA3) { /* inv_freq / factor */
+        c->rope_linear = 1;
+        c->rope_factor = cfg_num(rs, "factor", NAN);
+        if (!(c->rope_factor > 0))
+            return sbp_fail(err, SBP_EINPUT, "ref: %s: linear rope scaling without a factor", path);
+        return SBP_OK;
+    }
     if (strcmp(t, "llama3") != 0)
         return sbp_fail(err, SBP_EINPUT, "ref: %s: rope type \"%s\" is not implemented", path, t);
     c->rope_llama3 = 1;
@@ -111,6 +118,44 @@ static int cfg_rope(sbp_config *c, const cJSON *rs, const char *path, sbp_err *e
     return SBP_OK;
 }
 
+/* pad_token_id (HF's nn.Embedding padding_idx): absent gives `dflt`, null gives -1 (none). */
+static int cfg_pad(const cJSON *o, int dflt, int *out, const char *path, sbp_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "pad_token_id");
+    if (!v || cJSON_IsNull(v)) {
+        *out = v ? -1 : dflt;
+        return SBP_OK;
+    }
+    double d = cJSON_GetNumberValue(v);
+    if (!cJSON_IsNumber(v) || d != floor(d) || d < 0 || d > 1e8)
+        return sbp_fail(err, SBP_EINPUT, "ref: %s: \"pad_token_id\" is not a token id", path);
+    *out = (int)d;
+    return SBP_OK;
+}
+
+/* The Gemma-3 fields with Gemma3TextConfig's defaults (HF 4.51.3; docs/gemma3.md). The sizes'
+ * defaults are read by the caller. Soft-capping is refused by name: not implemented. */
+static int cfg_gemma3(sbp_config *c, const cJSON *t, const char *path, sbp_err *err) {
+    const char *act =
+        cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(t, "hidden_activation"));
+    if (act && strcmp(act, "gelu_pytorch_tanh") != 0)
+        return sbp_fail(err, SBP_EINPUT, "ref: %s: hidden_activation \"%s\" is not implemented",
+                        path, act);
+    const char *caps[] = {"final_logit_softcapping", "attn_logit_softcapping"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(t, caps[i]);
+        if (v && !cJSON_IsNull(v))
+            return sbp_fail(err, SBP_EINPUT, "ref: %s: %s is set; not implemented", path, caps[i]);
+    }
+    c->rope_local_theta = cfg_num(t, "rope_local_base_freq", 10000.0);
+    c->query_pre_attn_scalar = cfg_num(t, "query_pre_attn_scalar", 256);
+    int st = cfg_int(t, "sliding_window", 4096, &c->sliding_window, path, err);
+    if (!st) st = cfg_int(t, "sliding_window_pattern", 6, &c->sliding_window_pattern, path, err);
+    if (!st && (!(c->rope_local_theta > 0) || !(c->query_pre_attn_scalar > 0)))
+        st = sbp_fail(err, SBP_EINPUT,
+                      "ref: %s: rope_local_base_freq and query_pre_attn_scalar must be > 0", path);
+    return st;
+}
+
 int ref_config_read(sbp_config *cfg, const char *path, sbp_err *err) {
     int st;
     cJSON *o = json_object_read(path, &st, err);
@@ -118,6 +163,8 @@ int ref_config_read(sbp_config *cfg, const char *path, sbp_err *err) {
     sbp_config c;
     memset(&c, 0, sizeof c);
     const char *mt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "model_type"));
+    const cJSON *t = o;  /* the text model's fields: a multimodal gemma3's are in text_config */
+    cJSON *empty = NULL; /* an absent text_config: Gemma3Config makes one of all defaults */
     st = SBP_OK;
     if (mt && strcmp(mt, "qwen3") == 0)
         c.family = SBP_QWEN3;
@@ -125,40 +172,63 @@ int ref_config_read(sbp_config *cfg, const char *path, sbp_err *err) {
         c.family = SBP_QWEN2;
     else if (mt && strcmp(mt, "llama") == 0)
         c.family = SBP_LLAMA;
-    else
-        st = sbp_fail(err, SBP_EINPUT, "ref: %s: model_type is not qwen3, qwen2 or llama", path);
-    if (!st) snprintf(c.model_type, sizeof c.model_type, "%s", mt);
-    if (!st) st = cfg_int(o, "vocab_size", -1, &c.vocab, path, err);
-    if (!st) st = cfg_int(o, "hidden_size", -1, &c.hidden, path, err);
-    if (!st) st = cfg_int(o, "intermediate_size", -1, &c.ffn, path, err);
-    if (!st) st = cfg_int(o, "num_hidden_layers", -1, &c.layers, path, err);
-    if (!st) st = cfg_int(o, "num_attention_heads", -1, &c.heads, path, err);
-    if (!st) st = cfg_int(o, "num_key_value_heads", c.heads, &c.kv_heads, path, err);
-    /* HF: Qwen3Config(head_dim=128); LlamaConfig and Qwen2 use hidden_size // heads */
+    else if (mt && strcmp(mt, "gemma3_text") == 0)
+        c.family = SBP_GEMMA3;
+    else if (mt && strcmp(mt, "gemma3") == 0) {
+        c.family = SBP_GEMMA3, c.wrapped = 1;
+        t = cJSON_GetObjectItemCaseSensitive(o, "text_config");
+        if (!t || cJSON_IsNull(t)) t = empty = cJSON_CreateObject();
+        if (!cJSON_IsObject(t))
+            st = sbp_fail(err, SBP_EINPUT, "ref: %s: text_config is not an object", path);
+    } else
+        st =
+            sbp_fail(err, SBP_EINPUT,
+                     "ref: %s: model_type is not qwen3, qwen2, llama, gemma3_text or gemma3", path);
+    const int gem = c.family == SBP_GEMMA3;
+    if (!st) snprintf(c.model_type, sizeof c.model_type, "%s", gem ? "gemma3_text" : mt);
+    /* Gemma3TextConfig has a default for every size; the other families' configs name them */
+    if (!st) st = cfg_int(t, "vocab_size", gem ? 262208 : -1, &c.vocab, path, err);
+    if (!st) st = cfg_int(t, "hidden_size", gem ? 2304 : -1, &c.hidden, path, err);
+    if (!st) st = cfg_int(t, "intermediate_size", gem ? 9216 : -1, &c.ffn, path, err);
+    if (!st) st = cfg_int(t, "num_hidden_layers", gem ? 26 : -1, &c.layers, path, err);
+    if (!st) st = cfg_int(t, "num_attention_heads", gem ? 8 : -1, &c.heads, path, err);
+    if (!st) st = cfg_int(t, "num_key_value_heads", gem ? 4 : c.heads, &c.kv_heads, path, err);
+    /* HF: Qwen3Config(head_dim=128), Gemma3TextConfig(head_dim=256); LlamaConfig and Qwen2 use
+     * hidden_size // heads */
     if (!st)
-        st = cfg_int(o, "head_dim", c.family == SBP_QWEN3 ? 128 : c.hidden / c.heads, &c.head_dim,
-                     path, err);
+        st = cfg_int(t, "head_dim",
+                     c.family == SBP_QWEN3 ? 128
+                     : gem                 ? 256
+                                           : c.hidden / c.heads,
+                     &c.head_dim, path, err);
     if (!st && (c.head_dim % 2 || c.heads % c.kv_heads))
         st = sbp_fail(err, SBP_EINPUT, "ref: %s: odd head_dim or heads not divisible", path);
-    c.eps = cfg_num(o, "rms_norm_eps", NAN);
-    c.rope_theta = cfg_num(o, "rope_theta", 10000.0);
-    c.init_range = cfg_num(o, "initializer_range", 0.02);
-    c.tied = cfg_true(o, "tie_word_embeddings");
-    c.qkv_bias = c.family == SBP_QWEN2; /* hard-wired in HF's Qwen2Attention */
-    c.qk_norm = c.family == SBP_QWEN3;
-    if (!st) st = cfg_rope(&c, cJSON_GetObjectItemCaseSensitive(o, "rope_scaling"), path, err);
-    if (!st) st = cfg_rope(&c, cJSON_GetObjectItemCaseSensitive(o, "rope_parameters"), path, err);
+    c.eps = cfg_num(t, "rms_norm_eps", gem ? 1e-6 : NAN);
+    c.rope_theta = cfg_num(t, "rope_theta", gem ? 1e6 : 10000.0);
+    c.init_range = cfg_num(t, "initializer_range", 0.02);
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(t, "tie_word_embeddings");
+    c.tied = gem && !tie ? 1 : cJSON_IsTrue(tie); /* Gemma3TextConfig ties by default */
+    c.qkv_bias = c.family == SBP_QWEN2;           /* hard-wired in HF's Qwen2Attention */
+    c.qk_norm = c.family == SBP_QWEN3 || gem;
+    if (!st) st = cfg_pad(t, gem ? 0 : -1, &c.pad_token_id, path, err);
+    if (!st && gem) st = cfg_gemma3(&c, t, path, err);
+    if (!st) st = cfg_rope(&c, cJSON_GetObjectItemCaseSensitive(t, "rope_scaling"), path, err);
+    if (!st) st = cfg_rope(&c, cJSON_GetObjectItemCaseSensitive(t, "rope_parameters"), path, err);
     if (!st && (!(c.eps > 0) || !(c.rope_theta > 0)))
         st = sbp_fail(err, SBP_EINPUT, "ref: %s: rms_norm_eps and rope_theta must be > 0", path);
-    const char *act = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "hidden_act"));
-    if (!st && act && strcmp(act, "silu") != 0)
+    const char *act = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(t, "hidden_act"));
+    if (!st && !gem && act && strcmp(act, "silu") != 0)
         st = sbp_fail(err, SBP_EINPUT, "ref: %s: hidden_act \"%s\" is not implemented", path, act);
-    if (!st && (cfg_true(o, "use_sliding_window") || cfg_true(o, "mlp_bias") ||
-                (c.family != SBP_QWEN2 && cfg_true(o, "attention_bias"))))
+    if (!st && (cfg_true(t, "use_sliding_window") || cfg_true(t, "mlp_bias") ||
+                (c.family != SBP_QWEN2 && cfg_true(t, "attention_bias"))))
         st = sbp_fail(err, SBP_EINPUT,
-                      "ref: %s: sliding windows and extra biases are not "
+                      "ref: %s: sliding windows (outside Gemma-3) and extra biases are not "
                       "implemented",
                       path);
+    if (!st && c.pad_token_id >= c.vocab)
+        st = sbp_fail(err, SBP_EINPUT, "ref: %s: pad_token_id %d is outside the vocabulary", path,
+                      c.pad_token_id);
+    cJSON_Delete(empty);
     cJSON_Delete(o);
     if (!st) *cfg = c;
     return st;
@@ -167,13 +237,15 @@ int ref_config_read(sbp_config *cfg, const char *path, sbp_err *err) {
 /* ---------------------------------------------------------------------------------------------
  * The parameter table */
 
-static void table_add(sbp_params *ps, sbp_param_kind kind, int layer, const char *suffix,
-                      int64_t d0, int64_t d1) {
+/* A tensor's HF name: `prefix` ("language_model." for a multimodal gemma3 checkpoint's text
+ * model, else "") + the text model's name. */
+static void table_add(sbp_params *ps, const char *prefix, sbp_param_kind kind, int layer,
+                      const char *suffix, int64_t d0, int64_t d1) {
     sbp_param *p = &ps->p[ps->n++];
     if (layer < 0)
-        snprintf(p->name, sizeof p->name, "%s", suffix);
+        snprintf(p->name, sizeof p->name, "%s%s", prefix, suffix);
     else
-        snprintf(p->name, sizeof p->name, "model.layers.%d.%s", layer, suffix);
+        snprintf(p->name, sizeof p->name, "%smodel.layers.%d.%s", prefix, layer, suffix);
     p->kind = kind, p->layer = layer;
     p->ndim = d1 ? 2 : 1;
     p->shape[0] = d0, p->shape[1] = d1;
@@ -186,31 +258,36 @@ int ref_params_build(sbp_params *ps, const sbp_config *c, sbp_err *err) {
     memset(ps, 0, sizeof *ps);
     if (c->layers < 1 || c->layers > 4096)
         return sbp_fail(err, SBP_EINPUT, "ref: %d layers", c->layers);
-    if (!(ps->p = calloc((size_t)c->layers * 14 + 3, sizeof *ps->p)))
+    if (!(ps->p = calloc((size_t)c->layers * 16 + 3, sizeof *ps->p)))
         return sbp_fail(err, SBP_ENOMEM, "ref: out of memory");
     const int64_t C = c->hidden, V = c->vocab, F = c->ffn, HD = c->head_dim;
     const int64_t Q = c->heads * HD, KV = c->kv_heads * HD;
-    table_add(ps, SBP_P_EMBED, -1, "model.embed_tokens.weight", V, C);
+    const char *pre = c->wrapped ? "language_model." : "";
+    table_add(ps, pre, SBP_P_EMBED, -1, "model.embed_tokens.weight", V, C);
     for (int l = 0; l < c->layers; l++) {
-        table_add(ps, SBP_P_Q, l, "self_attn.q_proj.weight", Q, C);
-        if (c->qkv_bias) table_add(ps, SBP_P_QB, l, "self_attn.q_proj.bias", Q, 0);
-        table_add(ps, SBP_P_K, l, "self_attn.k_proj.weight", KV, C);
-        if (c->qkv_bias) table_add(ps, SBP_P_KB, l, "self_attn.k_proj.bias", KV, 0);
-        table_add(ps, SBP_P_V, l, "self_attn.v_proj.weight", KV, C);
-        if (c->qkv_bias) table_add(ps, SBP_P_VB, l, "self_attn.v_proj.bias", KV, 0);
-        table_add(ps, SBP_P_O, l, "self_attn.o_proj.weight", C, Q);
+        table_add(ps, pre, SBP_P_Q, l, "self_attn.q_proj.weight", Q, C);
+        if (c->qkv_bias) table_add(ps, pre, SBP_P_QB, l, "self_attn.q_proj.bias", Q, 0);
+        table_add(ps, pre, SBP_P_K, l, "self_attn.k_proj.weight", KV, C);
+        if (c->qkv_bias) table_add(ps, pre, SBP_P_KB, l, "self_attn.k_proj.bias", KV, 0);
+        table_add(ps, pre, SBP_P_V, l, "self_attn.v_proj.weight", KV, C);
+        if (c->qkv_bias) table_add(ps, pre, SBP_P_VB, l, "self_attn.v_proj.bias", KV, 0);
+        table_add(ps, pre, SBP_P_O, l, "self_attn.o_proj.weight", C, Q);
         if (c->qk_norm) {
-            table_add(ps, SBP_P_QNORM, l, "self_attn.q_norm.weight", HD, 0);
-            table_add(ps, SBP_P_KNORM, l, "self_attn.k_norm.weight", HD, 0);
+            table_add(ps, pre, SBP_P_QNORM, l, "self_attn.q_norm.weight", HD, 0);
+            table_add(ps, pre, SBP_P_KNORM, l, "self_attn.k_norm.weight", HD, 0);
         }
-        table_add(ps, SBP_P_GATE, l, "mlp.gate_proj.weight", F, C);
-        table_add(ps, SBP_P_UP, l, "mlp.up_proj.weight", F, C);
-        table_add(ps, SBP_P_DOWN, l, "mlp.down_proj.weight", C, F);
-        table_add(ps, SBP_P_IN_NORM, l, "input_layernorm.weight", C, 0);
-        table_add(ps, SBP_P_POST_NORM, l, "post_attention_layernorm.weight", C, 0);
+        table_add(ps, pre, SBP_P_GATE, l, "mlp.gate_proj.weight", F, C);
+        table_add(ps, pre, SBP_P_UP, l, "mlp.up_proj.weight", F, C);
+        table_add(ps, pre, SBP_P_DOWN, l, "mlp.down_proj.weight", C, F);
+        table_add(ps, pre, SBP_P_IN_NORM, l, "input_layernorm.weight", C, 0);
+        table_add(ps, pre, SBP_P_POST_NORM, l, "post_attention_layernorm.weight", C, 0);
+        if (c->family == SBP_GEMMA3) { /* Gemma3DecoderLayer's sandwich norms, in its order */
+            table_add(ps, pre, SBP_P_PRE_FF_NORM, l, "pre_feedforward_layernorm.weight", C, 0);
+            table_add(ps, pre, SBP_P_POST_FF_NORM, l, "post_feedforward_layernorm.weight", C, 0);
+        }
     }
-    table_add(ps, SBP_P_FINAL_NORM, -1, "model.norm.weight", C, 0);
-    if (!c->tied) table_add(ps, SBP_P_LM_HEAD, -1, "lm_head.weight", V, C);
+    table_add(ps, pre, SBP_P_FINAL_NORM, -1, "model.norm.weight", C, 0);
+    if (!c->tied) table_add(ps, pre, SBP_P_LM_HEAD, -1, "lm_head.weight", V, C);
     return SBP_OK;
 }
 

@@ -49,15 +49,30 @@ typedef struct {
     int T, C, NH, NKV, HD, Q, KV, F, V, L;
     real_t eps;
     sbp_unattended unattended; /* what a query that sees no key computes */
+    /* Gemma-3 (docs/gemma3.md); for the other families gemma = 0, norm_one = 0, emb_scale = 1 */
+    int gemma;        /* (1 + w) norms, sandwich norms, GeGLU, scaled embedding, windows */
+    real_t norm_one;  /* RMSNorm multiplies by norm_one + w: 1 for Gemma-3, 0 otherwise */
+    real_t scale;     /* attention scale: query_pre_attn_scalar^-0.5 (Gemma-3), HD^-0.5 */
+    real_t emb_scale; /* sqrt(C) rounded to real_t (Gemma-3), 1 otherwise */
+    int W, pattern;   /* Gemma-3: sliding_window, sliding_window_pattern */
+    int pad_id;       /* padding_idx: the embedding row lookups give no gradient; -1 none */
 } dims;
+
+/* The window of layer l, computed here from the config (not with src's sbp_layer_window): W for
+ * a Gemma-3 sliding layer, (l + 1) % pattern != 0 as HF 4.51.3's Gemma3Attention.is_sliding,
+ * and 0 (plain causal) for a global layer and every other family. */
+static int layer_window(const dims *d, int l) {
+    return d->gemma && d->pattern > 0 && (l + 1) % d->pattern != 0 ? d->W : 0;
+}
 
 /* One layer's weights (NULL for tensors the family does not have). */
 typedef struct {
     const real_t *in_norm, *post_norm; /* (C) */
     const real_t *wq, *wk, *wv, *wo;   /* (Q, C), (KV, C), (KV, C), (C, Q) */
     const real_t *bq, *bk, *bv;        /* (Q), (KV), (KV): Qwen2 */
-    const real_t *q_norm, *k_norm;     /* (HD): Qwen3 */
+    const real_t *q_norm, *k_norm;     /* (HD): Qwen3, Gemma-3 */
     const real_t *wg, *wu, *wd;        /* (F, C), (F, C), (C, F) */
+    const real_t *pre_ff, *post_ff;    /* (C): Gemma-3 (post_norm is its post_attention norm) */
 } layer_w;
 
 /* The same tensors in the gradient slab. */
@@ -67,6 +82,7 @@ typedef struct {
     real_t *bq, *bk, *bv;
     real_t *q_norm, *k_norm;
     real_t *wg, *wu, *wd;
+    real_t *pre_ff, *post_ff;
 } layer_g;
 
 /* Tensor `kind` of layer l (-1 for the embedding, final norm and head) in a weight or gradient
@@ -98,6 +114,8 @@ static layer_w layer_weights(const sbp_params *ps, const real_t *w /* (ps->total
         .wg = wptr(ps, w, SBP_P_GATE, l),
         .wu = wptr(ps, w, SBP_P_UP, l),
         .wd = wptr(ps, w, SBP_P_DOWN, l),
+        .pre_ff = wptr(ps, w, SBP_P_PRE_FF_NORM, l),
+        .post_ff = wptr(ps, w, SBP_P_POST_FF_NORM, l),
     };
     return lw;
 }
@@ -118,6 +136,8 @@ static layer_g layer_grads(const sbp_params *ps, real_t *g /* (ps->total) */, in
         .wg = gptr(ps, g, SBP_P_GATE, l),
         .wu = gptr(ps, g, SBP_P_UP, l),
         .wd = gptr(ps, g, SBP_P_DOWN, l),
+        .pre_ff = gptr(ps, g, SBP_P_PRE_FF_NORM, l),
+        .post_ff = gptr(ps, g, SBP_P_POST_FF_NORM, l),
     };
     return lg;
 }
@@ -164,28 +184,31 @@ static void zero(real_t *x /* (n) */, size_t n) {
 /* ---------------------------------------------------------------------------------------------
  * Ops: each forward, then its backward */
 
-/* RMSNorm of one vector: y_i = x_i · r · w_i with r = 1/sqrt(mean(x²) + eps). Returns r. */
+/* RMSNorm of one vector: y_i = (x_i · r) · g_i with r = 1/sqrt(mean(x²) + eps) and g_i = w_i,
+ * or g_i = 1 + w_i for Gemma-3 (one = 1: Gemma3RMSNorm, whose weights start at zero; HF forms
+ * 1 + w first, then multiplies x·r by it). Returns r. */
 static real_t rmsnorm_fwd(real_t *y /* (n) */, const real_t *x /* (n) */,
-                          const real_t *wn /* (n) */, int n, real_t eps) {
+                          const real_t *wn /* (n) */, int n, real_t eps, real_t one) {
     real_t ss = 0;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];
     real_t r = R(1) / sqrt(ss / R(n) + eps);
-    for (int i = 0; i < n; i++) y[i] = x[i] * r * wn[i];
+    for (int i = 0; i < n; i++) y[i] = x[i] * r * (one + wn[i]);
     return r;
 }
 
-/* forward: y_i = w_i x_i r, r = (Σ_j x_j²/n + eps)^(−1/2), so ∂r/∂x_j = −r³ x_j / n and
+/* forward: y_i = g_i x_i r, g_i = one + w_i, r = (Σ_j x_j²/n + eps)^(−1/2), so ∂r/∂x_j =
+ * −r³ x_j / n, ∂g_i/∂w_i = 1 and
  *   dw_i = dy_i x_i r,
- *   dx_j = r w_j dy_j + Σ_i w_i dy_i x_i · (−r³ x_j / n)
- *        = r w_j dy_j − (r³/n) x_j Σ_i w_i dy_i x_i. */
+ *   dx_j = r g_j dy_j + Σ_i g_i dy_i x_i · (−r³ x_j / n)
+ *        = r g_j dy_j − (r³/n) x_j Σ_i g_i dy_i x_i. */
 static void rmsnorm_bwd(real_t *dx /* (n) += */, real_t *dw /* (n) += */,
                         const real_t *dy /* (n) */, const real_t *x /* (n) */,
-                        const real_t *wn /* (n) */, real_t r, int n) {
-    real_t dot = 0; /* Σ_i w_i dy_i x_i */
-    for (int i = 0; i < n; i++) dot += wn[i] * dy[i] * x[i];
+                        const real_t *wn /* (n) */, real_t r, int n, real_t one) {
+    real_t dot = 0; /* Σ_i g_i dy_i x_i */
+    for (int i = 0; i < n; i++) dot += (one + wn[i]) * dy[i] * x[i];
     for (int i = 0; i < n; i++) {
         dw[i] += dy[i] * x[i] * r;
-        dx[i] += r * wn[i] * dy[i] - r * r * r / n * x[i] * dot;
+        dx[i] += r * (one + wn[i]) * dy[i] - r * r * r / n * x[i] * dot;
     }
 }
 
@@ -283,12 +306,19 @@ static void lora_bwd(real_t *dx /* (T, I) += */, const real_t *dy /* (T, O) */,
 
 /* inv_freq[i] = θ^(−2i/HD), with the llama3 rescaling when configured (SEMANTICS.md, RoPE):
  * wavelengths shorter than O/high keep their frequency, longer than O/low are slowed by
- * `factor`, and those in between interpolate with s = (O/wavelen − low)/(high − low). */
-static void rope_inv_freq(double *inv_freq /* (HD/2) */, const sbp_config *cfg) {
+ * `factor`, and those in between interpolate with s = (O/wavelen − low)/(high − low); linear
+ * scaling (Gemma-3 4B+) divides every frequency by `factor`. `local`: a Gemma-3 sliding
+ * layer's table, θ = rope_local_base_freq and never scaled (HF builds it from a copy of the
+ * config with rope_scaling {"rope_type": "default"}). */
+static void rope_inv_freq(double *inv_freq /* (HD/2) */, const sbp_config *cfg, int local) {
     int HD = cfg->head_dim;
     for (int i = 0; i < HD / 2; i++) {
-        double f = pow(cfg->rope_theta, -(2.0 * i) / HD);
-        if (cfg->rope_llama3) {
+        double f = pow(local ? cfg->rope_local_theta : cfg->rope_theta, -(2.0 * i) / HD);
+        if (local) {
+            /* unscaled */
+        } else if (cfg->rope_linear) {
+            f = f / cfg->rope_factor;
+        } else if (cfg->rope_llama3) {
             double O = cfg->rope_orig_max, lo = cfg->rope_low_freq, hi = cfg->rope_high_freq;
             double wavelen = 2 * PI / f;
             if (wavelen < O / hi) {
@@ -363,25 +393,35 @@ static int visible_keys(int *vis /* (T) */, const uint8_t *mask /* (T) */, int T
     return n;
 }
 
-/* The scores s_tj = q[t,h]·k[j,g] / sqrt(HD) of query t against its visible keys vis[0..n),
- * into s (n); returns n, the number of visible keys j ≤ t. */
-static int scores(real_t *s /* (T) */, const real_t *qt /* (HD) */, const real_t *k /* (T, KV) */,
-                  const int *vis, int n_vis, int t, int g, const dims *d) {
-    real_t scale = R(1.0 / sqrt((double)d->HD));
+/* The scores s_tj = q[t,h]·k[j,g] · scale of query t against its visible keys vis[lo..n), into
+ * s[lo..n); returns n, the number of real keys j ≤ t, and sets *lo: 0 for a global layer, and
+ * for a sliding layer of window W (win > 0) the first key with t − W < j (Gemma-3: a query sees
+ * the W keys t − W + 1 .. t, docs/gemma3.md). The query sees no key when *lo == n. */
+static int scores(real_t *s /* (T) */, int *lo, const real_t *qt /* (HD) */,
+                  const real_t *k /* (T, KV) */, const int *vis, int n_vis, int t, int g, int win,
+                  const dims *d) {
     int n = 0;
+    *lo = 0;
     for (; n < n_vis && vis[n] <= t; n++) {
+        if (win > 0 && vis[n] <= t - win) {
+            *lo = n + 1; /* outside the window */
+            continue;
+        }
         const real_t *kj = k + (size_t)vis[n] * d->KV + (size_t)g * d->HD;
         real_t dot = 0;
         for (int i = 0; i < d->HD; i++) dot += qt[i] * kj[i];
-        s[n] = dot * scale;
+        s[n] = dot * d->scale;
     }
     return n;
 }
 
 /* The probabilities p (T) over all T keys of a query that sees no key (SEMANTICS.md, "Rows that
  * see no key"): hf-eager 1/T each (HF adds the mask's finite minimum to every score, and that
- * swamps them all equally); hf-sdpa the softmax of the real scores s_j = q·k_j / sqrt(HD) over
- * all T keys, padding and future ones included (HF unmasks the row). */
+ * swamps them all equally); hf-sdpa the softmax of the real scores s_j = q·k_j · scale over
+ * all T keys, padding and future ones included (HF unmasks the row). Both over all T keys in a
+ * sliding layer too: HF Gemma-3's minimum swamps the window's mask as well, and it never
+ * unmasks, so its sdpa gives hf-eager's rows (docs/gemma3.md); hf-sdpa here is the Llama/Qwen
+ * rule, applied unchanged. */
 static void unattended_probs(real_t *p /* (T) */, const real_t *qt /* (HD) */,
                              const real_t *k /* (T, KV) */, int g, const dims *d) {
     const int T = d->T;
@@ -389,7 +429,7 @@ static void unattended_probs(real_t *p /* (T) */, const real_t *qt /* (HD) */,
         for (int j = 0; j < T; j++) p[j] = R(1) / R(T);
         return;
     }
-    real_t scale = R(1.0 / sqrt((double)d->HD)), mx = -INFINITY, sum = 0;
+    real_t scale = d->scale, mx = -INFINITY, sum = 0;
     for (int j = 0; j < T; j++) {
         const real_t *kj = k + (size_t)j * d->KV + (size_t)g * d->HD;
         real_t dot = 0;
@@ -402,17 +442,18 @@ static void unattended_probs(real_t *p /* (T) */, const real_t *qt /* (HD) */,
     for (int j = 0; j < T; j++) p[j] = exp(p[j] - l);
 }
 
-/* Causal GQA attention of one sequence. Query head h reads key/value head g = h / (NH/NKV).
- * For query t and visible keys j:
- *   s_tj = q[t,h]·k[j,g] / sqrt(HD),   p_tj = exp(s_tj − lse_t),  lse_t = log Σ_{j' visible}
- * exp(s_tj'), o[t,h] = Σ_j p_tj v[j,g]; p_tj = 0 for invisible keys, and a query with no visible
- * key has p_t· = 0 and o[t,h] = 0. The log-sum-exp subtracts the row maximum before exp (the same
- * value, without overflow). In modes hf-eager and hf-sdpa a query with no visible key attends
- * to all T keys instead (unattended_probs). Only lse is kept (NH×T, +inf for a query without keys);
- * the backward recomputes the scores, so no T×T array exists and long sequences fit. */
+/* Causal GQA attention of one sequence (win > 0: a sliding layer, keys t − win < j ≤ t only).
+ * Query head h reads key/value head g = h / (NH/NKV). For query t and visible keys j:
+ *   s_tj = q[t,h]·k[j,g] · scale (1/sqrt(HD), or query_pre_attn_scalar^-0.5 for Gemma-3),   p_tj =
+ * exp(s_tj − lse_t),  lse_t = log Σ_{j' visible} exp(s_tj'), o[t,h] = Σ_j p_tj v[j,g]; p_tj = 0 for
+ * invisible keys, and a query with no visible key has p_t· = 0 and o[t,h] = 0. The log-sum-exp
+ * subtracts the row maximum before exp (the same value, without overflow). In modes hf-eager and
+ * hf-sdpa a query with no visible key attends to all T keys instead (unattended_probs). Only lse is
+ * kept (NH×T, +inf for a query without keys); the backward recomputes the scores, so no T×T array
+ * exists and long sequences fit. */
 static void attention_fwd(real_t *lse /* (NH, T) */, real_t *o /* (T, Q) */,
                           const real_t *q /* (T, Q) */, const real_t *k /* (T, KV) */,
-                          const real_t *v /* (T, KV) */, const int *vis, int n_vis,
+                          const real_t *v /* (T, KV) */, const int *vis, int n_vis, int win,
                           real_t *srow /* (T) scratch */, const dims *d) {
     int T = d->T, HD = d->HD, Q = d->Q, KV = d->KV, rep = d->NH / d->NKV;
     zero(o, (size_t)T * Q);
@@ -420,9 +461,9 @@ static void attention_fwd(real_t *lse /* (NH, T) */, real_t *o /* (T, Q) */,
         int g = h / rep;
         for (int t = 0; t < T; t++) {
             const real_t *qt = q + (size_t)t * Q + (size_t)h * HD;
-            int n = scores(srow, qt, k, vis, n_vis, t, g, d);
+            int lo, n = scores(srow, &lo, qt, k, vis, n_vis, t, g, win, d);
             lse[(size_t)h * T + t] = INFINITY;
-            if (!n && d->unattended != SBP_UNATTENDED_ZERO) { /* o = Σ_j p_j v_j over all T */
+            if (n == lo && d->unattended != SBP_UNATTENDED_ZERO) { /* o = Σ_j p_j v_j, all T */
                 unattended_probs(srow, qt, k, g, d);
                 real_t *ot = o + (size_t)t * Q + (size_t)h * HD;
                 for (int j = 0; j < T; j++) {
@@ -430,16 +471,16 @@ static void attention_fwd(real_t *lse /* (NH, T) */, real_t *o /* (T, Q) */,
                     for (int i = 0; i < HD; i++) ot[i] += srow[j] * vj[i];
                 }
             }
-            if (!n) continue; /* no visible key: p and o stay 0 (mode zero) */
-            real_t mx = srow[0];
-            for (int j = 1; j < n; j++)
+            if (n == lo) continue; /* no visible key: p and o stay 0 (mode zero) */
+            real_t mx = srow[lo];
+            for (int j = lo + 1; j < n; j++)
                 if (srow[j] > mx) mx = srow[j];
             real_t sum = 0;
-            for (int j = 0; j < n; j++) sum += exp(srow[j] - mx);
+            for (int j = lo; j < n; j++) sum += exp(srow[j] - mx);
             real_t l = mx + log(sum);
             lse[(size_t)h * T + t] = l;
             real_t *ot = o + (size_t)t * Q + (size_t)h * HD;
-            for (int j = 0; j < n; j++) {
+            for (int j = lo; j < n; j++) {
                 real_t pj = exp(srow[j] - l);
                 const real_t *vj = v + (size_t)vis[j] * KV + (size_t)g * HD;
                 for (int i = 0; i < HD; i++) ot[i] += pj * vj[i];
@@ -468,7 +509,7 @@ static void unattended_bwd(real_t *dqt /* (HD) += */, real_t *dk /* (T, KV) += *
                            const real_t *v /* (T, KV) */, real_t *p /* (T) scratch */,
                            real_t *dp /* (T) scratch */, int g, const dims *d) {
     const int T = d->T, HD = d->HD, KV = d->KV;
-    const real_t scale = R(1.0 / sqrt((double)HD));
+    const real_t scale = d->scale;
     unattended_probs(p, qt, k, g, d);
     real_t pdp = 0;
     for (int j = 0; j < T; j++) {
@@ -497,25 +538,25 @@ static void attention_bwd(real_t *dq /* (T, Q) += */, real_t *dk /* (T, KV) += *
                           real_t *dv /* (T, KV) += */, const real_t *dout /* (T, Q) */,
                           const real_t *lse /* (NH, T) */, const real_t *q /* (T, Q) */,
                           const real_t *k /* (T, KV) */, const real_t *v /* (T, KV) */,
-                          const int *vis, int n_vis, real_t *srow /* (T) scratch */,
+                          const int *vis, int n_vis, int win, real_t *srow /* (T) scratch */,
                           real_t *dp /* (T) scratch */, const dims *d) {
     int T = d->T, HD = d->HD, Q = d->Q, KV = d->KV, rep = d->NH / d->NKV;
-    real_t scale = R(1.0 / sqrt((double)HD));
+    real_t scale = d->scale;
     for (int h = 0; h < d->NH; h++) {
         int g = h / rep;
         for (int t = 0; t < T; t++) {
             const real_t *dot_ = dout + (size_t)t * Q + (size_t)h * HD;
             const real_t *qt = q + (size_t)t * Q + (size_t)h * HD;
             real_t *dqt = dq + (size_t)t * Q + (size_t)h * HD;
-            int n = scores(srow, qt, k, vis, n_vis, t, g, d);
+            int lo, n = scores(srow, &lo, qt, k, vis, n_vis, t, g, win, d);
             real_t l = lse[(size_t)h * T + t];
-            if (!n) {
+            if (n == lo) {
                 if (d->unattended != SBP_UNATTENDED_ZERO)
                     unattended_bwd(dqt, dk, dv, dot_, qt, k, v, srow, dp, g, d);
                 continue;
             }
             real_t pdp = 0; /* Σ_j p_tj dp_tj */
-            for (int j = 0; j < n; j++) {
+            for (int j = lo; j < n; j++) {
                 const real_t *vj = v + (size_t)vis[j] * KV + (size_t)g * HD;
                 real_t *dvj = dv + (size_t)vis[j] * KV + (size_t)g * HD;
                 srow[j] = exp(srow[j] - l); /* the probability, from here on */
@@ -527,7 +568,7 @@ static void attention_bwd(real_t *dq /* (T, Q) += */, real_t *dk /* (T, KV) += *
                 dp[j] = s;
                 pdp += srow[j] * s;
             }
-            for (int j = 0; j < n; j++) {
+            for (int j = lo; j < n; j++) {
                 real_t ds = srow[j] * (dp[j] - pdp);
                 const real_t *kj = k + (size_t)vis[j] * KV + (size_t)g * HD;
                 real_t *dkj = dk + (size_t)vis[j] * KV + (size_t)g * HD;
@@ -558,6 +599,35 @@ static void swiglu_bwd(real_t *dg /* (n) += */, real_t *du /* (n) += */, const r
         real_t sg = sigmoid(g[i]);
         dg[i] += dm[i] * u[i] * sg * (1 + g[i] * (1 - sg));
         du[i] += dm[i] * g[i] * sg;
+    }
+}
+
+/* GeGLU's product (Gemma-3, gelu_pytorch_tanh on the gate): m = gelu(g) ⊙ u with
+ *   gelu(z) = 0.5·z·(1 + tanh(c·(z + 0.044715·z³))),  c = sqrt(2/π),
+ * PyTorch's gelu(approximate="tanh"), written out with the libm tanh: the oracle is naive on
+ * purpose (src/ uses its own portable tanh, docs/gemma3.md). */
+static const double GELU_C = 0.7978845608028654; /* sqrt(2/π) */
+static const double GELU_A = 0.044715;
+
+static void geglu_fwd(real_t *m /* (n) */, const real_t *g /* (n) */, const real_t *u /* (n) */,
+                      size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        real_t z = g[i], th = tanh(R(GELU_C) * (z + R(GELU_A) * z * z * z));
+        m[i] = R(0.5) * z * (1 + th) * u[i];
+    }
+}
+
+/* forward: m = gelu(g)·u with gelu(z) = ½z(1 + th), th = tanh(c(z + a z³)), so
+ *   gelu'(z) = ½(1 + th) + ½z(1 − th²)·c(1 + 3a z²),
+ *   dg = dm · u · gelu'(g),   du = dm · gelu(g). */
+static void geglu_bwd(real_t *dg /* (n) += */, real_t *du /* (n) += */, const real_t *dm /* (n) */,
+                      const real_t *g /* (n) */, const real_t *u /* (n) */, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        real_t z = g[i], th = tanh(R(GELU_C) * (z + R(GELU_A) * z * z * z));
+        real_t dgelu = R(0.5) * (1 + th) +
+                       R(0.5) * z * (1 - th * th) * R(GELU_C) * (1 + 3 * R(GELU_A) * z * z);
+        dg[i] += dm[i] * u[i] * dgelu;
+        du[i] += dm[i] * R(0.5) * z * (1 + th);
     }
 }
 
@@ -601,24 +671,30 @@ typedef struct {
     real_t *r_post;    /* (T) post-attention RMSNorm's 1/rms per row */
     real_t *xn2;       /* (T, C) rmsnorm(x2)·w_post */
     real_t *g, *u;     /* (T, F) xn2·Wgᵀ, xn2·Wuᵀ */
-    real_t *m;         /* (T, F) silu(g) ⊙ u */
+    real_t *m;         /* (T, F) silu(g) ⊙ u (Gemma-3: gelu_tanh(g) ⊙ u) */
+    /* Gemma-3's sandwich norms: x2 = x + rmsnorm(ao), y = x2 + rmsnorm(mo); r_post and xn2
+     * above are then pre_feedforward_layernorm's */
+    real_t *ao, *r_ao; /* (T, C), (T) o·Woᵀ and post_attention_layernorm's 1/rms */
+    real_t *mo, *r_mo; /* (T, C), (T) m·Wdᵀ and post_feedforward_layernorm's 1/rms */
 } layer_acts;
 
 typedef struct {
-    layer_acts *layer; /* (L) */
-    real_t *xf;        /* (T, C) output of the last layer */
-    real_t *r_f;       /* (T) final RMSNorm's 1/rms per row */
-    real_t *hn;        /* (T, C) rmsnorm(xf)·w_final */
-    real_t *logits;    /* (T, V) */
-    real_t *cs, *sn;   /* (T, HD/2) RoPE tables */
-    int *vis, n_vis;   /* (T) the positions with attention_mask 1, ascending, and their count */
-    real_t *srow;      /* (T) attention scratch: one query's scores */
+    layer_acts *layer;       /* (L) */
+    real_t *xf;              /* (T, C) output of the last layer */
+    real_t *r_f;             /* (T) final RMSNorm's 1/rms per row */
+    real_t *hn;              /* (T, C) rmsnorm(xf)·w_final */
+    real_t *logits;          /* (T, V) */
+    real_t *cs, *sn;         /* (T, HD/2) RoPE tables (Gemma-3: the global layers') */
+    real_t *cs_loc, *sn_loc; /* (T, HD/2) Gemma-3's sliding layers' RoPE tables */
+    int *vis, n_vis; /* (T) the positions with attention_mask 1, ascending, and their count */
+    real_t *srow;    /* (T) attention scratch: one query's scores */
 } seq_acts;
 
 /* Backward scratch of one layer (zeroed before each use). */
 typedef struct {
     real_t *dm, *dg, *du;          /* (T, F) */
     real_t *dxn2, *dx2, *dxn;      /* (T, C) */
+    real_t *dao, *dmo;             /* (T, C) Gemma-3: d(o·Woᵀ), d(m·Wdᵀ) */
     real_t *dout, *dq, *dq1, *dq0; /* (T, Q) */
     real_t *dk, *dk1, *dk0, *dv;   /* (T, KV) */
     real_t *dp;                    /* (T) */
@@ -652,6 +728,12 @@ static void seq_alloc(seq_acts *s, layer_scratch *sc, pool *pl, const dims *d) {
         a->g = pool_get(pl, T * F);
         a->u = pool_get(pl, T * F);
         a->m = pool_get(pl, T * F);
+        if (d->gemma) {
+            a->ao = pool_get(pl, T * C);
+            a->r_ao = pool_get(pl, T);
+            a->mo = pool_get(pl, T * C);
+            a->r_mo = pool_get(pl, T);
+        }
     }
     s->xf = pool_get(pl, T * C);
     s->r_f = pool_get(pl, T);
@@ -659,6 +741,8 @@ static void seq_alloc(seq_acts *s, layer_scratch *sc, pool *pl, const dims *d) {
     s->logits = pool_get(pl, T * d->V);
     s->cs = pool_get(pl, T * (d->HD / 2));
     s->sn = pool_get(pl, T * (d->HD / 2));
+    s->cs_loc = pool_get(pl, T * (d->HD / 2));
+    s->sn_loc = pool_get(pl, T * (d->HD / 2));
     s->vis = pool_bytes(pl, sizeof(int) * T);
     s->srow = pool_get(pl, T);
     if (!sc) return;
@@ -668,6 +752,8 @@ static void seq_alloc(seq_acts *s, layer_scratch *sc, pool *pl, const dims *d) {
     sc->dxn2 = pool_get(pl, T * C);
     sc->dx2 = pool_get(pl, T * C);
     sc->dxn = pool_get(pl, T * C);
+    sc->dao = pool_get(pl, T * C);
+    sc->dmo = pool_get(pl, T * C);
     sc->dout = pool_get(pl, T * Q);
     sc->dq = pool_get(pl, T * Q);
     sc->dq1 = pool_get(pl, T * Q);
@@ -679,54 +765,125 @@ static void seq_alloc(seq_acts *s, layer_scratch *sc, pool *pl, const dims *d) {
     sc->dp = pool_get(pl, T);
 }
 
-/* One decoder layer, from a->x (already filled) to y. */
-static void layer_fwd(layer_acts *a, real_t *y /* (T, C) */, const layer_w *lw, const adapter *ad,
-                      int l, const seq_acts *s, const dims *d) {
-    const real_t *cs = s->cs, *sn = s->sn;
-    int T = d->T, C = d->C, Q = d->Q, KV = d->KV, F = d->F, HD = d->HD;
+/* One layer's RoPE tables: a Gemma-3 sliding layer's own (local base, unscaled), else the
+ * global ones. */
+static void layer_rope(const real_t **cs, const real_t **sn, const seq_acts *s, const dims *d,
+                       int l) {
+    int local = layer_window(d, l) > 0;
+    *cs = local ? s->cs_loc : s->cs;
+    *sn = local ? s->sn_loc : s->sn;
+}
+
+/* RMSNorm of each of the T rows of x (T, n) into y, keeping 1/rms per row in r (T). */
+static void rmsnorm_rows(real_t *y /* (T, n) */, real_t *r /* (T) */, const real_t *x /* (T, n) */,
+                         const real_t *wn /* (n) */, int T, int n, const dims *d) {
     for (int t = 0; t < T; t++)
-        a->r_in[t] =
-            rmsnorm_fwd(a->xn + (size_t)t * C, a->x + (size_t)t * C, lw->in_norm, C, d->eps);
+        r[t] = rmsnorm_fwd(y + (size_t)t * n, x + (size_t)t * n, wn, n, d->eps, d->norm_one);
+}
+
+/* forward: rmsnorm_rows; the backward of each row (rmsnorm_bwd), dx and dw accumulated. */
+static void rmsnorm_rows_bwd(real_t *dx /* (T, n) += */, real_t *dw /* (n) += */,
+                             const real_t *dy /* (T, n) */, const real_t *x /* (T, n) */,
+                             const real_t *wn /* (n) */, const real_t *r /* (T) */, int T, int n,
+                             const dims *d) {
+    for (int t = 0; t < T; t++)
+        rmsnorm_bwd(dx + (size_t)t * n, dw, dy + (size_t)t * n, x + (size_t)t * n, wn, r[t], n,
+                    d->norm_one);
+}
+
+/* The attention half of one layer: from a->x (filled) to a->x2 = x + o·Woᵀ, or for Gemma-3
+ * x2 = x + rmsnorm(o·Woᵀ; post_attention_layernorm). */
+static void attn_fwd(layer_acts *a, const layer_w *lw, const adapter *ad, int l, const seq_acts *s,
+                     const dims *d) {
+    int T = d->T, C = d->C, Q = d->Q, KV = d->KV, HD = d->HD;
+    const real_t *cs, *sn;
+    layer_rope(&cs, &sn, s, d, l);
+    rmsnorm_rows(a->xn, a->r_in, a->x, lw->in_norm, T, C, d);
     linear_fwd(a->q0, a->xn, lw->wq, lw->bq, T, C, Q);
     linear_fwd(a->k0, a->xn, lw->wk, lw->bk, T, C, KV);
     linear_fwd(a->v, a->xn, lw->wv, lw->bv, T, C, KV);
     lora_fwd(a->q0, a->xn, ad, SBP_P_Q, l, T, C, Q);
     lora_fwd(a->k0, a->xn, ad, SBP_P_K, l, T, C, KV);
     lora_fwd(a->v, a->xn, ad, SBP_P_V, l, T, C, KV);
-    if (lw->q_norm) { /* Qwen3: RMSNorm of each head's HD-vector, before RoPE */
-        for (int t = 0; t < T; t++) {
-            for (int h = 0; h < d->NH; h++) {
-                size_t i = (size_t)t * Q + (size_t)h * HD;
-                a->r_q[t * d->NH + h] = rmsnorm_fwd(a->q1 + i, a->q0 + i, lw->q_norm, HD, d->eps);
-            }
-            for (int h = 0; h < d->NKV; h++) {
-                size_t i = (size_t)t * KV + (size_t)h * HD;
-                a->r_k[t * d->NKV + h] = rmsnorm_fwd(a->k1 + i, a->k0 + i, lw->k_norm, HD, d->eps);
-            }
-        }
+    if (lw->q_norm) { /* Qwen3, Gemma-3: RMSNorm of each head's HD-vector, before RoPE */
+        rmsnorm_rows(a->q1, a->r_q, a->q0, lw->q_norm, T * d->NH, HD, d);
+        rmsnorm_rows(a->k1, a->r_k, a->k0, lw->k_norm, T * d->NKV, HD, d);
     } else {
         memcpy(a->q1, a->q0, sizeof(real_t) * (size_t)T * Q);
         memcpy(a->k1, a->k0, sizeof(real_t) * (size_t)T * KV);
     }
     rope_fwd(a->q, a->q1, cs, sn, T, d->NH, HD);
     rope_fwd(a->k, a->k1, cs, sn, T, d->NKV, HD);
-    attention_fwd(a->lse, a->o, a->q, a->k, a->v, s->vis, s->n_vis, s->srow, d);
-    /* x2 = x + o·Woᵀ */
-    linear_fwd(a->x2, a->o, lw->wo, NULL, T, Q, C);
-    lora_fwd(a->x2, a->o, ad, SBP_P_O, l, T, Q, C);
+    attention_fwd(a->lse, a->o, a->q, a->k, a->v, s->vis, s->n_vis, layer_window(d, l), s->srow, d);
+    real_t *ao = d->gemma ? a->ao : a->x2; /* o·Woᵀ */
+    linear_fwd(ao, a->o, lw->wo, NULL, T, Q, C);
+    lora_fwd(ao, a->o, ad, SBP_P_O, l, T, Q, C);
+    if (d->gemma) rmsnorm_rows(a->x2, a->r_ao, a->ao, lw->post_norm, T, C, d);
     for (size_t i = 0; i < (size_t)T * C; i++) a->x2[i] += a->x[i];
-    for (int t = 0; t < T; t++)
-        a->r_post[t] =
-            rmsnorm_fwd(a->xn2 + (size_t)t * C, a->x2 + (size_t)t * C, lw->post_norm, C, d->eps);
+}
+
+/* One decoder layer, from a->x (already filled) to y:
+ *   y = x2 + mlp(rmsnorm(x2; post_attention_layernorm)), or for Gemma-3
+ *   y = x2 + rmsnorm(mlp(rmsnorm(x2; pre_feedforward_layernorm)); post_feedforward_layernorm)
+ * with mlp(m) = (act(m·Wgᵀ) ⊙ m·Wuᵀ)·Wdᵀ, act = silu (gelu_tanh for Gemma-3). */
+static void layer_fwd(layer_acts *a, real_t *y /* (T, C) */, const layer_w *lw, const adapter *ad,
+                      int l, const seq_acts *s, const dims *d) {
+    int T = d->T, C = d->C, F = d->F;
+    attn_fwd(a, lw, ad, l, s, d);
+    rmsnorm_rows(a->xn2, a->r_post, a->x2, d->gemma ? lw->pre_ff : lw->post_norm, T, C, d);
     linear_fwd(a->g, a->xn2, lw->wg, NULL, T, C, F);
     linear_fwd(a->u, a->xn2, lw->wu, NULL, T, C, F);
     lora_fwd(a->g, a->xn2, ad, SBP_P_GATE, l, T, C, F);
     lora_fwd(a->u, a->xn2, ad, SBP_P_UP, l, T, C, F);
-    swiglu_fwd(a->m, a->g, a->u, (size_t)T * F);
-    /* y = x2 + m·Wdᵀ */
-    linear_fwd(y, a->m, lw->wd, NULL, T, F, C);
-    lora_fwd(y, a->m, ad, SBP_P_DOWN, l, T, F, C);
+    if (d->gemma)
+        geglu_fwd(a->m, a->g, a->u, (size_t)T * F);
+    else
+        swiglu_fwd(a->m, a->g, a->u, (size_t)T * F);
+    real_t *mo = d->gemma ? a->mo : y; /* m·Wdᵀ */
+    linear_fwd(mo, a->m, lw->wd, NULL, T, F, C);
+    lora_fwd(mo, a->m, ad, SBP_P_DOWN, l, T, F, C);
+    if (d->gemma) rmsnorm_rows(y, a->r_mo, a->mo, lw->post_ff, T, C, d);
     for (size_t i = 0; i < (size_t)T * C; i++) y[i] += a->x2[i];
+}
+
+/* Backward of the attention half (attn_fwd): from dx2 (sc->dx2) to dx, adding the weight
+ * gradients. The residual passes dx2 to dx unchanged; the rest goes through the (Gemma-3)
+ * post-attention norm, o_proj, attention, RoPE, the q/k norms and the projections. */
+static void attn_bwd(real_t *dx /* (T, C) += */, const layer_g *lg, const layer_w *lw,
+                     const adapter *ad, int l, const layer_acts *a, layer_scratch *sc,
+                     const seq_acts *s, const dims *d) {
+    int T = d->T, C = d->C, Q = d->Q, KV = d->KV, HD = d->HD;
+    const real_t *cs, *sn;
+    layer_rope(&cs, &sn, s, d, l);
+    for (size_t i = 0; i < (size_t)T * C; i++) dx[i] += sc->dx2[i]; /* residual */
+    const real_t *dao = sc->dx2;                                    /* d(o·Woᵀ) */
+    if (d->gemma) {
+        zero(sc->dao, (size_t)T * C);
+        rmsnorm_rows_bwd(sc->dao, lg->post_norm, sc->dx2, a->ao, lw->post_norm, a->r_ao, T, C, d);
+        dao = sc->dao;
+    }
+    linear_bwd(sc->dout, lg->wo, NULL, dao, a->o, lw->wo, T, Q, C);
+    lora_bwd(sc->dout, dao, a->o, ad, SBP_P_O, l, T, Q, C);
+    attention_bwd(sc->dq, sc->dk, sc->dv, sc->dout, a->lse, a->q, a->k, a->v, s->vis, s->n_vis,
+                  layer_window(d, l), s->srow, sc->dp, d);
+    rope_bwd(sc->dq1, sc->dq, cs, sn, T, d->NH, HD);
+    rope_bwd(sc->dk1, sc->dk, cs, sn, T, d->NKV, HD);
+    if (lw->q_norm) { /* per-head RMSNorm: the same backward on each HD-vector */
+        rmsnorm_rows_bwd(sc->dq0, lg->q_norm, sc->dq1, a->q0, lw->q_norm, a->r_q, T * d->NH, HD, d);
+        rmsnorm_rows_bwd(sc->dk0, lg->k_norm, sc->dk1, a->k0, lw->k_norm, a->r_k, T * d->NKV, HD,
+                         d);
+    } else {
+        memcpy(sc->dq0, sc->dq1, sizeof(real_t) * (size_t)T * Q);
+        memcpy(sc->dk0, sc->dk1, sizeof(real_t) * (size_t)T * KV);
+    }
+    /* q0 = xn·Wqᵀ (+ bq), k0 = xn·Wkᵀ (+ bk), v = xn·Wvᵀ (+ bv): xn collects all three */
+    linear_bwd(sc->dxn, lg->wq, lg->bq, sc->dq0, a->xn, lw->wq, T, C, Q);
+    linear_bwd(sc->dxn, lg->wk, lg->bk, sc->dk0, a->xn, lw->wk, T, C, KV);
+    linear_bwd(sc->dxn, lg->wv, lg->bv, sc->dv, a->xn, lw->wv, T, C, KV);
+    lora_bwd(sc->dxn, sc->dq0, a->xn, ad, SBP_P_Q, l, T, C, Q);
+    lora_bwd(sc->dxn, sc->dk0, a->xn, ad, SBP_P_K, l, T, C, KV);
+    lora_bwd(sc->dxn, sc->dv, a->xn, ad, SBP_P_V, l, T, C, KV);
+    rmsnorm_rows_bwd(dx, lg->in_norm, sc->dxn, a->x, lw->in_norm, a->r_in, T, C, d);
 }
 
 /* Backward of one layer: from dy to dx, adding the layer's weight gradients into lg. The
@@ -735,8 +892,7 @@ static void layer_fwd(layer_acts *a, real_t *y /* (T, C) */, const layer_w *lw, 
 static void layer_bwd(real_t *dx /* (T, C) += */, const real_t *dy /* (T, C) */, const layer_g *lg,
                       const layer_w *lw, const adapter *ad, int l, const layer_acts *a,
                       layer_scratch *sc, const seq_acts *s, const dims *d) {
-    const real_t *cs = s->cs, *sn = s->sn;
-    int T = d->T, C = d->C, Q = d->Q, KV = d->KV, F = d->F, HD = d->HD;
+    int T = d->T, C = d->C, Q = d->Q, KV = d->KV, F = d->F;
     zero(sc->dm, (size_t)T * F);
     zero(sc->dg, (size_t)T * F);
     zero(sc->du, (size_t)T * F);
@@ -751,54 +907,28 @@ static void layer_bwd(real_t *dx /* (T, C) += */, const real_t *dy /* (T, C) */,
     zero(sc->dk0, (size_t)T * KV);
     zero(sc->dv, (size_t)T * KV);
 
-    /* MLP: y = x2 + m·Wdᵀ, m = silu(g) ⊙ u, g = xn2·Wgᵀ, u = xn2·Wuᵀ, xn2 = rmsnorm(x2) */
+    /* MLP: y = x2 + m·Wdᵀ (Gemma-3: + rmsnorm(m·Wdᵀ)), m = act(g) ⊙ u, g = xn2·Wgᵀ,
+     * u = xn2·Wuᵀ, xn2 = rmsnorm(x2) */
     memcpy(sc->dx2, dy, sizeof(real_t) * (size_t)T * C); /* residual */
-    linear_bwd(sc->dm, lg->wd, NULL, dy, a->m, lw->wd, T, F, C);
-    lora_bwd(sc->dm, dy, a->m, ad, SBP_P_DOWN, l, T, F, C);
-    swiglu_bwd(sc->dg, sc->du, sc->dm, a->g, a->u, (size_t)T * F);
+    const real_t *dmo = dy;                              /* d(m·Wdᵀ) */
+    if (d->gemma) {
+        zero(sc->dmo, (size_t)T * C);
+        rmsnorm_rows_bwd(sc->dmo, lg->post_ff, dy, a->mo, lw->post_ff, a->r_mo, T, C, d);
+        dmo = sc->dmo;
+    }
+    linear_bwd(sc->dm, lg->wd, NULL, dmo, a->m, lw->wd, T, F, C);
+    lora_bwd(sc->dm, dmo, a->m, ad, SBP_P_DOWN, l, T, F, C);
+    if (d->gemma)
+        geglu_bwd(sc->dg, sc->du, sc->dm, a->g, a->u, (size_t)T * F);
+    else
+        swiglu_bwd(sc->dg, sc->du, sc->dm, a->g, a->u, (size_t)T * F);
     linear_bwd(sc->dxn2, lg->wg, NULL, sc->dg, a->xn2, lw->wg, T, C, F);
     linear_bwd(sc->dxn2, lg->wu, NULL, sc->du, a->xn2, lw->wu, T, C, F);
     lora_bwd(sc->dxn2, sc->dg, a->xn2, ad, SBP_P_GATE, l, T, C, F);
     lora_bwd(sc->dxn2, sc->du, a->xn2, ad, SBP_P_UP, l, T, C, F);
-    for (int t = 0; t < T; t++)
-        rmsnorm_bwd(sc->dx2 + (size_t)t * C, lg->post_norm, sc->dxn2 + (size_t)t * C,
-                    a->x2 + (size_t)t * C, lw->post_norm, a->r_post[t], C);
-
-    /* attention: x2 = x + o·Woᵀ */
-    for (size_t i = 0; i < (size_t)T * C; i++) dx[i] += sc->dx2[i]; /* residual */
-    linear_bwd(sc->dout, lg->wo, NULL, sc->dx2, a->o, lw->wo, T, Q, C);
-    lora_bwd(sc->dout, sc->dx2, a->o, ad, SBP_P_O, l, T, Q, C);
-    attention_bwd(sc->dq, sc->dk, sc->dv, sc->dout, a->lse, a->q, a->k, a->v, s->vis, s->n_vis,
-                  s->srow, sc->dp, d);
-    rope_bwd(sc->dq1, sc->dq, cs, sn, T, d->NH, HD);
-    rope_bwd(sc->dk1, sc->dk, cs, sn, T, d->NKV, HD);
-    if (lw->q_norm) { /* per-head RMSNorm: the same backward on each HD-vector */
-        for (int t = 0; t < T; t++) {
-            for (int h = 0; h < d->NH; h++) {
-                size_t i = (size_t)t * Q + (size_t)h * HD;
-                rmsnorm_bwd(sc->dq0 + i, lg->q_norm, sc->dq1 + i, a->q0 + i, lw->q_norm,
-                            a->r_q[t * d->NH + h], HD);
-            }
-            for (int h = 0; h < d->NKV; h++) {
-                size_t i = (size_t)t * KV + (size_t)h * HD;
-                rmsnorm_bwd(sc->dk0 + i, lg->k_norm, sc->dk1 + i, a->k0 + i, lw->k_norm,
-                            a->r_k[t * d->NKV + h], HD);
-            }
-        }
-    } else {
-        memcpy(sc->dq0, sc->dq1, sizeof(real_t) * (size_t)T * Q);
-        memcpy(sc->dk0, sc->dk1, sizeof(real_t) * (size_t)T * KV);
-    }
-    /* q0 = xn·Wqᵀ (+ bq), k0 = xn·Wkᵀ (+ bk), v = xn·Wvᵀ (+ bv): xn collects all three */
-    linear_bwd(sc->dxn, lg->wq, lg->bq, sc->dq0, a->xn, lw->wq, T, C, Q);
-    linear_bwd(sc->dxn, lg->wk, lg->bk, sc->dk0, a->xn, lw->wk, T, C, KV);
-    linear_bwd(sc->dxn, lg->wv, lg->bv, sc->dv, a->xn, lw->wv, T, C, KV);
-    lora_bwd(sc->dxn, sc->dq0, a->xn, ad, SBP_P_Q, l, T, C, Q);
-    lora_bwd(sc->dxn, sc->dk0, a->xn, ad, SBP_P_K, l, T, C, KV);
-    lora_bwd(sc->dxn, sc->dv, a->xn, ad, SBP_P_V, l, T, C, KV);
-    for (int t = 0; t < T; t++)
-        rmsnorm_bwd(dx + (size_t)t * C, lg->in_norm, sc->dxn + (size_t)t * C, a->x + (size_t)t * C,
-                    lw->in_norm, a->r_in[t], C);
+    rmsnorm_rows_bwd(sc->dx2, d->gemma ? lg->pre_ff : lg->post_norm, sc->dxn2, a->x2,
+                     d->gemma ? lw->pre_ff : lw->post_norm, a->r_post, T, C, d);
+    attn_bwd(dx, lg, lw, ad, l, a, sc, s, d);
 }
 
 /* The whole forward pass of one sequence, up to the logits. */
@@ -808,18 +938,18 @@ static void seq_fwd(seq_acts *s, const sbp_params *ps, const real_t *w, const ad
     const real_t *E = wptr(ps, w, SBP_P_EMBED, -1);
     int tied = offset_of(ps, SBP_P_LM_HEAD, -1) < 0;
     const real_t *Wlm = tied ? E : wptr(ps, w, SBP_P_LM_HEAD, -1);
-    /* x0[t] = E[ids[t]] */
+    /* x0[t] = E[ids[t]] · emb_scale (Gemma-3: sqrt(C) in the working precision; 1 otherwise) */
     real_t *x0 = d->L > 0 ? s->layer[0].x : s->xf;
     for (int t = 0; t < T; t++)
-        memcpy(x0 + (size_t)t * C, E + (size_t)ids[t] * C, sizeof(real_t) * (size_t)C);
+        for (int c = 0; c < C; c++)
+            x0[(size_t)t * C + c] = E[(size_t)ids[t] * C + c] * d->emb_scale;
     for (int l = 0; l < d->L; l++) {
         layer_w lw = layer_weights(ps, w, l);
         real_t *y = l + 1 < d->L ? s->layer[l + 1].x : s->xf;
         layer_fwd(&s->layer[l], y, &lw, ad, l, s, d);
     }
     const real_t *wf = wptr(ps, w, SBP_P_FINAL_NORM, -1);
-    for (int t = 0; t < T; t++)
-        s->r_f[t] = rmsnorm_fwd(s->hn + (size_t)t * C, s->xf + (size_t)t * C, wf, C, d->eps);
+    rmsnorm_rows(s->hn, s->r_f, s->xf, wf, T, C, d);
     linear_fwd(s->logits, s->hn, Wlm, NULL, T, C, d->V); /* logits = hn·W_lmᵀ */
 }
 
@@ -839,9 +969,8 @@ static void seq_bwd(real_t *grads, const real_t *dlogits /* (T, V) */, const seq
     zero(dhn, (size_t)T * C);
     linear_bwd(dhn, dWlm, NULL, dlogits, s->hn, Wlm, T, C, d->V);
     zero(dx, (size_t)T * C);
-    for (int t = 0; t < T; t++)
-        rmsnorm_bwd(dx + (size_t)t * C, gptr(ps, grads, SBP_P_FINAL_NORM, -1), dhn + (size_t)t * C,
-                    s->xf + (size_t)t * C, wptr(ps, w, SBP_P_FINAL_NORM, -1), s->r_f[t], C);
+    rmsnorm_rows_bwd(dx, gptr(ps, grads, SBP_P_FINAL_NORM, -1), dhn, s->xf,
+                     wptr(ps, w, SBP_P_FINAL_NORM, -1), s->r_f, T, C, d);
     for (int l = d->L - 1; l >= 0; l--) {
         layer_w lw = layer_weights(ps, w, l);
         layer_g lg = layer_grads(ps, grads, l);
@@ -851,9 +980,13 @@ static void seq_bwd(real_t *grads, const real_t *dlogits /* (T, V) */, const seq
         dx = dx_prev;
         dx_prev = tmp;
     }
-    /* x0[t] = E[ids[t]], so dE[ids[t]] += dx0[t] (scatter-add: repeated ids accumulate) */
+    /* x0[t] = E[ids[t]]·emb_scale, so dE[ids[t]] += dx0[t]·emb_scale (scatter-add: repeated ids
+     * accumulate), except for the padding_idx row: nn.Embedding(padding_idx=pad_token_id) gives
+     * it no gradient from lookups (the tied head's part above stays) */
     for (int t = 0; t < T; t++)
-        for (int c = 0; c < C; c++) dE[(size_t)ids[t] * C + c] += dx[(size_t)t * C + c];
+        if (ids[t] != d->pad_id)
+            for (int c = 0; c < C; c++)
+                dE[(size_t)ids[t] * C + c] += dx[(size_t)t * C + c] * d->emb_scale;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -882,6 +1015,8 @@ static int64_t expected_numel(sbp_param_kind kind, const sbp_config *cfg, const 
     case SBP_P_POST_NORM:
     case SBP_P_FINAL_NORM: return C;
     case SBP_P_LM_HEAD: *needed = !cfg->tied; return V * C;
+    case SBP_P_PRE_FF_NORM:
+    case SBP_P_POST_FF_NORM: *needed = cfg->family == SBP_GEMMA3; return C;
     default: *needed = 0; return 0;
     }
 }
@@ -910,7 +1045,25 @@ static int setup(dims *d, const sbp_config *cfg, const sbp_params *ps, const sbp
                 .F = cfg->ffn,
                 .V = cfg->vocab,
                 .L = cfg->layers,
-                .eps = cfg->eps};
+                .eps = cfg->eps,
+                .gemma = cfg->family == SBP_GEMMA3,
+                .norm_one = R(cfg->family == SBP_GEMMA3),
+                .scale = R(1.0 / sqrt((double)cfg->head_dim)),
+                .emb_scale = R(1),
+                .pad_id = cfg->pad_token_id >= 0 ? cfg->pad_token_id : -1};
+    if (d->gemma) {
+        /* HF: query_pre_attn_scalar ** -0.5 and hidden_size ** 0.5, Python floats (pow),
+         * rounded to the model dtype (docs/gemma3.md) */
+        if (!(cfg->query_pre_attn_scalar > 0) || cfg->sliding_window < 1 ||
+            cfg->sliding_window_pattern < 1 || !(cfg->rope_local_theta > 0))
+            return sbp_fail(err, SBP_EINPUT,
+                            "ref: Gemma-3 needs query_pre_attn_scalar > 0, sliding_window >= 1, "
+                            "sliding_window_pattern >= 1 and rope_local_base_freq > 0");
+        d->scale = R(pow(cfg->query_pre_attn_scalar, -0.5));
+        d->emb_scale = R(pow((double)cfg->hidden, 0.5));
+        d->W = cfg->sliding_window;
+        d->pattern = cfg->sliding_window_pattern;
+    }
     for (int k = 0; k < SBP_P_NKINDS; k++) {
         int needed;
         int64_t numel = expected_numel((sbp_param_kind)k, cfg, d, &needed);
@@ -1038,8 +1191,12 @@ static int run(double *logp /* (B*T) or NULL */, double *grads /* (ref_grad_tota
         pool_free(&pl);
         return sbp_fail(err, SBP_ENOMEM, "ref: out of memory (T = %d)", T);
     }
-    rope_inv_freq(inv_freq, cfg);
+    rope_inv_freq(inv_freq, cfg, 0);
     rope_tables(s.cs, s.sn, inv_freq, T, d.HD);
+    if (d.gemma) { /* the sliding layers' own table */
+        rope_inv_freq(inv_freq, cfg, 1);
+        rope_tables(s.cs_loc, s.sn_loc, inv_freq, T, d.HD);
+    }
     for (int r = 0; r < b->B; r++) {
         const int32_t *ids = b->ids + (size_t)r * T;
         s.n_vis = visible_keys(s.vis, b->mask + (size_t)r * T, T);
