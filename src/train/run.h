@@ -180,8 +180,9 @@ typedef struct {
  * checkpoint, checked to belong to this run; otherwise the logs' headers. */
 sbp_status sbp_train_run_open(sbp_train_run *r, const sbp_train_opts *o, const char *ckpt,
                               sbp_ledger *lg, sbp_err *err);
-/* The next step's micro-batches into r->mb (with a reference model, their reference
- * log-probabilities); *tokens: their real (unmasked) tokens. */
+/* The next step's r->n_mb (= o->grad_accum) micro-batches into r->mb, in the sampler's order
+ * (with a reference model, their reference log-probabilities from o's objective); *tokens: their
+ * real (unmasked) tokens. */
 sbp_status sbp_train_run_batches(sbp_train_run *r, const sbp_train_opts *o, int64_t *tokens,
                                  sbp_ledger *lg, sbp_err *err);
 void sbp_train_run_free(sbp_train_run *r, sbp_ledger *lg);

@@ -132,7 +132,7 @@ sbp_status sbp_train_run_batches(sbp_train_run *r, const sbp_train_opts *o, int6
                                  sbp_ledger *lg, sbp_err *err) {
     sbp_status st = SBP_OK;
     *tokens = 0;
-    for (int k = 0; k < o->grad_accum && !st; k++) {
+    for (int k = 0; k < r->n_mb && !st; k++) {
         sbp_batch_free(&r->mb[k]);
         int n = sbp_sampler_next(&r->rs.sampler, r->items);
         st = sbp_data_batch(&r->mb[k], r->data, r->items, n, err);
