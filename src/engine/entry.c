@@ -187,7 +187,11 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
              .elem_bytes = o->plan ? o->elem_bytes : (int)sizeof(real),
              .bf16 = o->emulate_bf16,
              .portable = o->numerics == SBP_NUMERICS_PORTABLE,
-             .unattended = o->unattended,
+             /* Gemma-3 never unmasks a row without a key, under sdpa either (4.51.3's
+              * Gemma3TextModel has no _unmask_unattended): such a row is uniform as in eager */
+             .unattended = c->family == SBP_GEMMA3 && o->unattended == SBP_UNATTENDED_HF_SDPA
+                               ? SBP_UNATTENDED_HF_EAGER
+                               : (int)o->unattended,
              /* hd^(-1/2) as HF forms it (`head_dim ** -0.5`, a Python double, used in the
               * compute dtype): 1/sqrt(hd) in double, the kernels round it to real once
               * ((real)sbp_attn_dims.scale, on the CPU and in cuda/ alike: `1 / sqrt((real)hd)`

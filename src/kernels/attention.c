@@ -3,13 +3,14 @@
  *
  * Keys are cut into tiles [j0, j0 + W) with j0 a multiple of W = ATTN_TILE. For query i of head
  * h (kv head g = h / (NH/NKV)) and each key tile at or below the query, with n = min(W, i+1−j0)
- * keys causally visible in the tile:
- *   S_c  = (Σ_d q_d·k_{j0+c,d}) · scale        one fma chain over d, c < n;  −inf otherwise
+ * keys causally visible in the tile and, on a sliding-window layer (window Wn > 0), the first
+ * lo = max(0, i−Wn+1−j0) of them out of the window (lo = 0 without one):
+ *   S_c  = (Σ_d q_d·k_{j0+c,d}) · scale        one fma chain over d, lo <= c < n;  −inf otherwise
  *                                              and where kmask = 0
  *   m_t  = max_c S_c                           the lane tree over W (lanes.h)
  *   m'   = max(m, m_t),  corr = exp(m − m'),  P_c = exp(S_c − m')
  *   l    = l·corr + Σ_c P_c                    the lane tree over W
- *   acc_d = acc_d·corr, then acc_d ← fma(P_c, v_{j0+c,d}, acc_d) for c = 0 .. n−1
+ *   acc_d = acc_d·corr, then acc_d ← fma(P_c, v_{j0+c,d}, acc_d) for c = lo .. n−1
  * and at the end O = acc / l, lse = m + log l (a query with no visible key: O = 0, lse = +inf).
  * Backward, with P_c = exp(S_c − lse), D = Σ_d dO_d·O_d (one chain), dP_c = Σ_d dO_d·v_{c,d},
  * dS_c = P_c·(dP_c − D) and dS'_c = dS_c·scale:
@@ -22,6 +23,14 @@
  * belongs to, so the schedules agree bit for bit for any chunk size; each output has one owner
  * (no atomics, no split sums), so the thread count does not matter either. cuda/attention.cu
  * runs the same chains.
+ *
+ * The window: a query's chains take the keys c in [lo, n) of each tile, so its work grows with
+ * Wn, not with its position. A tile holding no visible key of a query changes nothing of it
+ * (the forward skips it; in the backward its P and dS' are 0 and dK, dV, dQ, which start at +0
+ * and are never −0, are left as they are), so the loops start at the first tile of the window
+ * (tile_first) and stop at the last query that can see a tile: which tiles a loop visits
+ * depends on the chunk, the bits do not. Without a window (Wn = 0) every bound is the causal
+ * one, the chains of the kernel before windows.
  *
  * Layout for the CPU: a tile's keys (and values) are packed transposed, (HD, W), so that the
  * scores of one query against the W keys form W independent chains over d that vectorize. */
@@ -78,12 +87,24 @@ static void dot_row(real *restrict s, const real *restrict a, const real *restri
     }
 }
 
+/* The first key of the tile at j0 in query i's window: keys c < lo of the tile are out of it. */
+static int win_lo(int i, int j0, int win) {
+    const int lo = win ? i - win + 1 - j0 : 0;
+    return lo > 0 ? lo : 0;
+}
+
+/* The first key tile that can hold a visible key of a query at or after i. */
+static int tile_first(int i, int win) {
+    const int j = win ? i - win + 1 : 0;
+    return j > 0 ? j / W * W : 0;
+}
+
 /* S (scaled, −inf where invisible) of query i against the tile at j0 */
 static void scores(real *S, const real *q_i, const real *kt, const uint8_t *kmask, int i, int j0,
-                   int HD, real scale) {
-    const int n = i + 1 - j0 < W ? i + 1 - j0 : W;
+                   int win, int HD, real scale) {
+    const int n = i + 1 - j0 < W ? i + 1 - j0 : W, lo = win_lo(i, j0, win);
     dot_row(S, q_i, kt, HD);
-    for (int c = 0; c < W; c++) S[c] = c < n && kmask[j0 + c] ? S[c] * scale : -INFINITY;
+    for (int c = 0; c < W; c++) S[c] = c >= lo && c < n && kmask[j0 + c] ? S[c] * scale : -INFINITY;
 }
 
 /* The query tile of a chunk that holds row i0: [i0, i1) on the global W grid within [s, e). */
@@ -94,7 +115,7 @@ static int tile_end(int i0, int e) {
 
 void attention_forward(real *o, real *lse, real *ws, const real *q, const real *k, const real *v,
                        const uint8_t *kmask, const sbp_attn_dims *dm) {
-    const int s = dm->s, NH = dm->NH, NKV = dm->NKV, HD = dm->HD;
+    const int s = dm->s, NH = dm->NH, NKV = dm->NKV, HD = dm->HD, win = dm->window;
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, e = s + dm->M;
     const real scale = (real)dm->scale;
     const int first = s / W, ntiles = (e - 1) / W - first + 1;
@@ -107,11 +128,13 @@ void attention_forward(real *o, real *lse, real *ws, const real *q, const real *
         real *kt = t.kt, *acc = t.acc, *S = t.S, *m = t.m, *l = t.l;
         for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
         memset(acc, 0, sizeof(real) * (size_t)nq * HD);
-        for (int j0 = 0; j0 < i1; j0 += W) {
+        for (int j0 = tile_first(i0, win); j0 < i1; j0 += W) {
             pack_t(kt, k, j0, i1 - j0 < W ? i1 - j0 : W, g, KV, HD);
             for (int r = j0 > i0 ? j0 - i0 : 0; r < nq; r++) {
-                const int i = i0 + r, n = i + 1 - j0 < W ? i + 1 - j0 : W;
-                scores(S, q + (size_t)(i - s) * Q + (size_t)h * HD, kt, kmask, i, j0, HD, scale);
+                const int i = i0 + r, n = i + 1 - j0 < W ? i + 1 - j0 : W, lo = win_lo(i, j0, win);
+                if (lo >= W) break; /* the tile is behind this query's window, and the next's */
+                scores(S, q + (size_t)(i - s) * Q + (size_t)h * HD, kt, kmask, i, j0, win, HD,
+                       scale);
                 const real mt = lanes_max(S, W);
                 if (mt == -INFINITY) continue; /* no visible key in this tile */
                 const real mnew = m[r] > mt ? m[r] : mt, corr = rexp(m[r] - mnew);
@@ -119,7 +142,7 @@ void attention_forward(real *o, real *lse, real *ws, const real *q, const real *
                 l[r] = l[r] * corr + lanes_sum(S, W);
                 real *acc_r = acc + (size_t)r * HD;
                 for (int d = 0; d < HD; d++) acc_r[d] = acc_r[d] * corr;
-                for (int c = 0; c < n; c++) {
+                for (int c = lo; c < n; c++) {
                     const real *v_c = v + (size_t)(j0 + c) * KV + (size_t)g * HD;
                     for (int d = 0; d < HD; d++) acc_r[d] = rfma(S[c], v_c[d], acc_r[d]);
                 }
@@ -142,10 +165,10 @@ void attention_forward(real *o, real *lse, real *ws, const real *q, const real *
 
 /* P and dS' of query i (head h) against the tile at j0, from its lse and D. */
 static void tile_grads(real *P, real *dSs, const real *q_i, const real *do_i, const real *kt,
-                       const real *vt, const uint8_t *kmask, int i, int j0, int HD, real scale,
-                       real L, real D) {
+                       const real *vt, const uint8_t *kmask, int i, int j0, int win, int HD,
+                       real scale, real L, real D) {
     real *dP = dSs; /* dP is consumed where dS' is written */
-    scores(P, q_i, kt, kmask, i, j0, HD, scale);
+    scores(P, q_i, kt, kmask, i, j0, win, HD, scale);
     dot_row(dP, do_i, vt, HD);
     for (int c = 0; c < W; c++) {
         P[c] = rexp(P[c] - L); /* invisible: exp(−inf) = 0; no visible key: L = +inf, P = 0 */
@@ -156,10 +179,12 @@ static void tile_grads(real *P, real *dSs, const real *q_i, const real *do_i, co
 void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, const real *dout,
                         const real *o, const real *lse, const real *q, const real *k, const real *v,
                         const uint8_t *kmask, const sbp_attn_dims *dm) {
-    const int s = dm->s, M = dm->M, NH = dm->NH, NKV = dm->NKV, HD = dm->HD;
+    const int s = dm->s, M = dm->M, NH = dm->NH, NKV = dm->NKV, HD = dm->HD, win = dm->window;
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, e = s + M;
     const real scale = (real)dm->scale;
-    const int first = s / W, nqtiles = (e - 1) / W - first + 1, nktiles = (e + W - 1) / W;
+    const int first = s / W, nqtiles = (e - 1) / W - first + 1;
+    /* key tiles from kfirst: those before the window of query s see no query of the chunk */
+    const int kfirst = tile_first(s, win) / W, nktiles = (e + W - 1) / W - kfirst;
 
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < M; r++)
@@ -174,7 +199,9 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, cons
         /* Pass 1: dK, dV of the key tile at j0 for kv head g; early tiles see the most queries. */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < nktiles * NKV; task++) {
-        const int g = task % NKV, j0 = (task / NKV) * W, nk = j0 + W < e ? W : e - j0;
+        const int g = task % NKV, j0 = (kfirst + task / NKV) * W, nk = j0 + W < e ? W : e - j0;
+        /* queries from last on see no key of the tile: i − win + 1 > j0 + nk − 1 */
+        const int last = win && j0 + nk + win - 1 < e ? j0 + nk + win - 1 : e;
         const tile_ws t = carve(ws, HD);
         real *kt = t.kt, *vt = t.vt, *adk = t.adk, *adv = t.adv, *P = t.S, *dSs = t.P;
         pack_t(kt, k, j0, nk, g, KV, HD);
@@ -185,14 +212,15 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, cons
             memcpy(adv + (size_t)c * HD, dv + (size_t)(j0 + c) * KV + (size_t)g * HD,
                    sizeof(real) * HD);
         }
-        for (int i = j0 > s ? j0 : s; i < e; i++) {
-            const int n = i + 1 - j0 < W ? i + 1 - j0 : W;
+        for (int i = j0 > s ? j0 : s; i < last; i++) {
+            const int n = i + 1 - j0 < W ? i + 1 - j0 : W, lo = win_lo(i, j0, win);
             for (int h = g * rep; h < (g + 1) * rep; h++) {
                 const size_t qo = (size_t)(i - s) * Q + (size_t)h * HD,
                              ro = (size_t)(i - s) * NH + h;
                 const real *q_i = q + qo, *do_i = dout + qo;
-                tile_grads(P, dSs, q_i, do_i, kt, vt, kmask, i, j0, HD, scale, lse[ro], dsum[ro]);
-                for (int c = 0; c < n; c++) {
+                tile_grads(P, dSs, q_i, do_i, kt, vt, kmask, i, j0, win, HD, scale, lse[ro],
+                           dsum[ro]);
+                for (int c = lo; c < n; c++) {
                     real *adk_c = adk + (size_t)c * HD, *adv_c = adv + (size_t)c * HD;
                     for (int d = 0; d < HD; d++) {
                         adv_c[d] = rfma(P[c], do_i[d], adv_c[d]);
@@ -219,18 +247,19 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, cons
         for (int r = 0; r < nq; r++)
             memcpy(adq + (size_t)r * HD, dq + (size_t)(i0 - s + r) * Q + (size_t)h * HD,
                    sizeof(real) * HD);
-        for (int j0 = 0; j0 < i1; j0 += W) {
+        for (int j0 = tile_first(i0, win); j0 < i1; j0 += W) {
             const int nk = i1 - j0 < W ? i1 - j0 : W;
             pack_t(kt, k, j0, nk, g, KV, HD);
             pack_t(vt, v, j0, nk, g, KV, HD);
             for (int r = j0 > i0 ? j0 - i0 : 0; r < nq; r++) {
-                const int i = i0 + r, n = i + 1 - j0 < W ? i + 1 - j0 : W;
+                const int i = i0 + r, n = i + 1 - j0 < W ? i + 1 - j0 : W, lo = win_lo(i, j0, win);
+                if (lo >= W) break; /* behind the window of this query and the next */
                 const size_t qo = (size_t)(i - s) * Q + (size_t)h * HD,
                              ro = (size_t)(i - s) * NH + h;
-                tile_grads(P, dSs, q + qo, dout + qo, kt, vt, kmask, i, j0, HD, scale, lse[ro],
+                tile_grads(P, dSs, q + qo, dout + qo, kt, vt, kmask, i, j0, win, HD, scale, lse[ro],
                            dsum[ro]);
                 real *adq_r = adq + (size_t)r * HD;
-                for (int c = 0; c < n; c++) {
+                for (int c = lo; c < n; c++) {
                     const real *k_c = k + (size_t)(j0 + c) * KV + (size_t)g * HD;
                     for (int d = 0; d < HD; d++) adq_r[d] = rfma(dSs[c], k_c[d], adq_r[d]);
                 }

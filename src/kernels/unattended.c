@@ -8,6 +8,14 @@
  *             (d(s + mask)/ds = 1): dS = P ∘ (dP − D) with P = 1/T, so q and k get gradients;
  *   hf-sdpa   the row is unmasked (AttentionMaskConverter._unmask_unattended): a plain softmax of
  *             the real scores over all T keys, padding and future keys included.
+ * On a sliding-window layer (Gemma-3) a row also sees no key when its whole window is padding:
+ * HF replaces the window's outside by the same finite minimum (torch.where, not an add), so such
+ * a row is uniform over all T keys as in hf-eager (transformers 4.51.3; Gemma-3 never unmasks,
+ * not even under sdpa: the engine runs its hf-sdpa as hf-eager; docs/gemma3.md). Such rows
+ * after a row that has a key exist only there (right padding more than a window past the last
+ * real token); their links of the dK, dV chains then come before those of the earlier rows of
+ * the same chunk, so full BP and StreamBP agree bit for bit only when those rows carry no
+ * gradient (dO = 0: nothing downstream reads them, as when padding is not a target).
  * The attention kernels leave such rows at O = 0 and lse = +inf, which makes their own backward
  * add nothing for them; these two functions then supply the row's output (after the forward
  * kernel) and its gradients (before the backward kernel), in both numerics.
@@ -33,6 +41,15 @@ static int first_visible(const uint8_t *kmask, int T) {
     int j = 0;
     while (j < T && !kmask[j]) j++;
     return j;
+}
+
+/* Whether query i sees no key: every key of [0, i] is padding (i < fv, the first real key), or,
+ * on a sliding-window layer, every key of its window (i − win, i]. */
+static int sees_none(const uint8_t *kmask, int i, int win, int fv) {
+    if (i < fv) return 1;
+    for (int j = i; win && j >= 0 && j > i - win; j--)
+        if (kmask[j]) return 0;
+    return win != 0;
 }
 
 /* P (T) of query q_i: hf-eager 1/T each; hf-sdpa softmax over all T keys of the scaled scores
@@ -64,7 +81,8 @@ void unattended_forward(real *o, real *ws, const real *q, const real *k, const r
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, fv = first_visible(kmask, T);
     const real scale = (real)dm->scale;
     real *P = ws, *S = ws + T;
-    for (int i = s; i < s + M && i < fv; i++)
+    for (int i = s; i < s + M; i++) {
+        if (!sees_none(kmask, i, dm->window, fv)) continue;
         for (int h = 0; h < NH; h++) {
             const int g = h / rep;
             const size_t qo = (size_t)(i - s) * Q + (size_t)h * HD;
@@ -76,6 +94,7 @@ void unattended_forward(real *o, real *ws, const real *q, const real *k, const r
                 for (int d = 0; d < HD; d++) o_i[d] = rfma(P[j], v_j[d], o_i[d]);
             }
         }
+    }
 }
 
 void unattended_backward(real *dq, real *dk, real *dv, real *ws, const real *dout, const real *o,
@@ -86,7 +105,8 @@ void unattended_backward(real *dq, real *dk, real *dv, real *ws, const real *dou
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, fv = first_visible(kmask, T);
     const real scale = (real)dm->scale;
     real *P = ws, *dS = ws + T;
-    for (int i = s; i < s + M && i < fv; i++)
+    for (int i = s; i < s + M; i++) {
+        if (!sees_none(kmask, i, dm->window, fv)) continue;
         for (int h = 0; h < NH; h++) {
             const int g = h / rep;
             const size_t qo = (size_t)(i - s) * Q + (size_t)h * HD;
@@ -116,4 +136,5 @@ void unattended_backward(real *dq, real *dk, real *dv, real *ws, const real *dou
                 }
             }
         }
+    }
 }

@@ -68,16 +68,26 @@ static int tile_end(int i, int e, int W) {
     return next < e ? next : e;
 }
 
+/* The first key tile (of W keys) that can hold a visible key of a query at or after i, on a
+ * layer of window win (0: causal, the tile at 0). */
+static int tile_first(int i, int win, int W) {
+    const int j = win ? i - win + 1 : 0;
+    return j > 0 ? j / W * W : 0;
+}
+
 /* S[r][c] = −inf where key j0 + c is not visible from query i0 + r: past the diagonal
- * (c > i0 + r − j0, a contiguous tail of the row) or a padded key. Most tiles have no padded
- * key, and then only the tails are touched. */
-static void mask_tile(real *S, int i0, int nq, int j0, int nk, int ldS, const uint8_t *kmask) {
+ * (c > i0 + r − j0, a contiguous tail of the row), before the window (c < i0 + r − j0 − win + 1,
+ * a contiguous head, win > 0) or a padded key. Most tiles have no padded key, and then only
+ * the tails and heads are touched. */
+static void mask_tile(real *S, int i0, int nq, int j0, int nk, int ldS, const uint8_t *kmask,
+                      int win) {
     int padded = 0;
     for (int c = 0; c < nk; c++) padded |= !kmask[j0 + c];
     for (int r = 0; r < nq; r++) {
         real *S_r = S + (size_t)r * ldS;
         const int last = i0 + r - j0; /* the last visible column */
         for (int c = last < 0 ? 0 : last + 1; c < nk; c++) S_r[c] = -INFINITY;
+        for (int c = 0; win && c < nk && c <= last - win; c++) S_r[c] = -INFINITY;
         if (padded)
             for (int c = 0; c < nk && c <= last; c++)
                 if (!kmask[j0 + c]) S_r[c] = -INFINITY;
@@ -86,13 +96,15 @@ static void mask_tile(real *S, int i0, int nq, int j0, int nk, int ldS, const ui
 
 void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, const real *k,
                             const real *v, const uint8_t *kmask, const sbp_attn_dims *dm) {
-    const int s = dm->s, NH = dm->NH, NKV = dm->NKV, HD = dm->HD;
+    const int s = dm->s, NH = dm->NH, NKV = dm->NKV, HD = dm->HD, win = dm->window;
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(dm->blk);
     const int e = s + dm->M;
     const real scale = (real)dm->scale;
     const size_t per_thread = per_thread_ws(W, HD, rep);
     /* query tiles of the chunk, each aligned to the global W grid; a task is a query tile of
-     * a kv group: its heads share the transpose of each key tile */
+     * a kv group: its heads share the transpose of each key tile. With a window the key tiles
+     * start at the first one the tile's first row (on the grid, so that the tiles a query tile
+     * meets do not depend on the chunk) can see. */
     const int first = s / W, ntiles = (e - 1) / W - first + 1;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < NKV * ntiles; task++) {
@@ -103,7 +115,7 @@ void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, co
         real *m = acc + (size_t)rep * W * HD, *l = m + (size_t)rep * W;
         for (int r = 0; r < rep * W; r++) m[r] = -INFINITY, l[r] = 0;
         memset(acc, 0, sizeof(real) * (size_t)rep * W * HD);
-        for (int j0 = 0; j0 < i1; j0 += W) {
+        for (int j0 = tile_first(tile * W, win, W); j0 < i1; j0 += W) {
             const int nk = j0 + W < i1 ? W : i1 - j0;
             const size_t kv_J = (size_t)j0 * KV + (size_t)g * HD;
             transpose_tile(kt, k + kv_J, nk, KV, HD, W);
@@ -113,7 +125,7 @@ void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, co
                 real *acc_h = acc + (size_t)hh * W * HD, *m_h = m + (size_t)hh * W;
                 real *l_h = l + (size_t)hh * W;
                 tile_mm(S, W, q_I, Q, 1, kt, W, nq, nk, HD, scale, 0);
-                mask_tile(S, i0, nq, j0, nk, W, kmask);
+                mask_tile(S, i0, nq, j0, nk, W, kmask, win);
                 for (int r = 0; r < nq; r++) {
                     real *S_r = S + (size_t)r * W;
                     const real mt = lanes_max(S_r, nk);
@@ -148,18 +160,29 @@ void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, co
     }
 }
 
+typedef struct {
+    real *dq, *dk, *dv;
+    const real *dout, *lse, *dsum, *q, *k, *v;
+    const uint8_t *kmask;
+    real *scratch;
+    size_t per_thread;
+    int s, e, NH, NKV, HD, W, Q, KV, win;
+    real scale;
+} bwd_args;
+
 /* For query tile [i0, i0+nq) of head h against key tile [j0, j0+nk): P and dS (scaled by
  * 1/sqrt(HD) later, in the products that use it). q_I, do_I: (nq, HD) contiguous; dP is
  * scratch. */
-static void tile_grads(real *P, real *dS, real *dP, const real *q_I, const real *do_I,
-                       const real *kt_J, const real *vt_J, const real *lse, const real *dsum,
-                       const uint8_t *kmask, int i0, int nq, int j0, int nk, int W, int s, int h,
-                       int NH, int HD, real scale) {
-    tile_mm(P, W, q_I, HD, 1, kt_J, W, nq, nk, HD, scale, 0);
+static void tile_grads(const bwd_args *a, real *P, real *dS, real *dP, const real *q_I,
+                       const real *do_I, const real *kt_J, const real *vt_J, int i0, int nq, int j0,
+                       int nk, int h) {
+    const int W = a->W, HD = a->HD, NH = a->NH, s = a->s;
+    tile_mm(P, W, q_I, HD, 1, kt_J, W, nq, nk, HD, a->scale, 0);
     tile_mm(dP, W, do_I, HD, 1, vt_J, W, nq, nk, HD, 1, 0);
-    mask_tile(P, i0, nq, j0, nk, W, kmask);
+    mask_tile(P, i0, nq, j0, nk, W, a->kmask, a->win);
     for (int r = 0; r < nq; r++) {
-        const real L = lse[(size_t)(i0 - s + r) * NH + h], D = dsum[(size_t)(i0 - s + r) * NH + h];
+        const size_t ro = (size_t)(i0 - s + r) * NH + h;
+        const real L = a->lse[ro], D = a->dsum[ro];
         for (int c = 0; c < nk; c++) {
             const size_t x = (size_t)r * W + c;
             P[x] = rexp(P[x] - L); /* masked: exp(−inf) = 0; no visible key: L = +inf, P = 0 */
@@ -168,19 +191,11 @@ static void tile_grads(real *P, real *dS, real *dP, const real *q_I, const real 
     }
 }
 
-typedef struct {
-    real *dq, *dk, *dv;
-    const real *dout, *lse, *dsum, *q, *k, *v;
-    const uint8_t *kmask;
-    real *scratch;
-    size_t per_thread;
-    int s, e, NH, NKV, HD, W, Q, KV;
-    real scale;
-} bwd_args;
-
 /* Key tile [j0, j0+W) of kv head g against every query tile of the chunk at or past it, in
  * ascending order, and each head of the group: dV_J += Pᵀ·dO_I, dK_J += dSᵀ·Q_I / sqrt(HD);
- * with_dq: also dQ_I += dS·K_J / sqrt(HD). */
+ * with_dq: also dQ_I += dS·K_J / sqrt(HD). With a window the query tiles stop at the first
+ * whose rows all see past the key tile (i0 − win + 1 > j0 + nk − 1): its P and dS are 0, and
+ * dK, dV, dQ (from +0, never −0) would not change. */
 static void key_tile(const bwd_args *a, int g, int j0, int with_dq) {
     const int W = a->W, e = a->e, s = a->s, rep = a->NH / a->NKV, nk = j0 + W < e ? W : e - j0;
     real *P = a->scratch + a->per_thread * (size_t)omp_get_thread_num();
@@ -192,15 +207,14 @@ static void key_tile(const bwd_args *a, int g, int j0, int with_dq) {
     transpose_tile(kt, a->k + kv_J, nk, a->KV, HD, W);
     transpose_tile(vt, a->v + kv_J, nk, a->KV, HD, W);
     if (with_dq) copy_tile(kc, a->k + kv_J, nk, a->KV, HD);
-    for (int i0 = j0 > s ? j0 : s, i1; i0 < e; i0 = i1) {
+    for (int i0 = j0 > s ? j0 : s, i1; i0 < e && !(a->win && i0 > j0 + nk + a->win - 2); i0 = i1) {
         i1 = tile_end(i0, e, W);
         const int nq = i1 - i0;
         for (int h = g * rep; h < (g + 1) * rep; h++) {
             const size_t q_I = (size_t)(i0 - s) * a->Q + (size_t)h * HD;
             copy_tile(qc, a->q + q_I, nq, a->Q, HD);
             copy_tile(doc, a->dout + q_I, nq, a->Q, HD);
-            tile_grads(P, dS, dP, qc, doc, kt, vt, a->lse, a->dsum, a->kmask, i0, nq, j0, nk, W, s,
-                       h, a->NH, HD, a->scale);
+            tile_grads(a, P, dS, dP, qc, doc, kt, vt, i0, nq, j0, nk, h);
             tile_mm(a->dv + kv_J, a->KV, P, 1, W, doc, HD, nk, HD, nq, 1, 1);
             tile_mm(a->dk + kv_J, a->KV, dS, 1, W, qc, HD, nk, HD, nq, a->scale, 1);
             if (with_dq) tile_mm(a->dq + q_I, a->Q, dS, W, 1, kc, HD, nq, HD, nk, a->scale, 1);
@@ -212,12 +226,15 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
                              const real *dout, const real *o, const real *lse, const real *q,
                              const real *k, const real *v, const uint8_t *kmask,
                              const sbp_attn_dims *dm) {
-    const int s = dm->s, M = dm->M, NH = dm->NH, NKV = dm->NKV, HD = dm->HD;
+    const int s = dm->s, M = dm->M, NH = dm->NH, NKV = dm->NKV, HD = dm->HD, win = dm->window;
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(dm->blk);
     const int e = s + M;
     const real scale = (real)dm->scale;
     const size_t per_thread = per_thread_ws(W, HD, rep);
-    const int first = s / W, nqtiles = (e - 1) / W - first + 1, nktiles = (e + W - 1) / W;
+    const int first = s / W, nqtiles = (e - 1) / W - first + 1;
+    /* key tiles from kfirst on: those before the window of query s meet no query of the chunk
+     * (their products would add zeros) */
+    const int kfirst = tile_first(s, win, W), nktiles = (e + W - 1) / W - kfirst / W;
 
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < M; r++)
@@ -249,6 +266,7 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
                         .W = W,
                         .Q = Q,
                         .KV = KV,
+                        .win = win,
                         .scale = scale};
     if (attention_one_pass(NKV)) {
         /* One pass: each thread takes whole kv heads and their key tiles in ascending order, so
@@ -257,14 +275,14 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
          * of P and dP (2 of the 7 tile products) and of the exponentials. */
 #pragma omp parallel for schedule(static)
         for (int g = 0; g < NKV; g++)
-            for (int j0 = 0; j0 < e; j0 += W) key_tile(&a, g, j0, 1);
+            for (int j0 = kfirst; j0 < e; j0 += W) key_tile(&a, g, j0, 1);
         return;
     }
 
     /* Pass 1: dK, dV of key tile J for kv head g; early tiles see the most queries: first. */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < nktiles * NKV; task++) {
-        key_tile(&a, task % NKV, (task / NKV) * W, 0);
+        key_tile(&a, task % NKV, kfirst + (task / NKV) * W, 0);
     }
 
     /* Pass 2: dQ of query tile I for head h, key tiles in ascending order. */
@@ -279,15 +297,14 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
         const size_t q_I = (size_t)(i0 - s) * Q + (size_t)h * HD;
         copy_tile(qc, q + q_I, nq, Q, HD);
         copy_tile(doc, dout + q_I, nq, Q, HD);
-        for (int j0 = 0; j0 < i1; j0 += W) {
+        for (int j0 = tile_first(i0, win, W); j0 < i1; j0 += W) {
             const int nk = j0 + W < i1 ? W : i1 - j0;
             const size_t kv_J = (size_t)j0 * KV + (size_t)g * HD;
             /* per query tile: pass 2 is the rare form */
             transpose_tile(kt, k + kv_J, nk, KV, HD, W);
             transpose_tile(vt, v + kv_J, nk, KV, HD, W);
             copy_tile(kc, k + kv_J, nk, KV, HD);
-            tile_grads(P, dS, dP, qc, doc, kt, vt, lse, dsum, kmask, i0, nq, j0, nk, W, s, h, NH,
-                       HD, scale);
+            tile_grads(&a, P, dS, dP, qc, doc, kt, vt, i0, nq, j0, nk, h);
             tile_mm(dq + q_I, Q, dS, W, 1, kc, HD, nq, HD, nk, scale, 1);
         }
     }
