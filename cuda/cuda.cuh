@@ -118,6 +118,11 @@ void swiglu_forward(const eng *e, real *h, const real *g, const real *u, size_t 
 void swiglu_backward(const eng *e, real *dg, real *du, const real *dh, const real *g,
                      const real *u, size_t n);
 
+/* geglu.cu */
+void geglu_forward(const eng *e, real *h, const real *g, const real *u, size_t n);
+void geglu_backward(const eng *e, real *dg, real *du, const real *dh, const real *g,
+                    const real *u, size_t n);
+
 /* embedding.cu */
 void embedding_forward(const eng *e, real *x, const int32_t *ids, int T);
 void embedding_backward(const eng *e, real *demb, const real *dx, const int32_t *ids, int T);

@@ -18,7 +18,9 @@ void rope_table(const eng *e, real *cos_d, real *sin_d) {
         return;
     }
     for (int i = 0; i < half; i++) {
-        const double f = sbp_rope_inv_freq(i, HD, c->rope_theta, c->rope_llama3, c->rope_factor,
+        /* the scaling's kind as sbp_rope_inv_freq takes it: 1 llama3, 2 linear */
+        const int scaling = c->rope_llama3 ? 1 : c->rope_linear ? 2 : 0;
+        const double f = sbp_rope_inv_freq(i, HD, c->rope_theta, scaling, c->rope_factor,
                                            c->rope_low_freq, c->rope_high_freq, c->rope_orig_max);
         for (int t = 0; t < T; t++) {
             double s, co;

@@ -160,6 +160,40 @@ static inline SBP_HD double sbp_plog1p(double x) {
     return sbp_plog(u) + (x - (u - 1.0)) / u;
 }
 
+/* ---- tanh ----------------------------------------------------------------------------------- */
+
+/* exp(y) − 1 without the cancellation near 0 (Kahan): with u = exp(y) rounded,
+ * (u − 1)·y / log(u) is accurate to a few ulps for every y (the errors of u − 1 and log(u)
+ * cancel in the ratio). */
+static inline SBP_HD double sbp_pexpm1(double y) {
+    const double u = sbp_pexp(y);
+    if (u == 1.0) return y;
+    const double um1 = u - 1.0;
+    if (um1 == -1.0) return -1.0;
+    if (u == INFINITY) return u;
+    return um1 * y / sbp_plog(u);
+}
+
+/* tanh(x) = e / (e + 2), e = expm1(2|x|), with the sign of x; ±1 past |x| = 22 (tanh(22) is
+ * 1 − 1.6e-19, which rounds to 1). A few ulps from the exact value over the whole range
+ * (tests/test_gemma3kernels.c measures it against libm). */
+static inline SBP_HD double sbp_ptanh(double x) {
+    if (x != x) return x;
+    const double a = x < 0 ? -x : x;
+    double t = 1.0;
+    if (a <= 22.0) {
+        const double e = sbp_pexpm1(2.0 * a);
+        t = e / (e + 2.0);
+    }
+    return x < 0 ? -t : t;
+}
+
+/* The float tanh: the double one rounded once (a correctly rounded float in all but the
+ * rarest cases, and the same bits everywhere). */
+static inline SBP_HD float sbp_ptanhf(float x) {
+    return (float)sbp_ptanh((double)x);
+}
+
 /* ---- sin and cos ---------------------------------------------------------------------------- */
 
 /* sin(r), cos(r) for |r| ≤ π/4 + a little; Taylor to r^17 and r^16. */
@@ -225,12 +259,15 @@ static inline SBP_HD double sbp_ppow_pos(double theta, double y) {
 }
 
 /* RoPE's inverse frequency of pair i (of HD/2): theta^(−2i/HD), with HF's llama3 scaling
- * (_compute_llama3_parameters) when llama3 is set. Shared by the CPU and CUDA tables. */
+ * (_compute_llama3_parameters) when llama3 is 1, and its linear scaling
+ * (_compute_linear_scaling_rope_parameters: f / factor; Gemma-3 4B and up) when llama3 is 2.
+ * Shared by the CPU and CUDA tables. */
 static inline SBP_HD double sbp_rope_inv_freq(int i, int HD, double theta, int llama3,
                                               double factor, double low_freq, double high_freq,
                                               double orig_max) {
     double f = sbp_ppow_pos(theta, -2.0 * i / HD);
     if (!llama3) return f;
+    if (llama3 == 2) return f / factor;
     const double wavelen = 2 * 3.14159265358979323846 / f;
     if (wavelen > orig_max / low_freq) return f / factor;
     if (wavelen < orig_max / high_freq) return f;

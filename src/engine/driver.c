@@ -141,7 +141,7 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
 
     /* forward */
     for (int bi = 0; bi < B; bi++)
-        e->ops->embedding_forward(e, r.xs + bi * (size_t)T * e->C, e->ids + (size_t)bi * T, T);
+        embed_forward(e, r.xs + bi * (size_t)T * e->C, e->ids + (size_t)bi * T, T);
     if (!pass_begin(e, &r, row, fc, 0)) goto out;
     for (int l = 0; l < L; l++)
         for (int bi = 0; bi < B; bi++) {
@@ -189,8 +189,8 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
     pass_end(e, &r, row);
     bucket_begin(e, BUCKET_EMBED);
     for (int bi = 0; bi < B && e->gemb; bi++) /* no gradient for a frozen embedding */
-        e->ops->embedding_backward(e, e->gemb, r.g + bi * (size_t)T * e->C, e->ids + (size_t)bi * T,
-                                   T);
+        embed_backward(e, r.g + bi * (size_t)T * e->C, e->ids + (size_t)bi * T,
+                       b->ids + (size_t)bi * T, T);
     bucket_end(e, BUCKET_EMBED);
     ok = 1;
 out:
@@ -211,8 +211,7 @@ int drive_logprobs(eng *e, double *logp, const sbp_batch *b, int chunk, const he
     real *y = ealloc(e, SBP_MEM_LAYER, BTC, "layer output");
     int ok = 0;
     if (e->oom) goto out;
-    for (int bi = 0; bi < B; bi++)
-        e->ops->embedding_forward(e, x + bi * TC, e->ids + (size_t)bi * T, T);
+    for (int bi = 0; bi < B; bi++) embed_forward(e, x + bi * TC, e->ids + (size_t)bi * T, T);
     if (!pass_begin(e, &r, row, chunk, 0)) goto out;
     for (int l = 0; l < L; l++) {
         for (int bi = 0; bi < B; bi++) {

@@ -36,7 +36,9 @@ typedef struct {
     real *wg, *wu;                      /* (F, C) each */
     real *wd;                           /* (C, F) */
     real *in_norm;                      /* (C) */
-    real *post_norm;                    /* (C) */
+    real *post_norm;                    /* (C) the MLP's input norm; Gemma-3: the attention
+                                         * output's (its post_attention_layernorm) */
+    real *pre_ff_norm, *post_ff_norm;   /* (C) each, Gemma-3: the MLP's input and output norms */
     lora_ab aq, ak, av, ao, ag, au, ad; /* adapters of q, k, v, o, gate, up, down */
 } layer_p;
 
@@ -60,7 +62,7 @@ struct eng {
     int oom;       /* set when an allocation fails; oom_what names the buffer */
     char oom_what[64];
     real *ws;              /* workspace of the products and attention (ops->workspace) */
-    const real *cos, *sin; /* (T, HD/2) RoPE tables */
+    const real *cos, *sin; /* (T, HD/2) RoPE tables (Gemma-3: of the global layers) */
     layer_p *w, *g;        /* (L) weight and gradient views */
     real *emb, *gemb;      /* (V, C) */
     real *head, *ghead;    /* (V, C): lm_head, or the embedding when tied */
@@ -69,6 +71,12 @@ struct eng {
     const uint8_t *mask;   /* (B, T) attention mask */
     const int32_t *tgt;    /* (B, T) the target predicted at t: labels[b][t+1], or −1 */
     struct grad_fold *fold;
+
+    /* Gemma-3 (gemma.c); gemma 0 and the rest unused in the other families */
+    int gemma;                 /* sandwich norms, GeGLU, scaled embedding, two RoPE bases */
+    const real *cos_l, *sin_l; /* (T, HD/2) the local (sliding) layers' RoPE tables */
+    real emb_scale;            /* sqrt(C) in HF's dtype: the embedding's output is x·emb_scale */
+    real *norm1p;              /* the norm weights as used, 1 + w (w: the model's), one slab */
 };
 
 /* The gradient buckets, in the order the backward completes them (docs/distributed.md): the head
@@ -111,6 +119,9 @@ typedef struct {
     real *lse;   /* (rows, NH) */
     real *x2;    /* (rows, C) residual after attention */
     real *g, *u; /* (rows, F) gate and up projections */
+    /* Gemma-3: the inputs of the two post-norms (kept: forming them again is a product) */
+    real *ao, *aorstd; /* (rows, C), (rows) o·Woᵀ, before post_attention_layernorm */
+    real *mo, *morstd; /* (rows, C), (rows) h·Wdᵀ, before post_feedforward_layernorm */
 } chunk_acts;
 
 /* The product inputs that are formed, never kept: xn = rmsnorm(x), xn2 = rmsnorm(x2) and
@@ -131,6 +142,7 @@ typedef struct {
     real *dout, *dq;        /* (c, Q) */
     real *dqpre;            /* (c, Q) (Qwen3 only) */
     real *dsum;             /* (c, NH) */
+    real *dao, *dmo;        /* (c, C) Gemma-3: of the post-norms' inputs */
 } chunk_grads;
 
 /* The gradient accumulators of the K/V side of one sequence. */
@@ -197,6 +209,19 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end);
 void kv_begin_backward(const eng *e, layer_run *lr);
 /* dx (T, C) += the K/V path through the input norm; consumes kvw->dk, kvw->dv. */
 void kv_backward(const eng *e, layer_run *lr);
+
+/* ---- the embedding (steps/embed.c) and Gemma-3's run tables (gemma.c) ---------------------- */
+
+/* x (T, C) = the embedding rows of ids (T, backend memory); Gemma-3: times emb_scale. */
+void embed_forward(const eng *e, real *x, const int32_t *ids, int T);
+/* e->gemb += the backward of embed_forward for dx (T, C), which it overwrites: rows at the pad
+ * token (cfg->pad_token_id, host_ids: the same T ids on the host) are zeroed first, HF's
+ * padding_idx. */
+void embed_backward(const eng *e, real *dx, const int32_t *ids, const int32_t *host_ids, int T);
+/* Gemma-3's norm weights as used (1 + w), local RoPE tables and embedding scale (e->gemma; the
+ * weight views, e->fnorm and e->T set). 0 when out of memory (e->oom set). */
+int gemma_begin(eng *e);
+void gemma_end(eng *e);
 
 /* ---- the LM head and the objective (steps/head.c) -------------------------------------------- */
 

@@ -48,6 +48,8 @@ static void layer_views(layer_p *lp, real *slab, int64_t base, const sbp_params 
     lp->wd = view(slab, base, ps, SBP_P_DOWN, l);
     lp->in_norm = view(slab, base, ps, SBP_P_IN_NORM, l);
     lp->post_norm = view(slab, base, ps, SBP_P_POST_NORM, l);
+    lp->pre_ff_norm = view(slab, base, ps, SBP_P_PRE_FF_NORM, l);
+    lp->post_ff_norm = view(slab, base, ps, SBP_P_POST_FF_NORM, l);
 }
 
 /* ---- the fold (sbp_engine_opts.fold) --------------------------------------------------------- */
@@ -206,6 +208,9 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
     const size_t slab = (size_t)e.elem_bytes * n_params;
     const size_t wslab = (size_t)e.elem_bytes * (size_t)m->params.total;
     char msg[640] = "";
+    e.gemma = c->family == SBP_GEMMA3;
+    if (e.gemma && !op->geglu_forward)
+        return sbp_fail(err, SBP_EUSAGE, "%s: Gemma-3 does not run on this backend yet", op->name);
     if (!op->begin(&e, msg, sizeof msg)) return sbp_fail(err, SBP_EUSAGE, "%s: %s", op->name, msg);
     int32_t *h_tgt = targets(b);
     /* the model, the gradients and the batch on the backend */
@@ -252,6 +257,7 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
     if (e.oom) goto out;
     op->rope_table(&e, cos_t, sin_t);
     e.cos = cos_t, e.sin = sin_t;
+    if (!gemma_begin(&e)) goto out; /* after the views: it points the norms at 1 + w */
     head_opts h = {.rows = o->logit_chunk,
                    .materialise = o->materialise,
                    .ev = o->ev,
@@ -269,6 +275,7 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
     }
 out:
     if (e.fold) fold_end(&e, &fold);
+    gemma_end(&e);
     efree(&e, e.ws), efree(&e, cos_t), efree(&e, sin_t);
     free(lw), free(lgv);
     if (logp) op->unmirror(&e, logp, o->logp_out);

@@ -87,6 +87,10 @@ typedef struct sbp_ops {
     void (*swiglu_forward)(const eng *e, real *h, const real *g, const real *u, size_t n);
     void (*swiglu_backward)(const eng *e, real *dg, real *du, const real *dh, const real *g,
                             const real *u, size_t n);
+    /* Gemma-3's gelu_tanh(g) ⊙ u; NULL in a table that does not run Gemma-3 */
+    void (*geglu_forward)(const eng *e, real *h, const real *g, const real *u, size_t n);
+    void (*geglu_backward)(const eng *e, real *dg, real *du, const real *dh, const real *g,
+                           const real *u, size_t n);
     void (*embedding_forward)(const eng *e, real *x, const int32_t *ids, int T);
     void (*embedding_backward)(const eng *e, real *demb, const real *dx, const int32_t *ids, int T);
     void (*logprob_forward)(const eng *e, double *logp, double *lse, const real *logits,

@@ -203,6 +203,12 @@ void swiglu_forward(real *h, const real *g, const real *u, size_t n);
 void swiglu_backward(real *dg, real *du, /* += */
                      const real *dh, const real *g, const real *u, size_t n);
 
+/* ---- GeGLU (Gemma-3): h = gelu_tanh(g) ⊙ u, torch's approximate="tanh" (geglu.c) ----------- */
+
+void geglu_forward(real *h, const real *g, const real *u, size_t n);
+void geglu_backward(real *dg, real *du, /* += */
+                    const real *dh, const real *g, const real *u, size_t n);
+
 /* ---- storage precision ---------------------------------------------------------------------- */
 
 /* x[i] ← x[i] rounded to bfloat16 (round to nearest even), kept in the working precision. */

@@ -117,8 +117,10 @@ static void cpu_scale(const eng *e, real *x, real a, size_t n) {
 
 static void cpu_rope_table(const eng *e, real *cos, real *sin) {
     const sbp_config *c = e->cfg;
-    rope_table(cos, sin, e->T, e->HD, c->rope_theta, c->rope_llama3, c->rope_factor,
-               c->rope_low_freq, c->rope_high_freq, c->rope_orig_max);
+    /* the scaling's kind as sbp_rope_inv_freq takes it: 1 llama3, 2 linear */
+    const int scaling = c->rope_llama3 ? 1 : c->rope_linear ? 2 : 0;
+    rope_table(cos, sin, e->T, e->HD, c->rope_theta, scaling, c->rope_factor, c->rope_low_freq,
+               c->rope_high_freq, c->rope_orig_max);
 }
 
 /* The fast mode's linear products, the LM head's included, run on the portable product where
@@ -228,6 +230,17 @@ static void cpu_swiglu_backward(const eng *e, real *dg, real *du, const real *dh
     store(e, dg, n), store(e, du, n);
 }
 
+static void cpu_geglu_forward(const eng *e, real *h, const real *g, const real *u, size_t n) {
+    geglu_forward(h, g, u, n);
+    store(e, h, n);
+}
+
+static void cpu_geglu_backward(const eng *e, real *dg, real *du, const real *dh, const real *g,
+                               const real *u, size_t n) {
+    geglu_backward(dg, du, dh, g, u, n);
+    store(e, dg, n), store(e, du, n);
+}
+
 static void cpu_embedding_forward(const eng *e, real *x, const int32_t *ids, int T) {
     embedding_forward(x, ids, e->emb, T, e->C);
 }
@@ -256,6 +269,7 @@ static void cpu_logprob_backward(const eng *e, real *logits, const double *coef,
     .rmsnorm_forward = cpu_rmsnorm_forward, .rmsnorm_backward = cpu_rmsnorm_backward,              \
     .rope_forward = cpu_rope_forward, .rope_backward = cpu_rope_backward,                          \
     .swiglu_forward = cpu_swiglu_forward, .swiglu_backward = cpu_swiglu_backward,                  \
+    .geglu_forward = cpu_geglu_forward, .geglu_backward = cpu_geglu_backward,                      \
     .embedding_forward = cpu_embedding_forward, .embedding_backward = cpu_embedding_backward,      \
     .logprob_forward = cpu_logprob_forward, .logprob_backward = cpu_logprob_backward
 

@@ -48,6 +48,12 @@ int chunk_acts_alloc(eng *e, chunk_acts *a, int rows, sbp_mem_cat cat) {
     a->x2 = ealloc(e, cat, n * e->C, "attention residual");
     a->g = ealloc(e, cat, n * e->F, "gate projection");
     a->u = ealloc(e, cat, n * e->F, "up projection");
+    if (e->gemma) {
+        a->ao = ealloc(e, cat, n * e->C, "attention output projection");
+        a->aorstd = ealloc(e, cat, n, "post-attention norm rstd");
+        a->mo = ealloc(e, cat, n * e->C, "MLP output");
+        a->morstd = ealloc(e, cat, n, "post-feedforward norm rstd");
+    }
     if (e->oom) chunk_acts_free(e, a);
     return !e->oom;
 }
@@ -55,6 +61,7 @@ int chunk_acts_alloc(eng *e, chunk_acts *a, int rows, sbp_mem_cat cat) {
 void chunk_acts_free(eng *e, chunk_acts *a) {
     efree(e, a->qpre), efree(e, a->qrstd), efree(e, a->q), efree(e, a->o), efree(e, a->lse);
     efree(e, a->x2), efree(e, a->g), efree(e, a->u);
+    efree(e, a->ao), efree(e, a->aorstd), efree(e, a->mo), efree(e, a->morstd);
     memset(a, 0, sizeof *a);
 }
 
@@ -85,6 +92,10 @@ int chunk_grads_alloc(eng *e, chunk_grads *d, int c) {
     d->dq = ealloc(e, SBP_MEM_LAYER, n * e->Q, "query gradient");
     if (e->cfg->qk_norm) d->dqpre = ealloc(e, SBP_MEM_LAYER, n * e->Q, "q_norm input gradient");
     d->dsum = ealloc(e, SBP_MEM_LAYER, n * e->NH, "attention dO·O");
+    if (e->gemma) {
+        d->dao = ealloc(e, SBP_MEM_LAYER, n * e->C, "post-attention norm input gradient");
+        d->dmo = ealloc(e, SBP_MEM_LAYER, n * e->C, "post-feedforward norm input gradient");
+    }
     if (e->oom) chunk_grads_free(e, d);
     return !e->oom;
 }
@@ -92,6 +103,7 @@ int chunk_grads_alloc(eng *e, chunk_grads *d, int c) {
 void chunk_grads_free(eng *e, chunk_grads *d) {
     efree(e, d->dh), efree(e, d->dg), efree(e, d->du), efree(e, d->dxn2), efree(e, d->dx2);
     efree(e, d->dxn), efree(e, d->dout), efree(e, d->dq), efree(e, d->dqpre), efree(e, d->dsum);
+    efree(e, d->dao), efree(e, d->dmo);
     memset(d, 0, sizeof *d);
 }
 

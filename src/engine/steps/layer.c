@@ -8,6 +8,13 @@
  *   xn2 = rmsnorm(x2, w_post)
  *   h   = silu(xn2·Wgᵀ) ⊙ (xn2·Wuᵀ)
  *   y   = x2 + h·Wdᵀ
+ * Gemma-3 (e->gemma) sandwiches both blocks between norms and gates with GeGLU:
+ *   ao  = o·Woᵀ,  x2 = x + rmsnorm(ao, w_post)       (HF's post_attention_layernorm)
+ *   xn2 = rmsnorm(x2, w_pre_ff)
+ *   h   = gelu_tanh(xn2·Wgᵀ) ⊙ (xn2·Wuᵀ)
+ *   mo  = h·Wdᵀ,  y = x2 + rmsnorm(mo, w_post_ff)
+ * with every norm weight used as 1 + w (e->norm1p, gemma.c), its local layers' RoPE on their
+ * own tables; ao and mo are kept (forming them again would be a product).
  * xn, xn2 and h are formed, not kept (engine.h, chunk_formed): the backward forms each again.
  * The backward walks the same lines in reverse; each step names the line it differentiates.
  * The input norm's backward is linear in its output gradient, so it is applied in two parts,
@@ -29,7 +36,38 @@ static chunk_acts rows_from(const eng *e, const chunk_acts *a, int s) {
     v.q += r * e->Q, v.o += r * e->Q, v.lse += r * e->NH, v.x2 += r * e->C;
     v.g += r * e->F, v.u += r * e->F;
     if (v.qpre) v.qpre += r * e->Q, v.qrstd += r * e->NH;
+    if (v.ao) v.ao += r * e->C, v.aorstd += r, v.mo += r * e->C, v.morstd += r;
     return v;
+}
+
+/* RoPE of this layer: Gemma-3's local (sliding) layers rotate by their own tables
+ * (rope_local_base_freq, no scaling). The op reads e->cos and e->sin, so a local layer hands it
+ * a copy of e with the local tables in their place. */
+static const eng *rope_eng(const eng *e, const layer_run *lr, eng *tmp) {
+    if (!e->gemma || sbp_layer_window(e->cfg, (int)(lr->w - e->w)) == 0) return e;
+    *tmp = *e;
+    tmp->cos = e->cos_l, tmp->sin = e->sin_l;
+    return tmp;
+}
+
+static void rope_fwd(const eng *e, const layer_run *lr, real *x, int s, int M, int H) {
+    eng tmp;
+    e->ops->rope_forward(rope_eng(e, lr, &tmp), x, s, M, H);
+}
+
+static void rope_bwd(const eng *e, const layer_run *lr, real *dx, int s, int M, int H) {
+    eng tmp;
+    e->ops->rope_backward(rope_eng(e, lr, &tmp), dx, s, M, H);
+}
+
+/* The gated activation: silu (SwiGLU), or Gemma-3's gelu_tanh (GeGLU). */
+static void act_forward(const eng *e, real *h, const real *g, const real *u, size_t n) {
+    (e->gemma ? e->ops->geglu_forward : e->ops->swiglu_forward)(e, h, g, u, n);
+}
+
+static void act_backward(const eng *e, real *dg, real *du, const real *dh, const real *g,
+                         const real *u, size_t n) {
+    (e->gemma ? e->ops->geglu_backward : e->ops->swiglu_backward)(e, dg, du, dh, g, u, n);
 }
 
 /* The attention call of rows [s, s+M) of this layer. */
@@ -93,7 +131,7 @@ void kv_forward(const eng *e, layer_run *lr) {
                      C);
     }
     if (a->kpre) op->rmsnorm_forward(e, a->k, a->krstd, a->kpre, w->k_norm, T * e->NKV, e->HD);
-    op->rope_forward(e, a->k, 0, T, e->NKV);
+    rope_fwd(e, lr, a->k, 0, T, e->NKV);
 }
 
 void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
@@ -108,20 +146,34 @@ void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
     real *q = a.qpre ? a.qpre : a.q;
     proj_forward(e, lr->lw, q, xn, w->wq, w->bq, &w->aq, s, end, Q, C);
     if (a.qpre) op->rmsnorm_forward(e, a.q, a.qrstd, a.qpre, w->q_norm, M * e->NH, e->HD);
-    op->rope_forward(e, a.q, s, M, e->NH);
+    rope_fwd(e, lr, a.q, s, M, e->NH);
     const sbp_attn_dims ad = attn_dims(e, lr, s, M);
     op->attention_forward(e, a.o, a.lse, a.q, lr->kv->k, lr->kv->v, lr->kmask, &ad);
-    /* x2 = x + o·Woᵀ */
-    proj_forward(e, lr->lw, a.x2, a.o, w->wo, NULL, &w->ao, s, end, C, Q);
+    /* x2 = x + o·Woᵀ (Gemma-3: x + rmsnorm(ao, w_post), ao = o·Woᵀ) */
+    if (e->gemma) {
+        proj_forward(e, lr->lw, a.ao, a.o, w->wo, NULL, &w->ao, s, end, C, Q);
+        op->rmsnorm_forward(e, a.x2, a.aorstd, a.ao, w->post_norm, M, C);
+    } else {
+        proj_forward(e, lr->lw, a.x2, a.o, w->wo, NULL, &w->ao, s, end, C, Q);
+    }
     op->add(e, a.x2, x, a.x2, MC);
-    op->rmsnorm_forward(e, xn2, rstd, a.x2, w->post_norm, M, C);
+    const real *w_mlp = e->gemma ? w->pre_ff_norm : w->post_norm;
+    op->rmsnorm_forward(e, xn2, rstd, a.x2, w_mlp, M, C);
     proj_forward(e, lr->lw, a.g, xn2, w->wg, NULL, &w->ag, s, end, F, C);
     proj_forward(e, lr->lw, a.u, xn2, w->wu, NULL, &w->au, s, end, F, C);
-    if (!lr->y) return; /* a recompute needs the activations, not the output */
-    /* y = x2 + h·Wdᵀ */
-    op->swiglu_forward(e, h, a.g, a.u, (size_t)M * F);
-    real *y = lr->y + (size_t)s * C;
-    proj_forward(e, lr->lw, y, h, w->wd, NULL, &w->ad, s, end, C, F);
+    /* a recompute needs the activations, not the output (Gemma-3: mo too) */
+    if (!lr->y && !e->gemma) return;
+    /* y = x2 + h·Wdᵀ (Gemma-3: x2 + rmsnorm(mo, w_post_ff), mo = h·Wdᵀ) */
+    act_forward(e, h, a.g, a.u, (size_t)M * F);
+    real *y = lr->y ? lr->y + (size_t)s * C : NULL;
+    if (e->gemma) {
+        proj_forward(e, lr->lw, a.mo, h, w->wd, NULL, &w->ad, s, end, C, F);
+        /* a recompute needs the norm's rstd (its output goes to the formed rows, unused) */
+        op->rmsnorm_forward(e, y ? y : h, a.morstd, a.mo, w->post_ff_norm, M, C);
+        if (!y) return;
+    } else {
+        proj_forward(e, lr->lw, y, h, w->wd, NULL, &w->ad, s, end, C, F);
+    }
     op->add(e, y, a.x2, y, MC);
 }
 
@@ -148,30 +200,45 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     op->zero(e, d->dxn2, MC), op->zero(e, d->dxn, MC), op->zero(e, d->dout, MQ);
     op->zero(e, d->dq, MQ);
     if (d->dqpre) op->zero(e, d->dqpre, MQ);
-    /* y = x2 + h·Wdᵀ: dx2 = dy, dh = dy·Wd (the last reads of dy: dx is dy) */
+    /* y = x2 + h·Wdᵀ: dx2 = dy, dh = dy·Wd (the last reads of dy: dx is dy); Gemma-3:
+     * y = x2 + rmsnorm(mo, w_post_ff), dmo through the norm, dh = dmo·Wd */
     op->copy(e, d->dx2, dx, MC);
-    op->swiglu_forward(e, h, a.g, a.u, MF); /* formed again */
-    proj_backward(e, lr->lw, d->dh, gw->wd, NULL, &gw->ad, dx, h, w->wd, &w->ad, s, end, C, F);
-    /* h = silu(g) ⊙ u */
-    op->swiglu_backward(e, d->dg, d->du, d->dh, a.g, a.u, MF);
+    const real *dmo = dx;
+    if (e->gemma) {
+        op->zero(e, d->dmo, MC), op->zero(e, d->dao, MC);
+        op->rmsnorm_backward(e, d->dmo, gw->post_ff_norm, dx, a.mo, a.morstd, w->post_ff_norm, M,
+                             C);
+        dmo = d->dmo;
+    }
+    act_forward(e, h, a.g, a.u, MF); /* formed again */
+    proj_backward(e, lr->lw, d->dh, gw->wd, NULL, &gw->ad, dmo, h, w->wd, &w->ad, s, end, C, F);
+    /* h = silu(g) ⊙ u (Gemma-3: gelu_tanh) */
+    act_backward(e, d->dg, d->du, d->dh, a.g, a.u, MF);
     /* g = xn2·Wgᵀ, u = xn2·Wuᵀ */
-    op->rmsnorm_forward(e, xn2, rstd, a.x2, w->post_norm, M, C); /* formed again */
+    const real *w_mlp = e->gemma ? w->pre_ff_norm : w->post_norm;
+    real *g_mlp = e->gemma ? gw->pre_ff_norm : gw->post_norm;
+    op->rmsnorm_forward(e, xn2, rstd, a.x2, w_mlp, M, C); /* formed again */
     proj_backward(e, lr->lw, d->dxn2, gw->wg, NULL, &gw->ag, d->dg, xn2, w->wg, &w->ag, s, end, F,
                   C);
     proj_backward(e, lr->lw, d->dxn2, gw->wu, NULL, &gw->au, d->du, xn2, w->wu, &w->au, s, end, F,
                   C);
-    /* xn2 = rmsnorm(x2, w_post) */
-    op->rmsnorm_backward(e, d->dx2, gw->post_norm, d->dxn2, a.x2, rstd, w->post_norm, M, C);
-    /* x2 = x + o·Woᵀ: the residual path is dx's first term, and dO */
+    /* xn2 = rmsnorm(x2, w_post) (Gemma-3: w_pre_ff) */
+    op->rmsnorm_backward(e, d->dx2, g_mlp, d->dxn2, a.x2, rstd, w_mlp, M, C);
+    /* x2 = x + o·Woᵀ: the residual path is dx's first term, and dO (Gemma-3: through
+     * rmsnorm(ao, w_post) first) */
     op->copy(e, dx, d->dx2, MC);
-    proj_backward(e, lr->lw, d->dout, gw->wo, NULL, &gw->ao, d->dx2, a.o, w->wo, &w->ao, s, end, C,
-                  Q);
+    const real *dao = d->dx2;
+    if (e->gemma) {
+        op->rmsnorm_backward(e, d->dao, gw->post_norm, d->dx2, a.ao, a.aorstd, w->post_norm, M, C);
+        dao = d->dao;
+    }
+    proj_backward(e, lr->lw, d->dout, gw->wo, NULL, &gw->ao, dao, a.o, w->wo, &w->ao, s, end, C, Q);
     /* o = attention(q, K, V) */
     const sbp_attn_dims ad = attn_dims(e, lr, s, M);
     op->attention_backward(e, d->dq, lr->kvw->dk, lr->kvw->dv, d->dsum, d->dout, a.o, a.lse, a.q,
                            lr->kv->k, lr->kv->v, lr->kmask, &ad);
     /* q = rope(q_norm(qpre)) */
-    op->rope_backward(e, d->dq, s, M, e->NH);
+    rope_bwd(e, lr, d->dq, s, M, e->NH);
     real *dqpre = d->dq;
     if (a.qpre) {
         op->rmsnorm_backward(e, d->dqpre, gw->q_norm, d->dq, a.qpre, a.qrstd, w->q_norm, M * e->NH,
@@ -197,7 +264,7 @@ void kv_backward(const eng *e, layer_run *lr) {
     /* dK and dV were accumulated over every chunk: complete now */
     op->store(e, kvw->dk, TKV), op->store(e, kvw->dv, TKV);
     /* k = rope(k_norm(kpre)) */
-    op->rope_backward(e, kvw->dk, 0, T, e->NKV);
+    rope_bwd(e, lr, kvw->dk, 0, T, e->NKV);
     real *dkpre = kvw->dk;
     if (kv->kpre) {
         op->zero(e, kvw->dkpre, TKV);
