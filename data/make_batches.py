@@ -226,9 +226,38 @@ def more(g):
     # (--unattended); pads of 3 and 6 positions and an unpadded row. Its own generator, so the
     # fixtures above keep their bytes.
     u = lcg(2026)
-    write(s + "unattended-left-pad.safetensors",
+    write("data/batches/suite-unattended-left-pad.safetensors",
           [custom(u, 20, "pppvvvvvvvvvvvvvvvvv"), custom(u, 20, "ppppppvvvvvvvvvvvvvv"),
            custom(u, 20, "vvvvvvvvvvvvvvvvvvvv")], "I64")
+    gemma3()
+
+
+def gemma3():
+    """Gemma-3's window fixtures (issue 34; gemma3-tiny has W = 8, gemma3-w64 W = 64, the
+    portable attention's key tile). Their own generator, so the fixtures above keep their
+    bytes."""
+    s = "data/batches/suite-gemma3-"
+    u = lcg(34)
+    # T = 40 > 5W: chunks of 12 and 20 hold whole windows, chunks of 5 are smaller than one
+    # and straddle its edge; a right-padded and a left-padded row.
+    write(s + "long.safetensors",
+          [custom(u, 40, "iiiiivvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvpppp"),
+           custom(u, 40, "pppiiivvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv")], "I64")
+    # Left padding inside the window (3 pads: the first real queries' windows hold pads) and
+    # longer than it (11 pads: the first real query's window is itself alone), the first real
+    # token predicted from the last pad (a query with no key), and a hole inside a window.
+    write(s + "left-pad-window.safetensors",
+          [custom(u, 32, "pppvvvvvvvvvvvvvvvvvvvvvvvvvvvvv"),
+           custom(u, 32, "pppppppppppvvvvvvvvvvvvvvvvvvvvv"),
+           custom(u, 32, "iiiivvvvvvpvvvvvvvvvvvvvvvvvvvvv")], "I64")
+    # T = 40 < W = 64: every sliding layer sees every earlier key, as a global one.
+    write(s + "short.safetensors",
+          [custom(u, 40, "iiiiiiivvvvvvvvvvvvvvvvvvvvvvvvvvvvvvppp"),
+           custom(u, 40, "ppiiiiivvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv")], "I64")
+    # T = 150 with W = 64 = the key tile: windows that start on a tile boundary, inside one,
+    # and span exactly one tile.
+    write(s + "tile.safetensors",
+          [custom(u, 150, "i" * 10 + "v" * 135 + "p" * 5)], "I64")
 
 
 if __name__ == "__main__":
