@@ -37,7 +37,11 @@
 
 /* config.json read naively with cJSON (as HF's PretrainedConfig reads it): the fields of
  * sbp_config with HF's defaults (head_dim: 128 for qwen3, hidden/heads otherwise;
- * num_key_value_heads: the head count; rope_theta 10000; tie_word_embeddings false). */
+ * num_key_value_heads: the head count; rope_theta 10000; tie_word_embeddings false;
+ * pad_token_id none). gemma3_text, and a multimodal gemma3's text_config, with every
+ * Gemma3TextConfig default (HF 4.51.3: docs/gemma3.md), pad_token_id 0 and soft-capping
+ * refused; a gemma3 config sets cfg->wrapped, and its tensors are named "language_model." + the
+ * text model's names. */
 int ref_config_read(sbp_config *cfg, const char *path, sbp_err *err);
 
 /* The oracle's parameter table of cfg: HF names and shapes in state_dict order. */
