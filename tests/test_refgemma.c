@@ -410,6 +410,64 @@ START_TEST(reader_real_configs) {
 }
 END_TEST
 
+/* A multimodal gemma3 directory (text_config and language_model.* names, a vision tower the
+ * oracle must not need) holding data/hf-gemma3's text model: the oracle's loss and gradient are
+ * those of the plain gemma3_text directory, bit for bit. */
+START_TEST(reader_wrapped_model) {
+    const char *dir = tu_new_dir("wrapped");
+    char *cfg = tu_slurp("data/hf-gemma3/config.json", NULL);
+    size_t n = strlen(cfg) + 200;
+    char *wrapped = malloc(n);
+    ck_assert_ptr_nonnull(wrapped);
+    snprintf(wrapped, n,
+             "{\"model_type\": \"gemma3\", \"vision_config\": {\"hidden_size\": 8}, "
+             "\"text_config\": %s}",
+             cfg);
+    tu_spit(tu_join(dir, "config.json"), wrapped, strlen(wrapped));
+    tu_tensors ts;
+    tu_tensors_load(&ts, "data/hf-gemma3/model.safetensors");
+    static char names[TU_MAX_TENSORS][128];
+    for (int i = 0; i < ts.n; i++) {
+        snprintf(names[i], sizeof names[i], "language_model.%s", ts.names[i]);
+        ts.e[i].name = names[i];
+    }
+    /* a tensor the oracle must skip: the vision tower's */
+    static const float vt[4] = {1, 2, 3, 4};
+    ts.e[ts.n] = (sbp_st_entry){.name = "vision_tower.vision_model.post_layernorm.weight",
+                                .dtype = SBP_DT_F32,
+                                .ndim = 1,
+                                .shape = {4},
+                                .data = vt};
+    sbp_err err = {0};
+    ck_assert_int_eq(sbp_st_write(tu_join(dir, "model.safetensors"), ts.e, ts.n + 1, NULL, &err),
+                     SBP_OK);
+    sbp_objective o = {.kind = SBP_OBJ_SFT};
+    double loss[2], *g[2];
+    ref_model m[2];
+    ref_lora la;
+    const char *dirs[2] = {"data/hf-gemma3", dir};
+    for (int k = 0; k < 2; k++) {
+        ref_files f = {
+            .model_dir = dirs[k], .batch_path = "data/hf-gemma3/batch.safetensors", .o = &o};
+        char mm[256];
+        ck_assert_msg(ref_truth_files(&loss[k], &g[k], &m[k], &la, &f, mm, sizeof mm, &err) ==
+                          SBP_OK,
+                      "%s %s", err.msg, mm);
+    }
+    ck_assert(m[1].cfg.wrapped && !m[0].cfg.wrapped && m[0].ps.total == m[1].ps.total);
+    ck_assert(loss[0] == loss[1]);
+    ck_assert(memcmp(g[0], g[1], sizeof *g[0] * (size_t)m[0].ps.total) == 0);
+    ck_assert_str_eq(m[1].ps.p[0].name, "language_model.model.embed_tokens.weight");
+    for (int k = 0; k < 2; k++) {
+        free(g[k]);
+        ref_model_free(&m[k]);
+    }
+    tu_tensors_free(&ts);
+    free(wrapped);
+    free(cfg);
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------
  * 5. ref32 */
 
@@ -463,6 +521,7 @@ int main(void) {
     TCase *rd = tcase_create("reader");
     tcase_add_test(rd, reader_gemma);
     tcase_add_test(rd, reader_real_configs);
+    tcase_add_test(rd, reader_wrapped_model);
     suite_add_tcase(s, rd);
     return tu_run_suite(s);
 }
