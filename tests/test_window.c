@@ -426,17 +426,66 @@ START_TEST(window_reads_no_key_before_it) {
 }
 END_TEST
 
+/* ---- the engine: Gemma-3's local layers in every schedule ----------------------------------- */
+
+static void assert_same_grads(const sbp_model *m, const sbp_grad_result *ref,
+                              const sbp_grad_result *r, const char *what) {
+    const int i = tu_first_diff(m, ref->grads, r->grads);
+    ck_assert_msg(i < 0, "%s: gradient of %s differs from full BP", what,
+                  i < 0 ? "" : m->params.p[i].name);
+    ck_assert_msg(memcmp(&ref->loss, &r->loss, sizeof r->loss) == 0,
+                  "%s: loss %.17g differs from full BP's %.17g", what, r->loss, ref->loss);
+}
+
+/* gemma3-tiny (window 8, layers 0, 1 local and 2 global) on sft-tiny (T = 24, a left- and a
+ * right-padded row) and sft-demo (T = 96): ckpt and stream with chunks smaller than the window,
+ * equal to it, straddling it and larger, bit for bit full BP's; the portable numerics for any
+ * chunk, the fast one for block multiples. _i: batch × precision × numerics. */
+START_TEST(gemma_schedules_bitwise) {
+    const int demo = _i / 4, fp64 = _i / 2 % 2, portable = _i % 2, block = demo ? 16 : 4;
+    const int port_chunks[] = {1, 3, 7, 8, 9, 13, 20}, fast_tiny[] = {4, 8, 12, 20};
+    const int fast_demo[] = {16, 32, 48, 80};
+    const int *chunks = portable ? port_chunks : demo ? fast_demo : fast_tiny;
+    const int n = portable ? 7 : 4;
+    const sbp_numerics nm = portable ? SBP_NUMERICS_PORTABLE : SBP_NUMERICS_FAST;
+    sbp_model m;
+    sbp_batch b;
+    tu_load(&m, &b, tu_model("gemma3-tiny", 7),
+            demo ? "data/batches/sft-demo.safetensors" : "data/batches/sft-tiny.safetensors",
+            fp64 ? SBP_FP64 : SBP_FP32);
+    ck_assert_int_gt(sbp_layer_window(&m.cfg, 0), 0);
+    ck_assert_int_lt(sbp_layer_window(&m.cfg, 0), b.T);
+    sbp_grad_result ref, r;
+    tu_grad_n(&ref, &m, &b, nm, SBP_FULL, block, 0, 0, 0);
+    char what[160];
+    snprintf(what, sizeof what, "gemma3-tiny T %d %s %s ckpt", b.T, fp64 ? "fp64" : "fp32",
+             portable ? "portable" : "fast");
+    tu_grad_n(&r, &m, &b, nm, SBP_CKPT, block, 0, 0, 0);
+    assert_same_grads(&m, &ref, &r, what);
+    sbp_grad_result_free(&r, NULL);
+    for (int i = 0; i < n; i++) {
+        snprintf(what, sizeof what, "gemma3-tiny T %d %s %s stream chunk %d", b.T,
+                 fp64 ? "fp64" : "fp32", portable ? "portable" : "fast", chunks[i]);
+        tu_grad_n(&r, &m, &b, nm, SBP_STREAM, block, chunks[i], block, 0);
+        assert_same_grads(&m, &ref, &r, what);
+        sbp_grad_result_free(&r, NULL);
+    }
+    sbp_grad_result_free(&ref, NULL);
+    sbp_batch_free(&b);
+    sbp_model_free(&m, NULL);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("window");
     struct {
         const char *name;
         const TTest *test;
         int n;
-    } cases[] = {{"naive", window_vs_naive, 4 * NWIN},
-                 {"fd", window_fd, 2 * NWIN},
-                 {"chunks", window_chunks_bitwise, 2 * NWIN},
-                 {"wide", window_wide_is_global, 4},
-                 {"guard", window_reads_no_key_before_it, 12}};
+    } cases[] = {
+        {"naive", window_vs_naive, 4 * NWIN},         {"fd", window_fd, 2 * NWIN},
+        {"chunks", window_chunks_bitwise, 2 * NWIN},  {"wide", window_wide_is_global, 4},
+        {"guard", window_reads_no_key_before_it, 12}, {"gemma", gemma_schedules_bitwise, 8}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name); /* CK_RUN_CASE=name runs one */
         tcase_set_timeout(tc, 300);
