@@ -418,14 +418,14 @@ static int scores(real_t *s /* (T) */, int *lo, const real_t *qt /* (HD) */,
 /* The probabilities p (T) over all T keys of a query that sees no key (SEMANTICS.md, "Rows that
  * see no key"): hf-eager 1/T each (HF adds the mask's finite minimum to every score, and that
  * swamps them all equally); hf-sdpa the softmax of the real scores s_j = q·k_j · scale over
- * all T keys, padding and future ones included (HF unmasks the row). Both over all T keys in a
- * sliding layer too: HF Gemma-3's minimum swamps the window's mask as well, and it never
- * unmasks, so its sdpa gives hf-eager's rows (docs/gemma3.md); hf-sdpa here is the Llama/Qwen
- * rule, applied unchanged. */
+ * all T keys, padding and future ones included (HF unmasks the row). Gemma-3: over all T keys
+ * in a sliding layer too (the minimum swamps the window's mask as well), and hf-sdpa is
+ * hf-eager: HF's Gemma-3 never unmasks, so its sdpa forward is the uniform row too
+ * (docs/gemma3.md). */
 static void unattended_probs(real_t *p /* (T) */, const real_t *qt /* (HD) */,
                              const real_t *k /* (T, KV) */, int g, const dims *d) {
     const int T = d->T;
-    if (d->unattended == SBP_UNATTENDED_HF_EAGER) {
+    if (d->unattended == SBP_UNATTENDED_HF_EAGER || d->gemma) {
         for (int j = 0; j < T; j++) p[j] = R(1) / R(T);
         return;
     }

@@ -143,27 +143,50 @@ static const uint8_t pad_mask[FB * FT] = {
     1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, /* holes */
 };
 
-/* _i: 0 tied / zero, 1 untied / zero, 2 tied / hf-sdpa (hf-eager's gradient is autograd's, not
- * the derivative of its forward: test_ref checks that mode's own way) */
+/* _i: 0 tied, 1 untied, 2 tied with linear RoPE scaling (factor 8) on the global layer; mode
+ * zero (hf-eager's gradient, which Gemma-3's hf-sdpa also is, is autograd's, not the derivative
+ * of its forward: test_ref checks that mode its own way) */
 START_TEST(fd_gemma) {
     model m;
     model_make(&m, GEMMA_CFG, _i == 1 ? 0 : 1, 11 + (uint64_t)_i);
     ck_assert_int_eq(m.cfg.sliding_window, 8);
+    if (_i == 2) m.cfg.rope_linear = 1, m.cfg.rope_factor = 8;
     sbp_batch b;
     batch_make(&b, FB, FT, m.cfg.vocab, pad_mask, m.cfg.pad_token_id);
     /* padding_idx is not a derivative (the row is used, its lookups' gradient dropped), so the
      * differences check the plain one; padding_idx_* check the dropping */
     m.cfg.pad_token_id = -1;
     double *coef = sft_coef(&b);
-    sbp_unattended mode = _i == 2 ? SBP_UNATTENDED_HF_SDPA : SBP_UNATTENDED_ZERO;
+    sbp_unattended mode = SBP_UNATTENDED_ZERO;
     double *g = ref_grad(&m, &b, coef, mode);
     obj_ctx c = {&m, &b, coef, mode};
     char what[96];
-    snprintf(what, sizeof what, "gemma3-tiny %s, %s", _i == 1 ? "untied" : "tied",
-             _i == 2 ? "hf-sdpa" : "zero");
+    snprintf(what, sizeof what, "gemma3-tiny %s%s", _i == 1 ? "untied" : "tied",
+             _i == 2 ? ", linear RoPE x8" : "");
     tu_fd_check(&m.ps, m.w, g, objective_at, &c, FD_STEP, FD_ATOL, FD_RTOL, 3, 500 + (uint64_t)_i,
                 what);
     free(g);
+    free(coef);
+    sbp_batch_free(&b);
+    model_free(&m);
+}
+END_TEST
+
+/* Gemma-3's hf-sdpa is hf-eager (HF never unmasks its rows), bit for bit, and differs from
+ * zero on a batch with targets predicted from pads. */
+START_TEST(unattended_modes) {
+    model m;
+    model_make(&m, GEMMA_CFG, 1, 13);
+    sbp_batch b;
+    batch_make(&b, FB, FT, m.cfg.vocab, pad_mask, m.cfg.pad_token_id);
+    double *coef = sft_coef(&b);
+    double *g[3];
+    for (int k = 0; k < 3; k++) g[k] = ref_grad(&m, &b, coef, (sbp_unattended)k);
+    ck_assert(SBP_UNATTENDED_ZERO == 0 && SBP_UNATTENDED_HF_EAGER == 1 &&
+              SBP_UNATTENDED_HF_SDPA == 2);
+    ck_assert(memcmp(g[1], g[2], sizeof *g[1] * (size_t)m.ps.total) == 0);
+    ck_assert(memcmp(g[0], g[1], sizeof *g[1] * (size_t)m.ps.total) != 0);
+    for (int k = 0; k < 3; k++) free(g[k]);
     free(coef);
     sbp_batch_free(&b);
     model_free(&m);
@@ -514,6 +537,7 @@ int main(void) {
     TCase *sem = tcase_create("semantics");
     tcase_set_timeout(sem, 300);
     tcase_add_test(sem, window_boundary);
+    tcase_add_test(sem, unattended_modes);
     tcase_add_test(sem, padding_idx_gemma);
     tcase_add_test(sem, padding_idx_llama);
     tcase_add_test(sem, ref32_gemma);

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes data/hf-gemma3/: a micro Gemma-3 (3 layers, window 4, layer 2 global) with float32
+"""Writes data/hf-gemma3/: a micro Gemma-3 (3 layers, window 4, layer 2 global with linear RoPE
+scaling x8, as the 4B+ checkpoints) with float32
 weights, an SFT batch longer than the window (right padding, the pad token at real positions),
 and the float64 gradients Hugging Face transformers 4.51.3 computes for it with eager
 attention: grads-stock.safetensors (HF as it is, with its float32 islands) and
@@ -28,7 +29,7 @@ CONFIG = {
     "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
     "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 64,
     "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
-    "rope_scaling": None, "query_pre_attn_scalar": 16, "sliding_window": 4,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "query_pre_attn_scalar": 16, "sliding_window": 4,
     "sliding_window_pattern": 3, "attn_logit_softcapping": None,
     "final_logit_softcapping": None, "attention_bias": False, "pad_token_id": 0,
     "eos_token_id": 1, "bos_token_id": 2, "tie_word_embeddings": True,
