@@ -39,6 +39,7 @@ typedef enum {
     SBP_EINPUT,   /* well-formed input that is inconsistent: config, shapes, token ids, labels */
     SBP_ENOMEM,   /* an allocation failed */
     SBP_ENUMERIC, /* NaN or Inf in a loss or gradient */
+    SBP_EPEER,    /* another process of a distributed run failed or went silent (exit 3) */
 } sbp_status;
 
 typedef struct {
@@ -440,6 +441,10 @@ typedef struct {
     int emulate_bf16; /* float32 engine only: round every stored tensor and the gradients to
                        * bfloat16, as pure-bf16 training does (give it a model whose weights
                        * went through sbp_model_round_bf16); verify audit's bf16 yardstick */
+    /* NULL, or a transport of one process: the whole step here; else this process runs
+     * micro-batches k = rank (mod N) and every process ends with the same bits (src/dist,
+     * docs/distributed.md); CPU only */
+    struct sbp_comm *comm;
 } sbp_grad_opts;
 
 typedef struct {

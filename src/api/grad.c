@@ -4,6 +4,7 @@
 #include "resolve.h"
 #include "../streambp.h"
 #include "../core/err.h"
+#include "../dist/dist.h"
 
 #include <math.h>
 #include <omp.h>
@@ -143,6 +144,33 @@ static sbp_status check_finite(double loss, const void *grads, const sbp_params 
     return SBP_OK;
 }
 
+/* One micro-batch of a distributed step (src/dist/step.c): its gradient goes bucket by bucket to
+ * the hook, which sends each piece to its owner. */
+typedef struct {
+    const sbp_model *m;
+    const sbp_batch *batches;
+    const sbp_grad_opts *opts;
+    const sbp_objective *so; /* the whole step's normalisers */
+    sbp_ledger *lg;
+    void *grads;
+} micro_ctx;
+
+static sbp_status run_micro(void *ctx, int k, sbp_bucket_hook hook, void *hook_ctx, double *loss_k,
+                            sbp_err *err) {
+    micro_ctx *c = ctx;
+    sbp_engine_opts eo;
+    sbp_obj_eval ev;
+    sbp_status st = sbp_engine_resolve(&eo, c->opts, c->batches[k].T, err);
+    if (!st) st = sbp_obj_begin(&ev, c->so, &c->batches[k], err);
+    if (st) return st;
+    eo.ev = &ev;
+    eo.fold = 1, eo.bucket_hook = hook, eo.hook_ctx = hook_ctx;
+    *loss_k = 0;
+    st = engine(loss_k, c->grads, c->m, &c->batches[k], &eo, c->opts->device, c->lg, err);
+    sbp_obj_end(&ev);
+    return st ? sbp_fail_prefix(err, "micro-batch %d: ", k) : SBP_OK;
+}
+
 sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_batch *batches,
                             int n, const sbp_grad_opts *opts, sbp_ledger *lg, sbp_err *err) {
     memset(res, 0, sizeof *res);
@@ -184,11 +212,20 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
     int64_t batch_bytes = 0;
     for (int i = 0; i < n; i++) batch_bytes += sbp_batch_bytes(&batches[i]);
     sbp_ledger_charge(host_lg, SBP_MEM_BATCH, batch_bytes);
+    if (opts->comm && sbp_comm_size(opts->comm) > 1) {
+        micro_ctx mc = {m, batches, opts, &so, lg, res->grads};
+        st = opts->device != SBP_DEVICE_CPU
+                 ? sbp_fail(err, SBP_EUSAGE, "a distributed step runs on the CPU only")
+                 : sbp_dist_grad(res->grads, &res->loss, opts->comm, gps, (int)esz,
+                                 opts->emulate_bf16, n, run_micro, &mc, err);
+        for (int i = 0; i < n; i++) res->n_targets += batches[i].n_targets;
+        sbp_engine_resolve(&eo, opts, batches[n - 1].T, err);
+    }
     /* The fold (docs/distributed.md): micro-batch 0 forms S in place; each later one forms its
      * gradient g_k and loss l_k from zero and adds them, S ← S + g_k, L ← L + l_k, one IEEE add
      * per element in ascending k. A step's bits are then a function of the micro-batch sequence
      * alone, however the micro-batches are spread over processes. */
-    for (int i = 0; i < n && !st; i++) {
+    for (int i = 0; i < n && !st && !(opts->comm && sbp_comm_size(opts->comm) > 1); i++) {
         sbp_obj_eval ev;
         sbp_engine_resolve(&eo, opts, batches[i].T, err);
         if ((st = sbp_obj_begin(&ev, &so, &batches[i], err))) break;

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum { EXIT_MISMATCH = 1, EXIT_USAGE = 2 };
+enum { EXIT_MISMATCH = 1, EXIT_USAGE = 2, EXIT_PEER = 3 /* a peer failed or timed out */ };
 
 int cmd_grad(int argc, char **argv);
 int cmd_init(int argc, char **argv);
@@ -42,6 +42,14 @@ int parse_unattended(const char *cmd, const char *text, sbp_unattended *out);
 int parse_number(const char *cmd, const char *opt, const char *text, double min, double *out);
 /* Prints "streambp CMD: <message>" to stderr and returns the exit code for st. */
 int report_error(const char *cmd, const sbp_err *err);
+/* The end of a failed command of a distributed run (dist_cli.c): the error, then with several
+ * processes every one ends: a numeric error (every rank has the same) returns 1 after MPI is
+ * finished; any other ends the job with MPI_Abort (2, or 3 for SBP_EPEER). One process: as
+ * report_error. */
+struct sbp_comm;
+int dist_exit(struct sbp_comm *c, const char *cmd, const sbp_err *err);
+/* --comm-timeout: seconds > 0 */
+int parse_comm_timeout(const char *cmd, const char *s, double *out);
 
 /* Bytes a new allocation can still get: the least of MemAvailable, RLIMIT_AS and RLIMIT_DATA
  * less what the process holds, and the cgroup limits less their usage; why names the one that

@@ -1,5 +1,6 @@
 /* cmd_grad.c — `streambp grad`: one forward + backward step, the gradient written under HF names.
  */
+#include "../dist/dist.h"
 #include "cli.h"
 #include "objopts.h"
 #include "options.h"
@@ -46,6 +47,11 @@ static const char usage[] =
     "  --mem-limit SIZE     memory the step may use, e.g. 8G (default: what is available: the\n"
     "                       least of MemAvailable, ulimit -v/-d and the cgroup's memory.max)\n"
     "  --force              run even when the planned peak exceeds that\n"
+    "  --comm-timeout S     under mpirun: end the run (exit 3) when a peer is silent for S\n"
+    "                       seconds (default 600; docs/distributed.md)\n"
+    "\n"
+    "Under `mpirun -np N`, every process runs micro-batches k = rank (mod N) (N must divide the\n"
+    "--batch count) and rank 0 writes: the same bits as one process (docs/distributed.md).\n"
     "\n"
     "Before loading the weights the step is planned (streambp plan): when its peak is larger\n"
     "than the memory available, grad stops with exit status 2, naming both.\n"
@@ -64,6 +70,7 @@ typedef struct {
     int force;         /* --force: no memory check */
     int64_t mem_limit; /* --mem-limit; 0: detect */
     obj_args obj;
+    double comm_timeout; /* --comm-timeout: seconds a distributed run waits on a silent peer */
 } grad_args;
 
 static int parse(grad_args *a, int argc, char **argv) {
@@ -84,6 +91,7 @@ static int parse(grad_args *a, int argc, char **argv) {
                                          OPTION_JSON,
                                          {"mem-limit", required_argument, 0, 'M'},
                                          {"force", no_argument, 0, 'F'},
+                                         {"comm-timeout", required_argument, 0, 'W'},
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
@@ -127,6 +135,9 @@ static int parse(grad_args *a, int argc, char **argv) {
             if (!plan_parse_size("grad", optarg, &a->mem_limit)) return EXIT_USAGE;
             break;
         case 'F': a->force = 1; break;
+        case 'W':
+            if (!parse_comm_timeout("grad", optarg, &a->comm_timeout)) return EXIT_USAGE;
+            break;
         case 'h': printf("%s%s", usage, obj_usage); return -1;
         default:
             if (common_opt_code(c)) {
@@ -405,7 +416,12 @@ int cmd_grad(int argc, char **argv) {
     sbp_config cfg;
     sbp_batch b[MAX_BATCHES] = {{0}};
     sbp_grad_result r = {0};
-    if (a.out && sbp_check_writable(a.out, &err)) return report_error("grad", &err);
+    /* under mpirun: one process of a distributed step (docs/distributed.md); rank 0 writes */
+    sbp_comm *comm = NULL;
+    if (sbp_comm_start(&comm, a.comm_timeout, &err)) return report_error("grad", &err);
+    const int rank = sbp_comm_rank(comm);
+    a.g.comm = comm;
+    if (a.out && sbp_check_writable(a.out, &err)) return dist_exit(comm, "grad", &err);
     /* the model's config and headers and the batches first: they say how large the step is */
     sbp_status st = sbp_model_check(&cfg, a.model, &err);
     for (int i = 0; i < a.n_batches && !st; i++)
@@ -424,8 +440,8 @@ int cmd_grad(int argc, char **argv) {
     double t0 = now_seconds();
     if (!st) st = sbp_grad_batches(&r, &m, b, a.n_batches, &a.g, &lg, &err);
     double secs = now_seconds() - t0;
-    if (!st && a.out) st = save(&a, &m, b, &r, &err);
-    if (!st) {
+    if (!st && a.out && rank == 0) st = save(&a, &m, b, &r, &err);
+    if (!st && rank == 0) {
         if (a.json)
             print_result_json(&a, &m, b, &r, &lg, secs);
         else
@@ -435,5 +451,5 @@ int cmd_grad(int argc, char **argv) {
     sbp_lora_free(&adapter, host_lg);
     for (int i = 0; i < a.n_batches; i++) sbp_batch_free(&b[i]);
     sbp_model_free(&m, host_lg);
-    return st ? report_error("grad", &err) : 0;
+    return st ? dist_exit(comm, "grad", &err) : (sbp_comm_finish(comm), 0);
 }

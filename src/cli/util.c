@@ -132,7 +132,9 @@ int report_error(const char *cmd, const sbp_err *err) {
     /* the message may quote a file's tensor names or fields: printed inert (sbp_text_escape) */
     char msg[SBP_TEXT_ESCAPED];
     fprintf(stderr, "streambp %s: %s\n", cmd, sbp_text_escape(msg, sizeof msg, err->msg));
-    return err->status == SBP_ENUMERIC ? EXIT_MISMATCH : EXIT_USAGE;
+    return err->status == SBP_ENUMERIC ? EXIT_MISMATCH
+           : err->status == SBP_EPEER  ? EXIT_PEER
+                                       : EXIT_USAGE;
 }
 
 double now_seconds(void) {

@@ -14,6 +14,7 @@ const char *sbp_status_name(sbp_status st) {
     case SBP_EINPUT: return "input error";
     case SBP_ENOMEM: return "out of memory";
     case SBP_ENUMERIC: return "numeric error";
+    case SBP_EPEER: return "peer failed";
     }
     return "unknown status";
 }

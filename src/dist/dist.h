@@ -19,6 +19,8 @@
 /* ---- buckets (buckets.c) ----------------------------------------------------------------------
  */
 
+typedef struct sbp_comm sbp_comm; /* the transport (below) */
+
 enum { SBP_BUCKET_HEAD = -1, SBP_BUCKET_EMBED = -2 }; /* else a layer index */
 
 typedef struct {
@@ -32,9 +34,42 @@ typedef struct {
 int sbp_grad_buckets(sbp_bucket *out /* (cap) */, int cap, const sbp_params *ps);
 const sbp_bucket *sbp_bucket_find(const sbp_bucket *b, int n, int id);
 
-/* ---- the transport (mpi.c, or none.c without MPI) ------------------------------------------- */
+/* ---- owners (owners.c) ------------------------------------------------------------------------
+ */
 
-typedef struct sbp_comm sbp_comm;
+enum { SBP_DIST_BLOCK = 4096 }; /* the ownership grid: sbp_grad_norm's and AdamW's blocks */
+
+typedef struct {
+    int64_t off, n; /* elements [off, off + n) of the slab */
+    int owner;      /* the rank that folds them */
+    int bucket;     /* index into the bucket list (completion order) */
+} sbp_piece;
+
+/* The pieces of every bucket (b: nb buckets in completion order) for N ranks, in that order and
+ * ascending within a bucket. Returns their count (at most nb·(N + 1)), −1 beyond cap or out of
+ * memory. */
+int sbp_dist_pieces(sbp_piece *out /* (cap) */, int cap, const sbp_bucket *b, int nb, int N);
+
+/* ---- the step (step.c) ---------------------------------------------------------------------- */
+
+/* S ← S + g over n elements of esz bytes (4: float, 8: double), one IEEE add each; with bf16 each
+ * result rounded to bfloat16 (as the engine's add under bf16 storage). */
+void sbp_dist_fold(void *s, const void *g, int64_t n, int esz, int bf16);
+
+typedef int (*sbp_bucket_hook)(void *ctx, int64_t off, int64_t n, const void *g);
+/* Runs micro-batch k of the step, handing each completed bucket to hook(hook_ctx, ...) instead
+ * of folding it; *loss_k = its loss from zero. */
+typedef sbp_status (*sbp_dist_run_fn)(void *ctx, int k, sbp_bucket_hook hook, void *hook_ctx,
+                                      double *loss_k, sbp_err *err);
+
+/* One step of n micro-batches over the processes of c: this rank runs micro-batches k ≡ rank
+ * (mod N) through run; on return grads (ps->total elements of esz bytes) holds the folded gradient
+ * and *loss the folded loss, on every rank, bit-identical to the 1-process step. N must divide n.
+ */
+sbp_status sbp_dist_grad(void *grads, double *loss, sbp_comm *c, const sbp_params *ps, int esz,
+                         int bf16, int n, sbp_dist_run_fn run, void *ctx, sbp_err *err);
+
+/* ---- the transport (mpi.c, or none.c without MPI) ------------------------------------------- */
 
 /* 1 when this build has MPI (mpi.c), 0 (none.c). */
 int sbp_comm_built(void);

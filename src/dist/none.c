@@ -20,6 +20,7 @@ int sbp_comm_built(void) {
 /* The world size a launcher announces, or 1. */
 static long launched_size(void) {
     const char *s = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!s) s = getenv("PMIX_SIZE");
     if (!s) s = getenv("PMI_SIZE");
     return s ? strtol(s, NULL, 10) : 1;
 }

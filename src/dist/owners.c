@@ -1,0 +1,57 @@
+/* owners.c — who owns which part of the gradient slab, and the pieces a bucket is cut into.
+ *
+ * Ownership is per 4096-element block of the flat slab, the grid sbp_grad_norm and AdamW already
+ * use: the blocks that start inside a bucket are dealt to the N ranks in N contiguous runs
+ * (rank r gets blocks [c·r/N, c·(r+1)/N) of the bucket's c), so every bucket's traffic uses every
+ * link; a block that straddles a bucket boundary keeps the owner of the bucket it starts in. A
+ * bucket is then cut into pieces wherever the owner changes: at most N + 1 per bucket. */
+#include "dist.h"
+
+#include <stdlib.h>
+
+enum { BLOCK = SBP_DIST_BLOCK };
+
+/* The owner of block blk: dealt within the bucket (in slab order) where the block starts. */
+static int block_owner(const sbp_bucket *slab_order, int nb, int64_t blk, int N) {
+    const int64_t start = blk * BLOCK;
+    for (int i = 0; i < nb; i++) {
+        const sbp_bucket *b = &slab_order[i];
+        if (start < b->off || start >= b->off + b->n) continue;
+        const int64_t first = (b->off + BLOCK - 1) / BLOCK, last = (b->off + b->n - 1) / BLOCK;
+        const int64_t c = last - first + 1, t = blk - first;
+        int r = 0;
+        while (r + 1 < N && c * (r + 1) / N <= t) r++;
+        return r;
+    }
+    return 0; /* not reached for a block inside the slab */
+}
+
+static int by_offset(const void *a, const void *b) {
+    const sbp_bucket *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+int sbp_dist_pieces(sbp_piece *out, int cap, const sbp_bucket *b, int nb, int N) {
+    sbp_bucket *so = malloc(sizeof *so * (size_t)(nb ? nb : 1));
+    if (!so) return -1;
+    for (int i = 0; i < nb; i++) so[i] = b[i];
+    qsort(so, (size_t)nb, sizeof *so, by_offset);
+    int n = 0;
+    for (int i = 0; i < nb; i++) /* completion order, as the pieces are sent */
+        for (int64_t at = b[i].off, end = b[i].off + b[i].n; at < end;) {
+            const int64_t blk = at / BLOCK,
+                          stop = (blk + 1) * BLOCK < end ? (blk + 1) * BLOCK : end;
+            const int owner = block_owner(so, nb, blk, N);
+            if (n > 0 && out[n - 1].bucket == i && out[n - 1].owner == owner &&
+                out[n - 1].off + out[n - 1].n == at)
+                out[n - 1].n += stop - at;
+            else if (n == cap) {
+                free(so);
+                return -1;
+            } else
+                out[n++] = (sbp_piece){.off = at, .n = stop - at, .owner = owner, .bucket = i};
+            at = stop;
+        }
+    free(so);
+    return n;
+}

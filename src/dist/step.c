@@ -1,0 +1,188 @@
+/* step.c — one data-parallel gradient step over N processes (docs/distributed.md).
+ *
+ * Micro-batch k runs on rank k mod N, in rounds of N (round ρ: k = ρN + r on rank r). As the
+ * backward completes each bucket (after its last chunk: the StreamBP rule, nothing per chunk),
+ * the hook cuts it into pieces by owner and sends each piece to its owner at once, keeping its own;
+ * the next layer's backward goes on while the pieces travel. At the end of a round each owner has
+ * the pieces of micro-batches ρN … ρN + N − 1 for its blocks and folds them in ascending k into its
+ * share of S: S = g_0, then S ← S + g_k, one IEEE add per element (bf16 storage: each result
+ * rounded), exactly the 1-process fold. The losses are all-gathered and folded in k order on every
+ * rank; the owners' shares of S are all-gathered, so every rank ends with the whole gradient, the
+ * same bits the 1-process step has. MPI carries only copies: no float is summed by a collective. */
+#include "../core/err.h"
+#include "dist.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    sbp_comm *c;
+    int N, r, esz, bf16, nb, np;
+    sbp_bucket *b;
+    sbp_piece *pc;
+    int64_t *pos; /* (np) where piece i lives in its owner's packed share */
+    int64_t *own; /* (N) elements each rank owns */
+    char *gk;     /* (total) this rank's micro-batch gradient, kept while its pieces are sent */
+    char **R;     /* (N) packed shares: micro-batch ρN + j's pieces of this rank's blocks */
+    char *S;      /* (own[r]) the folded share */
+    sbp_err *err;
+    sbp_err herr; /* the hook's own error: the engine reports a failed hook in general terms */
+} dstate;
+
+static float to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return f;
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+void sbp_dist_fold(void *s, const void *g, int64_t n, int esz, int bf16) {
+    if (esz == 8) {
+        double *x = s;
+        const double *y = g;
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (int64_t i = 0; i < n; i++) x[i] = x[i] + y[i];
+    } else {
+        float *x = s;
+        const float *y = g;
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (int64_t i = 0; i < n; i++) x[i] = bf16 ? to_bf16(x[i] + y[i]) : x[i] + y[i];
+    }
+}
+
+/* The engine's bucket hook: bucket [off, off + n) of this rank's micro-batch is complete. */
+static int on_bucket(void *ctx, int64_t off, int64_t n, const void *g) {
+    dstate *d = ctx;
+    int bi = 0;
+    while (bi < d->nb && d->b[bi].off != off) bi++;
+    if (bi == d->nb || d->b[bi].n != n) {
+        sbp_fail(&d->herr, SBP_EUSAGE, "internal: no gradient bucket at element %lld",
+                 (long long)off);
+        return 0;
+    }
+    for (int i = 0; i < d->np; i++) {
+        const sbp_piece *p = &d->pc[i];
+        if (p->bucket != bi) continue;
+        const char *src = (const char *)g + (p->off - off) * d->esz;
+        const size_t bytes = (size_t)p->n * d->esz;
+        if (p->owner == d->r) {
+            memcpy(d->R[d->r] + d->pos[i] * d->esz, src, bytes);
+            continue;
+        }
+        char *keep = d->gk + p->off * d->esz; /* the scratch is reused by the next bucket */
+        memcpy(keep, src, bytes);
+        if (sbp_comm_isend(d->c, keep, bytes, p->owner, bi, &d->herr) < 0) return 0;
+    }
+    return 1;
+}
+
+/* Receives for one round: every other rank's pieces of this rank's blocks. */
+static sbp_status post_receives(dstate *d) {
+    for (int j = 0; j < d->N; j++)
+        for (int i = 0; i < d->np && j != d->r; i++) {
+            const sbp_piece *p = &d->pc[i];
+            if (p->owner != d->r) continue;
+            if (sbp_comm_irecv(d->c, d->R[j] + d->pos[i] * d->esz, (size_t)p->n * d->esz, j,
+                               p->bucket, d->err) < 0)
+                return d->err->status;
+        }
+    return SBP_OK;
+}
+
+static sbp_status setup(dstate *d, const sbp_params *ps, int64_t total) {
+    const int cap = ps->n + 2;
+    d->b = malloc(sizeof *d->b * (size_t)cap);
+    d->pc = malloc(sizeof *d->pc * (size_t)cap * (d->N + 1));
+    d->own = calloc((size_t)d->N, sizeof *d->own);
+    d->R = calloc((size_t)d->N, sizeof *d->R);
+    if (!d->b || !d->pc || !d->own || !d->R) return sbp_fail(d->err, SBP_ENOMEM, "out of memory");
+    if ((d->nb = sbp_grad_buckets(d->b, cap, ps)) < 0 ||
+        (d->np = sbp_dist_pieces(d->pc, cap * (d->N + 1), d->b, d->nb, d->N)) < 0)
+        return sbp_fail(d->err, SBP_ENOMEM, "out of memory for the gradient pieces");
+    d->pos = malloc(sizeof *d->pos * (size_t)(d->np ? d->np : 1));
+    if (!d->pos) return sbp_fail(d->err, SBP_ENOMEM, "out of memory");
+    for (int i = 0; i < d->np; i++)
+        d->pos[i] = d->own[d->pc[i].owner], d->own[d->pc[i].owner] += d->pc[i].n;
+    d->gk = malloc((size_t)total * d->esz);
+    d->S = malloc((size_t)(d->own[d->r] ? d->own[d->r] : 1) * d->esz);
+    int ok = d->gk && d->S;
+    for (int j = 0; j < d->N; j++) {
+        d->R[j] = malloc((size_t)(d->own[d->r] ? d->own[d->r] : 1) * d->esz);
+        ok = ok && d->R[j];
+    }
+    if (!ok)
+        return sbp_fail(d->err, SBP_ENOMEM, "out of memory for the distributed step's buffers");
+    return SBP_OK;
+}
+
+static void teardown(dstate *d) {
+    for (int j = 0; d->R && j < d->N; j++) free(d->R[j]);
+    free(d->R), free(d->S), free(d->gk), free(d->pos), free(d->own), free(d->pc), free(d->b);
+}
+
+/* Every rank's share of S into grads, at the pieces' places. */
+static sbp_status gather_all(dstate *d, void *grads) {
+    size_t *counts = calloc((size_t)d->N, sizeof *counts),
+           *displs = calloc((size_t)d->N, sizeof *displs);
+    int64_t sum = 0;
+    for (int j = 0; j < d->N; j++) sum += d->own[j];
+    char *all = malloc((size_t)(sum ? sum : 1) * d->esz);
+    sbp_status st = SBP_OK;
+    if (!counts || !displs || !all) st = sbp_fail(d->err, SBP_ENOMEM, "out of memory");
+    for (int j = 0; !st && j < d->N; j++) {
+        counts[j] = (size_t)d->own[j] * d->esz;
+        displs[j] = j ? displs[j - 1] + counts[j - 1] : 0;
+    }
+    if (!st)
+        st = sbp_comm_allgatherv(d->c, all, d->S, counts, displs, "the gradient shares", d->err);
+    for (int i = 0; !st && i < d->np; i++) {
+        const sbp_piece *p = &d->pc[i];
+        memcpy((char *)grads + p->off * d->esz, all + displs[p->owner] + d->pos[i] * d->esz,
+               (size_t)p->n * d->esz);
+    }
+    free(all), free(counts), free(displs);
+    return st;
+}
+
+sbp_status sbp_dist_grad(void *grads, double *loss, sbp_comm *c, const sbp_params *ps, int esz,
+                         int bf16, int n, sbp_dist_run_fn run, void *ctx, sbp_err *err) {
+    dstate d = {
+        .c = c, .N = sbp_comm_size(c), .r = sbp_comm_rank(c), .esz = esz, .bf16 = bf16, .err = err};
+    if (n % d.N)
+        return sbp_fail(err, SBP_EUSAGE,
+                        "%d micro-batches cannot be shared by %d processes: the process count must "
+                        "divide them",
+                        n, d.N);
+    const int m = n / d.N;
+    double *mine = calloc((size_t)m, sizeof *mine), *all = calloc((size_t)n, sizeof *all);
+    sbp_status st =
+        mine && all ? setup(&d, ps, ps->total) : sbp_fail(err, SBP_ENOMEM, "out of memory");
+    for (int rho = 0; rho < m && !st; rho++) {
+        if ((st = post_receives(&d))) break;
+        if ((st = run(ctx, rho * d.N + d.r, on_bucket, &d, &mine[rho], err))) {
+            if (d.herr.status) *err = d.herr, st = d.herr.status;
+            break;
+        }
+        if ((st = sbp_comm_waitall(c, "the gradient pieces", err))) break;
+        for (int j = 0; j < d.N; j++) /* ascending k = ρN + j */
+            if (rho == 0 && j == 0)
+                memcpy(d.S, d.R[0], (size_t)d.own[d.r] * esz);
+            else
+                sbp_dist_fold(d.S, d.R[j], d.own[d.r], esz, bf16);
+    }
+    if (!st) st = gather_all(&d, grads);
+    if (!st) st = sbp_comm_allgather(c, all, mine, sizeof *mine * (size_t)m, "the losses", err);
+    if (!st) { /* rank j's ρ-th loss is micro-batch ρN + j's */
+        double l = 0;
+        for (int k = 0; k < n; k++) {
+            const double lk = all[(k % d.N) * m + k / d.N];
+            l = k ? l + lk : lk;
+        }
+        *loss = l;
+    }
+    free(mine), free(all);
+    teardown(&d);
+    return st;
+}

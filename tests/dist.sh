@@ -1,0 +1,106 @@
+#!/bin/bash
+# dist.sh — the distributed step under mpirun (docs/distributed.md, its tests): the gradient file
+# of `mpirun -np N streambp grad` with 12 micro-batches is the same bytes (the loss in its metadata
+# included) as one process without a launcher, for N = 1..4, across schedules, tied and untied
+# heads, DPO, GRPO, LoRA, bf16 storage and fp64; N not dividing the micro-batches exits 2 on every
+# rank; a build without MPI under `mpirun -np 2` exits 2 (NOMPI=path of such a binary, optional).
+#
+#   STREAMBP=build/streambp [NOMPI=build-nompi/streambp] tests/dist.sh
+#
+# Run by `make test` when the build has MPI. Every mpirun runs under timeout; one test = one line.
+cd "$(dirname "$0")/.." || exit 2
+BIN=$(realpath "${STREAMBP:-build/streambp}")
+TMP=$(mktemp -d) || exit 2
+trap 'rm -rf "$TMP"' EXIT
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+# Open MPI's dlopen'd components leak a little at exit, in frames no suppression matches
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+MPIRUN=(timeout 60 mpirun --oversubscribe --allow-run-as-root --mca btl self,vader)
+fails=0 runs=0
+
+ok() { runs=$((runs + 1)); echo "ok   $*"; }
+bad() { runs=$((runs + 1)) fails=$((fails + 1)); echo "FAIL $*"; }
+
+model() { # family [extra init args] -> directory
+    local d=$TMP/model-$1
+    [ -d "$d" ] || "$BIN" init --config "data/models/$1.json" --seed 1 --out "$d" >/dev/null ||
+        { echo "FAIL init $1"; exit 1; }
+    echo "$d"
+}
+
+# Twelve small SFT micro-batches (the suite's batches, each a few rows of T <= 32).
+SFT=""
+for f in sft-tiny suite-chunk-starts-on-ignored suite-left-padding suite-right-padding \
+    suite-single-target suite-t22 suite-target-from-padding-2 suite-target-from-padding \
+    suite-unattended-left-pad suite-unequal-rows suite-left-padding sft-tiny; do
+    SFT="$SFT --batch data/batches/$f.safetensors"
+done
+
+# same NAME "RANKS" ARGS...: one process without mpirun, then mpirun -np N for each N: cmp.
+same() {
+    local name=$1 ranks=$2
+    shift 2
+    local want=$TMP/$name-1p.safetensors
+    if ! timeout 120 "$BIN" grad "$@" --threads 1 --out "$want" >"$TMP/log" 2>&1; then
+        bad "$name: one process failed: $(tail -1 "$TMP/log")"
+        return
+    fi
+    for n in $ranks; do
+        local got=$TMP/$name-$n.safetensors
+        "${MPIRUN[@]}" -np "$n" "$BIN" grad "$@" --threads 1 --out "$got" >"$TMP/log" 2>&1
+        local rc=$?
+        if [ $rc != 0 ]; then
+            bad "$name N=$n: exit $rc ($(grep -m1 streambp "$TMP/log"))"
+        elif cmp -s "$want" "$got"; then
+            ok "$name N=$n: the same bytes as one process"
+        else
+            bad "$name N=$n: the gradient file differs from one process's"
+        fi
+    done
+}
+
+L=$(model llama3-tiny) Q=$(model qwen3-tiny) Q2=$(model qwen2-tiny)
+P="--numerics portable"
+same llama-stream "1 2 3 4" --model "$L" $SFT $P --schedule stream --chunk 7 --block 4
+same qwen3-tied-stream "2 3 4" --model "$Q" $SFT $P --schedule stream --chunk 7 --logit-chunk 5 --block 4
+same qwen3-tied-full "2 4" --model "$Q" $SFT $P --schedule full
+same llama-ckpt "3" --model "$L" $SFT $P --schedule ckpt --chunked-logits --logit-chunk 3
+same llama-fast "2 3" --model "$L" $SFT --schedule stream --chunk 7
+same qwen2-fp64 "3" --model "$Q2" $SFT $P --precision fp64
+same llama-bf16 "2 3" --model "$L" $SFT $P --precision bf16
+DPO="--batch data/batches/dpo-tiny.safetensors --batch data/batches/dpo-tiny.safetensors"
+DPO="$DPO --batch data/batches/dpo-tiny.safetensors --objective dpo --beta 0.1"
+same qwen2-dpo-sigmoid "3" --model "$Q2" $DPO $P
+same qwen2-dpo-ipo "3" --model "$Q2" $DPO $P --loss-type ipo
+GRPO="--objective grpo --beta 0.04 --temperature 0.7 --epsilon-high 0.28"
+for f in grpo-tiny grpo-clip grpo-ragged; do GRPO="$GRPO --batch data/batches/$f.safetensors"; done
+for lt in grpo bnpo dr_grpo dapo; do
+    same "qwen3-grpo-$lt" "3" --model "$Q" $GRPO $P --loss-type $lt
+done
+A=$TMP/adapter
+"$BIN" lora init --model "$Q" --r 2 --targets q_proj,v_proj,down_proj --seed 3 --b-std 0.05 \
+    --out "$A" >/dev/null 2>&1 || bad "lora init"
+[ -d "$A" ] && same qwen3-lora "2 3" --model "$Q" --lora "$A" $SFT $P
+
+# N must divide the micro-batches: every rank exits 2, naming both numbers
+"${MPIRUN[@]}" -np 5 "$BIN" grad --model "$L" $SFT --threads 1 >"$TMP/log" 2>&1
+rc=$?
+if [ $rc = 2 ] && grep -q "12 micro-batches cannot be shared by 5 processes" "$TMP/log"; then
+    ok "N=5 with 12 micro-batches: exit 2, named"
+else
+    bad "N=5 with 12 micro-batches: exit $rc ($(tail -1 "$TMP/log"))"
+fi
+
+# a build without MPI under a launcher with more than one process exits 2
+if [ -n "$NOMPI" ]; then
+    "${MPIRUN[@]}" -np 2 "$(realpath "$NOMPI")" grad --model "$L" $SFT --threads 1 >"$TMP/log" 2>&1
+    rc=$?
+    if [ $rc = 2 ] && grep -q "this build has no MPI" "$TMP/log"; then
+        ok "a build without MPI under mpirun -np 2: exit 2"
+    else
+        bad "a build without MPI under mpirun -np 2: exit $rc ($(tail -1 "$TMP/log"))"
+    fi
+fi
+
+echo "dist.sh: $runs checks, $fails failed"
+[ $fails = 0 ]

@@ -1,0 +1,161 @@
+/* test_dist.c — the distributed step's protocol without processes (src/dist): synthetic slabs of
+ * ragged buckets (buckets under 4096 elements, more ranks than a bucket has blocks, blocks that
+ * straddle bucket boundaries) cut into pieces for N = 1..6 ranks; the pieces tile every bucket,
+ * every 4096-element block has one owner, and twelve synthetic micro-batch gradients "sent" as
+ * pieces and folded by their owners in ascending micro-batch order give the 1-process fold's
+ * bits, and the owners' block sums give sbp_grad_norm's bits. Also the transport of a build or a
+ * run without MPI: one process, a launcher announcing two refused by a build without MPI. */
+#include "../src/dist/dist.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { BLK = SBP_DIST_BLOCK, N_MICRO = 12, MAX_B = 16 };
+
+/* Slabs as bucket sizes in slab order: tiny buckets, a bucket of exactly one block, ragged ones,
+ * the shapes a model's table gives (embedding, layers, head). */
+static const int64_t slabs[][MAX_B] = {
+    {5000, 100, 3, 9000, 4096, 12288, 1, 7000, 0},
+    {4096, 4096, 4096, 0},
+    {10, 20, 30, 0},
+    {70000, 8191, 8193, 4095, 4097, 33, 0},
+};
+enum { N_SLABS = sizeof slabs / sizeof slabs[0] };
+
+/* A params table whose buckets are the sizes given: the first is the embedding, the last the head,
+ * the rest layers (sbp_grad_buckets orders them head, layers descending, embedding). */
+static void table(sbp_params *ps, const int64_t *sizes) {
+    int n = 0;
+    while (sizes[n]) n++;
+    memset(ps, 0, sizeof *ps);
+    ps->p = calloc((size_t)n, sizeof *ps->p);
+    for (int i = 0; i < n; i++) {
+        sbp_param *p = &ps->p[ps->n++];
+        p->kind = i == 0 ? SBP_P_EMBED : i == n - 1 ? SBP_P_FINAL_NORM : SBP_P_Q;
+        p->layer = i == 0 || i == n - 1 ? -1 : i - 1;
+        p->numel = sizes[i], p->offset = ps->total;
+        ps->total += sizes[i];
+    }
+}
+
+static float rnd(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(*s >> 11) / 9007199254740992.0 * 2 - 1) * 1e-3f;
+}
+
+START_TEST(pieces_fold_and_norm) {
+    const int slab = _i % N_SLABS, N = _i / N_SLABS + 1;
+    sbp_params ps;
+    table(&ps, slabs[slab]);
+    sbp_bucket b[MAX_B];
+    const int nb = sbp_grad_buckets(b, MAX_B, &ps);
+    ck_assert_int_gt(nb, 0);
+    sbp_piece pc[MAX_B * 8];
+    const int np = sbp_dist_pieces(pc, MAX_B * 8, b, nb, N);
+    ck_assert_int_gt(np, 0);
+    const int64_t P = ps.total, nblk = (P + BLK - 1) / BLK;
+    /* the pieces tile each bucket in order; one owner per block */
+    int *owner = malloc(sizeof *owner * (size_t)P), *bowner = malloc(sizeof *bowner * nblk);
+    for (int64_t i = 0; i < nblk; i++) bowner[i] = -1;
+    int64_t covered = 0;
+    for (int i = 0; i < np; i++) {
+        ck_assert(pc[i].owner >= 0 && pc[i].owner < N && pc[i].n > 0);
+        if (i == 0 || pc[i].bucket != pc[i - 1].bucket)
+            ck_assert_int_eq(pc[i].off, b[pc[i].bucket].off);
+        else
+            ck_assert_int_eq(pc[i].off, pc[i - 1].off + pc[i - 1].n);
+        for (int64_t e = pc[i].off; e < pc[i].off + pc[i].n; e++) {
+            owner[e] = pc[i].owner;
+            const int64_t blk = e / BLK;
+            if (bowner[blk] < 0) bowner[blk] = pc[i].owner;
+            ck_assert_msg(bowner[blk] == pc[i].owner, "N=%d: block %lld has two owners", N,
+                          (long long)blk);
+        }
+        covered += pc[i].n;
+    }
+    ck_assert_int_eq(covered, P);
+    /* twelve micro-batch gradients: the 1-process fold, and the pieces folded by owners */
+    float *g = malloc(sizeof *g * (size_t)P * N_MICRO), *one = malloc(sizeof *one * (size_t)P),
+          *dist = calloc((size_t)P, sizeof *dist);
+    uint64_t s = 42 + _i;
+    for (int64_t i = 0; i < P * N_MICRO; i++) g[i] = rnd(&s);
+    memcpy(one, g, sizeof *one * (size_t)P);
+    for (int k = 1; k < N_MICRO; k++) sbp_dist_fold(one, g + (size_t)k * P, P, 4, 0);
+    for (int r = 0; r < N; r++) { /* rank r's share: its pieces, k ascending, each from k's rank */
+        for (int i = 0; i < np; i++) {
+            if (pc[i].owner != r) continue;
+            float *acc = dist + pc[i].off;
+            memcpy(acc, g + pc[i].off, sizeof *acc * (size_t)pc[i].n);
+            for (int k = 1; k < N_MICRO; k++)
+                sbp_dist_fold(acc, g + (size_t)k * P + pc[i].off, pc[i].n, 4, 0);
+        }
+    }
+    ck_assert_msg(memcmp(one, dist, sizeof *one * (size_t)P) == 0, "N=%d slab %d: the fold differs",
+                  N, slab);
+    /* the norm from the owners' block sums, added in block order */
+    double *part = calloc((size_t)nblk, sizeof *part), sum = 0;
+    for (int64_t blk = 0; blk < nblk; blk++)
+        for (int64_t e = blk * BLK; e < P && e < (blk + 1) * BLK; e++)
+            part[blk] += (double)dist[e] * dist[e];
+    for (int64_t blk = 0; blk < nblk; blk++) sum += part[blk];
+    const double want = sbp_grad_norm(one, P, SBP_FP32), got = sqrt(sum);
+    ck_assert_msg(memcmp(&want, &got, sizeof got) == 0, "N=%d: norm %.17g, 1 process %.17g", N, got,
+                  want);
+    free(part), free(g), free(one), free(dist), free(owner), free(bowner);
+    sbp_params_free(&ps);
+}
+END_TEST
+
+/* Balanced: with as many blocks as ranks or more, every rank owns some of every large bucket. */
+START_TEST(pieces_balanced) {
+    sbp_params ps;
+    table(&ps, slabs[3]);
+    sbp_bucket b[MAX_B];
+    const int nb = sbp_grad_buckets(b, MAX_B, &ps);
+    sbp_piece pc[MAX_B * 8];
+    const int np = sbp_dist_pieces(pc, MAX_B * 8, b, nb, 4);
+    int64_t per[4] = {0};
+    for (int i = 0; i < np; i++)
+        if (b[pc[i].bucket].n == 70000) per[pc[i].owner] += pc[i].n;
+    for (int r = 0; r < 4; r++) ck_assert_int_gt(per[r], 3 * BLK);
+    sbp_params_free(&ps);
+}
+END_TEST
+
+/* Without a launcher: one process, no MPI started; a build without MPI refuses two processes. */
+START_TEST(transport_one_process) {
+    sbp_err err = {0};
+    sbp_comm *c;
+    unsetenv("OMPI_COMM_WORLD_SIZE"), unsetenv("PMIX_RANK");
+    ck_assert_int_eq(sbp_comm_start(&c, 0, &err), SBP_OK);
+    ck_assert_int_eq(sbp_comm_size(c), 1);
+    ck_assert_int_eq(sbp_comm_rank(c), 0);
+    double x = 3, y = 0;
+    ck_assert_int_eq(sbp_comm_allgather(c, &y, &x, sizeof x, "x", &err), SBP_OK);
+    ck_assert(y == 3);
+    sbp_comm_finish(c);
+    if (!sbp_comm_built()) {
+        setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+        ck_assert_int_eq(sbp_comm_start(&c, 0, &err), SBP_EUSAGE);
+        ck_assert(strstr(err.msg, "no MPI") != NULL);
+        unsetenv("OMPI_COMM_WORLD_SIZE");
+    }
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("dist");
+    TCase *tc = tcase_create("dist");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, pieces_fold_and_norm, 0, N_SLABS * 6);
+    tcase_add_test(tc, pieces_balanced);
+    tcase_add_test(tc, transport_one_process);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run_suite(suite());
+}
