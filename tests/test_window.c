@@ -476,16 +476,36 @@ START_TEST(gemma_schedules_bitwise) {
 }
 END_TEST
 
+/* The FLOP count (src/core/flops.c, the bench's GFLOP column) follows the kernels: with every
+ * layer local (window 512, 4 layers, pattern 6) doubling T from 8192 doubles the step's work;
+ * with every layer global it grows by more than 2.5. */
+START_TEST(window_flops_linear) {
+    sbp_config c;
+    sbp_err err = {0};
+    ck_assert_int_eq(sbp_config_load(&c, "data/models/gemma3-bench.json", &err), SBP_OK);
+    c.layers = 4; /* layers 0..3 of pattern 6: all local */
+    sbp_grad_opts o = {.schedule = SBP_STREAM, .block = 512};
+    const double local = sbp_step_flops(&c, 1, 16384, &o) / sbp_step_flops(&c, 1, 8192, &o);
+    c.sliding_window_pattern = 1; /* every layer global */
+    const double global = sbp_step_flops(&c, 1, 16384, &o) / sbp_step_flops(&c, 1, 8192, &o);
+    ck_assert_msg(local > 1.99 && local < 2.01, "all local: work x %.4f for 2T, want 2", local);
+    ck_assert_msg(global > 2.5, "all global: work x %.4f for 2T, want > 2.5", global);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("window");
     struct {
         const char *name;
         const TTest *test;
         int n;
-    } cases[] = {
-        {"naive", window_vs_naive, 4 * NWIN},         {"fd", window_fd, 2 * NWIN},
-        {"chunks", window_chunks_bitwise, 2 * NWIN},  {"wide", window_wide_is_global, 4},
-        {"guard", window_reads_no_key_before_it, 12}, {"gemma", gemma_schedules_bitwise, 8}};
+    } cases[] = {{"naive", window_vs_naive, 4 * NWIN},
+                 {"fd", window_fd, 2 * NWIN},
+                 {"chunks", window_chunks_bitwise, 2 * NWIN},
+                 {"wide", window_wide_is_global, 4},
+                 {"guard", window_reads_no_key_before_it, 12},
+                 {"gemma", gemma_schedules_bitwise, 8},
+                 {"flops", window_flops_linear, 1}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name); /* CK_RUN_CASE=name runs one */
         tcase_set_timeout(tc, 300);

@@ -10,6 +10,9 @@
  *   ckpt   = full + L·(P − 2·F·C + A_fwd)                (the recompute skips the down projection)
  *   stream = ckpt                                        (K and V are projected once per layer)
  *   DPO adds H·T for its forward-only first pass over the head.
+ * A sliding-window layer (Gemma-3's local layers, window Wn) meets for query tile i0 only the key
+ * tiles from the one holding key i0 − Wn + 1 (blas/attention.c): its pairs grow as T·Wn, not T²;
+ * A_fwd and A_bwd are summed over the layers with each layer's pairs.
  * With a LoRA adapter (o->lora) the base is frozen: no weight-gradient products, so the backward
  * of the projections costs P and of the head H (dX only), and each adapted projection (in K, out
  * N, rank r) adds per token 2r(K + N) forward (again in a recompute, except the down
@@ -17,25 +20,35 @@
 #include "../streambp.h"
 #include "tiles.h"
 
+/* Σ wq·wk over the (query tile, key tile) pairs of one layer of window win (0: causal). */
+static double tile_pairs(int T, int W, int win) {
+    double pairs = 0;
+    for (int i0 = 0; i0 < T; i0 += W) {
+        const int wq = T - i0 < W ? T - i0 : W, lo = win ? i0 - win + 1 : 0;
+        for (int j0 = lo > 0 ? lo / W * W : 0; j0 < i0 + wq; j0 += W)
+            pairs += (double)wq * (j0 + W < i0 + wq ? W : i0 + wq - j0);
+    }
+    return pairs;
+}
+
 double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o) {
     const double C = c->hidden, F = c->ffn, V = c->vocab, HD = c->head_dim;
     const double Q = (double)c->heads * HD, KV = (double)c->kv_heads * HD;
     const double P = 2 * (C * Q + 2 * C * KV + Q * C + 3 * C * F), H = 2 * C * V;
     const int W = attention_tile(o->block ? o->block : SBP_DEFAULT_BLOCK);
-    double pairs = 0; /* Σ wq·wk over tile pairs at or below the diagonal */
-    for (int i0 = 0; i0 < T; i0 += W) {
-        int wq = T - i0 < W ? T - i0 : W;
-        for (int j0 = 0; j0 < i0 + wq; j0 += W)
-            pairs += (double)wq * (j0 + W < i0 + wq ? W : i0 + wq - j0);
-    }
+    /* Σ over the layers of their pairs: the global layers' and the local layers' */
+    int local = 0;
+    for (int l = 0; l < c->layers; l++) local += sbp_layer_window(c, l) != 0;
+    double pairs = (c->layers - local) * tile_pairs(T, W, 0);
+    if (local) pairs += local * tile_pairs(T, W, c->sliding_window);
     const double afwd = 4 * pairs * HD * c->heads,
                  abwd = (attention_one_pass(c->kv_heads) ? 10 : 14) * pairs * HD * c->heads;
     const int recompute = o->schedule != SBP_FULL;
     double f;
     if (!o->lora) {
-        f = c->layers * (3 * P * T + afwd + abwd) + 3 * H * T;
+        f = c->layers * 3 * P * T + afwd + abwd + 3 * H * T;
     } else {
-        f = c->layers * (2 * P * T + afwd + abwd) + 2 * H * T;
+        f = c->layers * 2 * P * T + afwd + abwd + 2 * H * T;
         const sbp_lora_config *lc = &o->lora->cfg;
         const double r = lc->r;
         const struct {
@@ -52,7 +65,7 @@ double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o)
             f += c->layers * T * (fwd + bwd + (recompute && proj[i].in_recompute ? fwd : 0));
         }
     }
-    if (recompute) f += c->layers * ((P - 2 * F * C) * T + afwd);
+    if (recompute) f += c->layers * (P - 2 * F * C) * T + afwd;
     if (o->objective.kind == SBP_OBJ_DPO) f += H * T;
     return f * B;
 }
