@@ -528,6 +528,73 @@ START_TEST(ref32_gemma) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------
+ * 6. the engine against the oracle */
+
+/* Every schedule (chunks below, at and above the window, straddling its edge), fast and
+ * portable, fp64 (<= 1e-10 per tensor, as test_ref) and fp32 (<= 1e-4) on gemma3-tiny (W = 8,
+ * layer 2 global) with the two window batches of verify --suite. The unattended rows in mode
+ * zero and hf-eager (what HF's Gemma-3 computes). */
+START_TEST(engine_against_ref) {
+    static const char *batches[] = {"data/batches/suite-gemma3-long.safetensors",
+                                    "data/batches/suite-gemma3-left-pad-window.safetensors"};
+    static const struct {
+        sbp_schedule s;
+        int chunk;
+    } runs[] = {{SBP_FULL, 0},   {SBP_CKPT, 0},    {SBP_STREAM, 4}, {SBP_STREAM, 5},
+                {SBP_STREAM, 8}, {SBP_STREAM, 12}, {SBP_STREAM, 20}};
+    const char *dir = tu_model("gemma3-tiny", 7);
+    double worst[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        sbp_model m64, m32;
+        sbp_batch b;
+        tu_load(&m64, &b, dir, batches[k], SBP_FP64);
+        tu_load(&m32, NULL, dir, NULL, SBP_FP32);
+        for (int mode = 0; mode < 2; mode++) {
+            sbp_unattended un = mode ? SBP_UNATTENDED_HF_EAGER : SBP_UNATTENDED_ZERO;
+            ref_net net = {.cfg = &m64.cfg, .ps = &m64.params, .w = m64.w, .unattended = un};
+            double ref_loss, *g = calloc((size_t)m64.params.total, sizeof *g);
+            ck_assert_ptr_nonnull(g);
+            sbp_err err = {0};
+            ck_assert_msg(ref_sft(&ref_loss, g, &net, &b, &err) == 0, "%s", err.msg);
+            for (int prec = 0; prec < 2; prec++)
+                for (int num = 0; num < 2; num++)
+                    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+                        const sbp_model *m = prec ? &m32 : &m64;
+                        sbp_grad_opts o = {.schedule = runs[i].s,
+                                           .block = 4,
+                                           .chunk = runs[i].chunk,
+                                           .numerics = (sbp_numerics)num,
+                                           .unattended = un};
+                        sbp_grad_result r;
+                        ck_assert_msg(sbp_grad(&r, m, &b, &o, NULL, &err) == SBP_OK, "%s", err.msg);
+                        double tol = prec ? 1e-4 : 1e-10;
+                        for (int j = 0; j < m->params.n; j++) {
+                            const sbp_param *p = &m->params.p[j];
+                            double e = tu_rel_l2(m, r.grads, &m64, g, p);
+                            ck_assert_msg(e <= tol,
+                                          "%s, %s %s %s chunk %d, unattended %d: %s rel. L2 "
+                                          "%.3g against ref",
+                                          batches[k], prec ? "fp32" : "fp64",
+                                          num ? "portable" : "fast", sbp_schedule_name(runs[i].s),
+                                          runs[i].chunk, mode, p->name, e);
+                            worst[prec] = fmax(worst[prec], e);
+                        }
+                        ck_assert_msg(fabs(r.loss - ref_loss) <= (prec ? 1e-5 : 1e-12) * ref_loss,
+                                      "loss %.17g vs ref %.17g", r.loss, ref_loss);
+                        sbp_grad_result_free(&r, NULL);
+                    }
+            free(g);
+        }
+        sbp_batch_free(&b);
+        sbp_model_free(&m64, NULL);
+        sbp_model_free(&m32, NULL);
+    }
+    printf("engine vs ref on gemma3-tiny: worst rel. L2 fp64 %.3g, fp32 %.3g\n", worst[0],
+           worst[1]);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("refgemma");
     TCase *fd = tcase_create("fd");
@@ -547,5 +614,9 @@ int main(void) {
     tcase_add_test(rd, reader_real_configs);
     tcase_add_test(rd, reader_wrapped_model);
     suite_add_tcase(s, rd);
+    TCase *src = tcase_create("engine");
+    tcase_set_timeout(src, 900);
+    tcase_add_test(src, engine_against_ref);
+    suite_add_tcase(s, src);
     return tu_run_suite(s);
 }
