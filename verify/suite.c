@@ -109,6 +109,19 @@ static const sbp_suite_case cases[] = {
          "float32 at positions 19904..19999 (T = 20000, left-padded): RoPE angles of 2e4 rad",
          "long-tiny", "sft-long-positions", 256, CHUNKS(1024),
          .precisions = 1 << SBP_FP32, .schedules = 1 << SBP_FULL, .threads = 1),
+    /* issue 34: Gemma-3's sliding windows (gemma3-tiny W = 8, layer 2 global; gemma3-w64 W = 64,
+     * the portable attention's key tile) */
+    CASE("gemma3-window-lt-chunk",
+         "Gemma-3, W = 8, T = 40: chunks of 12 and 20 hold whole windows, chunks of 5 straddle",
+         "gemma3-tiny", "suite-gemma3-long", 4, CHUNKS(12, 20, 5)),
+    CASE("gemma3-left-pad-window",
+         "Gemma-3, W = 8: left padding inside and beyond the window, targets from pads, a hole",
+         "gemma3-tiny", "suite-gemma3-left-pad-window", 4, CHUNKS(8, 7, 3)),
+    CASE("gemma3-window-over-T", "Gemma-3, W = 64 > T = 40: sliding layers see every key",
+         "gemma3-w64", "suite-gemma3-short", 4, CHUNKS(8, 7)),
+    CASE("gemma3-window-is-tile",
+         "Gemma-3, W = 64 = the key tile and the block, T = 150: windows on and across tiles",
+         "gemma3-w64", "suite-gemma3-tile", 64, CHUNKS(64, 50, 150)),
 };
 /* clang-format on */
 
