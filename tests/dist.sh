@@ -82,6 +82,59 @@ A=$TMP/adapter
     --out "$A" >/dev/null 2>&1 || bad "lora init"
 [ -d "$A" ] && same qwen3-lora "2 3" --model "$Q" --lora "$A" $SFT $P
 
+# train: 6 steps of 12 micro-batches; the weights, a checkpoint's weights and moments and the loss
+# log are the bytes of one process (trainer_state.json differs only in timing.csv's hash: wall
+# time), for every N and schedule, LoRA, and resumed on another N.
+TRAIN="--jsonl data/train/counting.jsonl --seq 32 --batch-size 1 --grad-accum 12 --steps 6 --lr 1e-2"
+TRAIN="$TRAIN --warmup-steps 2 --shuffle --weight-decay 0.01 --block 8 --logit-chunk 8 --threads 1"
+FILES="model.safetensors loss.csv checkpoint-3/model.safetensors checkpoint-3/optimizer.safetensors"
+train_same() { # name dir-of-reference run-dir
+    local f
+    for f in $FILES; do
+        [ -e "$3/${f/model.safetensors/adapter_model.safetensors}" ] && f=${f/model.safetensors/adapter_model.safetensors}
+        if ! cmp -s "$2/$f" "$3/$f"; then
+            bad "$1: $f differs from one process's"
+            return
+        fi
+    done
+    ok "$1: weights, checkpoint and loss log are one process's bytes"
+}
+train_ref() { # name [args] -> reference run directory of one process
+    local d=$TMP/train-$1-1p
+    shift
+    timeout 120 "$BIN" train "$@" --save-every 3 --out "$d" >"$TMP/log" 2>&1 ||
+        bad "train reference: $(grep -m1 streambp "$TMP/log")"
+    echo "$d"
+}
+R=$(train_ref stream --model "$Q" $TRAIN --schedule stream --chunk 16)
+for n in 2 3 4; do
+    "${MPIRUN[@]}" -np $n "$BIN" train --model "$Q" $TRAIN --schedule stream --chunk 16 \
+        --save-every 3 --out "$TMP/train-$n" >"$TMP/log" 2>&1 || bad "train N=$n: $(grep -m1 streambp "$TMP/log")"
+    train_same "train N=$n" "$R" "$TMP/train-$n"
+done
+for s in full ckpt; do
+    "${MPIRUN[@]}" -np 3 "$BIN" train --model "$Q" $TRAIN --schedule $s --save-every 3 \
+        --out "$TMP/train-$s" >"$TMP/log" 2>&1 || bad "train $s: $(grep -m1 streambp "$TMP/log")"
+    train_same "train $s N=3" "$R" "$TMP/train-$s"
+done
+# resumed on another N: 2 then 3, 4 then 1 (no launcher)
+"${MPIRUN[@]}" -np 2 "$BIN" train --model "$Q" $TRAIN --save-every 3 --stop-at 3 --out "$TMP/res23" \
+    >"$TMP/log" 2>&1 && "${MPIRUN[@]}" -np 3 "$BIN" train --model "$Q" $TRAIN --save-every 3 \
+    --out "$TMP/res23" --resume "$TMP/res23" >"$TMP/log" 2>&1 || bad "resume 2 -> 3: $(grep -m1 streambp "$TMP/log")"
+train_same "train N=2 stopped at 3, resumed with N=3" "$R" "$TMP/res23"
+"${MPIRUN[@]}" -np 4 "$BIN" train --model "$Q" $TRAIN --save-every 3 --stop-at 3 --out "$TMP/res41" \
+    >"$TMP/log" 2>&1 && timeout 120 "$BIN" train --model "$Q" $TRAIN --save-every 3 \
+    --out "$TMP/res41" --resume "$TMP/res41" >"$TMP/log" 2>&1 || bad "resume 4 -> 1: $(grep -m1 streambp "$TMP/log")"
+train_same "train N=4 stopped at 3, resumed in one process" "$R" "$TMP/res41"
+if [ -d "$A" ]; then
+    RL=$(train_ref lora --model "$Q" --lora "$A" $TRAIN)
+    "${MPIRUN[@]}" -np 3 "$BIN" train --model "$Q" --lora "$A" $TRAIN --save-every 3 \
+        --out "$TMP/train-lora" >"$TMP/log" 2>&1 || bad "train LoRA: $(grep -m1 streambp "$TMP/log")"
+    train_same "train LoRA N=3" "$RL" "$TMP/train-lora"
+fi
+left=$(find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'streambp-rank-*' 2>/dev/null | wc -l)
+[ "$left" = 0 ] && ok "no rank's private directory left" || bad "$left private rank directories left"
+
 # N must divide the micro-batches: every rank exits 2, naming both numbers
 "${MPIRUN[@]}" -np 5 "$BIN" grad --model "$L" $SFT --threads 1 >"$TMP/log" 2>&1
 rc=$?

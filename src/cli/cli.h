@@ -48,6 +48,9 @@ int report_error(const char *cmd, const sbp_err *err);
  * report_error. */
 struct sbp_comm;
 int dist_exit(struct sbp_comm *c, const char *cmd, const sbp_err *err);
+/* A rank > 0 of a distributed train: *out becomes a private directory (made in scratch, n
+ * bytes, by mkdtemp; the caller removes it) and stdout goes to /dev/null: rank 0 writes. */
+int dist_follower(char *scratch, size_t n, const char **out, sbp_err *err);
 /* --comm-timeout: seconds > 0 */
 int parse_comm_timeout(const char *cmd, const char *s, double *out);
 

@@ -25,6 +25,7 @@
  * This file parses the options, prints and picks the exit codes; the run itself (its settings,
  * checkpoints, run directory and loading) is the library's: src/train/run.h. */
 #include "../core/err.h"
+#include "../dist/dist.h"
 #include "../train/run.h"
 #include "cli.h"
 #include "objopts.h"
@@ -89,6 +90,11 @@ static const char usage[] =
     "  --log-every N        progress line on stderr every N steps (default 1)\n"
     "  --plot               draw OUT/loss.png with gnuplot (skipped when it is not installed)\n"
     "  --json               print the summary as JSON\n"
+    "processes (`mpirun -np N streambp train ...`, docs/distributed.md)\n"
+    "  --comm-timeout S     end the run (exit 3) when a peer is silent for S seconds (default\n"
+    "                       600). Micro-batch k of a step runs on rank k mod N (N must divide\n"
+    "                       --grad-accum); the weights, checkpoints and logs are the bytes of\n"
+    "                       one process, written by rank 0\n"
     "\n";
 
 /* Every path option is at most SBP_RUN_PATH_MAX characters (checked when parsing): the library's
@@ -102,6 +108,7 @@ typedef struct {
     int stop_at, save_every, log_every;
     int plot, json;
     obj_args obj;
+    double comm_timeout; /* --comm-timeout (docs/distributed.md) */
 } train_args;
 
 /* getopt codes of train's own options (the shared ones are options.h's, the objective's
@@ -132,6 +139,7 @@ enum {
     OPT_LOG_EVERY,
     OPT_PLOT,
     OPT_LORA,
+    OPT_COMM_TIMEOUT,
     OPT_HELP
 };
 
@@ -190,6 +198,7 @@ static int parse_option(train_args *a, int c, const char *arg) {
     case OPT_LOG_EVERY: return parse_pos_int("train", "log-every", arg, &a->log_every);
     case OPT_PLOT: a->plot = 1; return 1;
     case OPT_LORA: o->lora = arg; return 1;
+    case OPT_COMM_TIMEOUT: return parse_comm_timeout("train", arg, &a->comm_timeout);
     }
     if (c >= OBJ_OPT_OBJECTIVE && c <= OBJ_OPT_REF_MODEL)
         return obj_args_option(&a->obj, "train", c, arg);
@@ -282,6 +291,7 @@ static int parse(train_args *a, int argc, char **argv) {
                                          {"plot", no_argument, 0, OPT_PLOT},
                                          OPTION_JSON,
                                          {"lora", required_argument, 0, OPT_LORA},
+                                         {"comm-timeout", required_argument, 0, OPT_COMM_TIMEOUT},
                                          {"help", no_argument, 0, OPT_HELP},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
@@ -537,6 +547,15 @@ int cmd_train(int argc, char **argv) {
     sbp_run_logs logs = {0};
     sbp_run_start begin;
     memset(&r, 0, sizeof r);
+    /* under mpirun: each process runs its share of every step's micro-batches and applies the
+     * same folded gradient (docs/distributed.md); rank 0 writes the run directory, the others a
+     * private one they remove at the end, and print nothing */
+    sbp_comm *comm = NULL;
+    char scratch[4200] = "";
+    if (sbp_comm_start(&comm, a.comm_timeout, &err)) return report_error("train", &err);
+    a.o.g.comm = comm;
+    if (sbp_comm_rank(comm) > 0 && !dist_follower(scratch, sizeof scratch, &a.out, &err))
+        return dist_exit(comm, "train", &err);
     /* everything that can be checked before anything is written: the options against the output
      * directory, the checkpoint to resume from, the model, the reference model, the data */
     sbp_status st = sbp_rundir_start(&begin, a.out, a.resume, &err);
@@ -555,7 +574,8 @@ int cmd_train(int argc, char **argv) {
     if (st) {
         sbp_rundir_close_logs(&logs);
         sbp_train_run_free(&r, &lg);
-        return report_error("train", &err);
+        if (scratch[0]) sbp_remove_tree(scratch);
+        return dist_exit(comm, "train", &err);
     }
     sbp_ledger_keep_blocks(&lg); /* every step after the first reuses the first one's buffers */
     const int64_t start = r.rs.step, stop = a.stop_at ? a.stop_at : a.o.steps;
@@ -573,5 +593,6 @@ int cmd_train(int argc, char **argv) {
     sbp_rundir_close_logs(&logs);
     sbp_train_run_free(&r, &lg);
     sbp_ledger_drop_blocks(&lg);
-    return st ? report_error("train", &err) : 0;
+    if (scratch[0]) sbp_remove_tree(scratch); /* ours (mkdtemp) */
+    return st ? dist_exit(comm, "train", &err) : (sbp_comm_finish(comm), 0);
 }
