@@ -5,8 +5,9 @@
  *     within float64 rounding (measured 3.7e-15), and the loss;
  *  2. the oracle against stock HF float64: every tensor off by float32-island error (measured
  *     6.6e-8 to 4.9e-7), never float64-close, never wrong;
- * (`verify audit` on the same files, which needs the library's fp64 Gemma-3 to be exact, comes
- * with the engine.) */
+ *  3. `streambp verify audit` passes the patched file and fails the stock one with the Gemma-3
+ *     float32-island diagnosis (the audit's budget is a multiple of the library's own fp64
+ *     error, so this needs the engine's Gemma-3 exact too). */
 #include "testutil.h"
 #include "../ref/ref.h"
 
@@ -89,12 +90,43 @@ START_TEST(oracle_vs_stock_hf) {
 }
 END_TEST
 
+/* The last 1500 characters of the last command's output (Check limits its messages). */
+static const char *tail_out(void) {
+    const char *o = tu_last_output();
+    size_t n = strlen(o);
+    return n > 1500 ? o + n - 1500 : o;
+}
+
+/* `verify audit` of a fixture file; its exit status, the output in tu_last_output(). */
+static int audit(const char *which) {
+    return tu_sh(
+        "timeout 300 %s verify audit --model %s --batch %s --grads %s/grads-%s.safetensors "
+        "--precision-of-theirs fp64 --json",
+        tu_bin(), DIR, BATCH, DIR, which);
+}
+
+START_TEST(audit_diagnoses_islands) {
+    ck_assert_msg(audit("patched") == 0, "%s", tail_out());
+    ck_assert_msg(audit("stock") == 1, "%s", tail_out());
+    ck_assert_msg(strstr(tu_last_output(), "Gemma-3: HF") &&
+                      strstr(tu_last_output(), "keeps float32 islands"),
+                  "%s", tail_out());
+    /* the same file claimed as fp32 is within budget: no Gemma-3 island line there */
+    ck_assert_int_eq(tu_sh("timeout 300 %s verify audit --model %s --batch %s --grads "
+                           "%s/grads-stock.safetensors --precision-of-theirs fp32",
+                           tu_bin(), DIR, BATCH, DIR),
+                     0);
+    ck_assert(!strstr(tu_last_output(), "Gemma-3:"));
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("auditgemma");
     TCase *tc = tcase_create("hf");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, oracle_vs_patched_hf);
     tcase_add_test(tc, oracle_vs_stock_hf);
+    tcase_add_test(tc, audit_diagnoses_islands);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
