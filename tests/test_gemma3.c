@@ -587,6 +587,70 @@ START_TEST(plan_equals_measured) {
 }
 END_TEST
 
+/* A multimodal gemma3 directory (Gemma3ForConditionalGeneration, as the 4B and larger
+ * checkpoints ship): config under text_config, the text model's tensors named
+ * "language_model." + its own names, a vision tower and a projector beside them. It loads as the
+ * text model: the same weights as the plain gemma3_text directory, the same gradient. */
+START_TEST(wrapped_directory) {
+    const char *plain = tu_model("gemma3-tiny", 9), *dir = tu_new_dir("gemma3-wrapped");
+    char *text = tu_slurp(tu_join(plain, "config.json"), NULL);
+    char cfg[8192];
+    snprintf(cfg, sizeof cfg,
+             "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": "
+             "\"gemma3\", \"mm_tokens_per_image\": 256, \"text_config\": %s, \"vision_config\": "
+             "{\"model_type\": \"siglip_vision_model\", \"hidden_size\": 16}}",
+             text);
+    free(text);
+    tu_spit(tu_join(dir, "config.json"), cfg, strlen(cfg));
+    tu_tensors ts;
+    tu_tensors_load(&ts, tu_join(plain, "model.safetensors"));
+    for (int i = 0; i < ts.n; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "language_model.%s", ts.names[i]);
+        snprintf(ts.names[i], sizeof ts.names[i], "%s", name);
+    }
+    static const float extra[4] = {1, 2, 3, 4};
+    ck_assert_int_lt(ts.n + 2, TU_MAX_TENSORS);
+    ts.e[ts.n] = (sbp_st_entry){.name = "vision_tower.vision_model.post_layernorm.weight",
+                                .dtype = SBP_DT_F32,
+                                .ndim = 1,
+                                .shape = {4},
+                                .data = extra};
+    ts.e[ts.n + 1] = (sbp_st_entry){.name = "multi_modal_projector.mm_soft_emb_norm.weight",
+                                    .dtype = SBP_DT_F32,
+                                    .ndim = 1,
+                                    .shape = {4},
+                                    .data = extra};
+    sbp_err err = {0};
+    ck_assert_msg(!sbp_st_write(tu_join(dir, "model.safetensors"), ts.e, ts.n + 2, NULL, &err),
+                  "%s", err.msg);
+    tu_tensors_free(&ts);
+    sbp_model a, b;
+    sbp_batch batch;
+    tu_load(&a, &batch, plain, "data/batches/sft-tiny.safetensors", SBP_FP32);
+    ck_assert_msg(!sbp_model_load(&b, dir, SBP_FP32, NULL, &err), "%s", err.msg);
+    ck_assert(b.cfg.wrapped && !a.cfg.wrapped && b.cfg.family == SBP_GEMMA3);
+    ck_assert_int_eq(a.params.total, b.params.total);
+    ck_assert(memcmp(a.w, b.w, sizeof(float) * (size_t)a.params.total) == 0);
+    sbp_grad_result ra, rb;
+    tu_grad_n(&ra, &a, &batch, SBP_NUMERICS_PORTABLE, SBP_STREAM, 4, 8, 4, 0);
+    tu_grad_n(&rb, &b, &batch, SBP_NUMERICS_PORTABLE, SBP_STREAM, 4, 8, 4, 0);
+    assert_same(&a, &ra, &rb, "wrapped directory");
+    sbp_grad_result_free(&ra, NULL);
+    sbp_grad_result_free(&rb, NULL);
+    /* a wrapper without the text model's tensors is refused by name */
+    tu_tensors_load(&ts, tu_join(plain, "model.safetensors"));
+    ck_assert(!sbp_st_write(tu_join(dir, "model.safetensors"), ts.e, ts.n, NULL, &err));
+    tu_tensors_free(&ts);
+    sbp_model c;
+    ck_assert_int_eq(sbp_model_load(&c, dir, SBP_FP32, NULL, &err), SBP_EINPUT);
+    ck_assert_msg(strstr(err.msg, "language_model.model.embed_tokens.weight"), "%s", err.msg);
+    sbp_batch_free(&batch);
+    sbp_model_free(&a, NULL);
+    sbp_model_free(&b, NULL);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("gemma3");
     TCase *tc = tcase_create("config");
@@ -608,6 +672,7 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, schedules_bitwise, 0, 4);
     tcase_add_loop_test(tc, cuda_emu_bitwise, 0, 2);
     tcase_add_loop_test(tc, plan_equals_measured, 0, 3);
+    tcase_add_test(tc, wrapped_directory);
     suite_add_tcase(s, tc);
     return s;
 }
