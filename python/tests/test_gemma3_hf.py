@@ -163,7 +163,7 @@ def test_stock_hf_float64_has_float32_islands(gemma, binary, tmp_path, attn):
     print("%s: stock HF float64 vs ref/: rel. L2 %.3g to %.3g"
           % (attn, min(rel.values()), max(rel.values())))
     assert rc == 1, rep
-    text = " ".join(rep["diagnosis"])
+    text = json.dumps(rep["diagnosis"])
     assert "Gemma-3" in text and "float32 islands" in text, rep
 
 
