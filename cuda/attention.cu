@@ -12,12 +12,30 @@
  *             head of the group, the block computes P and dS' of the 64 keys (one thread per key
  *             and chain) into shared memory, then every owner adds its fma link.
  *   dQ        one warp per (query, head), like the forward, the chain over keys ascending.
- * Each output element has one owner and one chain; no atomics. */
+ * Each output element has one owner and one chain; no atomics.
+ *
+ * A sliding-window layer (dm.window = Wn > 0): query i sees only keys i − Wn < j, the first
+ * lo = max(0, i − Wn + 1 − j0) keys of a tile are out of its window; every chain takes keys
+ * lo .. n−1 of a tile and the loops start at the tile of key i − Wn + 1 and stop at the last
+ * query that sees a tile, as src/kernels/attention.c (whose header says why skipping a tile
+ * without a visible key changes no bit). */
 #include "cuda.cuh"
 
 namespace SBP_CUDA_NS {
 
 enum { W = ATTN_TILE, MAX_HD = 256, DPL = MAX_HD / WARP /* dims per lane */ };
+
+/* The first key of the tile at j0 in query i's window (window 0: the tile's first). */
+__device__ inline int win_lo(int i, int j0, int win) {
+    const int lo = win ? i - win + 1 - j0 : 0;
+    return lo > 0 ? lo : 0;
+}
+
+/* The first key tile that can hold a visible key of query i. */
+__device__ inline int tile_first(int i, int win) {
+    const int j = win ? i - win + 1 : 0;
+    return j > 0 ? j / W * W : 0;
+}
 
 /* The scaled score of query q_i against key j (−inf when invisible): one chain over d. */
 __device__ inline real score(const real *q_i, const real *k_j, int HD, real scale) {
@@ -50,12 +68,12 @@ __global__ void attention_forward_kernel(real *o, real *lse, const real *q, cons
     const real *q_i = q + (size_t)r * Q + (size_t)h * HD;
     real m = -INFINITY, l = 0, acc[DPL];
     for (int t = 0; t < DPL; t++) acc[t] = 0;
-    for (int j0 = 0; j0 <= i; j0 += W) {
-        const int n = i + 1 - j0 < W ? i + 1 - j0 : W;
+    for (int j0 = tile_first(i, dm.window); j0 <= i; j0 += W) {
+        const int n = i + 1 - j0 < W ? i + 1 - j0 : W, lo = win_lo(i, j0, dm.window);
         real S[2];
         for (int u = 0; u < 2; u++) {
             const int c = lane + WARP * u;
-            S[u] = c < n && kmask[j0 + c]
+            S[u] = c >= lo && c < n && kmask[j0 + c]
                        ? score(q_i, k + (size_t)(j0 + c) * KV + (size_t)g * HD, HD, scale)
                        : -INFINITY;
         }
@@ -71,7 +89,7 @@ __global__ void attention_forward_kernel(real *o, real *lse, const real *q, cons
         ls = ls + P1;
         l = l * corr + warp_sum(ls);
         for (int t = 0; t < DPL; t++) acc[t] = acc[t] * corr;
-        for (int c = 0; c < n; c++) {
+        for (int c = lo; c < n; c++) {
             const real p = __shfl_sync(FULL_MASK, c < WARP ? P0 : P1, c % WARP);
             const real *v_c = v + (size_t)(j0 + c) * KV + (size_t)g * HD;
             for (int t = 0; t < DPL; t++) {
@@ -113,7 +131,9 @@ __global__ void attention_dkdv_kernel(real *dk, real *dv, const real *dout, cons
     SBP_SHARED(real, dSs, W);
     const int s = dm.s, e = dm.s + dm.M, T = dm.T, NH = dm.NH, NKV = dm.NKV, HD = dm.HD;
     const int g = blockIdx.y, j0 = blockIdx.x * W, tid = threadIdx.x, rep = NH / NKV;
-    const int Q = NH * HD, KV = NKV * HD, nk = j0 + W < T ? W : T - j0;
+    const int Q = NH * HD, KV = NKV * HD, nk = j0 + W < T ? W : T - j0, win = dm.window;
+    /* queries from last on see no key of the tile (i − win + 1 > j0 + nk − 1) */
+    const int last = win && j0 + nk + win - 1 < e ? j0 + nk + win - 1 : e;
     const real scale = (real)dm.scale;
     const int per = PER;
     real adk[PER], adv[PER];
@@ -124,15 +144,15 @@ __global__ void attention_dkdv_kernel(real *dk, real *dv, const real *dout, cons
         adk[u] = mine ? dk[at] : 0;
         adv[u] = mine ? dv[at] : 0;
     }
-    for (int i = j0 > s ? j0 : s; i < e; i++) {
-        const int n = i + 1 - j0 < W ? i + 1 - j0 : W;
+    for (int i = j0 > s ? j0 : s; i < last; i++) {
+        const int n = i + 1 - j0 < W ? i + 1 - j0 : W, lo = win_lo(i, j0, win);
         for (int h = g * rep; h < (g + 1) * rep; h++) {
             const size_t qo = (size_t)(i - s) * Q + (size_t)h * HD, ro = (size_t)(i - s) * NH + h;
             const real *q_i = q + qo, *do_i = dout + qo;
             if (tid < W) { /* P of key tid */
                 const int c = tid;
                 const real S =
-                    c < n && kmask[j0 + c]
+                    c >= lo && c < n && kmask[j0 + c]
                         ? score(q_i, k + (size_t)(j0 + c) * KV + (size_t)g * HD, HD, scale)
                         : -INFINITY;
                 P[c] = rexp(S - lse[ro]);
@@ -149,7 +169,7 @@ __global__ void attention_dkdv_kernel(real *dk, real *dv, const real *dout, cons
             __syncthreads();
             for (int u = 0; u < per; u++) {
                 const int el = tid + THREADS * u, c = el / HD, d = el % HD;
-                if (el < W * HD && c < n) {
+                if (el < W * HD && c >= lo && c < n) {
                     adv[u] = rfma(P[c], do_i[d], adv[u]);
                     adk[u] = rfma(dSs[c], q_i[d], adk[u]);
                 }
@@ -184,21 +204,22 @@ __global__ void attention_dq_kernel(real *dq, const real *dout, const real *lse,
         const int d = lane + WARP * t;
         acc[t] = d < HD ? dq[qo + d] : 0;
     }
-    for (int j0 = 0; j0 <= i; j0 += W) {
-        const int n = i + 1 - j0 < W ? i + 1 - j0 : W;
+    for (int j0 = tile_first(i, dm.window); j0 <= i; j0 += W) {
+        const int n = i + 1 - j0 < W ? i + 1 - j0 : W, lo = win_lo(i, j0, dm.window);
         real dS[2];
         for (int u = 0; u < 2; u++) {
             const int c = lane + WARP * u;
             const real *k_c = k + (size_t)(j0 + c) * KV + (size_t)g * HD;
             const real *v_c = v + (size_t)(j0 + c) * KV + (size_t)g * HD;
-            const real S = c < n && kmask[j0 + c] ? score(q_i, k_c, HD, scale) : -INFINITY;
+            const real S =
+                c >= lo && c < n && kmask[j0 + c] ? score(q_i, k_c, HD, scale) : -INFINITY;
             const real P = rexp(S - L);
             real dp = 0;
             if (c < n)
                 for (int d = 0; d < HD; d++) dp = rfma(do_i[d], v_c[d], dp);
             dS[u] = (P * (dp - D)) * scale;
         }
-        for (int c = 0; c < n; c++) {
+        for (int c = lo; c < n; c++) {
             const real p = __shfl_sync(FULL_MASK, c < WARP ? dS[0] : dS[1], c % WARP);
             const real *k_c = k + (size_t)(j0 + c) * KV + (size_t)g * HD;
             for (int t = 0; t < DPL; t++) {

@@ -5,29 +5,42 @@
  * one thread per (key, dim) element (the links of dK and dV). */
 #include "cuda.cuh"
 
+#include <stdlib.h>
+
 namespace SBP_CUDA_NS {
 
 size_t unattended_workspace(const eng *e) {
     return e->unattended ? 2 * (size_t)e->T : 0;
 }
 
-/* the first real key of the sequence (T if none) */
-__global__ void first_visible_kernel(int *fv, const uint8_t *kmask, int T) {
-    int j = 0;
-    while (j < T && !kmask[j]) j++;
-    *fv = j;
+/* none[r] = 1 when query s + r sees no key: every key of [0, s + r] is padding or, on a
+ * sliding-window layer, every key of its window (src/kernels/unattended.c, sees_none) */
+__global__ void sees_none_kernel(uint8_t *none, const uint8_t *kmask, int s, int M, int win) {
+    int fv = 0;
+    while (fv < s + M && !kmask[fv]) fv++;
+    for (int i = s; i < s + M; i++) {
+        int found = i >= fv && !win;
+        for (int j = i; i >= fv && win && !found && j >= 0 && j > i - win; j--) found = kmask[j];
+        none[i - s] = !found;
+    }
 }
 
-static int first_visible(const eng *e, const uint8_t *kmask) {
-    int *d = (int *)e->ops->alloc((eng *)e, SBP_MEM_LAYER, sizeof(int), "first visible key");
-    int fv = e->T;
-    if (!d) return 0; /* out of memory: recorded; the run fails */
-    SBP_LAUNCH(first_visible_kernel, 1, 1, 0, d, kmask, e->T);
-    check(e, "first_visible_kernel");
-    cudaMemcpy(&fv, d, sizeof fv, cudaMemcpyDeviceToHost);
-    check(e, "first visible key");
-    e->ops->free((eng *)e, d);
-    return fv;
+/* The rows of the chunk without a key, on the host (M flags; NULL when out of memory). */
+static uint8_t *rows_without_key(const eng *e, const uint8_t *kmask, const sbp_attn_dims *d) {
+    uint8_t *dev = (uint8_t *)e->ops->alloc((eng *)e, SBP_MEM_LAYER, (size_t)d->M, "keyless rows");
+    uint8_t *none = (uint8_t *)calloc((size_t)d->M, 1);
+    if (!dev || !none) { /* out of memory: the run fails */
+        if (dev) e->ops->free((eng *)e, dev);
+        free(none);
+        ((eng *)e)->oom = 1;
+        return NULL;
+    }
+    SBP_LAUNCH(sees_none_kernel, 1, 1, 0, dev, kmask, d->s, d->M, d->window);
+    check(e, "sees_none_kernel");
+    cudaMemcpy(none, dev, (size_t)d->M, cudaMemcpyDeviceToHost);
+    check(e, "keyless rows");
+    e->ops->free((eng *)e, dev);
+    return none;
 }
 
 /* P (T) of query q_i into P, S (T) scratch: hf-eager 1/T; hf-sdpa exp(S − lse) over all keys.
@@ -113,14 +126,15 @@ void unattended_forward(const eng *e, real *o, const real *q, const real *k, con
     const int s = d->s, M = d->M, NH = d->NH, HD = d->HD, Q = NH * HD, KV = d->NKV * HD;
     const int rep = NH / d->NKV;
     const real scale = (real)d->scale;
-    const int fv = first_visible(e, kmask);
-    for (int i = s; i < s + M && i < fv; i++)
-        for (int h = 0; h < NH; h++) {
+    uint8_t *none = rows_without_key(e, kmask, d);
+    for (int i = s; none && i < s + M; i++)
+        for (int h = 0; h < NH && none[i - s]; h++) {
             const size_t qo = (size_t)(i - s) * Q + (size_t)h * HD;
             SBP_LAUNCH(unattended_forward_kernel, 1, WARP, 0, o + qo, e->ws, q + qo, k, v, h / rep,
                        e->T, KV, HD, scale, e->unattended);
             check(e, "unattended_forward_kernel");
         }
+    free(none);
 }
 
 void unattended_backward(const eng *e, real *dq, real *dk, real *dv, const real *dout,
@@ -130,9 +144,9 @@ void unattended_backward(const eng *e, real *dq, real *dk, real *dv, const real 
     const int s = d->s, M = d->M, NH = d->NH, HD = d->HD, Q = NH * HD, KV = d->NKV * HD;
     const int rep = NH / d->NKV;
     const real scale = (real)d->scale;
-    const int fv = first_visible(e, kmask);
-    for (int i = s; i < s + M && i < fv; i++)
-        for (int h = 0; h < NH; h++) {
+    uint8_t *none = rows_without_key(e, kmask, d);
+    for (int i = s; none && i < s + M; i++)
+        for (int h = 0; h < NH && none[i - s]; h++) {
             const size_t qo = (size_t)(i - s) * Q + (size_t)h * HD;
             SBP_LAUNCH(unattended_dq_kernel, 1, WARP, 0, dq + qo, e->ws, dout + qo, o + qo, q + qo,
                        k, v, h / rep, e->T, KV, HD, scale, e->unattended);
@@ -141,6 +155,7 @@ void unattended_backward(const eng *e, real *dq, real *dk, real *dv, const real 
                        dk, dv, e->ws, dout + qo, q + qo, h / rep, e->T, KV, HD);
             check(e, "unattended_dkdv_kernel");
         }
+    free(none);
 }
 
 } // namespace SBP_CUDA_NS
