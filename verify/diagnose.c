@@ -59,6 +59,8 @@ static const char *kind_names[SBP_P_NKINDS] = {
     [SBP_P_POST_NORM] = "post_attention_layernorm",
     [SBP_P_FINAL_NORM] = "model.norm",
     [SBP_P_LM_HEAD] = "lm_head",
+    [SBP_P_PRE_FF_NORM] = "pre_feedforward_layernorm",
+    [SBP_P_POST_FF_NORM] = "post_feedforward_layernorm",
 };
 
 /* the part of a layer parameter's name after "model.layers.N." */
@@ -66,13 +68,22 @@ static const struct {
     const char *suffix;
     sbp_param_kind kind;
 } layer_suffixes[] = {
-    {"self_attn.q_proj.weight", SBP_P_Q},      {"self_attn.q_proj.bias", SBP_P_QB},
-    {"self_attn.k_proj.weight", SBP_P_K},      {"self_attn.k_proj.bias", SBP_P_KB},
-    {"self_attn.v_proj.weight", SBP_P_V},      {"self_attn.v_proj.bias", SBP_P_VB},
-    {"self_attn.o_proj.weight", SBP_P_O},      {"self_attn.q_norm.weight", SBP_P_QNORM},
-    {"self_attn.k_norm.weight", SBP_P_KNORM},  {"mlp.gate_proj.weight", SBP_P_GATE},
-    {"mlp.up_proj.weight", SBP_P_UP},          {"mlp.down_proj.weight", SBP_P_DOWN},
-    {"input_layernorm.weight", SBP_P_IN_NORM}, {"post_attention_layernorm.weight", SBP_P_POST_NORM},
+    {"self_attn.q_proj.weight", SBP_P_Q},
+    {"self_attn.q_proj.bias", SBP_P_QB},
+    {"self_attn.k_proj.weight", SBP_P_K},
+    {"self_attn.k_proj.bias", SBP_P_KB},
+    {"self_attn.v_proj.weight", SBP_P_V},
+    {"self_attn.v_proj.bias", SBP_P_VB},
+    {"self_attn.o_proj.weight", SBP_P_O},
+    {"self_attn.q_norm.weight", SBP_P_QNORM},
+    {"self_attn.k_norm.weight", SBP_P_KNORM},
+    {"mlp.gate_proj.weight", SBP_P_GATE},
+    {"mlp.up_proj.weight", SBP_P_UP},
+    {"mlp.down_proj.weight", SBP_P_DOWN},
+    {"input_layernorm.weight", SBP_P_IN_NORM},
+    {"post_attention_layernorm.weight", SBP_P_POST_NORM},
+    {"pre_feedforward_layernorm.weight", SBP_P_PRE_FF_NORM},
+    {"post_feedforward_layernorm.weight", SBP_P_POST_FF_NORM},
 };
 
 void sbp_diag_classify(const char *name, int *kind, int *layer) {
@@ -492,7 +503,8 @@ static void rule_kinds(sbp_diagnosis *d, const ctx *x) {
     const unsigned kv = B(SBP_P_K) | B(SBP_P_KB) | B(SBP_P_V) | B(SBP_P_VB) | B(SBP_P_KNORM),
                    q = B(SBP_P_Q) | B(SBP_P_QB) | B(SBP_P_QNORM),
                    bias = B(SBP_P_QB) | B(SBP_P_KB) | B(SBP_P_VB),
-                   norm = B(SBP_P_QNORM) | B(SBP_P_KNORM) | B(SBP_P_IN_NORM) | B(SBP_P_POST_NORM),
+                   norm = B(SBP_P_QNORM) | B(SBP_P_KNORM) | B(SBP_P_IN_NORM) | B(SBP_P_POST_NORM) |
+                          B(SBP_P_PRE_FF_NORM) | B(SBP_P_POST_FF_NORM),
                    mlp = B(SBP_P_GATE) | B(SBP_P_UP) | B(SBP_P_DOWN), attn = kv | q | B(SBP_P_O);
 #undef B
     const char *hint = (set & ~kv) == 0  ? ": the K/V path (in StreamBP dK and dV accumulate over "
