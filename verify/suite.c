@@ -122,6 +122,11 @@ static const sbp_suite_case cases[] = {
     CASE("gemma3-window-is-tile",
          "Gemma-3, W = 64 = the key tile and the block, T = 150: windows on and across tiles",
          "gemma3-w64", "suite-gemma3-tile", 64, CHUNKS(64, 50, 150)),
+    CASE("gemma3-dpo", "Gemma-3 DPO sigmoid, reference model: rows of 20 and 24 > W = 8",
+         "gemma3-tiny", "dpo-noref", 4, CHUNKS(8, 5), .obj = DPO(), .ref_seed = 2),
+    CASE("gemma3-grpo", "Gemma-3 GRPO dapo, KL 0.04: completions past the window of the prompt",
+         "gemma3-tiny", "grpo-tiny", 4, CHUNKS(8, 5),
+         .obj = GRPO(0.2, 0.28, 1, .grpo_loss = SBP_GRPO_DAPO, .beta = 0.04)),
 };
 /* clang-format on */
 
