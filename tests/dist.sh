@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.." || exit 2
 BIN=$(realpath "${STREAMBP:-build/streambp}")
 TMP=$(mktemp -d) || exit 2
 trap 'rm -rf "$TMP"' EXIT
+mkdir "$TMP/tmp" && export TMPDIR=$TMP/tmp # where ranks > 0 of train keep their private runs
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 # Open MPI's dlopen'd components leak a little at exit, in frames no suppression matches
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
@@ -111,6 +112,8 @@ for n in 2 3 4; do
     "${MPIRUN[@]}" -np $n "$BIN" train --model "$Q" $TRAIN --schedule stream --chunk 16 \
         --save-every 3 --out "$TMP/train-$n" >"$TMP/log" 2>&1 || bad "train N=$n: $(grep -m1 streambp "$TMP/log")"
     train_same "train N=$n" "$R" "$TMP/train-$n"
+    grep -q "streambp train: $n processes; sent per rank" "$TMP/log" &&
+        ok "train N=$n ran as $n processes that exchanged pieces" || bad "train N=$n: no exchange reported"
 done
 for s in full ckpt; do
     "${MPIRUN[@]}" -np 3 "$BIN" train --model "$Q" $TRAIN --schedule $s --save-every 3 \
@@ -132,8 +135,44 @@ if [ -d "$A" ]; then
         --out "$TMP/train-lora" >"$TMP/log" 2>&1 || bad "train LoRA: $(grep -m1 streambp "$TMP/log")"
     train_same "train LoRA N=3" "$RL" "$TMP/train-lora"
 fi
-left=$(find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'streambp-rank-*' 2>/dev/null | wc -l)
+left=$(find "$TMPDIR" -maxdepth 1 -name 'streambp-rank-*' 2>/dev/null | wc -l)
 [ "$left" = 0 ] && ok "no rank's private directory left" || bad "$left private rank directories left"
+
+# failures: a killed rank, a stopped rank, a non-finite gradient on one rank, and processes given
+# different settings; each ends within its deadline with no process left
+FT="--model $Q --jsonl data/train/counting.jsonl --seq 32 --batch-size 1 --grad-accum 4 --steps 4 --threads 1"
+leftover() { pgrep -f "$TMP/fail" >/dev/null && { pkill -9 -f "$TMP/fail"; echo " (processes left)"; }; }
+t0=$(date +%s)
+SBP_DIST_TEST_DIE=1:2 "${MPIRUN[@]}" -np 2 "$BIN" train $FT --out "$TMP/fail-die" >"$TMP/log" 2>&1
+rc=$? secs=$(($(date +%s) - t0)) left=$(leftover)
+[ $rc != 0 ] && [ $secs -le 10 ] && [ -z "$left" ] && ok "rank 1 killed at step 2: exit $rc in ${secs} s" ||
+    bad "rank 1 killed at step 2: exit $rc in ${secs} s$left"
+t0=$(date +%s)
+SBP_DIST_TEST_STOP=1:2 "${MPIRUN[@]}" -np 2 "$BIN" train $FT --out "$TMP/fail-stop" --comm-timeout 3 \
+    >"$TMP/log" 2>&1
+rc=$? secs=$(($(date +%s) - t0)) left=$(leftover)
+[ $rc = 3 ] && [ $secs -le 8 ] && [ -z "$left" ] && grep -q "nothing from rank 1" "$TMP/log" &&
+    ok "rank 1 stopped at step 2, --comm-timeout 3: exit 3 in ${secs} s, rank 1 named" ||
+    bad "rank 1 stopped at step 2: exit $rc in ${secs} s$left ($(grep -m1 'streambp train: rank' "$TMP/log"))"
+SBP_DIST_TEST_NAN=2 "${MPIRUN[@]}" -np 2 "$BIN" train $FT --out "$TMP/fail-nan" >"$TMP/log" 2>&1
+rc=$?
+[ $rc = 1 ] && [ "$(grep -c 'gradient of "model.norm.weight" is not finite' "$TMP/log")" = 2 ] &&
+    ! grep -q MPI_ABORT "$TMP/log" && ok "a NaN in micro-batch 2 (rank 0): every rank exits 1, naming it" ||
+    bad "a NaN in micro-batch 2: exit $rc ($(grep -m1 'streambp train: rank' "$TMP/log"))"
+cp data/train/counting.jsonl "$TMP/a.jsonl" && cp "$TMP/a.jsonl" "$TMP/b.jsonl" && echo '{"text": "x"}' >>"$TMP/b.jsonl"
+MT="--model $Q --seq 32 --batch-size 1 --steps 2 --threads 1 --out $TMP/fail-mm"
+mismatch() { # what-is-named rank0-args : rank1-args
+    local name=$1 a0=$2 a1=$3
+    "${MPIRUN[@]}" -np 1 "$BIN" train $MT $a0 : -np 1 "$BIN" train $MT $a1 >"$TMP/log" 2>&1
+    rc=$?
+    [ $rc = 2 ] && grep -q "ranks 0 and 1 differ in $name" "$TMP/log" && [ ! -e "$TMP/fail-mm" ] &&
+        ok "different $name on two ranks: exit 2, named" ||
+        bad "different $name on two ranks: exit $rc ($(grep -m1 'streambp' "$TMP/log"))"
+}
+mismatch "--jsonl" "--jsonl $TMP/a.jsonl" "--jsonl $TMP/b.jsonl"
+mismatch "--lr" "--jsonl $TMP/a.jsonl --lr 1e-3" "--jsonl $TMP/a.jsonl --lr 2e-3"
+mismatch "--grad-accum" "--jsonl $TMP/a.jsonl --grad-accum 2" "--jsonl $TMP/a.jsonl --grad-accum 4"
+mismatch "--precision" "--jsonl $TMP/a.jsonl --precision fp32" "--jsonl $TMP/a.jsonl --precision fp64"
 
 # N must divide the micro-batches: every rank exits 2, naming both numbers
 "${MPIRUN[@]}" -np 5 "$BIN" grad --model "$L" $SFT --threads 1 >"$TMP/log" 2>&1

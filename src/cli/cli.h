@@ -51,6 +51,13 @@ int dist_exit(struct sbp_comm *c, const char *cmd, const sbp_err *err);
 /* A rank > 0 of a distributed train: *out becomes a private directory (made in scratch, n
  * bytes, by mkdtemp; the caller removes it) and stdout goes to /dev/null: rank 0 writes. */
 int dist_follower(char *scratch, size_t n, const char **out, sbp_err *err);
+/* With several processes: every one was given the same settings (argv's options but those that
+ * change no bit, and the contents of the data, model configuration and adapter files named);
+ * 0 when so, else the exit status after naming the first differing setting and ranks (every
+ * rank ends with 2). */
+int dist_check_args(struct sbp_comm *c, const char *cmd, int argc, char **argv, sbp_err *err);
+/* With several processes, rank 0 prints each rank's bytes and messages sent (stderr). */
+void dist_report(struct sbp_comm *c, const char *cmd);
 /* --comm-timeout: seconds > 0 */
 int parse_comm_timeout(const char *cmd, const char *s, double *out);
 

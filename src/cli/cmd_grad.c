@@ -419,6 +419,7 @@ int cmd_grad(int argc, char **argv) {
     /* under mpirun: one process of a distributed step (docs/distributed.md); rank 0 writes */
     sbp_comm *comm = NULL;
     if (sbp_comm_start(&comm, a.comm_timeout, &err)) return report_error("grad", &err);
+    if ((rc = dist_check_args(comm, "grad", argc, argv, &err))) return rc;
     const int rank = sbp_comm_rank(comm);
     a.g.comm = comm;
     if (a.out && sbp_check_writable(a.out, &err)) return dist_exit(comm, "grad", &err);
@@ -451,5 +452,6 @@ int cmd_grad(int argc, char **argv) {
     sbp_lora_free(&adapter, host_lg);
     for (int i = 0; i < a.n_batches; i++) sbp_batch_free(&b[i]);
     sbp_model_free(&m, host_lg);
-    return st ? dist_exit(comm, "grad", &err) : (sbp_comm_finish(comm), 0);
+    return st ? dist_exit(comm, "grad", &err)
+              : (dist_report(comm, "grad"), sbp_comm_finish(comm), 0);
 }

@@ -553,6 +553,7 @@ int cmd_train(int argc, char **argv) {
     sbp_comm *comm = NULL;
     char scratch[4200] = "";
     if (sbp_comm_start(&comm, a.comm_timeout, &err)) return report_error("train", &err);
+    if ((rc = dist_check_args(comm, "train", argc, argv, &err))) return rc;
     a.o.g.comm = comm;
     if (sbp_comm_rank(comm) > 0 && !dist_follower(scratch, sizeof scratch, &a.out, &err))
         return dist_exit(comm, "train", &err);
@@ -594,5 +595,6 @@ int cmd_train(int argc, char **argv) {
     sbp_train_run_free(&r, &lg);
     sbp_ledger_drop_blocks(&lg);
     if (scratch[0]) sbp_remove_tree(scratch); /* ours (mkdtemp) */
-    return st ? dist_exit(comm, "train", &err) : (sbp_comm_finish(comm), 0);
+    return st ? dist_exit(comm, "train", &err)
+              : (dist_report(comm, "train"), sbp_comm_finish(comm), 0);
 }

@@ -102,6 +102,8 @@ sbp_status sbp_comm_allgatherv(sbp_comm *c, void *out, const void *in, const siz
                                const size_t *displs, const char *what, sbp_err *err);
 /* v[i] = the maximum of v[i] over the ranks */
 sbp_status sbp_comm_max_u64(sbp_comm *c, uint64_t *v, int n, const char *what, sbp_err *err);
+/* Called as each distributed step begins: the failure tests' hooks (mpi.c). */
+void sbp_comm_step_begins(sbp_comm *c);
 /* Bytes and messages this process has sent (the network model's counters). */
 void sbp_comm_counters(const sbp_comm *c, int64_t *bytes, int64_t *messages);
 

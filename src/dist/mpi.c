@@ -9,6 +9,8 @@
 #include "dist.h"
 
 #include <limits.h>
+#include <signal.h>
+#include <stdio.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +26,7 @@ struct sbp_comm {
     int *peer;        /* (nreq) the other end of each */
     int nreq;
     int64_t bytes, messages;
+    int steps; /* distributed steps begun (the test hooks count them) */
 };
 
 static sbp_comm single = {.size = 1};
@@ -141,8 +144,8 @@ static sbp_status wait_all(sbp_comm *c, MPI_Request *r, const int *peer, int n, 
             int p = -1;
             for (int i = 0; i < n && p < 0; i++)
                 if (r[i] != MPI_REQUEST_NULL) p = peer ? peer[i] : -1;
-            return sbp_fail(err, SBP_EPEER, "rank %d: nothing from rank %s%d for %s in %g s",
-                            c->rank, p < 0 ? "(any) " : "", p < 0 ? 0 : p, what, c->timeout);
+            return sbp_fail(err, SBP_EPEER, "nothing from rank %s%d for %s in %g s",
+                            p < 0 ? "(any) " : "", p < 0 ? 0 : p, what, c->timeout);
         } else {
             struct timespec ts = {0, 50000}; /* oversubscribed ranks: leave the core to others */
             nanosleep(&ts, NULL);
@@ -215,4 +218,18 @@ sbp_status sbp_comm_max_u64(sbp_comm *c, uint64_t *v, int n, const char *what, s
 
 void sbp_comm_counters(const sbp_comm *c, int64_t *bytes, int64_t *messages) {
     *bytes = c ? c->bytes : 0, *messages = c ? c->messages : 0;
+}
+
+/* The failure tests' hooks (tests/dist.sh): SBP_DIST_TEST_DIE=r:s kills rank r (SIGKILL) as its
+ * step s begins, SBP_DIST_TEST_STOP=r:s stops it (SIGSTOP): a dead and a hung peer. */
+void sbp_comm_step_begins(sbp_comm *c) {
+    if (!c || !c->mpi) return;
+    c->steps++;
+    static const char *const vars[2] = {"SBP_DIST_TEST_DIE", "SBP_DIST_TEST_STOP"};
+    for (int i = 0; i < 2; i++) {
+        const char *v = getenv(vars[i]);
+        int r, s;
+        if (v && sscanf(v, "%d:%d", &r, &s) == 2 && r == c->rank && s == c->steps)
+            raise(i ? SIGSTOP : SIGKILL);
+    }
 }

@@ -12,6 +12,7 @@
 #include "../core/err.h"
 #include "dist.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,7 @@ typedef struct {
     char *S;      /* (own[r]) the folded share */
     sbp_err *err;
     sbp_err herr; /* the hook's own error: the engine reports a failed hook in general terms */
+    int k, nan_k; /* the micro-batch running; the one the failure test poisons, or −1 */
 } dstate;
 
 static float to_bf16(float f) {
@@ -66,6 +68,12 @@ static int on_bucket(void *ctx, int64_t off, int64_t n, const void *g) {
         const sbp_piece *p = &d->pc[i];
         if (p->bucket != bi) continue;
         const char *src = (const char *)g + (p->off - off) * d->esz;
+        if (d->k == d->nan_k && bi == 0 && p->off == off) { /* a planted non-finite gradient */
+            if (d->esz == 8)
+                ((double *)g)[0] = NAN;
+            else
+                ((float *)g)[0] = NAN;
+        }
         const size_t bytes = (size_t)p->n * d->esz;
         if (p->owner == d->r) {
             memcpy(d->R[d->r] + d->pos[i] * d->esz, src, bytes);
@@ -156,12 +164,17 @@ sbp_status sbp_dist_grad(void *grads, double *loss, sbp_comm *c, const sbp_param
                         "divide them",
                         n, d.N);
     const int m = n / d.N;
+    sbp_comm_step_begins(c);
+    /* the failure tests' planted NaN: SBP_DIST_TEST_NAN=k poisons micro-batch k's first piece */
+    const char *nan_k = getenv("SBP_DIST_TEST_NAN");
+    d.nan_k = nan_k ? atoi(nan_k) : -1;
     double *mine = calloc((size_t)m, sizeof *mine), *all = calloc((size_t)n, sizeof *all);
     sbp_status st =
         mine && all ? setup(&d, ps, ps->total) : sbp_fail(err, SBP_ENOMEM, "out of memory");
     for (int rho = 0; rho < m && !st; rho++) {
         if ((st = post_receives(&d))) break;
-        if ((st = run(ctx, rho * d.N + d.r, on_bucket, &d, &mine[rho], err))) {
+        d.k = rho * d.N + d.r;
+        if ((st = run(ctx, d.k, on_bucket, &d, &mine[rho], err))) {
             if (d.herr.status) *err = d.herr, st = d.herr.status;
             break;
         }
