@@ -403,16 +403,19 @@ START_TEST(reader_gemma) {
 }
 END_TEST
 
-/* The committed real configs (data/configs/gemma3-*.json) read as the HF checkpoints are. */
+/* The committed real configs (data/configs/gemma3-*.json) read as the HF checkpoints are, by
+ * the oracle and by the library (for plan), with the parameter counts HF 4.51.3 builds from
+ * them (sum of numel of Gemma3ForCausalLM's parameters, the tied head once). */
 START_TEST(reader_real_configs) {
     static const struct {
         const char *name;
         int hidden, layers, heads, kv, hd, ffn, vocab, window, qpas, linear, wrapped;
+        int64_t params;
     } want[] = {
-        {"gemma3-1b", 1152, 26, 4, 1, 256, 6912, 262144, 512, 256, 0, 0},
-        {"gemma3-4b", 2560, 34, 8, 4, 256, 10240, 262208, 1024, 256, 1, 1},
-        {"gemma3-12b", 3840, 48, 16, 8, 256, 15360, 262208, 1024, 256, 1, 1},
-        {"gemma3-27b", 5376, 62, 32, 16, 128, 21504, 262208, 1024, 168, 1, 1},
+        {"gemma3-1b", 1152, 26, 4, 1, 256, 6912, 262144, 512, 256, 0, 0, 999885952},
+        {"gemma3-4b", 2560, 34, 8, 4, 256, 10240, 262208, 1024, 256, 1, 1, 3880263168},
+        {"gemma3-12b", 3840, 48, 16, 8, 256, 15360, 262208, 1024, 256, 1, 1, 11766034176},
+        {"gemma3-27b", 5376, 62, 32, 16, 128, 21504, 262208, 1024, 168, 1, 1, 27009346304},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         sbp_config c;
@@ -429,6 +432,12 @@ START_TEST(reader_real_configs) {
                 c.rope_theta == 1e6 && c.rope_local_theta == 1e4 && c.tied && c.pad_token_id == 0,
             "%s", want[i].name);
         if (want[i].linear) ck_assert(c.rope_factor == 8);
+        sbp_config lib;
+        ck_assert_msg(sbp_config_load(&lib, path, &err) == SBP_OK, "%s", err.msg);
+        ck_assert_msg(sbp_config_param_count(&lib) == want[i].params, "%s: %lld parameters",
+                      want[i].name, (long long)sbp_config_param_count(&lib));
+        ck_assert(lib.sliding_window == c.sliding_window && lib.wrapped == c.wrapped &&
+                  lib.rope_linear == c.rope_linear && lib.head_dim == c.head_dim);
     }
 }
 END_TEST
