@@ -500,6 +500,8 @@ typedef struct {
     int optimizer;        /* also charge AdamW's two fp32 moments per trainable parameter */
     int micro_batches;    /* n micro-batches per step (0 = 1): n > 1 charges the fold's scratch
                            * (the largest gradient bucket, and a tied embedding's) */
+    int ranks;            /* N > 1: one process of N running the step (docs/distributed.md): the
+                           * rank holding the most; n = 0 then means N micro-batches */
     sbp_lora_config lora; /* r > 0: a LoRA adapter of this rank on these targets is trained:
                            * the base is frozen (its weights, no gradients), the adapter's
                            * weights, gradients (and moments) are charged; alpha is not read */

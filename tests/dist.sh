@@ -83,6 +83,26 @@ A=$TMP/adapter
     --out "$A" >/dev/null 2>&1 || bad "lora init"
 [ -d "$A" ] && same qwen3-lora "2 3" --model "$Q" --lora "$A" $SFT $P
 
+# plan --ranks N: the planned peak of the rank holding the most equals the largest measured
+# per-rank ledger peak, to the byte (12 micro-batches of one shape; one thread: the workspaces
+# are per thread)
+BB="--batch data/batches/sft-tiny.safetensors"
+B12="$BB $BB $BB $BB $BB $BB $BB $BB $BB $BB $BB $BB"
+for s in stream full; do
+    x=""
+    [ $s = stream ] && x="--chunk 7 --logit-chunk 5"
+    for n in 2 3 4; do
+        "${MPIRUN[@]}" -np $n "$BIN" grad --model "$L" $B12 --threads 1 --block 4 --schedule $s $x \
+            >"$TMP/log" 2>&1
+        got=$(sed -n 's/.*ledger peak of the rank holding the most: \([0-9]*\) bytes/\1/p' "$TMP/log")
+        want=$("$BIN" plan --config data/models/llama3-tiny.json --seq 24 --batch-size 2 --block 4 \
+            --schedules $s $x --grad-accum 12 --ranks $n --json 2>&1 |
+            sed -n 's/.*"total":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
+        [ -n "$got" ] && [ "$got" = "$want" ] && ok "plan --ranks $n ($s): $want bytes, as measured" ||
+            bad "plan --ranks $n ($s): planned ${want:-?}, measured ${got:-?}"
+    done
+done
+
 # train: 6 steps of 12 micro-batches; the weights, a checkpoint's weights and moments and the loss
 # log are the bytes of one process (trainer_state.json differs only in timing.csv's hash: wall
 # time), for every N and schedule, LoRA, and resumed on another N.

@@ -217,7 +217,7 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
         st = opts->device != SBP_DEVICE_CPU
                  ? sbp_fail(err, SBP_EUSAGE, "a distributed step runs on the CPU only")
                  : sbp_dist_grad(res->grads, &res->loss, opts->comm, gps, (int)esz,
-                                 opts->emulate_bf16, n, run_micro, &mc, err);
+                                 opts->emulate_bf16, n, run_micro, &mc, lg, err);
         for (int i = 0; i < n; i++) res->n_targets += batches[i].n_targets;
         sbp_engine_resolve(&eo, opts, batches[n - 1].T, err);
     }

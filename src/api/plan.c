@@ -16,6 +16,7 @@
 #include "resolve.h"
 #include "../streambp.h"
 #include "../core/err.h"
+#include "../dist/dist.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,22 @@ static sbp_status dummy_batch(sbp_batch *b, sbp_objective_kind kind, int B, int 
     return SBP_OK;
 }
 
+/* A distributed step's engine run, planned (sbp_dist_plan). */
+typedef struct {
+    sbp_model *m;
+    sbp_batch *b;
+    sbp_engine_opts *eo;
+    sbp_ledger *lg;
+    void *grads;
+} plan_ctx;
+
+static sbp_status plan_run(void *ctx, int k, sbp_bucket_hook hook, void *hook_ctx, double *loss_k,
+                           sbp_err *err) {
+    plan_ctx *p = ctx;
+    *loss_k = 0;
+    return sbp_engine_grad_f32(loss_k, p->grads, p->m, p->b, p->eo, p->lg, err);
+}
+
 sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *o, sbp_err *err) {
     memset(lg, 0, sizeof *lg);
     lg->plan = 1;
@@ -59,8 +76,12 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
     if (sb != 2 && sb != 4 && sb != 8)
         return sbp_fail(err, SBP_EUSAGE,
                         "storage must be 2 (bf16), 4 (fp32) or 8 (fp64) bytes, not %d", sb);
-    if (o->micro_batches < 0)
-        return sbp_fail(err, SBP_EUSAGE, "micro-batches must be >= 0 (got %d)", o->micro_batches);
+    if (o->micro_batches < 0 || o->ranks < 0)
+        return sbp_fail(err, SBP_EUSAGE, "micro-batches and ranks must be >= 0 (got %d, %d)",
+                        o->micro_batches, o->ranks);
+    if (o->ranks > 1 && o->micro_batches > 1 && o->micro_batches % o->ranks)
+        return sbp_fail(err, SBP_EUSAGE, "%d micro-batches cannot be shared by %d processes",
+                        o->micro_batches, o->ranks);
     if (o->B < 1 || o->T < 1)
         return sbp_fail(err, SBP_EUSAGE, "B and T must be >= 1 (got %d, %d)", o->B, o->T);
     const int64_t rows = o->grad.objective.kind == SBP_OBJ_DPO ? 2 * (int64_t)o->B : o->B;
@@ -78,7 +99,8 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
     if (st) return st;
     eo.plan = 1;
     eo.elem_bytes = sb;
-    eo.fold = o->micro_batches > 1; /* the later micro-batches' runs, the step's largest */
+    /* the later micro-batches' runs, the step's largest; every run of a distributed step */
+    eo.fold = o->micro_batches > 1 || o->ranks > 1;
     sbp_model m = {.cfg = *cfg, .prec = SBP_FP32};
     sbp_lora a = {.prec = SBP_FP32};
     if (o->lora.r > 0) { /* the adapter's tensors; alpha only scales values, never memory */
@@ -112,12 +134,16 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
                       (long long)m.params.total);
     } else if (!(st = sbp_obj_begin(&ev, &obj, &b, err))) {
         /* every micro-batch is held while the step runs (sbp_grad_batches), all of this shape */
-        const int64_t batch_bytes =
-            sbp_batch_bytes(&b) * (o->micro_batches > 1 ? o->micro_batches : 1);
+        const int ranks = o->ranks > 1 ? o->ranks : 1;
+        const int n = o->micro_batches > 1 ? o->micro_batches : ranks;
+        const int64_t batch_bytes = sbp_batch_bytes(&b) * n;
         sbp_ledger_charge(lg, SBP_MEM_BATCH, batch_bytes);
         double loss = 0;
         eo.ev = &ev;
-        st = sbp_engine_grad_f32(&loss, grads, &m, &b, &eo, lg, err);
+        plan_ctx pc = {&m, &b, &eo, lg, grads};
+        st = ranks > 1
+                 ? sbp_dist_plan(lg, eo.lora ? &a.params : &m.params, sb, ranks, plan_run, &pc, err)
+                 : sbp_engine_grad_f32(&loss, grads, &m, &b, &eo, lg, err);
         sbp_ledger_charge(lg, SBP_MEM_BATCH, -batch_bytes);
         sbp_obj_end(&ev);
     }

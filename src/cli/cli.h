@@ -56,8 +56,9 @@ int dist_follower(char *scratch, size_t n, const char **out, sbp_err *err);
  * 0 when so, else the exit status after naming the first differing setting and ranks (every
  * rank ends with 2). */
 int dist_check_args(struct sbp_comm *c, const char *cmd, int argc, char **argv, sbp_err *err);
-/* With several processes, rank 0 prints each rank's bytes and messages sent (stderr). */
-void dist_report(struct sbp_comm *c, const char *cmd);
+/* With several processes, rank 0 prints each rank's bytes and messages sent, seconds waited,
+ * and the largest ledger peak (peak: this rank's) on stderr. */
+void dist_report(struct sbp_comm *c, const char *cmd, int64_t peak);
 /* --comm-timeout: seconds > 0 */
 int parse_comm_timeout(const char *cmd, const char *s, double *out);
 

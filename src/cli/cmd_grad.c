@@ -453,5 +453,5 @@ int cmd_grad(int argc, char **argv) {
     for (int i = 0; i < a.n_batches; i++) sbp_batch_free(&b[i]);
     sbp_model_free(&m, host_lg);
     return st ? dist_exit(comm, "grad", &err)
-              : (dist_report(comm, "grad"), sbp_comm_finish(comm), 0);
+              : (dist_report(comm, "grad", lg.peak_total), sbp_comm_finish(comm), 0);
 }

@@ -41,6 +41,9 @@ static const char usage[] =
     "                     B*T*V logits as the HF baseline does, ckpt-chunked does not\n"
     "  --storage S        bf16 | fp32: bytes per stored element (default fp32)\n"
     "  --optimizer        also count AdamW's two fp32 moments per trained parameter\n"
+    "  --grad-accum N     N micro-batches a step: the fold's bucket scratch (N > 1) and N batches\n"
+    "  --ranks N          one of N processes (mpirun) running the step, the one holding the most:\n"
+    "                     its pieces, shares and the gradient's all-gather (docs/distributed.md)\n"
     "  --block N          token block (default 512)\n"
     "  --chunk N          stream chunk (default 2 blocks)\n"
     "  --logit-chunk N    rows per logits pass (default one block)\n"
@@ -79,6 +82,7 @@ int plan_parse_schedules(const char *cmd, const char *list, int use[PLAN_N_SCHED
 typedef struct {
     sbp_config cfg;
     int B, storage, optimizer, block, chunk, logit_chunk;
+    int micro_batches, ranks; /* --grad-accum, --ranks (docs/distributed.md) */
     sbp_objective obj;
     sbp_lora_config lora; /* r 0: full gradients */
 } plan_setup;
@@ -173,6 +177,8 @@ static sbp_plan_opts plan_opts(const plan_setup *s, const sched_row *r) {
                        .B = s->B,
                        .storage_bytes = s->storage,
                        .optimizer = s->optimizer,
+                       .micro_batches = s->micro_batches,
+                       .ranks = s->ranks,
                        .lora = s->lora};
     return o;
 }
@@ -435,6 +441,8 @@ static int parse_args(plan_args *a, int argc, char **argv) {
                                          {"schedules", required_argument, 0, 's'},
                                          {"storage", required_argument, 0, 'S'},
                                          {"optimizer", no_argument, 0, 'o'},
+                                         {"grad-accum", required_argument, 0, 'G'},
+                                         {"ranks", required_argument, 0, 'R'},
                                          OPTION_BLOCK,
                                          OPTION_CHUNK,
                                          OPTION_LOGIT_CHUNK,
@@ -490,6 +498,12 @@ static int parse_args(plan_args *a, int argc, char **argv) {
             }
             break;
         case 'o': s->optimizer = 1; break;
+        case 'G':
+            if (!parse_pos_int("plan", "grad-accum", optarg, &s->micro_batches)) return EXIT_USAGE;
+            break;
+        case 'R':
+            if (!parse_pos_int("plan", "ranks", optarg, &s->ranks)) return EXIT_USAGE;
+            break;
         case OBJ_OPT_OBJECTIVE:
             if (!obj_args_option(&a->oa, "plan", c, optarg)) return EXIT_USAGE;
             break;

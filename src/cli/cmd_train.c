@@ -596,5 +596,5 @@ int cmd_train(int argc, char **argv) {
     sbp_ledger_drop_blocks(&lg);
     if (scratch[0]) sbp_remove_tree(scratch); /* ours (mkdtemp) */
     return st ? dist_exit(comm, "train", &err)
-              : (dist_report(comm, "train"), sbp_comm_finish(comm), 0);
+              : (dist_report(comm, "train", lg.peak_total), sbp_comm_finish(comm), 0);
 }

@@ -174,18 +174,26 @@ int dist_check_args(sbp_comm *c, const char *cmd, int argc, char **argv, sbp_err
     return 0;
 }
 
-void dist_report(sbp_comm *c, const char *cmd) {
+void dist_report(sbp_comm *c, const char *cmd, int64_t peak) {
     const int N = sbp_comm_size(c);
     if (N <= 1) return;
-    int64_t mine[2], *all = calloc((size_t)N * 2, sizeof *all);
+    int64_t mine[4], *all = calloc((size_t)N * 4, sizeof *all);
     sbp_err err = {0};
     sbp_comm_counters(c, &mine[0], &mine[1]);
+    mine[2] = (int64_t)(sbp_comm_waited(c) * 1e6); /* microseconds: exact data only */
+    mine[3] = peak;
     if (all && !sbp_comm_allgather(c, all, mine, sizeof mine, "the counters", &err) &&
         sbp_comm_rank(c) == 0) {
-        fprintf(stderr, "streambp %s: %d processes; sent per rank (bytes/messages):", cmd, N);
-        for (int r = 0; r < N; r++)
-            fprintf(stderr, " %lld/%lld", (long long)all[2 * r], (long long)all[2 * r + 1]);
-        fprintf(stderr, "\n");
+        fprintf(stderr, "streambp %s: %d processes; sent per rank (bytes/messages, s waited):", cmd,
+                N);
+        int64_t most = 0;
+        for (int r = 0; r < N; r++) {
+            fprintf(stderr, " %lld/%lld %.3f", (long long)all[4 * r], (long long)all[4 * r + 1],
+                    all[4 * r + 2] * 1e-6);
+            if (all[4 * r + 3] > most) most = all[4 * r + 3];
+        }
+        fprintf(stderr, "\nstreambp %s: ledger peak of the rank holding the most: %lld bytes\n",
+                cmd, (long long)most);
     }
     free(all);
 }

@@ -67,7 +67,12 @@ typedef sbp_status (*sbp_dist_run_fn)(void *ctx, int k, sbp_bucket_hook hook, vo
  * and *loss the folded loss, on every rank, bit-identical to the 1-process step. N must divide n.
  */
 sbp_status sbp_dist_grad(void *grads, double *loss, sbp_comm *c, const sbp_params *ps, int esz,
-                         int bf16, int n, sbp_dist_run_fn run, void *ctx, sbp_err *err);
+                         int bf16, int n, sbp_dist_run_fn run, void *ctx, sbp_ledger *lg,
+                         sbp_err *err);
+/* The same step's memory on the rank of N that holds the most (a planning ledger: the buffers
+ * reserved, never touched); run is called once, with no hook (the planning table folds nothing). */
+sbp_status sbp_dist_plan(sbp_ledger *lg, const sbp_params *ps, int esz, int N, sbp_dist_run_fn run,
+                         void *ctx, sbp_err *err);
 
 /* ---- the transport (mpi.c, or none.c without MPI) ------------------------------------------- */
 
@@ -104,6 +109,8 @@ sbp_status sbp_comm_allgatherv(sbp_comm *c, void *out, const void *in, const siz
 sbp_status sbp_comm_max_u64(sbp_comm *c, uint64_t *v, int n, const char *what, sbp_err *err);
 /* Called as each distributed step begins: the failure tests' hooks (mpi.c). */
 void sbp_comm_step_begins(sbp_comm *c);
+/* Seconds this process has spent waiting on the others (requests and collectives). */
+double sbp_comm_waited(const sbp_comm *c);
 /* Bytes and messages this process has sent (the network model's counters). */
 void sbp_comm_counters(const sbp_comm *c, int64_t *bytes, int64_t *messages);
 

@@ -26,7 +26,8 @@ struct sbp_comm {
     int *peer;        /* (nreq) the other end of each */
     int nreq;
     int64_t bytes, messages;
-    int steps; /* distributed steps begun (the test hooks count them) */
+    int steps;     /* distributed steps begun (the test hooks count them) */
+    double waited; /* seconds spent waiting for requests and collectives */
 };
 
 static sbp_comm single = {.size = 1};
@@ -127,7 +128,7 @@ int sbp_comm_irecv(sbp_comm *c, void *buf, size_t bytes, int from, int tag, sbp_
 /* Tests requests [0, n) of r until all are done or nothing completed for the timeout. */
 static sbp_status wait_all(sbp_comm *c, MPI_Request *r, const int *peer, int n, const char *what,
                            sbp_err *err) {
-    double last = now();
+    double last = now(), t0 = last;
     int left = n;
     while (left > 0) {
         int progress = 0;
@@ -151,6 +152,7 @@ static sbp_status wait_all(sbp_comm *c, MPI_Request *r, const int *peer, int n, 
             nanosleep(&ts, NULL);
         }
     }
+    c->waited += now() - t0;
     return SBP_OK;
 }
 
@@ -232,4 +234,8 @@ void sbp_comm_step_begins(sbp_comm *c) {
         if (v && sscanf(v, "%d:%d", &r, &s) == 2 && r == c->rank && s == c->steps)
             raise(i ? SIGSTOP : SIGKILL);
     }
+}
+
+double sbp_comm_waited(const sbp_comm *c) {
+    return c ? c->waited : 0;
 }

@@ -27,8 +27,9 @@ typedef struct {
     char **R;     /* (N) packed shares: micro-batch ρN + j's pieces of this rank's blocks */
     char *S;      /* (own[r]) the folded share */
     sbp_err *err;
-    sbp_err herr; /* the hook's own error: the engine reports a failed hook in general terms */
-    int k, nan_k; /* the micro-batch running; the one the failure test poisons, or −1 */
+    sbp_ledger *lg; /* the buffers below are charged to SBP_MEM_GRADS (the planner counts them) */
+    sbp_err herr;   /* the hook's own error: the engine reports a failed hook in general terms */
+    int k, nan_k;   /* the micro-batch running; the one the failure test poisons, or −1 */
 } dstate;
 
 static float to_bf16(float f) {
@@ -99,7 +100,8 @@ static sbp_status post_receives(dstate *d) {
     return SBP_OK;
 }
 
-static sbp_status setup(dstate *d, const sbp_params *ps, int64_t total) {
+/* The buckets, their pieces and each rank's share (own). */
+static sbp_status pieces(dstate *d, const sbp_params *ps) {
     const int cap = ps->n + 2;
     d->b = malloc(sizeof *d->b * (size_t)cap);
     d->pc = malloc(sizeof *d->pc * (size_t)cap * (d->N + 1));
@@ -113,11 +115,18 @@ static sbp_status setup(dstate *d, const sbp_params *ps, int64_t total) {
     if (!d->pos) return sbp_fail(d->err, SBP_ENOMEM, "out of memory");
     for (int i = 0; i < d->np; i++)
         d->pos[i] = d->own[d->pc[i].owner], d->own[d->pc[i].owner] += d->pc[i].n;
-    d->gk = malloc((size_t)total * d->esz);
-    d->S = malloc((size_t)(d->own[d->r] ? d->own[d->r] : 1) * d->esz);
+    return SBP_OK;
+}
+
+/* The step's buffers: the micro-batch's gradient kept while its pieces travel, the folded share
+ * and the N shares of a round. */
+static sbp_status buffers(dstate *d, int64_t total) {
+    const size_t share = (size_t)(d->own[d->r] ? d->own[d->r] : 1) * d->esz;
+    d->gk = sbp_ledger_alloc_raw(d->lg, SBP_MEM_GRADS, (size_t)total * d->esz);
+    d->S = sbp_ledger_alloc_raw(d->lg, SBP_MEM_GRADS, share);
     int ok = d->gk && d->S;
     for (int j = 0; j < d->N; j++) {
-        d->R[j] = malloc((size_t)(d->own[d->r] ? d->own[d->r] : 1) * d->esz);
+        d->R[j] = sbp_ledger_alloc_raw(d->lg, SBP_MEM_GRADS, share);
         ok = ok && d->R[j];
     }
     if (!ok)
@@ -126,8 +135,9 @@ static sbp_status setup(dstate *d, const sbp_params *ps, int64_t total) {
 }
 
 static void teardown(dstate *d) {
-    for (int j = 0; d->R && j < d->N; j++) free(d->R[j]);
-    free(d->R), free(d->S), free(d->gk), free(d->pos), free(d->own), free(d->pc), free(d->b);
+    for (int j = d->N - 1; d->R && j >= 0; j--) sbp_ledger_free(d->lg, d->R[j]);
+    sbp_ledger_free(d->lg, d->S), sbp_ledger_free(d->lg, d->gk);
+    free(d->R), free(d->pos), free(d->own), free(d->pc), free(d->b);
 }
 
 /* Every rank's share of S into grads, at the pieces' places. */
@@ -136,7 +146,7 @@ static sbp_status gather_all(dstate *d, void *grads) {
            *displs = calloc((size_t)d->N, sizeof *displs);
     int64_t sum = 0;
     for (int j = 0; j < d->N; j++) sum += d->own[j];
-    char *all = malloc((size_t)(sum ? sum : 1) * d->esz);
+    char *all = sbp_ledger_alloc_raw(d->lg, SBP_MEM_GRADS, (size_t)(sum ? sum : 1) * d->esz);
     sbp_status st = SBP_OK;
     if (!counts || !displs || !all) st = sbp_fail(d->err, SBP_ENOMEM, "out of memory");
     for (int j = 0; !st && j < d->N; j++) {
@@ -150,14 +160,21 @@ static sbp_status gather_all(dstate *d, void *grads) {
         memcpy((char *)grads + p->off * d->esz, all + displs[p->owner] + d->pos[i] * d->esz,
                (size_t)p->n * d->esz);
     }
-    free(all), free(counts), free(displs);
+    sbp_ledger_free(d->lg, all);
+    free(counts), free(displs);
     return st;
 }
 
 sbp_status sbp_dist_grad(void *grads, double *loss, sbp_comm *c, const sbp_params *ps, int esz,
-                         int bf16, int n, sbp_dist_run_fn run, void *ctx, sbp_err *err) {
-    dstate d = {
-        .c = c, .N = sbp_comm_size(c), .r = sbp_comm_rank(c), .esz = esz, .bf16 = bf16, .err = err};
+                         int bf16, int n, sbp_dist_run_fn run, void *ctx, sbp_ledger *lg,
+                         sbp_err *err) {
+    dstate d = {.c = c,
+                .N = sbp_comm_size(c),
+                .r = sbp_comm_rank(c),
+                .esz = esz,
+                .bf16 = bf16,
+                .err = err,
+                .lg = lg};
     if (n % d.N)
         return sbp_fail(err, SBP_EUSAGE,
                         "%d micro-batches cannot be shared by %d processes: the process count must "
@@ -169,8 +186,8 @@ sbp_status sbp_dist_grad(void *grads, double *loss, sbp_comm *c, const sbp_param
     const char *nan_k = getenv("SBP_DIST_TEST_NAN");
     d.nan_k = nan_k ? atoi(nan_k) : -1;
     double *mine = calloc((size_t)m, sizeof *mine), *all = calloc((size_t)n, sizeof *all);
-    sbp_status st =
-        mine && all ? setup(&d, ps, ps->total) : sbp_fail(err, SBP_ENOMEM, "out of memory");
+    sbp_status st = mine && all ? pieces(&d, ps) : sbp_fail(err, SBP_ENOMEM, "out of memory");
+    if (!st) st = buffers(&d, ps->total);
     for (int rho = 0; rho < m && !st; rho++) {
         if ((st = post_receives(&d))) break;
         d.k = rho * d.N + d.r;
@@ -196,6 +213,23 @@ sbp_status sbp_dist_grad(void *grads, double *loss, sbp_comm *c, const sbp_param
         *loss = l;
     }
     free(mine), free(all);
+    teardown(&d);
+    return st;
+}
+
+sbp_status sbp_dist_plan(sbp_ledger *lg, const sbp_params *ps, int esz, int N, sbp_dist_run_fn run,
+                         void *ctx, sbp_err *err) {
+    dstate d = {.N = N, .esz = esz, .err = err, .lg = lg};
+    sbp_status st = pieces(&d, ps);
+    for (int j = 1; !st && j < N; j++) /* the rank with the largest share peaks highest */
+        if (d.own[j] > d.own[d.r]) d.r = j;
+    if (!st) st = buffers(&d, ps->total);
+    double loss = 0;
+    if (!st) st = run(ctx, 0, NULL, NULL, &loss, err);
+    if (!st) { /* the all-gather of the shares, as gather_all holds it */
+        void *all = sbp_ledger_alloc_raw(lg, SBP_MEM_GRADS, (size_t)ps->total * esz);
+        sbp_ledger_free(lg, all);
+    }
     teardown(&d);
     return st;
 }
