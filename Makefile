@@ -76,7 +76,7 @@ F32_OBJ    := $(NUM_SRC:%.c=$(BUILD)/f32/%.o)
 F64_OBJ    := $(NUM_SRC:%.c=$(BUILD)/f64/%.o)
 CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/common/%.o) $(BUILD)/gen/golden_data.o
 # The command line (src/cli) names the verifier's headers from the top of the tree:
-# #include "verify/run.h".
+# #include "verify/matrix.h".
 $(CLI_SRC:%.c=$(BUILD)/common/%.o): CFLAGS += -I.
 TESTS      := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 

@@ -43,7 +43,7 @@ sbp_status sbp_data_dir(char *out, size_t n, sbp_err *err) {
 }
 
 /* The bundled config.json itself in place of the one sbp_model_init wrote: the oracle reads the
- * config as written, defaults and all (verify/run.h). */
+ * config as written, defaults and all (verify/matrix.h). */
 static sbp_status copy_config(const char *dir, const char *from, sbp_err *err) {
     char to[700], buf[8192];
     snprintf(to, sizeof to, "%s/config.json", dir);

@@ -10,7 +10,7 @@
 #define SBP_VERIFY_LOAD_H
 
 #include "../ref/ref.h"
-#include "run.h"
+#include "matrix.h"
 
 /* Compares the library's model m and batch b (after any reference model) with the oracle's rm and
  * rb. Each parameter tensor of m's table is a row of g, failed when the oracle's table lacks it,

@@ -1,10 +1,10 @@
 /* suite.h — the edge-case suite: fixtures aimed at the bugs chunked backprop actually has (the
  * StreamBP authors' fixes and open bugs, notes in docs/verify.md), each
- * run through the full verification matrix (run.h). */
+ * run through the full verification matrix (matrix.h). */
 #ifndef SBP_SUITE_H
 #define SBP_SUITE_H
 
-#include "run.h"
+#include "matrix.h"
 
 typedef struct {
     const char *name;  /* short id, e.g. "chunk-starts-on-ignored" */
@@ -15,7 +15,7 @@ typedef struct {
     int chunks[4], n_chunks;
     sbp_objective obj; /* zero: SFT */
     int ref_seed;      /* DPO/GRPO: a reference model, the same config at this seed; 0: none */
-    int precisions, schedules, threads; /* subsets (run.h's bit sets; threads 1: one thread
+    int precisions, schedules, threads; /* subsets (matrix.h's bit sets; threads 1: one thread
                                          * only); 0: all. For cases too long for the matrix */
 } sbp_suite_case;
 

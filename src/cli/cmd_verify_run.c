@@ -4,7 +4,7 @@
 #include "objopts.h"
 #include "options.h"
 #include "verify/defaults.h"
-#include "verify/run.h"
+#include "verify/matrix.h"
 #include "cmd_verify.h"
 
 #include <getopt.h>

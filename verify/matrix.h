@@ -1,4 +1,4 @@
-/* run.h — the verifier's main check: one model and batch through every schedule, chunk size,
+/* matrix.h — the verifier's main check: one model and batch through every schedule, chunk size,
  * precision and thread count, every gradient compared per parameter tensor.
  *
  * The truth is the ref/ oracle's (ref/ref.h), computed from the files alone: the oracle reads
@@ -40,8 +40,8 @@
  *                      full BP on the CPU: bitwise.
  * schedules, threads and ragged chunks hold the fast numerics' runs; --numerics picks which run.
  * Each group reports one row per tensor: the worst case over its runs. */
-#ifndef SBP_RUN_H
-#define SBP_RUN_H
+#ifndef SBP_VERIFY_MATRIX_H
+#define SBP_VERIFY_MATRIX_H
 
 #include "../src/streambp.h"
 

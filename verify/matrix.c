@@ -1,5 +1,5 @@
-/* run.c — the verifier's matrix of runs and its comparison groups (see run.h). */
-#include "run.h"
+/* matrix.c — the verifier's matrix of runs and its comparison groups (see matrix.h). */
+#include "matrix.h"
 #include "../ref/ref.h"
 #include "../src/core/err.h"
 #include "load.h"
