@@ -20,11 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The last two have head sizes that are not powers of two (24 and 72, neither a multiple of the
- * 32-lane warp nor of the key tile): there the attention scale 1/sqrt(hd) is not exact, and a
- * backend that rounds it differently (cuda/ once did) shows up in every tensor. */
-static const char *families[] = {"qwen3-tiny", "qwen2-tiny", "llama3-tiny", "qwen2-hd24",
-                                 "qwen3-hd72"};
+/* qwen2-hd24 and qwen3-hd72 have head sizes that are not powers of two (24 and 72, neither a
+ * multiple of the 32-lane warp nor of the key tile): there the attention scale 1/sqrt(hd) is not
+ * exact, and a backend that rounds it differently (cuda/ once did) shows up in every tensor.
+ * gemma3-tiny: Gemma-3 with local layers whose window (8) is shorter than the batches, head_dim
+ * 24 and query_pre_attn_scalar 32, GeGLU, the (1 + w) norms and padding_idx 0. */
+static const char *families[] = {"qwen3-tiny", "qwen2-tiny", "llama3-tiny",
+                                 "qwen2-hd24", "qwen3-hd72", "gemma3-tiny"};
 enum { N_FAMILIES = sizeof families / sizeof families[0] };
 
 static const struct {
