@@ -48,9 +48,9 @@ def make_model_dir(config_path, out, seed, dtype=torch.float64, tied=None):
     return str(out)
 
 
-def load(model_dir, attn, patched):
-    """HF's model in float64 with attention `attn` ("eager" or "sdpa"), islands patched or not."""
-    model = mg.Gemma3ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float64,
+def load(model_dir, attn, patched, dtype=torch.float64):
+    """HF's model in `dtype` with attention `attn` ("eager" or "sdpa"), islands patched or not."""
+    model = mg.Gemma3ForCausalLM.from_pretrained(model_dir, torch_dtype=dtype,
                                                  attn_implementation=attn)
     model.train()  # dropout is 0: train() changes nothing but is how a trainer runs it
     if patched:

@@ -239,3 +239,23 @@ def test_lora_matches_peft(gemma, binary, tmp_path, attn):
     err, at = g3.worst(g3.read_grads(ours_file), theirs)
     print("%s LoRA: engine vs peft: worst rel. L2 %.3g (%s)" % (attn, err, at))
     assert err <= FP64_TOL, (err, at)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_stock_hf_float32_passes_audit(gemma, binary, tmp_path, attn):
+    """HF's own float32 Gemma-3 (stock: the training setting), audited as fp32: within our
+    float32 budget on every tensor (right padding: see the sdpa note above)."""
+    V = json.load(open(os.path.join(gemma, "config.json")))["vocab_size"]
+    batch, b = _batch(tmp_path, "sft", False, V)
+    model = g3.load(gemma, attn, False, torch.float32)
+    out = model(input_ids=b["ids"], attention_mask=b["mask"], labels=b["labels"])
+    out.loss.backward()
+    path = str(tmp_path / "hf32.safetensors")
+    streambp.dump_grads(model, path, loss=out.loss)
+    rc, o = _cli(binary, "verify", "audit", "--model", gemma, "--batch", batch, "--grads", path,
+                 "--precision-of-theirs", "fp32", "--json")
+    rep = json.loads(o[o.index("{"):])
+    worst = max(r["rel_l2"] / r["budget"] for r in rep["rows"])
+    print("%s: stock HF float32 audited as fp32: worst error / budget %.3g" % (attn, worst))
+    assert rc == 0, rep
+
