@@ -18,7 +18,6 @@ dtype:
 """
 import json
 import math
-import os
 import types
 
 import torch
