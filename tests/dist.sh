@@ -161,7 +161,12 @@ left=$(find "$TMPDIR" -maxdepth 1 -name 'streambp-rank-*' 2>/dev/null | wc -l)
 # failures: a killed rank, a stopped rank, a non-finite gradient on one rank, and processes given
 # different settings; each ends within its deadline with no process left
 FT="--model $Q --jsonl data/train/counting.jsonl --seq 32 --batch-size 1 --grad-accum 4 --steps 4 --threads 1"
-leftover() { pgrep -f "$TMP/fail" >/dev/null && { pkill -9 -f "$TMP/fail"; echo " (processes left)"; }; }
+leftover() { # processes of this test (their command line names its private directory) still alive
+    local p pids
+    pids=$(pgrep -f "$TMP/fail-") || return 0
+    for p in $pids; do kill -9 "$p" 2>/dev/null; done
+    echo " (processes left: $pids)"
+}
 t0=$(date +%s)
 SBP_DIST_TEST_DIE=1:2 "${MPIRUN[@]}" -np 2 "$BIN" train $FT --out "$TMP/fail-die" >"$TMP/log" 2>&1
 rc=$? secs=$(($(date +%s) - t0)) left=$(leftover)
