@@ -287,6 +287,16 @@ bench: all
 	$(BIN) bench --largest 768M | tee $(BENCH_DIR)/largest.txt
 	$(BIN) plan --paper | tee $(BENCH_DIR)/paper.txt
 
+# Data parallel over processes (docs/distributed.md): 1 process x 2 threads against mpirun -np 2
+# x 1 thread, the bench model, 4 micro-batches a step of T = $(T) tokens (default 512).
+.PHONY: bench-dist
+bench-dist: SHELL := /bin/bash
+bench-dist: .SHELLFLAGS := -o pipefail -c
+bench-dist: all
+	@[ "$(MPI)" = 1 ] || { echo "bench-dist: this build has no MPI (apt-get install openmpi-bin libopenmpi-dev)"; exit 2; }
+	@mkdir -p $(BENCH_DIR)
+	bench/dist.sh $(BIN) $(BENCH_DIR)/dist $(or $(T),512) | tee $(BENCH_DIR)/dist.txt
+
 # PyTorch 2.x and HF transformers from PyPI in a venv (what users run); Debian's torch 1.13 when
 # PyPI cannot be reached.
 TORCH_VENV := $(BUILD)/torch-venv
