@@ -651,6 +651,27 @@ START_TEST(wrapped_directory) {
 }
 END_TEST
 
+/* The FLOPs of a step as the engine runs it: Gemma-3's recompute (ckpt, stream) runs the down
+ * projection too (its post-feedforward norm needs the MLP output), 2·F·C per token and layer more
+ * than a Llama layer of the same sizes; full BP's are the same. */
+START_TEST(flops_recompute) {
+    sbp_config g;
+    sbp_err err = {0};
+    ck_assert(!sbp_config_load(&g, "data/models/gemma3-tiny.json", &err));
+    g.sliding_window_pattern = 1; /* every layer global: the same attention as Llama's */
+    sbp_config l = g;
+    l.family = SBP_LLAMA;
+    const int T = 64, B = 2;
+    for (int s = 0; s < 3; s++) {
+        sbp_grad_opts o = {.schedule = (sbp_schedule)s, .block = 16};
+        const double d = sbp_step_flops(&g, B, T, &o) - sbp_step_flops(&l, B, T, &o);
+        const double want = s == SBP_FULL ? 0 : 2.0 * g.ffn * g.hidden * T * B * g.layers;
+        ck_assert_msg(d == want, "%s: gemma3 - llama = %g, want %g", sbp_schedule_name(o.schedule),
+                      d, want);
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("gemma3");
     TCase *tc = tcase_create("config");
@@ -662,6 +683,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, config_pad);
     tcase_add_test(tc, config_save);
     tcase_add_test(tc, params_table);
+    tcase_add_test(tc, flops_recompute);
     suite_add_tcase(s, tc);
     tc = tcase_create("engine");
     tcase_set_timeout(tc, 600);

@@ -7,7 +7,9 @@
  * pass or 8 in pass 1 and 6 in pass 2 — one pass when the kv heads divide among the threads
  * (sbp_set_threads; src/kernels/blas/attention.c)):
  *   full   = L·(3P + A_fwd + A_bwd) + 3H·T               (forward, then dX and dW)
- *   ckpt   = full + L·(P − 2·F·C + A_fwd)                (the recompute skips the down projection)
+ *   ckpt   = full + L·(P − 2·F·C + A_fwd)                (the recompute skips the down projection;
+ *                                                         Gemma-3's does not: its post-norm needs
+ *                                                         the MLP output, + L·2·F·C)
  *   stream = ckpt                                        (K and V are projected once per layer)
  *   DPO adds H·T for its forward-only first pass over the head.
  * A sliding-window layer (Gemma-3's local layers, window Wn) meets for query tile i0 only the key
@@ -44,6 +46,7 @@ double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o)
     const double afwd = 4 * pairs * HD * c->heads,
                  abwd = (attention_one_pass(c->kv_heads) ? 10 : 14) * pairs * HD * c->heads;
     const int recompute = o->schedule != SBP_FULL;
+    const int gem = c->family == SBP_GEMMA3; /* its recompute runs the down projection too */
     double f;
     if (!o->lora) {
         f = c->layers * 3 * P * T + afwd + abwd + 3 * H * T;
@@ -55,9 +58,9 @@ double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o)
             unsigned bit;
             double K, N;
             int in_recompute;
-        } proj[] = {{SBP_LORA_Q, C, Q, 1},   {SBP_LORA_K, C, KV, 1},   {SBP_LORA_V, C, KV, 1},
-                    {SBP_LORA_O, Q, C, 1},   {SBP_LORA_GATE, C, F, 1}, {SBP_LORA_UP, C, F, 1},
-                    {SBP_LORA_DOWN, F, C, 0}};
+        } proj[] = {{SBP_LORA_Q, C, Q, 1},     {SBP_LORA_K, C, KV, 1},   {SBP_LORA_V, C, KV, 1},
+                    {SBP_LORA_O, Q, C, 1},     {SBP_LORA_GATE, C, F, 1}, {SBP_LORA_UP, C, F, 1},
+                    {SBP_LORA_DOWN, F, C, gem}};
         for (size_t i = 0; i < sizeof proj / sizeof proj[0]; i++) {
             if (!(lc->targets & proj[i].bit)) continue;
             const double fwd = 2 * r * (proj[i].K + proj[i].N);
@@ -65,7 +68,7 @@ double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o)
             f += c->layers * T * (fwd + bwd + (recompute && proj[i].in_recompute ? fwd : 0));
         }
     }
-    if (recompute) f += c->layers * (P - 2 * F * C) * T + afwd;
+    if (recompute) f += c->layers * (P - (gem ? 0 : 2 * F * C)) * T + afwd;
     if (o->objective.kind == SBP_OBJ_DPO) f += H * T;
     return f * B;
 }
