@@ -508,6 +508,44 @@ START_TEST(gemma_cuda_emu_bitwise) {
 }
 END_TEST
 
+/* Gemma-3 never unmasks a row without a key (no _unmask_unattended in 4.51.3's Gemma3TextModel):
+ * --unattended hf-sdpa is hf-eager there, bit for bit, and differs from zero (sft-tiny's
+ * left-padded row, its first real token made a target). */
+START_TEST(gemma_sdpa_is_eager) {
+    sbp_model m;
+    sbp_batch b;
+    tu_load(&m, &b, tu_model("gemma3-tiny", 7), "data/batches/sft-tiny.safetensors", SBP_FP64);
+    /* the first real token of a left-padded row becomes a target: predicted from a row that
+     * sees no key */
+    for (int bi = 0; bi < b.B; bi++) {
+        const size_t row = (size_t)bi * b.T;
+        int p = 0;
+        while (p < b.T && !b.mask[row + p]) p++;
+        if (p > 0 && p < b.T) b.labels[row + p] = b.ids[row + p];
+    }
+    sbp_batch_count_targets(&b);
+    sbp_grad_result r[3];
+    const sbp_unattended modes[] = {SBP_UNATTENDED_HF_EAGER, SBP_UNATTENDED_HF_SDPA,
+                                    SBP_UNATTENDED_ZERO};
+    for (int i = 0; i < 3; i++) {
+        sbp_grad_opts o = {.schedule = SBP_STREAM,
+                           .block = 4,
+                           .chunk = 4,
+                           .logit_chunk = 4,
+                           .numerics = SBP_NUMERICS_PORTABLE,
+                           .unattended = modes[i]};
+        sbp_err err = {0};
+        ck_assert_msg(sbp_grad(&r[i], &m, &b, &o, NULL, &err) == SBP_OK, "%s", err.msg);
+    }
+    assert_same_grads(&m, &r[0], &r[1], "gemma3-tiny hf-sdpa against hf-eager");
+    ck_assert_msg(tu_first_diff(&m, r[0].grads, r[2].grads) >= 0,
+                  "gemma3-tiny: hf-eager gives zero's gradient: no row without a key?");
+    for (int i = 0; i < 3; i++) sbp_grad_result_free(&r[i], NULL);
+    sbp_batch_free(&b);
+    sbp_model_free(&m, NULL);
+}
+END_TEST
+
 /* The FLOP count (src/core/flops.c, the bench's GFLOP column) follows the kernels: with every
  * layer local (window 512, 4 layers, pattern 6) doubling T from 8192 doubles the step's work;
  * with every layer global it grows by more than 2.5. */
@@ -538,7 +576,8 @@ static Suite *suite(void) {
                  {"guard", window_reads_no_key_before_it, 12},
                  {"gemma", gemma_schedules_bitwise, 8},
                  {"flops", window_flops_linear, 1},
-                 {"cuda", gemma_cuda_emu_bitwise, 4}};
+                 {"cuda", gemma_cuda_emu_bitwise, 4},
+                 {"sdpa", gemma_sdpa_is_eager, 1}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name); /* CK_RUN_CASE=name runs one */
         tcase_set_timeout(tc, 300);
