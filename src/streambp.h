@@ -2,10 +2,10 @@
  * streambp.h — the public API of libstreambp.
  *
  * The library computes exact parameter gradients of a Hugging Face decoder (Qwen3, Qwen2/2.5,
- * Llama-3, Gemma-3's text model) for a training objective, with one of three backprop schedules: full BP, gradient
- * checkpointing, and StreamBP (arXiv 2506.03077). The three give bit-identical gradients: in the
- * portable numerics for every chunk size, in the fast one for chunks that are multiples of the
- * token block (docs/numerics.md §1).
+ * Llama-3, Gemma-3's text model) for a training objective, with one of three backprop schedules:
+ * full BP, gradient checkpointing, and StreamBP (arXiv 2506.03077). The three give bit-identical
+ * gradients: in the portable numerics for every chunk size, in the fast one for chunks that are
+ * multiples of the token block (docs/numerics.md §1).
  *
  * Conventions: every function that can fail returns an sbp_status and, on failure, fills the
  * sbp_err it was given with a message naming the file, tensor or value at fault. Nothing here
