@@ -474,7 +474,8 @@ static sbp_status run_steps(const train_args *a, sbp_train_run *r, sbp_run_logs 
         snprintf(trow, sizeof trow, "%lld,%.6f,%.1f,%lld,%lld\n", (long long)r->rs.step, secs,
                  step_tokens / secs, (long long)lg->peak_total, peak_rss_bytes());
         if ((st = sbp_rundir_log(logs, &r->rs, row, trow, err))) break;
-        if (r->rs.step % a->log_every == 0 || r->rs.step == stop) {
+        const int talk = sbp_comm_rank(a->o.g.comm) == 0; /* rank 0 speaks for all */
+        if (talk && (r->rs.step % a->log_every == 0 || r->rs.step == stop)) {
             double elapsed = now_seconds() - t_start;
             double eta = elapsed / (double)(r->rs.step - start) * (double)(stop - r->rs.step);
             char peak[32], rss[32], et[32];
@@ -580,7 +581,7 @@ int cmd_train(int argc, char **argv) {
     }
     sbp_ledger_keep_blocks(&lg); /* every step after the first reuses the first one's buffers */
     const int64_t start = r.rs.step, stop = a.stop_at ? a.stop_at : a.o.steps;
-    print_start(&a, &r, &lg, begin.ckpt);
+    if (sbp_comm_rank(comm) == 0) print_start(&a, &r, &lg, begin.ckpt);
     const double t_start = now_seconds();
     double last_loss = NAN;
     st = run_steps(&a, &r, &logs, stop, &last_loss, &lg, &err);
