@@ -100,6 +100,16 @@ for s in stream full; do
             sed -n 's/.*"total":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
         [ -n "$got" ] && [ "$got" = "$want" ] && ok "plan --ranks $n ($s): $want bytes, as measured" ||
             bad "plan --ranks $n ($s): planned ${want:-?}, measured ${got:-?}"
+        [ $s = full ] && continue
+        # the network model: the rank sending the most, its bytes and messages (the start-up
+        # check's all-gather of 5376 bytes, one message to each peer, taken off)
+        got=$(grep -o 'sent per rank[^:]*: .*' "$TMP/log" | cut -d: -f2 | tr ' ' '\n' | grep / |
+            awk -F/ -v n=$n '$1 > b { b = $1; m = $2 } END { print b - 5376 * (n - 1), m - (n - 1) }')
+        want=$("$BIN" plan --config data/models/llama3-tiny.json --seq 24 --batch-size 2 --block 4 \
+            --schedules $s $x --grad-accum 12 --ranks $n --json 2>&1 |
+            sed -n 's/.*"sent_\(bytes\|messages\)_per_step":[^0-9]*\([0-9]*\).*/\2/p' | tr '\n' ' ')
+        [ "$got " = "$want" ] && ok "plan --ranks $n: the network model, $got bytes/messages, as sent" ||
+            bad "plan --ranks $n: network model ${want:-?}, sent ${got:-?}"
     done
 done
 

@@ -1,6 +1,8 @@
 /* cmd_plan.c — `streambp plan`: the peak memory of a step at any size, and the largest sequence
  * that fits a budget, by walking the real schedule code with allocation only (sbp_plan); and
  * the StreamBP paper's Table 3 computed that way, beside the paper's numbers. */
+#include "../core/err.h"
+#include "../dist/dist.h"
 #include "cli.h"
 #include "objopts.h"
 #include "options.h"
@@ -429,6 +431,7 @@ typedef struct {
     int other; /* an option --paper does not take */
     int64_t budget;
     obj_args oa;
+    int64_t net_bytes, net_messages; /* --ranks: the network model a step (sbp_dist_traffic) */
 } plan_args;
 
 /* The options into a: -1 to go on, else the exit status (0 after --help). */
@@ -576,6 +579,11 @@ static void print_heading(const plan_args *a, const char *path, int64_t nparam, 
         printf(", budget %.2f GiB", gib(a->budget));
     else
         printf(", T = %d", a->T);
+    if (s->ranks > 1) /* docs/distributed.md §4 */
+        printf("\n%d processes, %d micro-batches a step: the rank sending the most sends %lld "
+               "bytes in %lld messages a step; memory: the rank holding the most",
+               s->ranks, s->micro_batches ? s->micro_batches : s->ranks, (long long)a->net_bytes,
+               (long long)a->net_messages);
     printf("\nblock %d, stream chunk %d, logit chunk %d; GiB at the moment of the peak:\n",
            s->block, s->chunk, s->logit_chunk);
     header(a->budget ? "largest T" : "T");
@@ -598,6 +606,11 @@ static void print_plan_json(const plan_args *a, const char *path, int64_t nparam
         cJSON_AddNumberToObject(o, "adapter_parameters", (double)nadapter);
     }
     if (a->budget) cJSON_AddNumberToObject(o, "budget_bytes", (double)a->budget);
+    if (s->ranks > 1) {
+        cJSON_AddNumberToObject(o, "ranks", s->ranks);
+        cJSON_AddNumberToObject(o, "sent_bytes_per_step", (double)a->net_bytes);
+        cJSON_AddNumberToObject(o, "sent_messages_per_step", (double)a->net_messages);
+    }
     cJSON_AddItemToObject(o, "schedules", jrows);
     print_json(o);
 }
@@ -673,7 +686,15 @@ int cmd_plan(int argc, char **argv) {
         (s->lora.r && sbp_lora_params_build(&lps, &s->cfg, &s->lora, &err)))
         return report_error("plan", &err);
     int64_t nparam = ps.total, nadapter = lps.total;
+    const int n_micro = s->micro_batches ? s->micro_batches : s->ranks;
+    if (s->ranks > 1 && n_micro % s->ranks)
+        sbp_fail(&err, SBP_EUSAGE, "%d micro-batches cannot be shared by %d processes", n_micro,
+                 s->ranks);
+    else if (s->ranks > 1)
+        sbp_dist_traffic(&a.net_bytes, &a.net_messages, s->lora.r ? &lps : &ps, s->storage,
+                         s->ranks, n_micro, &err);
     sbp_params_free(&ps), sbp_params_free(&lps);
+    if (err.status) return report_error("plan", &err);
     const int rows = s->obj.kind == SBP_OBJ_DPO ? 2 * s->B : s->B;
     if (a.csv) {
         printf("schedule,T");

@@ -50,6 +50,13 @@ typedef struct {
  * memory. */
 int sbp_dist_pieces(sbp_piece *out /* (cap) */, int cap, const sbp_bucket *b, int nb, int N);
 
+/* The network model of one step of n micro-batches over N ranks (N divides n): what the rank that
+ * sends the most sends — its micro-batches' pieces that others own (a message each), its share
+ * and its losses to each of the N − 1 others (two all-gathers) — in bytes and messages; esz
+ * bytes per element. The transport's counters of a run equal it, plus the start-up check. */
+sbp_status sbp_dist_traffic(int64_t *bytes, int64_t *messages, const sbp_params *ps, int esz, int N,
+                            int n, sbp_err *err);
+
 /* ---- the step (step.c) ---------------------------------------------------------------------- */
 
 /* S ← S + g over n elements of esz bytes (4: float, 8: double), one IEEE add each; with bf16 each

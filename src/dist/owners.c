@@ -5,6 +5,7 @@
  * (rank r gets blocks [c·r/N, c·(r+1)/N) of the bucket's c), so every bucket's traffic uses every
  * link; a block that straddles a bucket boundary keeps the owner of the bucket it starts in. A
  * bucket is then cut into pieces wherever the owner changes: at most N + 1 per bucket. */
+#include "../core/err.h"
 #include "dist.h"
 
 #include <stdlib.h>
@@ -54,4 +55,31 @@ int sbp_dist_pieces(sbp_piece *out, int cap, const sbp_bucket *b, int nb, int N)
         }
     free(so);
     return n;
+}
+
+sbp_status sbp_dist_traffic(int64_t *bytes, int64_t *messages, const sbp_params *ps, int esz, int N,
+                            int n, sbp_err *err) {
+    const int cap = ps->n + 2;
+    sbp_bucket *b = malloc(sizeof *b * (size_t)cap);
+    sbp_piece *pc = malloc(sizeof *pc * (size_t)cap * (N + 1));
+    int64_t *own = calloc((size_t)N, sizeof *own), *pieces = calloc((size_t)N, sizeof *pieces);
+    int nb = -1, np = -1;
+    if (b && pc && own && pieces && (nb = sbp_grad_buckets(b, cap, ps)) >= 0)
+        np = sbp_dist_pieces(pc, cap * (N + 1), b, nb, N);
+    sbp_status st = np >= 0 ? SBP_OK : sbp_fail(err, SBP_ENOMEM, "out of memory");
+    *bytes = *messages = 0;
+    for (int i = 0; !st && i < np; i++) own[pc[i].owner] += pc[i].n;
+    for (int r = 0; !st && r < N; r++) {
+        int64_t sent = 0, msgs = 0; /* one round: the pieces others own, each a message */
+        for (int i = 0; i < np; i++)
+            if (pc[i].owner != r) sent += pc[i].n, msgs++;
+        const int64_t m = n / N;
+        /* m rounds; then its share and its m losses to each of the N − 1 others (all-gathers) */
+        const int64_t by = m * sent * esz + (int64_t)(N - 1) * own[r] * esz +
+                           (int64_t)(N - 1) * m * (int64_t)sizeof(double);
+        const int64_t ms = m * msgs + 2 * (int64_t)(N - 1);
+        if (by > *bytes) *bytes = by, *messages = ms;
+    }
+    free(b), free(pc), free(own), free(pieces);
+    return st;
 }
