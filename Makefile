@@ -174,14 +174,14 @@ $(BUILD)/tests/test_%: $(BUILD)/tests/test_%.o $(BUILD)/tests/testutil.o $(F64_O
 # make test SUITES="io train emu": only those suites (tests/test_<name>.c, emu = the emulator's own
 # test); every suite otherwise. The golden digests of the other builds run with the full set only.
 RUN_TESTS = $(if $(SUITES),$(filter $(addprefix %/test_,$(SUITES)),$(TESTS)),$(TESTS))
-# tests/dist.sh (mpirun): with every suite, or SUITES naming dist (test_dist, the protocol, too)
+# tests/mpi_ranks.sh (mpirun): with every suite, or SUITES naming dist (test_dist, the protocol, too)
 RUN_DIST  = $(if $(SUITES),$(filter dist,$(SUITES)),1)
 
 test: deps $(if $(SUITES),,linkcheck)
 	@$(MAKE) --no-print-directory $(BIN) $(RUN_TESTS) $(if $(filter %/test_plant,$(RUN_TESTS)),plants)
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(RUN_TESTS)
-	@if [ -n "$(RUN_DIST)" ]; then if [ "$(MPI)" = 1 ]; then echo "== tests/dist.sh (mpirun)"; \
-	  STREAMBP=$(BIN) tests/dist.sh; else echo "== tests/dist.sh: skipped (no MPI)"; fi; fi
+	@if [ -n "$(RUN_DIST)" ]; then if [ "$(MPI)" = 1 ]; then echo "== tests/mpi_ranks.sh (mpirun)"; \
+	  STREAMBP=$(BIN) tests/mpi_ranks.sh; else echo "== tests/mpi_ranks.sh: skipped (no MPI)"; fi; fi
 ifeq ($(SAN)$(SUITES),0)
 	@echo "== golden digests on the CUDA kernels in the SIMT emulator, shuffled thread order"
 	@SBP_GOLDEN_DEVICE=cuda-emu SBP_EMU_ORDER=shuffle:7 STREAMBP=$(BIN) \

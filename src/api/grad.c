@@ -144,7 +144,7 @@ static sbp_status check_finite(double loss, const void *grads, const sbp_params 
     return SBP_OK;
 }
 
-/* One micro-batch of a distributed step (src/dist/step.c): its gradient goes bucket by bucket to
+/* One micro-batch of a distributed step (src/dist/exchange.c): its gradient goes bucket by bucket to
  * the hook, which sends each piece to its owner. */
 typedef struct {
     const sbp_model *m;

@@ -57,7 +57,7 @@ int sbp_dist_pieces(sbp_piece *out /* (cap) */, int cap, const sbp_bucket *b, in
 sbp_status sbp_dist_traffic(int64_t *bytes, int64_t *messages, const sbp_params *ps, int esz, int N,
                             int n, sbp_err *err);
 
-/* ---- the step (step.c) ---------------------------------------------------------------------- */
+/* ---- the step (exchange.c) ------------------------------------------------------------------ */
 
 /* S ← S + g over n elements of esz bytes (4: float, 8: double), one IEEE add each; with bf16 each
  * result rounded to bfloat16 (as the engine's add under bf16 storage). */

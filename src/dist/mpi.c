@@ -222,7 +222,7 @@ void sbp_comm_counters(const sbp_comm *c, int64_t *bytes, int64_t *messages) {
     *bytes = c ? c->bytes : 0, *messages = c ? c->messages : 0;
 }
 
-/* The failure tests' hooks (tests/dist.sh): SBP_DIST_TEST_DIE=r:s kills rank r (SIGKILL) as its
+/* The failure tests' hooks (tests/mpi_ranks.sh): SBP_DIST_TEST_DIE=r:s kills rank r (SIGKILL) as its
  * step s begins, SBP_DIST_TEST_STOP=r:s stops it (SIGSTOP): a dead and a hung peer. */
 void sbp_comm_step_begins(sbp_comm *c) {
     if (!c || !c->mpi) return;

@@ -70,6 +70,8 @@ struct eng {
     const int32_t *ids;    /* (B, T) input ids */
     const uint8_t *mask;   /* (B, T) attention mask */
     const int32_t *tgt;    /* (B, T) the target predicted at t: labels[b][t+1], or −1 */
+    /* NULL: the gradient views point into the slab (added to); else into a bucket scratch,
+     * folded or handed on per bucket (entry.c) */
     struct grad_fold *fold;
 
     /* Gemma-3 (gemma.c); gemma 0 and the rest unused in the other families */

@@ -1,4 +1,4 @@
-/* step.c — one data-parallel gradient step over N processes (docs/distributed.md).
+/* exchange.c — one data-parallel gradient step over N processes (docs/distributed.md).
  *
  * Micro-batch k runs on rank k mod N, in rounds of N (round ρ: k = ρN + r on rank r). As the
  * backward completes each bucket (after its last chunk: the StreamBP rule, nothing per chunk),

@@ -1,0 +1,233 @@
+#!/bin/bash
+# mpi_ranks.sh — the distributed step under mpirun (docs/distributed.md, its tests): the gradient file
+# of `mpirun -np N streambp grad` with 12 micro-batches is the same bytes (the loss in its metadata
+# included) as one process without a launcher, for N = 1..4, across schedules, tied and untied
+# heads, DPO, GRPO, LoRA, bf16 storage and fp64; N not dividing the micro-batches exits 2 on every
+# rank; a build without MPI under `mpirun -np 2` exits 2 (NOMPI=path of such a binary, optional).
+#
+#   STREAMBP=build/streambp [NOMPI=build-nompi/streambp] tests/mpi_ranks.sh
+#
+# Run by `make test` when the build has MPI. Every mpirun runs under timeout; one test = one line.
+cd "$(dirname "$0")/.." || exit 2
+BIN=$(realpath "${STREAMBP:-build/streambp}")
+TMP=$(mktemp -d) || exit 2
+trap 'rm -rf "$TMP"' EXIT
+mkdir "$TMP/tmp" && export TMPDIR=$TMP/tmp # where ranks > 0 of train keep their private runs
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+# Open MPI's dlopen'd components leak a little at exit, in frames no suppression matches
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+MPIRUN=(timeout 60 mpirun --oversubscribe --allow-run-as-root --mca btl self,vader)
+fails=0 runs=0
+
+ok() { runs=$((runs + 1)); echo "ok   $*"; }
+bad() { runs=$((runs + 1)) fails=$((fails + 1)); echo "FAIL $*"; }
+
+model() { # family [extra init args] -> directory
+    local d=$TMP/model-$1
+    [ -d "$d" ] || "$BIN" init --config "data/models/$1.json" --seed 1 --out "$d" >/dev/null ||
+        { echo "FAIL init $1"; exit 1; }
+    echo "$d"
+}
+
+# Twelve small SFT micro-batches (the suite's batches, each a few rows of T <= 32).
+SFT=""
+for f in sft-tiny suite-chunk-starts-on-ignored suite-left-padding suite-right-padding \
+    suite-single-target suite-t22 suite-target-from-padding-2 suite-target-from-padding \
+    suite-unattended-left-pad suite-unequal-rows suite-left-padding sft-tiny; do
+    SFT="$SFT --batch data/batches/$f.safetensors"
+done
+
+# same NAME "RANKS" ARGS...: one process without mpirun, then mpirun -np N for each N: cmp.
+same() {
+    local name=$1 ranks=$2
+    shift 2
+    local want=$TMP/$name-1p.safetensors
+    if ! timeout 120 "$BIN" grad "$@" --threads 1 --out "$want" >"$TMP/log" 2>&1; then
+        bad "$name: one process failed: $(tail -1 "$TMP/log")"
+        return
+    fi
+    for n in $ranks; do
+        local got=$TMP/$name-$n.safetensors
+        "${MPIRUN[@]}" -np "$n" "$BIN" grad "$@" --threads 1 --out "$got" >"$TMP/log" 2>&1
+        local rc=$?
+        if [ $rc != 0 ]; then
+            bad "$name N=$n: exit $rc ($(grep -m1 streambp "$TMP/log"))"
+        elif cmp -s "$want" "$got"; then
+            ok "$name N=$n: the same bytes as one process"
+        else
+            bad "$name N=$n: the gradient file differs from one process's"
+        fi
+    done
+}
+
+L=$(model llama3-tiny) Q=$(model qwen3-tiny) Q2=$(model qwen2-tiny)
+P="--numerics portable"
+same llama-stream "1 2 3 4" --model "$L" $SFT $P --schedule stream --chunk 7 --block 4
+same qwen3-tied-stream "2 3 4" --model "$Q" $SFT $P --schedule stream --chunk 7 --logit-chunk 5 --block 4
+same qwen3-tied-full "2 4" --model "$Q" $SFT $P --schedule full
+same llama-ckpt "3" --model "$L" $SFT $P --schedule ckpt --chunked-logits --logit-chunk 3
+same llama-fast "2 3" --model "$L" $SFT --schedule stream --chunk 7
+same qwen2-fp64 "3" --model "$Q2" $SFT $P --precision fp64
+same llama-bf16 "2 3" --model "$L" $SFT $P --precision bf16
+DPO="--batch data/batches/dpo-tiny.safetensors --batch data/batches/dpo-tiny.safetensors"
+DPO="$DPO --batch data/batches/dpo-tiny.safetensors --objective dpo --beta 0.1"
+same qwen2-dpo-sigmoid "3" --model "$Q2" $DPO $P
+same qwen2-dpo-ipo "3" --model "$Q2" $DPO $P --loss-type ipo
+GRPO="--objective grpo --beta 0.04 --temperature 0.7 --epsilon-high 0.28"
+for f in grpo-tiny grpo-clip grpo-ragged; do GRPO="$GRPO --batch data/batches/$f.safetensors"; done
+for lt in grpo bnpo dr_grpo dapo; do
+    same "qwen3-grpo-$lt" "3" --model "$Q" $GRPO $P --loss-type $lt
+done
+A=$TMP/adapter
+"$BIN" lora init --model "$Q" --r 2 --targets q_proj,v_proj,down_proj --seed 3 --b-std 0.05 \
+    --out "$A" >/dev/null 2>&1 || bad "lora init"
+[ -d "$A" ] && same qwen3-lora "2 3" --model "$Q" --lora "$A" $SFT $P
+
+# plan --ranks N: the planned peak of the rank holding the most equals the largest measured
+# per-rank ledger peak, to the byte (12 micro-batches of one shape; one thread: the workspaces
+# are per thread)
+BB="--batch data/batches/sft-tiny.safetensors"
+B12="$BB $BB $BB $BB $BB $BB $BB $BB $BB $BB $BB $BB"
+for s in stream full; do
+    x=""
+    [ $s = stream ] && x="--chunk 7 --logit-chunk 5"
+    for n in 2 3 4; do
+        "${MPIRUN[@]}" -np $n "$BIN" grad --model "$L" $B12 --threads 1 --block 4 --schedule $s $x \
+            >"$TMP/log" 2>&1
+        got=$(sed -n 's/.*ledger peak of the rank holding the most: \([0-9]*\) bytes/\1/p' "$TMP/log")
+        want=$("$BIN" plan --config data/models/llama3-tiny.json --seq 24 --batch-size 2 --block 4 \
+            --schedules $s $x --grad-accum 12 --ranks $n --json 2>&1 |
+            sed -n 's/.*"total":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
+        [ -n "$got" ] && [ "$got" = "$want" ] && ok "plan --ranks $n ($s): $want bytes, as measured" ||
+            bad "plan --ranks $n ($s): planned ${want:-?}, measured ${got:-?}"
+        [ $s = full ] && continue
+        # the network model: the rank sending the most, its bytes and messages (the start-up
+        # check's all-gather of 5376 bytes, one message to each peer, taken off)
+        got=$(grep -o 'sent per rank[^:]*: .*' "$TMP/log" | cut -d: -f2 | tr ' ' '\n' | grep / |
+            awk -F/ -v n=$n '$1 > b { b = $1; m = $2 } END { print b - 5376 * (n - 1), m - (n - 1) }')
+        want=$("$BIN" plan --config data/models/llama3-tiny.json --seq 24 --batch-size 2 --block 4 \
+            --schedules $s $x --grad-accum 12 --ranks $n --json 2>&1 |
+            sed -n 's/.*"sent_\(bytes\|messages\)_per_step":[^0-9]*\([0-9]*\).*/\2/p' | tr '\n' ' ')
+        [ "$got " = "$want" ] && ok "plan --ranks $n: the network model, $got bytes/messages, as sent" ||
+            bad "plan --ranks $n: network model ${want:-?}, sent ${got:-?}"
+    done
+done
+
+# train: 6 steps of 12 micro-batches; the weights, a checkpoint's weights and moments and the loss
+# log are the bytes of one process (trainer_state.json differs only in timing.csv's hash: wall
+# time), for every N and schedule, LoRA, and resumed on another N.
+TRAIN="--jsonl data/train/counting.jsonl --seq 32 --batch-size 1 --grad-accum 12 --steps 6 --lr 1e-2"
+TRAIN="$TRAIN --warmup-steps 2 --shuffle --weight-decay 0.01 --block 8 --logit-chunk 8 --threads 1"
+FILES="model.safetensors loss.csv checkpoint-3/model.safetensors checkpoint-3/optimizer.safetensors"
+train_same() { # name dir-of-reference run-dir
+    local f
+    for f in $FILES; do
+        [ -e "$3/${f/model.safetensors/adapter_model.safetensors}" ] && f=${f/model.safetensors/adapter_model.safetensors}
+        if ! cmp -s "$2/$f" "$3/$f"; then
+            bad "$1: $f differs from one process's"
+            return
+        fi
+    done
+    ok "$1: weights, checkpoint and loss log are one process's bytes"
+}
+train_ref() { # name [args] -> reference run directory of one process
+    local d=$TMP/train-$1-1p
+    shift
+    timeout 120 "$BIN" train "$@" --save-every 3 --out "$d" >"$TMP/log" 2>&1 ||
+        bad "train reference: $(grep -m1 streambp "$TMP/log")"
+    echo "$d"
+}
+R=$(train_ref stream --model "$Q" $TRAIN --schedule stream --chunk 16)
+for n in 2 3 4; do
+    "${MPIRUN[@]}" -np $n "$BIN" train --model "$Q" $TRAIN --schedule stream --chunk 16 \
+        --save-every 3 --out "$TMP/train-$n" >"$TMP/log" 2>&1 || bad "train N=$n: $(grep -m1 streambp "$TMP/log")"
+    train_same "train N=$n" "$R" "$TMP/train-$n"
+    grep -q "streambp train: $n processes; sent per rank" "$TMP/log" &&
+        ok "train N=$n ran as $n processes that exchanged pieces" || bad "train N=$n: no exchange reported"
+done
+for s in full ckpt; do
+    "${MPIRUN[@]}" -np 3 "$BIN" train --model "$Q" $TRAIN --schedule $s --save-every 3 \
+        --out "$TMP/train-$s" >"$TMP/log" 2>&1 || bad "train $s: $(grep -m1 streambp "$TMP/log")"
+    train_same "train $s N=3" "$R" "$TMP/train-$s"
+done
+# resumed on another N: 2 then 3, 4 then 1 (no launcher)
+"${MPIRUN[@]}" -np 2 "$BIN" train --model "$Q" $TRAIN --save-every 3 --stop-at 3 --out "$TMP/res23" \
+    >"$TMP/log" 2>&1 && "${MPIRUN[@]}" -np 3 "$BIN" train --model "$Q" $TRAIN --save-every 3 \
+    --out "$TMP/res23" --resume "$TMP/res23" >"$TMP/log" 2>&1 || bad "resume 2 -> 3: $(grep -m1 streambp "$TMP/log")"
+train_same "train N=2 stopped at 3, resumed with N=3" "$R" "$TMP/res23"
+"${MPIRUN[@]}" -np 4 "$BIN" train --model "$Q" $TRAIN --save-every 3 --stop-at 3 --out "$TMP/res41" \
+    >"$TMP/log" 2>&1 && timeout 120 "$BIN" train --model "$Q" $TRAIN --save-every 3 \
+    --out "$TMP/res41" --resume "$TMP/res41" >"$TMP/log" 2>&1 || bad "resume 4 -> 1: $(grep -m1 streambp "$TMP/log")"
+train_same "train N=4 stopped at 3, resumed in one process" "$R" "$TMP/res41"
+if [ -d "$A" ]; then
+    RL=$(train_ref lora --model "$Q" --lora "$A" $TRAIN)
+    "${MPIRUN[@]}" -np 3 "$BIN" train --model "$Q" --lora "$A" $TRAIN --save-every 3 \
+        --out "$TMP/train-lora" >"$TMP/log" 2>&1 || bad "train LoRA: $(grep -m1 streambp "$TMP/log")"
+    train_same "train LoRA N=3" "$RL" "$TMP/train-lora"
+fi
+left=$(find "$TMPDIR" -maxdepth 1 -name 'streambp-rank-*' 2>/dev/null | wc -l)
+[ "$left" = 0 ] && ok "no rank's private directory left" || bad "$left private rank directories left"
+
+# failures: a killed rank, a stopped rank, a non-finite gradient on one rank, and processes given
+# different settings; each ends within its deadline with no process left
+FT="--model $Q --jsonl data/train/counting.jsonl --seq 32 --batch-size 1 --grad-accum 4 --steps 4 --threads 1"
+leftover() { # processes of this test (their command line names its private directory) still alive
+    local p pids
+    pids=$(pgrep -f "$TMP/fail-") || return 0
+    for p in $pids; do kill -9 "$p" 2>/dev/null; done
+    echo " (processes left: $pids)"
+}
+t0=$(date +%s)
+SBP_DIST_TEST_DIE=1:2 "${MPIRUN[@]}" -np 2 "$BIN" train $FT --out "$TMP/fail-die" >"$TMP/log" 2>&1
+rc=$? secs=$(($(date +%s) - t0)) left=$(leftover)
+[ $rc != 0 ] && [ $secs -le 10 ] && [ -z "$left" ] && ok "rank 1 killed at step 2: exit $rc in ${secs} s" ||
+    bad "rank 1 killed at step 2: exit $rc in ${secs} s$left"
+t0=$(date +%s)
+SBP_DIST_TEST_STOP=1:2 "${MPIRUN[@]}" -np 2 "$BIN" train $FT --out "$TMP/fail-stop" --comm-timeout 3 \
+    >"$TMP/log" 2>&1
+rc=$? secs=$(($(date +%s) - t0)) left=$(leftover)
+[ $rc = 3 ] && [ $secs -le 8 ] && [ -z "$left" ] && grep -q "nothing from rank 1" "$TMP/log" &&
+    ok "rank 1 stopped at step 2, --comm-timeout 3: exit 3 in ${secs} s, rank 1 named" ||
+    bad "rank 1 stopped at step 2: exit $rc in ${secs} s$left ($(grep -m1 'streambp train: rank' "$TMP/log"))"
+SBP_DIST_TEST_NAN=2 "${MPIRUN[@]}" -np 2 "$BIN" train $FT --out "$TMP/fail-nan" >"$TMP/log" 2>&1
+rc=$?
+[ $rc = 1 ] && [ "$(grep -c 'gradient of "model.norm.weight" is not finite' "$TMP/log")" = 2 ] &&
+    ! grep -q MPI_ABORT "$TMP/log" && ok "a NaN in micro-batch 2 (rank 0): every rank exits 1, naming it" ||
+    bad "a NaN in micro-batch 2: exit $rc ($(grep -m1 'streambp train: rank' "$TMP/log"))"
+cp data/train/counting.jsonl "$TMP/a.jsonl" && cp "$TMP/a.jsonl" "$TMP/b.jsonl" && echo '{"text": "x"}' >>"$TMP/b.jsonl"
+MT="--model $Q --seq 32 --batch-size 1 --steps 2 --threads 1 --out $TMP/fail-mm"
+mismatch() { # what-is-named rank0-args : rank1-args
+    local name=$1 a0=$2 a1=$3
+    "${MPIRUN[@]}" -np 1 "$BIN" train $MT $a0 : -np 1 "$BIN" train $MT $a1 >"$TMP/log" 2>&1
+    rc=$?
+    [ $rc = 2 ] && grep -q "ranks 0 and 1 differ in $name" "$TMP/log" && [ ! -e "$TMP/fail-mm" ] &&
+        ok "different $name on two ranks: exit 2, named" ||
+        bad "different $name on two ranks: exit $rc ($(grep -m1 'streambp' "$TMP/log"))"
+}
+mismatch "--jsonl" "--jsonl $TMP/a.jsonl" "--jsonl $TMP/b.jsonl"
+mismatch "--lr" "--jsonl $TMP/a.jsonl --lr 1e-3" "--jsonl $TMP/a.jsonl --lr 2e-3"
+mismatch "--grad-accum" "--jsonl $TMP/a.jsonl --grad-accum 2" "--jsonl $TMP/a.jsonl --grad-accum 4"
+mismatch "--precision" "--jsonl $TMP/a.jsonl --precision fp32" "--jsonl $TMP/a.jsonl --precision fp64"
+
+# N must divide the micro-batches: every rank exits 2, naming both numbers
+"${MPIRUN[@]}" -np 5 "$BIN" grad --model "$L" $SFT --threads 1 >"$TMP/log" 2>&1
+rc=$?
+if [ $rc = 2 ] && grep -q "12 micro-batches cannot be shared by 5 processes" "$TMP/log"; then
+    ok "N=5 with 12 micro-batches: exit 2, named"
+else
+    bad "N=5 with 12 micro-batches: exit $rc ($(tail -1 "$TMP/log"))"
+fi
+
+# a build without MPI under a launcher with more than one process exits 2
+if [ -n "$NOMPI" ]; then
+    "${MPIRUN[@]}" -np 2 "$(realpath "$NOMPI")" grad --model "$L" $SFT --threads 1 >"$TMP/log" 2>&1
+    rc=$?
+    if [ $rc = 2 ] && grep -q "this build has no MPI" "$TMP/log"; then
+        ok "a build without MPI under mpirun -np 2: exit 2"
+    else
+        bad "a build without MPI under mpirun -np 2: exit $rc ($(tail -1 "$TMP/log"))"
+    fi
+fi
+
+echo "mpi_ranks.sh: $runs checks, $fails failed"
+[ $fails = 0 ]
