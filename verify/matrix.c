@@ -398,6 +398,42 @@ static void refused(sbp_verify_report *rep, const sbp_params *ps, const char *wh
     rep->failed = 1;
 }
 
+/* What each group of the report promises, in the words the report prints. */
+static void write_promises(sbp_verify_report *rep, const sbp_verify_opts *o, int have_ref) {
+    snprintf(rep->g[SBP_VG_LOAD].promise, sizeof rep->g[0].promise, "%s",
+             have_ref ? "the library's reading of config, weights and batch against the "
+                        "oracle's: the same tensors, shapes and bits, the same targets and "
+                        "derived values"
+                      : "not checked (--no-ref)");
+    snprintf(rep->g[SBP_VG_TRUTH64].promise, sizeof rep->g[0].promise,
+             "every fp64 run against the %s: relative L2 <= %g per tensor", rep->truth,
+             TRUTH64_TOL);
+    if (have_ref)
+        snprintf(rep->g[SBP_VG_TRUTH32].promise, sizeof rep->g[0].promise,
+                 "every fp32 run against the %s: relative L2 <= %g x (the oracle's float32 "
+                 "loops' own error, floor %g)",
+                 rep->truth, o->slack, BUDGET_FLOOR);
+    else
+        snprintf(rep->g[SBP_VG_TRUTH32].promise, sizeof rep->g[0].promise,
+                 "every fp32 run against the %s: relative L2 <= %g x (fp32 full BP's own error, "
+                 "floor %g), at most %g",
+                 rep->truth, o->slack, BUDGET_FLOOR, FP32_FULL_TOL);
+    snprintf(rep->g[SBP_VG_SCHEDULES].promise, sizeof rep->g[0].promise,
+             "ckpt and stream at block-multiple chunks against full BP: bitwise");
+    snprintf(rep->g[SBP_VG_THREADS].promise, sizeof rep->g[0].promise,
+             "each run at other thread counts against the same run at %d: bitwise", o->threads[0]);
+    snprintf(rep->g[SBP_VG_RAGGED].promise, sizeof rep->g[0].promise,
+             "chunks that are not block multiples against full BP: relative L2 <= %g (fp32), "
+             "%g (fp64)",
+             RAGGED_TOL_FP32, RAGGED_TOL_FP64);
+    snprintf(rep->g[SBP_VG_PORTABLE].promise, sizeof rep->g[0].promise,
+             "portable numerics: every run (every schedule and chunk, ragged ones included, every "
+             "thread count) against portable full BP: bitwise");
+    snprintf(rep->g[SBP_VG_DEVICES].promise, sizeof rep->g[0].promise,
+             "every schedule and chunk on each device (portable numerics) against portable full "
+             "BP on the CPU: bitwise");
+}
+
 sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, sbp_err *err) {
     memset(rep, 0, sizeof *rep);
     sbp_verify_opts o = *o_in;
@@ -479,38 +515,7 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
     if (!st && x.rm && o.lora) /* the adapter's tensors as both read them: the same bits */
         rep->failed += compare_adapter(&rep->g[SBP_VG_LOAD], &l64, &rl) > 0;
     if (!st) st = truth_of(&x, err);
-    snprintf(rep->g[SBP_VG_LOAD].promise, sizeof rep->g[0].promise, "%s",
-             x.rm ? "the library's reading of config, weights and batch against the "
-                    "oracle's: the same tensors, shapes and bits, the same targets and "
-                    "derived values"
-                  : "not checked (--no-ref)");
-    snprintf(rep->g[SBP_VG_TRUTH64].promise, sizeof rep->g[0].promise,
-             "every fp64 run against the %s: relative L2 <= %g per tensor", rep->truth,
-             TRUTH64_TOL);
-    if (x.rm)
-        snprintf(rep->g[SBP_VG_TRUTH32].promise, sizeof rep->g[0].promise,
-                 "every fp32 run against the %s: relative L2 <= %g x (the oracle's float32 "
-                 "loops' own error, floor %g)",
-                 rep->truth, o.slack, BUDGET_FLOOR);
-    else
-        snprintf(rep->g[SBP_VG_TRUTH32].promise, sizeof rep->g[0].promise,
-                 "every fp32 run against the %s: relative L2 <= %g x (fp32 full BP's own error, "
-                 "floor %g), at most %g",
-                 rep->truth, o.slack, BUDGET_FLOOR, FP32_FULL_TOL);
-    snprintf(rep->g[SBP_VG_SCHEDULES].promise, sizeof rep->g[0].promise,
-             "ckpt and stream at block-multiple chunks against full BP: bitwise");
-    snprintf(rep->g[SBP_VG_THREADS].promise, sizeof rep->g[0].promise,
-             "each run at other thread counts against the same run at %d: bitwise", o.threads[0]);
-    snprintf(rep->g[SBP_VG_RAGGED].promise, sizeof rep->g[0].promise,
-             "chunks that are not block multiples against full BP: relative L2 <= %g (fp32), "
-             "%g (fp64)",
-             RAGGED_TOL_FP32, RAGGED_TOL_FP64);
-    snprintf(rep->g[SBP_VG_PORTABLE].promise, sizeof rep->g[0].promise,
-             "portable numerics: every run (every schedule and chunk, ragged ones included, every "
-             "thread count) against portable full BP: bitwise");
-    snprintf(rep->g[SBP_VG_DEVICES].promise, sizeof rep->g[0].promise,
-             "every schedule and chunk on each device (portable numerics) against portable full "
-             "BP on the CPU: bitwise");
+    write_promises(rep, &o, x.rm != NULL);
     for (int d = SBP_DEVICE_CUDA; d <= SBP_DEVICE_CUDA_EMU && !st; d++) {
         if (!(o.devices & (1 << d))) continue;
         x.device = (sbp_device)d;

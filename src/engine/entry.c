@@ -166,6 +166,28 @@ static int32_t *targets(const sbp_batch *b) {
     return tgt;
 }
 
+/* The weights' and gradients' views of every layer, the embedding, the final norm and the
+ * head (a tied head is the embedding); a NULL slab gives NULL views. */
+static void point_views(eng *e, layer_p *lw, layer_p *lgv, /* (L) each */
+                        real *w, real *aw, real *gbase, real *gad, const sbp_model *m,
+                        const sbp_lora *lora) {
+    for (int l = 0; l < m->cfg.layers; l++) {
+        layer_views(&lw[l], w, 0, &m->params, l);
+        layer_views(&lgv[l], gbase, 0, &m->params, l);
+        if (lora) {
+            adapter_views(&lw[l], aw, 0, &lora->params, l);
+            adapter_views(&lgv[l], gad, 0, &lora->params, l);
+        }
+    }
+    e->w = lw, e->g = lgv;
+    e->emb = view(w, 0, &m->params, SBP_P_EMBED, -1);
+    e->gemb = view(gbase, 0, &m->params, SBP_P_EMBED, -1);
+    e->fnorm = view(w, 0, &m->params, SBP_P_FINAL_NORM, -1);
+    e->gfnorm = view(gbase, 0, &m->params, SBP_P_FINAL_NORM, -1);
+    e->head = m->cfg.tied ? e->emb : view(w, 0, &m->params, SBP_P_LM_HEAD, -1);
+    e->ghead = m->cfg.tied ? e->gemb : view(gbase, 0, &m->params, SBP_P_LM_HEAD, -1);
+}
+
 /* SBP_ENTRY (src/kernels/real.h) names the two definitions, one per build of this file:
  *   sbp_status sbp_engine_grad_f32(double *loss, void *grads, ...)   real = float
  *   sbp_status sbp_engine_grad_f64(double *loss, void *grads, ...)   real = double */
@@ -233,21 +255,7 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
     /* with adapters the base model is frozen: its gradient views stay NULL; in a fold they are
      * pointed at the scratch bucket by bucket (bucket_begin) */
     real *gbase = o->lora || o->fold ? NULL : g, *gad = o->fold ? NULL : g;
-    for (int l = 0; l < c->layers; l++) {
-        layer_views(&lw[l], w, 0, &m->params, l);
-        layer_views(&lgv[l], gbase, 0, &m->params, l);
-        if (o->lora) {
-            adapter_views(&lw[l], aw, 0, &o->lora->params, l);
-            adapter_views(&lgv[l], gad, 0, &o->lora->params, l);
-        }
-    }
-    e.w = lw, e.g = lgv;
-    e.emb = view(w, 0, &m->params, SBP_P_EMBED, -1);
-    e.gemb = view(gbase, 0, &m->params, SBP_P_EMBED, -1);
-    e.fnorm = view(w, 0, &m->params, SBP_P_FINAL_NORM, -1);
-    e.gfnorm = view(gbase, 0, &m->params, SBP_P_FINAL_NORM, -1);
-    e.head = c->tied ? e.emb : view(w, 0, &m->params, SBP_P_LM_HEAD, -1);
-    e.ghead = c->tied ? e.gemb : view(gbase, 0, &m->params, SBP_P_LM_HEAD, -1);
+    point_views(&e, lw, lgv, w, aw, gbase, gad, m, o->lora);
     if (o->fold && g && !fold_begin(&e, &fold, o, m, g)) goto out;
 
     e.ws = ealloc(&e, SBP_MEM_LAYER, op->workspace(&e), "product workspace");

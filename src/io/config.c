@@ -340,6 +340,45 @@ sbp_status sbp_config_validate(const sbp_config *c, const char *what, sbp_err *e
     return SBP_OK;
 }
 
+/* head_dim (1 when read and valid; else 0 with err set). */
+static int parse_head_dim(const cJSON *t, sbp_config *c, const char *what, sbp_err *err) {
+    /* head_dim: explicit in Qwen3 and recent Llama configs, where it need not be C/NH. When it
+     * is absent HF's Qwen3Config falls back to 128; Llama and Qwen2 use C/NH. */
+#ifdef SBP_PLANT_HEAD_DIM_DEFAULT
+    int dflt_hd = c->hidden % c->heads == 0
+                      ? c->hidden / c->heads
+                      : 0; /* planted bug (tests/test_plant.c); never in a normal build */
+#else
+    int dflt_hd = c->family == SBP_QWEN3      ? 128
+                  : c->family == SBP_GEMMA3   ? 256 /* Gemma3TextConfig's default */
+                  : c->hidden % c->heads == 0 ? c->hidden / c->heads
+                                              : 0;
+#endif
+    if (!get_int(t, "head_dim", 0, dflt_hd, &c->head_dim, what, err)) return 0;
+    if (c->head_dim == 0 && cJSON_GetObjectItemCaseSensitive(t, "head_dim")) {
+        sbp_fail(err, SBP_EINPUT, "%s: head_dim 0 must be >= 1", what);
+        return 0;
+    }
+    if (c->head_dim == 0) {
+        sbp_fail(err, SBP_EINPUT,
+                 "%s: hidden_size (%d) is not a multiple of num_attention_heads (%d) and no "
+                 "head_dim is given",
+                 what, c->hidden, c->heads);
+        return 0;
+    }
+    if (c->head_dim > 512) {
+        sbp_fail(err, SBP_EINPUT, "%s: head_dim %d is larger than the supported 512", what,
+                 c->head_dim);
+        return 0;
+    }
+    if (c->head_dim % 2 != 0) {
+        sbp_fail(err, SBP_EINPUT, "%s: head_dim %d is odd; RoPE needs an even head_dim", what,
+                 c->head_dim);
+        return 0;
+    }
+    return 1;
+}
+
 sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what, sbp_err *err) {
     sbp_config c;
     memset(&c, 0, sizeof c);
@@ -413,40 +452,7 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
                  c.heads, c.kv_heads);
         goto out;
     }
-    /* head_dim: explicit in Qwen3 and recent Llama configs, where it need not be C/NH. When it
-     * is absent HF's Qwen3Config falls back to 128; Llama and Qwen2 use C/NH. */
-#ifdef SBP_PLANT_HEAD_DIM_DEFAULT
-    int dflt_hd = c.hidden % c.heads == 0
-                      ? c.hidden / c.heads
-                      : 0; /* planted bug (tests/test_plant.c); never in a normal build */
-#else
-    int dflt_hd = c.family == SBP_QWEN3     ? 128
-                  : c.family == SBP_GEMMA3  ? 256 /* Gemma3TextConfig's default */
-                  : c.hidden % c.heads == 0 ? c.hidden / c.heads
-                                            : 0;
-#endif
-    if (!get_int(t, "head_dim", 0, dflt_hd, &c.head_dim, what, err)) goto out;
-    if (c.head_dim == 0 && cJSON_GetObjectItemCaseSensitive(t, "head_dim")) {
-        sbp_fail(err, SBP_EINPUT, "%s: head_dim 0 must be >= 1", what);
-        goto out;
-    }
-    if (c.head_dim == 0) {
-        sbp_fail(err, SBP_EINPUT,
-                 "%s: hidden_size (%d) is not a multiple of num_attention_heads (%d) and no "
-                 "head_dim is given",
-                 what, c.hidden, c.heads);
-        goto out;
-    }
-    if (c.head_dim > 512) {
-        sbp_fail(err, SBP_EINPUT, "%s: head_dim %d is larger than the supported 512", what,
-                 c.head_dim);
-        goto out;
-    }
-    if (c.head_dim % 2 != 0) {
-        sbp_fail(err, SBP_EINPUT, "%s: head_dim %d is odd; RoPE needs an even head_dim", what,
-                 c.head_dim);
-        goto out;
-    }
+    if (!parse_head_dim(t, &c, what, err)) goto out;
     if (!(c.eps > 0)) {
         sbp_fail(err, SBP_EINPUT, "%s: rms_norm_eps must be > 0", what);
         goto out;
