@@ -8,29 +8,18 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* Writes text to root/rel, creating its folders. */
-static void put(const char *root, const char *rel, const char *text) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", root, rel);
-    for (char *s = path + strlen(root) + 1; (s = strchr(s, '/')); s++) {
-        *s = 0;
-        mkdir(path, 0755);
-        *s = '/';
-    }
-    tu_spit(path, text, strlen(text));
-}
-
 /* A small tree whose includes all go down: cli -> api -> engine -> core -> the public header. */
 static const char *good_tree(const char *name) {
     const char *root = tu_new_dir(name);
-    put(root, "src/streambp.h", "int sbp_x;\n");
-    put(root, "src/core/err.h", "#include \"../streambp.h\"\n");
-    put(root, "src/engine/entry.h", "#include \"../core/err.h\"\n");
-    put(root, "src/engine/ops/cpu.c", "#include \"../entry.h\"\n#include <stdio.h>\n");
-    put(root, "src/api/grad.c", "#include \"../engine/entry.h\"\n");
-    put(root, "verify/run.h", "#include \"../src/core/err.h\"\n");
-    put(root, "src/cli/cmd_verify_run.c", "#include \"verify/run.h\"\n#include \"../api/x.h\"\n");
-    put(root, "src/api/x.h", "\n");
+    tu_put(root, "src/streambp.h", "int sbp_x;\n");
+    tu_put(root, "src/core/err.h", "#include \"../streambp.h\"\n");
+    tu_put(root, "src/engine/entry.h", "#include \"../core/err.h\"\n");
+    tu_put(root, "src/engine/ops/cpu.c", "#include \"../entry.h\"\n#include <stdio.h>\n");
+    tu_put(root, "src/api/grad.c", "#include \"../engine/entry.h\"\n");
+    tu_put(root, "verify/run.h", "#include \"../src/core/err.h\"\n");
+    tu_put(root, "src/cli/cmd_verify_run.c",
+           "#include \"verify/run.h\"\n#include \"../api/x.h\"\n");
+    tu_put(root, "src/api/x.h", "\n");
     return root;
 }
 
@@ -52,7 +41,7 @@ END_TEST
 
 START_TEST(test_upward_include_fails) {
     const char *root = good_tree("up");
-    put(root, "src/engine/steps/layer.c", "#include \"../../api/x.h\"\n"); /* engine -> api */
+    tu_put(root, "src/engine/steps/layer.c", "#include \"../../api/x.h\"\n"); /* engine -> api */
     ck_assert_int_eq(layers(root), 1);
     ck_assert_msg(strstr(tu_last_output(),
                          "src/engine/steps/layer.c:1: src/engine includes src/api/x.h from "
@@ -63,8 +52,9 @@ END_TEST
 
 START_TEST(test_upward_through_root_path_fails) {
     const char *root = good_tree("root");
-    put(root, "verify/run.c", "#include \"src/cli/cli.h\"\n"); /* the -I. spelling, verify -> cli */
-    put(root, "src/cli/cli.h", "\n");
+    tu_put(root, "verify/run.c",
+           "#include \"src/cli/cli.h\"\n"); /* the -I. spelling, verify -> cli */
+    tu_put(root, "src/cli/cli.h", "\n");
     ck_assert_int_eq(layers(root), 1);
     ck_assert_msg(strstr(tu_last_output(), "verify/run.c:1: verify includes src/cli/cli.h"), "%s",
                   tu_last_output());
@@ -73,11 +63,11 @@ END_TEST
 
 START_TEST(test_unknown_include_and_folder_fail) {
     const char *root = good_tree("unknown");
-    put(root, "src/io/file.c", "#include \"nowhere.h\"\n");
+    tu_put(root, "src/io/file.c", "#include \"nowhere.h\"\n");
     ck_assert_int_eq(layers(root), 1);
     ck_assert_msg(strstr(tu_last_output(), "names no source file"), "%s", tu_last_output());
     root = good_tree("folder");
-    put(root, "src/newlayer/a.c", "#include \"../streambp.h\"\n");
+    tu_put(root, "src/newlayer/a.c", "#include \"../streambp.h\"\n");
     ck_assert_int_eq(layers(root), 1);
     ck_assert_msg(strstr(tu_last_output(), "\"src/newlayer\" is not in the layer list"), "%s",
                   tu_last_output());

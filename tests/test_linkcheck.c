@@ -12,35 +12,23 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* Writes text to root/rel, creating its folders. */
-static void put(const char *root, const char *rel, const char *text) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", root, rel);
-    for (char *s = path + strlen(root) + 1; (s = strchr(s, '/')); s++) {
-        *s = 0;
-        mkdir(path, 0755);
-        *s = '/';
-    }
-    tu_spit(path, text, strlen(text));
-}
-
 /* A tree whose links and citations all resolve. */
 static const char *good_tree(const char *name) {
     const char *root = tu_new_dir(name);
-    put(root, "README.md",
-        "# demo\n\n## Exactness\n\nSee [the contract](docs/numerics.md#2-chains) and\n"
-        "[commands](docs/commands.md), [this](#exactness), ![a plot](data/p.png).\n\n"
-        "```sh\n[not a link](nowhere.md)\n```\n\nand `[code](nowhere.md)` neither.\n");
-    put(root, "data/p.png", "png");
-    put(root, "docs/numerics.md",
-        "# Numerics\n\n## 1. Promise\n\ntext\n\n## 2. Chains\n\n### 2.1 Products\n\n"
-        "Back to [the front page](../README.md#exactness).\n");
-    put(root, "docs/commands.md", "# Commands\n\n## Limits and bad input\n\ntext\n");
-    put(root, "src/kernels/gemm.c",
-        "/* one chain per element (docs/numerics.md §2, §2.1); rules in\n"
-        " * docs/numerics.md\n * §1; bad input: docs/commands.md#limits-and-bad-input;\n"
-        " * README \"Exactness\" */\n");
-    put(root, "Makefile", "# docs/numerics.md §1\nall:\n");
+    tu_put(root, "README.md",
+           "# demo\n\n## Exactness\n\nSee [the contract](docs/numerics.md#2-chains) and\n"
+           "[commands](docs/commands.md), [this](#exactness), ![a plot](data/p.png).\n\n"
+           "```sh\n[not a link](nowhere.md)\n```\n\nand `[code](nowhere.md)` neither.\n");
+    tu_put(root, "data/p.png", "png");
+    tu_put(root, "docs/numerics.md",
+           "# Numerics\n\n## 1. Promise\n\ntext\n\n## 2. Chains\n\n### 2.1 Products\n\n"
+           "Back to [the front page](../README.md#exactness).\n");
+    tu_put(root, "docs/commands.md", "# Commands\n\n## Limits and bad input\n\ntext\n");
+    tu_put(root, "src/kernels/gemm.c",
+           "/* one chain per element (docs/numerics.md §2, §2.1); rules in\n"
+           " * docs/numerics.md\n * §1; bad input: docs/commands.md#limits-and-bad-input;\n"
+           " * README \"Exactness\" */\n");
+    tu_put(root, "Makefile", "# docs/numerics.md §1\nall:\n");
     return root;
 }
 
@@ -69,42 +57,42 @@ END_TEST
 
 START_TEST(test_missing_file_fails) {
     const char *root = good_tree("file");
-    put(root, "docs/cuda.md", "# CUDA\n\nSee [the kernels](../cuda/gemm.cu).\n");
+    tu_put(root, "docs/cuda.md", "# CUDA\n\nSee [the kernels](../cuda/gemm.cu).\n");
     expect_fail(root, "docs/cuda.md:3:", "link to a missing file: ../cuda/gemm.cu");
 }
 END_TEST
 
 START_TEST(test_missing_anchor_fails) {
     const char *root = good_tree("anchor");
-    put(root, "docs/memory.md", "# Memory\n\ntext\n\nThe [chains](numerics.md#3-chains).\n");
+    tu_put(root, "docs/memory.md", "# Memory\n\ntext\n\nThe [chains](numerics.md#3-chains).\n");
     expect_fail(root, "docs/memory.md:5:", "no heading for anchor #3-chains in docs/numerics.md");
 }
 END_TEST
 
 START_TEST(test_missing_section_fails) {
     const char *root = good_tree("section");
-    put(root, "src/kernels/lanes.h", "/* the tree\n * (docs/numerics.md §5). */\n");
+    tu_put(root, "src/kernels/lanes.h", "/* the tree\n * (docs/numerics.md §5). */\n");
     expect_fail(root, "src/kernels/lanes.h:2:", "cites docs/numerics.md §5: no heading numbered 5");
 }
 END_TEST
 
 START_TEST(test_missing_page_fails) {
     const char *root = good_tree("page");
-    put(root, "tests/test_x.c", "\n\n/* see docs/numerix.md §1 */\n");
+    tu_put(root, "tests/test_x.c", "\n\n/* see docs/numerix.md §1 */\n");
     expect_fail(root, "tests/test_x.c:3:", "cites docs/numerix.md, which does not exist");
 }
 END_TEST
 
 START_TEST(test_design_citation_fails) {
     const char *root = good_tree("design");
-    put(root, "cuda/ops.cu", "// the contract (DESIGN §11)\n");
+    tu_put(root, "cuda/ops.cu", "// the contract (DESIGN §11)\n");
     expect_fail(root, "cuda/ops.cu:1:", "cites DESIGN, which is not in the repository");
 }
 END_TEST
 
 START_TEST(test_outside_document_fails) {
     const char *root = good_tree("outside");
-    put(root, "src/cli/cmd_plan.c", "/* the paper's table (notes/paper.md §5) */\n");
+    tu_put(root, "src/cli/cmd_plan.c", "/* the paper's table (notes/paper.md §5) */\n");
     expect_fail(root,
                 "src/cli/cmd_plan.c:1:", "names notes/paper.md, which is not in the repository");
 }
@@ -112,8 +100,8 @@ END_TEST
 
 START_TEST(test_readme_section_fails) {
     const char *root = good_tree("readme");
-    put(root, "src/cli/cmd_grad.c",
-        "\"  --batch FILE   formats in README \\\"Objectives\\\"\\n\"\n");
+    tu_put(root, "src/cli/cmd_grad.c",
+           "\"  --batch FILE   formats in README \\\"Objectives\\\"\\n\"\n");
     expect_fail(root, "src/cli/cmd_grad.c:1:", "cites README \"Objectives\": no such heading");
 }
 END_TEST

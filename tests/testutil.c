@@ -2,6 +2,7 @@
 #include "testutil.h"
 #include "../src/core/rng.h"
 
+#include <errno.h>
 #include <dirent.h>
 #include <math.h>
 #include <stdarg.h>
@@ -366,6 +367,17 @@ void tu_spit(const char *path, const void *data, size_t n) {
     ck_assert_msg(f != NULL, "cannot create %s", path);
     ck_assert_uint_eq(fwrite(data, 1, n, f), n);
     ck_assert_int_eq(fclose(f), 0);
+}
+
+void tu_put(const char *root, const char *rel, const char *text) {
+    char path[1024];
+    ck_assert_int_lt(snprintf(path, sizeof path, "%s/%s", root, rel), (int)sizeof path);
+    for (char *s = path + strlen(root) + 1; (s = strchr(s, '/')); s++) {
+        *s = 0;
+        ck_assert_msg(mkdir(path, 0755) == 0 || errno == EEXIST, "mkdir %s", path);
+        *s = '/';
+    }
+    tu_spit(path, text, strlen(text));
 }
 
 const char *tu_new_dir(const char *name) {

@@ -65,6 +65,8 @@ const char *tu_keep(const char *s);
 char *tu_slurp(const char *path, size_t *n);
 /* Writes n bytes to path; fails the test if it cannot. */
 void tu_spit(const char *path, const void *data, size_t n);
+/* Writes text to root/rel, creating the folders of rel; fails the test if it cannot. */
+void tu_put(const char *root, const char *rel, const char *text);
 /* An empty directory tu_tmpdir()/name. */
 const char *tu_new_dir(const char *name);
 /* Fails if a name under dir contains ".tmp": an interrupted atomic write leaves one. */
