@@ -48,9 +48,10 @@ int report_error(const char *cmd, const sbp_err *err);
  * report_error. */
 struct sbp_comm;
 int dist_exit(struct sbp_comm *c, const char *cmd, const sbp_err *err);
-/* A rank > 0 of a distributed train: *out becomes a private directory (made in scratch, n
- * bytes, by mkdtemp; the caller removes it) and stdout goes to /dev/null: rank 0 writes. */
-int dist_follower(char *scratch, size_t n, const char **out, sbp_err *err);
+/* A rank > 0 of a distributed train: run (rn bytes) becomes the run directory run/ inside a
+ * private directory made in scratch (n bytes) by mkdtemp (the caller removes it), and stdout
+ * goes to /dev/null: rank 0 writes. */
+int dist_follower(char *scratch, size_t n, char *run, size_t rn, sbp_err *err);
 /* With several processes: every one was given the same settings (argv's options but those that
  * change no bit, and the contents of the data, model configuration and adapter files named);
  * 0 when so, else the exit status after naming the first differing setting and ranks (every

@@ -552,12 +552,15 @@ int cmd_train(int argc, char **argv) {
      * same folded gradient (docs/distributed.md); rank 0 writes the run directory, the others a
      * private one they remove at the end, and print nothing */
     sbp_comm *comm = NULL;
-    char scratch[4200] = "";
+    char scratch[4200] = "", follower_run[4300];
     if (sbp_comm_start(&comm, a.comm_timeout, &err)) return report_error("train", &err);
     if ((rc = dist_check_args(comm, "train", argc, argv, &err))) return rc;
     a.o.g.comm = comm;
-    if (sbp_comm_rank(comm) > 0 && !dist_follower(scratch, sizeof scratch, &a.out, &err))
-        return dist_exit(comm, "train", &err);
+    if (sbp_comm_rank(comm) > 0) {
+        if (!dist_follower(scratch, sizeof scratch, follower_run, sizeof follower_run, &err))
+            return dist_exit(comm, "train", &err);
+        a.out = follower_run;
+    }
     /* everything that can be checked before anything is written: the options against the output
      * directory, the checkpoint to resume from, the model, the reference model, the data */
     sbp_status st = sbp_rundir_start(&begin, a.out, a.resume, &err);

@@ -38,16 +38,15 @@ int parse_comm_timeout(const char *cmd, const char *s, double *out) {
     return 1;
 }
 
-int dist_follower(char *scratch, size_t n, const char **out, sbp_err *err) {
+int dist_follower(char *scratch, size_t n, char *run, size_t rn, sbp_err *err) {
     const char *tmp = getenv("TMPDIR");
     if (snprintf(scratch, n, "%s/streambp-rank-XXXXXX", tmp && *tmp ? tmp : "/tmp") >= (int)n ||
         !mkdtemp(scratch)) {
         scratch[0] = 0;
         return sbp_fail(err, SBP_EIO, "cannot create a private directory for this rank"), 0;
     }
-    static char run[4300];
-    snprintf(run, sizeof run, "%s/run", scratch);
-    *out = run;
+    if (snprintf(run, rn, "%s/run", scratch) >= (int)rn)
+        return sbp_fail(err, SBP_EIO, "the private directory's path is too long"), 0;
     if (!freopen("/dev/null", "w", stdout)) return sbp_fail(err, SBP_EIO, "/dev/null"), 0;
     return 1;
 }
