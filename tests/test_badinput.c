@@ -1249,14 +1249,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-    /* One scratch directory and one good model for all tests, made before Check forks (where
-     * tu_model finds it); ck_assert may not be used out here. */
-    sbp_config cfg;
-    sbp_err err = {0};
-    if (sbp_config_load(&cfg, "data/models/" MODEL ".json", &err) ||
-        sbp_model_init(&cfg, 1, tu_path("model-%s-1", MODEL), &err)) {
-        fprintf(stderr, "test_badinput: cannot create the test model: %s\n", err.msg);
-        return 1;
-    }
-    return tu_run_suite(suite());
+    return tu_run_suite_with_model(suite(), MODEL, "test_badinput");
 }

@@ -16,7 +16,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,35 +29,11 @@
 /* ---------------------------------------------------------------------------------------------
  * Running the command line */
 
-static char last_cmd[4096];
-
-/* Runs `timeout 120 streambp ARGS` (stdout and stderr together in tu_last_output()). */
-static int run_cli(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run_cli(const char *fmt, ...) {
-    char args[3500];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(last_cmd, sizeof last_cmd, "timeout 120 %s %s", tu_bin(), args);
-    return tu_sh("%s", last_cmd);
-}
-
-/* The exit status, each wanted substring (NULL-terminated list) in the output, and no sanitizer
- * report (LeakSanitizer included). */
-static void check_run_(int rc, int want_rc, const char *const *want) {
-    const char *out = tu_last_output();
-    ck_assert_msg(rc == want_rc, "`%s` exited %d, expected %d%s; output:\n%s", last_cmd, rc,
-                  want_rc, rc == 124 ? " (timed out: it hung)" : "", out);
-    for (int i = 0; want[i]; i++)
-        ck_assert_msg(strstr(out, want[i]) != NULL, "`%s`: the output does not mention \"%s\":\n%s",
-                      last_cmd, want[i], out);
-    static const char *const san[] = {"runtime error", "AddressSanitizer", "LeakSanitizer"};
-    for (int i = 0; i < 3; i++)
-        ck_assert_msg(!strstr(out, san[i]), "`%s`: sanitizer report:\n%s", last_cmd, out);
-}
-#define check_run(rc, want_rc, ...)                                                                \
-    check_run_(rc, want_rc, (const char *const[]){__VA_ARGS__, NULL})
+/* `timeout 120 streambp ARGS` (stdout and stderr together in tu_last_output()); tu_sh fails
+ * the test on any sanitizer report. */
+#define run_cli(...) tu_cli("", 120, __VA_ARGS__)
+#define check_run    tu_check_run
+#define last_cmd     tu_last_cmd()
 
 static const char *good_model(void) {
     return tu_model(MODEL, 1);
@@ -645,13 +620,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-    /* the model is made before Check forks, so every test finds it */
-    sbp_config cfg;
-    sbp_err err = {0};
-    if (sbp_config_load(&cfg, "data/models/" MODEL ".json", &err) ||
-        sbp_model_init(&cfg, 1, tu_path("model-%s-1", MODEL), &err)) {
-        fprintf(stderr, "test_harden: cannot create the test model: %s\n", err.msg);
-        return 1;
-    }
-    return tu_run_suite(suite());
+    return tu_run_suite_with_model(suite(), MODEL, "test_harden");
 }

@@ -14,7 +14,6 @@
 
 #include <cJSON.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,39 +36,17 @@
 #define MEMORY_LIMIT "ulimit -v 2097152; "
 #endif
 
-static char last_cmd[4096];
-
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Runs `timeout 20 streambp ARGS` under a 2 GiB address-space limit (stdout and stderr together
- * in tu_last_output()); 124 means it hung. */
-static int run_cli(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run_cli(const char *fmt, ...) {
-    char args[3500];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(last_cmd, sizeof last_cmd, "%stimeout 20 %s %s </dev/null", MEMORY_LIMIT, tu_bin(),
-             args);
-    return tu_sh("%s", last_cmd);
-}
-
-/* The exit status and each wanted substring (NULL-terminated) in the output. */
-static void check_run_(int rc, int want_rc, const char *const *want) {
-    const char *out = tu_last_output();
-    ck_assert_msg(rc == want_rc, "`%s` exited %d, expected %d%s; output:\n%s", last_cmd, rc,
-                  want_rc, rc == 124 ? " (timed out: it hung)" : "", out);
-    for (int i = 0; want[i]; i++)
-        ck_assert_msg(strstr(out, want[i]) != NULL, "`%s`: the output does not mention \"%s\":\n%s",
-                      last_cmd, want[i], out);
-}
-#define check_run(rc, want_rc, ...)                                                                \
-    check_run_(rc, want_rc, (const char *const[]){__VA_ARGS__, NULL})
+/* `timeout 20 streambp ARGS` under a 2 GiB address-space limit (stdout and stderr together in
+ * tu_last_output()); 124 means it hung. */
+#define run_cli(...) tu_cli(MEMORY_LIMIT "</dev/null ", 20, __VA_ARGS__)
+#define check_run    tu_check_run
+#define last_cmd     tu_last_cmd()
 
 static const char *model(void) {
     return tu_path("model-%s-1", MODEL);

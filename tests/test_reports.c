@@ -317,14 +317,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-    /* the model is made before Check forks, so every test finds it; the gradient files are
-     * made by the first test that needs them (Check's assertions work only inside a test) */
-    sbp_config cfg;
-    sbp_err err = {0};
-    if (sbp_config_load(&cfg, "data/models/" MODEL ".json", &err) ||
-        sbp_model_init(&cfg, 1, tu_path("model-%s-1", MODEL), &err)) {
-        fprintf(stderr, "test_reports: cannot create the test model: %s\n", err.msg);
-        return 1;
-    }
-    return tu_run_suite(suite());
+    return tu_run_suite_with_model(suite(), MODEL, "test_reports");
 }

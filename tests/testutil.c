@@ -149,6 +149,44 @@ const char *tu_last_output(void) {
     return last_out;
 }
 
+static char last_cmd[4096];
+
+int tu_cli(const char *prefix, int timeout_s, const char *fmt, ...) {
+    char args[3500];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(last_cmd, sizeof last_cmd, "%stimeout %d %s %s", prefix, timeout_s, tu_bin(), args);
+    return tu_sh("%s", last_cmd);
+}
+
+const char *tu_last_cmd(void) {
+    return last_cmd;
+}
+
+void tu_check_run_(int rc, int want_rc, const char *const *want) {
+    const char *out = tu_last_output();
+    ck_assert_msg(rc == want_rc, "`%s` exited %d, expected %d%s; output:\n%s", last_cmd, rc,
+                  want_rc, rc == 124 ? " (timed out: it hung)" : "", out);
+    for (int i = 0; want[i]; i++)
+        ck_assert_msg(strstr(out, want[i]) != NULL, "`%s`: the output does not mention \"%s\":\n%s",
+                      last_cmd, want[i], out);
+}
+
+int tu_run_suite_with_model(Suite *s, const char *model, const char *name) {
+    char path[600];
+    snprintf(path, sizeof path, "data/models/%s.json", model);
+    sbp_config cfg;
+    sbp_err err = {0};
+    if (sbp_config_load(&cfg, path, &err) ||
+        sbp_model_init(&cfg, 1, tu_path("model-%s-1", model), &err)) {
+        fprintf(stderr, "%s: cannot create the test model: %s\n", name, err.msg);
+        return EXIT_FAILURE;
+    }
+    return tu_run_suite(s);
+}
+
 int tu_run_suite(Suite *s) {
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

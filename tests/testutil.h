@@ -36,6 +36,17 @@ int tu_first_diff(const sbp_model *m, const void *a, const void *b);
  * a sanitizer report (ASan, LSan, UBSan). */
 int tu_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *tu_last_output(void);
+/* Runs `PREFIX timeout SECS streambp ARGS` (ARGS printf-style) through tu_sh: stdout and stderr
+ * together in tu_last_output(), 124 when it hung. tu_last_cmd() is the command line, for messages.
+ */
+int tu_cli(const char *prefix, int timeout_s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+const char *tu_last_cmd(void);
+/* Fails unless the last command exited want_rc and its output holds each string of want (a
+ * NULL-terminated list; tu_check_run takes them as arguments). */
+void tu_check_run_(int rc, int want_rc, const char *const *want);
+#define tu_check_run(rc, want_rc, ...)                                                             \
+    tu_check_run_(rc, want_rc, (const char *const[]){__VA_ARGS__, NULL})
 /* The streambp binary ($STREAMBP, default build/streambp). */
 const char *tu_bin(void);
 int tu_exists(const char *path);
@@ -96,5 +107,8 @@ void tu_fd_check(const sbp_params *ps, const double *w /* (total) */, const doub
 
 /* Runs the suite with Check's default runner; returns the process exit status. */
 int tu_run_suite(Suite *s);
+/* The same, after making data/models/<model>.json's seed-1 model (tu_model(model, 1)) before Check
+ * forks, so that every test finds it made; name is the suite's, for the error message. */
+int tu_run_suite_with_model(Suite *s, const char *model, const char *name);
 
 #endif
