@@ -564,6 +564,13 @@ typedef struct {
     int64_t step;        /* steps taken (torch's state["step"]) */
     sbp_range *no_decay; /* (n_no_decay) ascending, disjoint ranges without weight decay */
     int n_no_decay;
+    /* ZeRO-2 (docs/distributed.md): NULL, or this process's share of a distributed run (comm of
+     * N > 1): the moments of the 4096-element blocks it owns only, the ascending ranges held
+     * (n_held), packed in that order in exp_avg and exp_avg_sq; step, save and load then work
+     * on those and the others' (src/train/zero2.h) */
+    sbp_range *held;
+    int n_held;
+    struct sbp_comm *comm;
 } sbp_adamw;
 
 /* Checks the hyper-parameters as torch.optim.AdamW does; the message names the bad one. */

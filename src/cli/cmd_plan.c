@@ -692,7 +692,7 @@ int cmd_plan(int argc, char **argv) {
                  s->ranks);
     else if (s->ranks > 1)
         sbp_dist_traffic(&a.net_bytes, &a.net_messages, s->lora.r ? &lps : &ps, s->storage,
-                         s->ranks, n_micro, &err);
+                         s->ranks, n_micro, s->optimizer, &err);
     sbp_params_free(&ps), sbp_params_free(&lps);
     if (err.status) return report_error("plan", &err);
     const int rows = s->obj.kind == SBP_OBJ_DPO ? 2 * s->B : s->B;

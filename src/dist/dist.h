@@ -50,12 +50,20 @@ typedef struct {
  * memory. */
 int sbp_dist_pieces(sbp_piece *out /* (cap) */, int cap, const sbp_bucket *b, int nb, int N);
 
+/* The ascending, merged ranges of the slab that rank r of N owns (whole 4096-element blocks, the
+ * slab's last block possibly short) into *out (malloc'd; free it); returns their count, −1 when
+ * out of memory. *owned: their elements. */
+int sbp_dist_owned(sbp_range **out, int64_t *owned, const sbp_params *ps, int N, int r);
+
 /* The network model of one step of n micro-batches over N ranks (N divides n): what the rank that
- * sends the most sends — its micro-batches' pieces that others own (a message each), its share
- * and its losses to each of the N − 1 others (two all-gathers) — in bytes and messages; esz
- * bytes per element. The transport's counters of a run equal it, plus the start-up check. */
+ * sends the most sends — its micro-batches' pieces that others own (a message each), its losses
+ * to each of the N − 1 others (an all-gather), and its blocks of the result to each of the
+ * others (a message per piece and peer): the folded gradient's (grad), or with optimizer set the
+ * updated weights' (train's ZeRO-2 step), then also its blocks' sums of squares for the clip norm
+ * (an all-gather of 8 bytes a block) — in bytes and messages; esz bytes per element. The
+ * transport's counters of a run equal it, plus the start-up check. */
 sbp_status sbp_dist_traffic(int64_t *bytes, int64_t *messages, const sbp_params *ps, int esz, int N,
-                            int n, sbp_err *err);
+                            int n, int optimizer, sbp_err *err);
 
 /* ---- the step (exchange.c) ------------------------------------------------------------------ */
 
@@ -76,6 +84,11 @@ typedef sbp_status (*sbp_dist_run_fn)(void *ctx, int k, sbp_bucket_hook hook, vo
 sbp_status sbp_dist_grad(void *grads, double *loss, sbp_comm *c, const sbp_params *ps, int esz,
                          int bf16, int n, sbp_dist_run_fn run, void *ctx, sbp_ledger *lg,
                          sbp_err *err);
+/* Every rank's blocks of slab (ps->total elements of esz bytes) to every other rank, in place:
+ * rank r sends each piece it owns to the N − 1 others and receives the others' (exact copies).
+ * The all-gather of a ZeRO-2 step's updated weights, and of grad's folded gradient. */
+sbp_status sbp_dist_spread(sbp_comm *c, void *slab, const sbp_params *ps, int esz, const char *what,
+                           sbp_err *err);
 /* The same step's memory on the rank of N that holds the most (a planning ledger: the buffers
  * reserved, never touched); run is called once, with no hook (the planning table folds nothing). */
 sbp_status sbp_dist_plan(sbp_ledger *lg, const sbp_params *ps, int esz, int N, sbp_dist_run_fn run,
@@ -114,6 +127,12 @@ sbp_status sbp_comm_allgatherv(sbp_comm *c, void *out, const void *in, const siz
                                const size_t *displs, const char *what, sbp_err *err);
 /* v[i] = the maximum of v[i] over the ranks */
 sbp_status sbp_comm_max_u64(sbp_comm *c, uint64_t *v, int n, const char *what, sbp_err *err);
+/* What a distributed gradient step (sbp_dist_grad) leaves in the gradient: 0 (the default, grad)
+ * the whole gradient on every rank; 1 (train's ZeRO-2 step) each rank's own blocks, zero
+ * elsewhere (the optimizer then steps each rank's blocks and the weights are all-gathered). One
+ * process: always 0. */
+void sbp_comm_set_sharded(sbp_comm *c, int on);
+int sbp_comm_sharded(const sbp_comm *c);
 /* Called as each distributed step begins: the failure tests' hooks (mpi.c). */
 void sbp_comm_step_begins(sbp_comm *c);
 /* Seconds this process has spent waiting on the others (requests and collectives). */

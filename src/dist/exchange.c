@@ -140,28 +140,55 @@ static void teardown(dstate *d) {
     free(d->R), free(d->pos), free(d->own), free(d->pc), free(d->b);
 }
 
-/* Every rank's share of S into grads, at the pieces' places. */
-static sbp_status gather_all(dstate *d, void *grads) {
-    size_t *counts = calloc((size_t)d->N, sizeof *counts),
-           *displs = calloc((size_t)d->N, sizeof *displs);
-    int64_t sum = 0;
-    for (int j = 0; j < d->N; j++) sum += d->own[j];
-    char *all = sbp_ledger_alloc_raw(d->lg, SBP_MEM_GRADS, (size_t)(sum ? sum : 1) * d->esz);
-    sbp_status st = SBP_OK;
-    if (!counts || !displs || !all) st = sbp_fail(d->err, SBP_ENOMEM, "out of memory");
-    for (int j = 0; !st && j < d->N; j++) {
-        counts[j] = (size_t)d->own[j] * d->esz;
-        displs[j] = j ? displs[j - 1] + counts[j - 1] : 0;
-    }
-    if (!st)
-        st = sbp_comm_allgatherv(d->c, all, d->S, counts, displs, "the gradient shares", d->err);
-    for (int i = 0; !st && i < d->np; i++) {
+/* This rank's share S into grads at its pieces' places; then every other rank's (sbp_dist_spread),
+ * or with a sharded comm (train's ZeRO-2 step) zeros there: the optimizer steps the owners'
+ * blocks. A non-finite element in any share spreads the whole gradient anyway, so that every rank
+ * names the same first non-finite parameter, as one process does. */
+static sbp_status place_shares(dstate *d, void *grads, const sbp_params *ps) {
+    int bad = 0;
+    for (int i = 0; i < d->np; i++) {
         const sbp_piece *p = &d->pc[i];
-        memcpy((char *)grads + p->off * d->esz, all + displs[p->owner] + d->pos[i] * d->esz,
-               (size_t)p->n * d->esz);
+        char *dst = (char *)grads + p->off * d->esz;
+        if (p->owner != d->r) {
+            memset(dst, 0, (size_t)p->n * d->esz);
+            continue;
+        }
+        memcpy(dst, d->S + d->pos[i] * d->esz, (size_t)p->n * d->esz);
+        for (int64_t j = 0; j < p->n && !bad; j++)
+            bad = !isfinite(d->esz == 8 ? ((const double *)dst)[j] : ((const float *)dst)[j]);
     }
-    sbp_ledger_free(d->lg, all);
-    free(counts), free(displs);
+    uint64_t any = (uint64_t)bad;
+    sbp_status st = SBP_OK;
+    if (sbp_comm_sharded(d->c) &&
+        (st = sbp_comm_max_u64(d->c, &any, 1, "the gradient's finiteness", d->err)))
+        return st;
+    if (sbp_comm_sharded(d->c) && !any) return SBP_OK;
+    return sbp_dist_spread(d->c, grads, ps, d->esz, "the gradient shares", d->err);
+}
+
+sbp_status sbp_dist_spread(sbp_comm *c, void *slab, const sbp_params *ps, int esz, const char *what,
+                           sbp_err *err) {
+    const int N = sbp_comm_size(c), r = sbp_comm_rank(c), cap = ps->n + 2;
+    if (N <= 1) return SBP_OK;
+    sbp_bucket *b = malloc(sizeof *b * (size_t)cap);
+    sbp_piece *pc = malloc(sizeof *pc * (size_t)cap * (N + 1));
+    int nb = -1, np = -1;
+    if (b && pc && (nb = sbp_grad_buckets(b, cap, ps)) >= 0)
+        np = sbp_dist_pieces(pc, cap * (N + 1), b, nb, N);
+    sbp_status st = np >= 0 ? SBP_OK : sbp_fail(err, SBP_ENOMEM, "out of memory");
+    /* the tag: the piece's index, the same on every rank (the pieces are a function of ps, N) */
+    for (int i = 0; !st && i < np; i++) {
+        char *at = (char *)slab + pc[i].off * esz;
+        const size_t bytes = (size_t)pc[i].n * esz;
+        if (pc[i].owner != r) {
+            if (sbp_comm_irecv(c, at, bytes, pc[i].owner, i, err) < 0) st = err->status;
+            continue;
+        }
+        for (int j = 0; j < N && !st; j++)
+            if (j != r && sbp_comm_isend(c, at, bytes, j, i, err) < 0) st = err->status;
+    }
+    if (!st) st = sbp_comm_waitall(c, what, err);
+    free(b), free(pc);
     return st;
 }
 
@@ -202,7 +229,7 @@ sbp_status sbp_dist_grad(void *grads, double *loss, sbp_comm *c, const sbp_param
             else
                 sbp_dist_fold(d.S, d.R[j], d.own[d.r], esz, bf16);
     }
-    if (!st) st = gather_all(&d, grads);
+    if (!st) st = place_shares(&d, grads, ps);
     if (!st) st = sbp_comm_allgather(c, all, mine, sizeof *mine * (size_t)m, "the losses", err);
     if (!st) { /* rank j's ρ-th loss is micro-batch ρN + j's */
         double l = 0;
@@ -226,10 +253,6 @@ sbp_status sbp_dist_plan(sbp_ledger *lg, const sbp_params *ps, int esz, int N, s
     if (!st) st = buffers(&d, ps->total);
     double loss = 0;
     if (!st) st = run(ctx, 0, NULL, NULL, &loss, err);
-    if (!st) { /* the all-gather of the shares, as gather_all holds it */
-        void *all = sbp_ledger_alloc_raw(lg, SBP_MEM_GRADS, (size_t)ps->total * esz);
-        sbp_ledger_free(lg, all);
-    }
     teardown(&d);
     return st;
 }

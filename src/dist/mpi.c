@@ -27,6 +27,7 @@ struct sbp_comm {
     int nreq;
     int64_t bytes, messages;
     int steps;     /* distributed steps begun (the test hooks count them) */
+    int sharded;   /* sbp_comm_set_sharded: gradient steps end with each rank's share only */
     double waited; /* seconds spent waiting for requests and collectives */
 };
 
@@ -222,8 +223,8 @@ void sbp_comm_counters(const sbp_comm *c, int64_t *bytes, int64_t *messages) {
     *bytes = c ? c->bytes : 0, *messages = c ? c->messages : 0;
 }
 
-/* The failure tests' hooks (tests/mpi_ranks.sh): SBP_DIST_TEST_DIE=r:s kills rank r (SIGKILL) as its
- * step s begins, SBP_DIST_TEST_STOP=r:s stops it (SIGSTOP): a dead and a hung peer. */
+/* The failure tests' hooks (tests/mpi_ranks.sh): SBP_DIST_TEST_DIE=r:s kills rank r (SIGKILL) as
+ * its step s begins, SBP_DIST_TEST_STOP=r:s stops it (SIGSTOP): a dead and a hung peer. */
 void sbp_comm_step_begins(sbp_comm *c) {
     if (!c || !c->mpi) return;
     c->steps++;
@@ -234,6 +235,14 @@ void sbp_comm_step_begins(sbp_comm *c) {
         if (v && sscanf(v, "%d:%d", &r, &s) == 2 && r == c->rank && s == c->steps)
             raise(i ? SIGSTOP : SIGKILL);
     }
+}
+
+void sbp_comm_set_sharded(sbp_comm *c, int on) {
+    if (c && c->mpi) c->sharded = on; /* one process holds everything: nothing to set */
+}
+
+int sbp_comm_sharded(const sbp_comm *c) {
+    return c ? c->sharded : 0;
 }
 
 double sbp_comm_waited(const sbp_comm *c) {

@@ -38,6 +38,12 @@ sbp_status sbp_comm_start(sbp_comm **c, double timeout_s, sbp_err *err) {
 
 void sbp_comm_finish(sbp_comm *c) {}
 
+void sbp_comm_set_sharded(sbp_comm *c, int on) {}
+
+int sbp_comm_sharded(const sbp_comm *c) {
+    return 0;
+}
+
 int sbp_comm_rank(const sbp_comm *c) {
     return 0;
 }

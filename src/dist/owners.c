@@ -57,29 +57,72 @@ int sbp_dist_pieces(sbp_piece *out, int cap, const sbp_bucket *b, int nb, int N)
     return n;
 }
 
-sbp_status sbp_dist_traffic(int64_t *bytes, int64_t *messages, const sbp_params *ps, int esz, int N,
-                            int n, sbp_err *err) {
+/* The pieces of ps's buckets for N ranks (malloc'd into *pc); their count, −1 out of memory. */
+static int slab_pieces(sbp_piece **pc, const sbp_params *ps, int N) {
     const int cap = ps->n + 2;
     sbp_bucket *b = malloc(sizeof *b * (size_t)cap);
-    sbp_piece *pc = malloc(sizeof *pc * (size_t)cap * (N + 1));
-    int64_t *own = calloc((size_t)N, sizeof *own), *pieces = calloc((size_t)N, sizeof *pieces);
+    *pc = malloc(sizeof **pc * (size_t)cap * (N + 1));
     int nb = -1, np = -1;
-    if (b && pc && own && pieces && (nb = sbp_grad_buckets(b, cap, ps)) >= 0)
-        np = sbp_dist_pieces(pc, cap * (N + 1), b, nb, N);
-    sbp_status st = np >= 0 ? SBP_OK : sbp_fail(err, SBP_ENOMEM, "out of memory");
+    if (b && *pc && (nb = sbp_grad_buckets(b, cap, ps)) >= 0)
+        np = sbp_dist_pieces(*pc, cap * (N + 1), b, nb, N);
+    free(b);
+    return np;
+}
+
+static int by_begin(const void *a, const void *b) {
+    const sbp_range *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+int sbp_dist_owned(sbp_range **out, int64_t *owned, const sbp_params *ps, int N, int r) {
+    sbp_piece *pc = NULL;
+    const int np = slab_pieces(&pc, ps, N);
+    sbp_range *o = np >= 0 ? malloc(sizeof *o * (size_t)(np ? np : 1)) : NULL;
+    int n = 0;
+    *out = NULL, *owned = 0;
+    for (int i = 0; o && i < np; i++)
+        if (pc[i].owner == r) o[n++] = (sbp_range){pc[i].off, pc[i].off + pc[i].n};
+    free(pc);
+    if (!o) return -1;
+    qsort(o, (size_t)n, sizeof *o, by_begin);
+    int m = 0; /* a block straddling two buckets is two pieces of one owner: one range */
+    for (int i = 0; i < n; i++) {
+        *owned += o[i].end - o[i].begin;
+        if (m && o[m - 1].end == o[i].begin)
+            o[m - 1].end = o[i].end;
+        else
+            o[m++] = o[i];
+    }
+    *out = o;
+    return m;
+}
+
+sbp_status sbp_dist_traffic(int64_t *bytes, int64_t *messages, const sbp_params *ps, int esz, int N,
+                            int n, int optimizer, sbp_err *err) {
+    sbp_piece *pc = NULL;
+    const int np = slab_pieces(&pc, ps, N);
+    int64_t *own = calloc((size_t)N, sizeof *own), *owned_pieces = calloc((size_t)N, sizeof *own);
+    sbp_status st =
+        np >= 0 && own && owned_pieces ? SBP_OK : sbp_fail(err, SBP_ENOMEM, "out of memory");
     *bytes = *messages = 0;
-    for (int i = 0; !st && i < np; i++) own[pc[i].owner] += pc[i].n;
+    for (int i = 0; !st && i < np; i++) own[pc[i].owner] += pc[i].n, owned_pieces[pc[i].owner]++;
     for (int r = 0; !st && r < N; r++) {
         int64_t sent = 0, msgs = 0; /* one round: the pieces others own, each a message */
         for (int i = 0; i < np; i++)
             if (pc[i].owner != r) sent += pc[i].n, msgs++;
-        const int64_t m = n / N;
-        /* m rounds; then its share and its m losses to each of the N − 1 others (all-gathers) */
-        const int64_t by = m * sent * esz + (int64_t)(N - 1) * own[r] * esz +
-                           (int64_t)(N - 1) * m * (int64_t)sizeof(double);
-        const int64_t ms = m * msgs + 2 * (int64_t)(N - 1);
+        const int64_t m = n / N, peers = N - 1;
+        /* m rounds; its m losses to each of the others (an all-gather); its blocks of the result
+         * (the gradient, or the updated weights) to each of the others, a message a piece */
+        int64_t by = m * sent * esz + peers * m * (int64_t)sizeof(double) + peers * own[r] * esz;
+        int64_t ms = m * msgs + peers + peers * owned_pieces[r];
+        if (optimizer) { /* the clip norm's block sums: an all-gather of a double per block */
+            const int64_t blocks =
+                (own[r] + SBP_DIST_BLOCK - 1) / SBP_DIST_BLOCK; /* whole blocks */
+            by += peers * blocks * (int64_t)sizeof(double);
+            ms += peers;
+        }
         if (by > *bytes) *bytes = by, *messages = ms;
     }
-    free(b), free(pc), free(own), free(pieces);
+    free(pc), free(own), free(owned_pieces);
     return st;
 }

@@ -7,6 +7,7 @@
 #include "run.h"
 
 #include "../core/err.h"
+#include "../dist/dist.h"
 #include "../io/file.h"
 #include "../io/train_state.h"
 
@@ -84,6 +85,7 @@ static cJSON *state_json(const sbp_train_opts *o, const sbp_run_state *rs,
     cJSON_AddNumberToObject(run, "logit_chunk", o->g.logit_chunk);
     cJSON_AddBoolToObject(run, "chunked_logits", o->g.chunked_logits);
     cJSON_AddNumberToObject(run, "threads", o->threads);
+    cJSON_AddNumberToObject(run, "ranks", sbp_comm_size(o->g.comm)); /* informational */
     cJSON_AddStringToObject(run, "implementation", "streambp " SBP_VERSION);
     /* the SHA-256 of every other file of the checkpoint: resume checks them
      * (sbp_checkpoint_verify) */

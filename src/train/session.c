@@ -5,6 +5,7 @@
 
 #include "../core/err.h"
 #include "../io/file.h"
+#include "zero2.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -109,7 +110,8 @@ sbp_status sbp_train_run_open(sbp_train_run *r, const sbp_train_opts *o, const c
         return st;
     /* the trainable slab: the weights, or the adapter's tensors */
     const sbp_params *tps = r->has_lora ? &r->lora.params : &r->m.params;
-    if ((st = sbp_adamw_init(&r->opt, &o->adam, o->prec, tps->total, lg, err))) return st;
+    /* under mpirun the moments of this rank's blocks only (ZeRO-2, zero2.h) */
+    if ((st = sbp_adamw_init_held(&r->opt, &o->adam, o->prec, tps, o->g.comm, lg, err))) return st;
     if (o->no_decay_nb) {
         sbp_range *nd;
         int nn;

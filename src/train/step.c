@@ -1,7 +1,9 @@
 /* step.c — one optimizer step: gradient (any schedule, any objective, accumulated over
  * micro-batches), clipping, AdamW, of the model's weights or of a LoRA adapter's. */
 #include "../core/err.h"
+#include "../dist/dist.h"
 #include "../streambp.h"
+#include "zero2.h"
 
 #include <math.h>
 
@@ -31,16 +33,28 @@ sbp_status sbp_train_step(sbp_step_result *r, sbp_model *m, sbp_lora *lora, sbp_
     sbp_grad_opts go = *g;
     go.lora = lora;
     sbp_grad_result gr;
+    /* ZeRO-2 (zero2.h): the gradient step leaves each rank its own blocks */
+    const int held = a->held != NULL;
+    if (held && a->comm != g->comm)
+        return sbp_fail(err, SBP_EUSAGE, "the optimizer's shard belongs to another process group");
+    sbp_comm_set_sharded(g->comm, held);
     sbp_status st = sbp_grad_batches(&gr, m, b, n, &go, lg, err);
+    sbp_comm_set_sharded(g->comm, 0);
     if (st) return st;
-    double norm = sbp_clip_grad_norm(gr.grads, n_w, prec, max_grad_norm);
-    if (!isfinite(norm)) { /* finite gradients whose norm overflows the precision */
-        sbp_grad_result_free(&gr, lg);
-        return sbp_fail(err, SBP_ENUMERIC, "the gradient norm is not finite in %s (%g)",
-                        prec_name(prec), norm);
-    }
-    sbp_adamw_step(a, w, gr.grads, lr);
+    const sbp_params *ps = lora ? &lora->params : &m->params;
+    double norm = 0;
+    if (held)
+        st = sbp_clip_grad_norm_held(&norm, gr.grads, a, ps, max_grad_norm, err);
+    else
+        norm = sbp_clip_grad_norm(gr.grads, n_w, prec, max_grad_norm);
+    if (!st && !isfinite(norm)) /* finite gradients whose norm overflows the precision */
+        st = sbp_fail(err, SBP_ENUMERIC, "the gradient norm is not finite in %s (%g)",
+                      prec_name(prec), norm);
+    if (!st) sbp_adamw_step(a, w, gr.grads, lr);
+    /* every rank's updated blocks to every other: the same weights everywhere */
+    if (!st && held)
+        st = sbp_dist_spread(a->comm, w, ps, prec == SBP_FP64 ? 8 : 4, "the updated weights", err);
     r->loss = gr.loss, r->grad_norm = norm, r->lr = lr, r->n_targets = gr.n_targets;
     sbp_grad_result_free(&gr, lg);
-    return SBP_OK;
+    return st;
 }
