@@ -297,6 +297,28 @@ bench-dist: all
 	@mkdir -p $(BENCH_DIR)
 	bench/dist.sh $(BIN) $(BENCH_DIR)/dist $(or $(T),512) | tee $(BENCH_DIR)/dist.txt
 
+# Float32 accuracy against a float64 truth, per tensor (docs/accuracy.md, bench/accuracy.c):
+# qwen3, qwen2, llama3, gemma3 at T = 512, 2048, 8192 (a few minutes); ACC_SEQ=512,...,32768
+# adds the long ones (T = 32768: about 10 minutes a family). With the HF venv of docs/accuracy.md
+# (ACC_PY), torch float32's errors come first (python/tests/accuracy_torch.py) and the table
+# adds the ratios ours / torch.
+ACC_SEQ ?= 512,2048,8192
+ACC_PY  ?= /work/venv-hf/bin/python
+.PHONY: accuracy
+accuracy: SHELL := /bin/bash
+accuracy: .SHELLFLAGS := -o pipefail -c
+accuracy: $(BUILD)/accuracy
+	@mkdir -p $(BENCH_DIR)
+	@if [ -x "$(ACC_PY)" ] && "$(ACC_PY)" -c 'import torch, transformers' 2>/dev/null; then \
+	  $(BUILD)/accuracy --write-models $(BENCH_DIR)/accuracy-models && \
+	  "$(ACC_PY)" python/tests/accuracy_torch.py $(BENCH_DIR)/accuracy-models --seq $(ACC_SEQ) \
+	    --out $(BENCH_DIR)/accuracy-torch.txt && torch="--torch $(BENCH_DIR)/accuracy-torch.txt"; \
+	else echo "accuracy: no torch at $(ACC_PY): the torch column is left out"; fi; \
+	$(BUILD)/accuracy --seq $(ACC_SEQ) $$torch | tee $(BENCH_DIR)/accuracy.txt
+
+$(BUILD)/accuracy: bench/accuracy.c bench/accuracy.h $(LIB)
+	$(CC) $(CFLAGS) -o $@ bench/accuracy.c $(LIB) $(LDFLAGS) $(LDLIBS)
+
 # PyTorch 2.x and HF transformers from PyPI in a venv (what users run); Debian's torch 1.13 when
 # PyPI cannot be reached.
 TORCH_VENV := $(BUILD)/torch-venv

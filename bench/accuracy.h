@@ -1,0 +1,150 @@
+/* accuracy.h — the float32 gradient's error against a float64 truth, per tensor (issue 37).
+ *
+ * Shared by the `make accuracy` table (bench/accuracy.c) and the CI bound test
+ * (tests/test_accuracy.c); docs/accuracy.md gives the table and how to read it.
+ *
+ * For one family's measuring model (acc_config_json: hidden 128, 4 heads of 32, 2 kv heads,
+ * 2 layers, V = 512, long positions) and T tokens of one sequence (ids from acc_token, labels =
+ * ids, no padding, SFT), the float64 gradient (portable numerics, full BP) is the truth g64, and
+ * for float32 fast and float32 portable each tensor's error is the relative L2
+ *     ‖g32 − g64‖ / ‖g64‖     (sums in double, over the tensor's elements).
+ * The float64 run has ~1e-13 error of its own: far below what is measured. */
+#ifndef SBP_BENCH_ACCURACY_H
+#define SBP_BENCH_ACCURACY_H
+
+#include "../src/streambp.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { ACC_FAST, ACC_PORTABLE, ACC_NRUNS };
+
+typedef struct {
+    char name[80];
+    sbp_param_kind kind;
+    int layer;
+    double err[ACC_NRUNS]; /* relative L2 error of float32 fast, float32 portable */
+} acc_row;
+
+/* The families measured, in the table's order. */
+static const char *const acc_families[] = {"qwen3", "qwen2", "llama3", "gemma3"};
+enum { ACC_NFAMILIES = 4 };
+
+/* The measuring model of a family as a config.json; NULL for an unknown family. The same sizes
+ * for every family: hidden 128 (4 query heads of 32, 2 kv heads), F = 256, 2 layers, V = 512,
+ * positions up to 65536. Qwen2 has the q/k/v biases; Llama-3 its rope scaling; Gemma-3 a local
+ * layer (window 256) and a global one. */
+static const char *acc_config_json(const char *family) {
+#define ACC_SIZES                                                                                  \
+    "\"vocab_size\": 512, \"hidden_size\": 128, \"intermediate_size\": 256, "                      \
+    "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "           \
+    "\"head_dim\": 32, \"max_position_embeddings\": 65536, \"initializer_range\": 0.1, "           \
+    "\"torch_dtype\": \"float32\", "
+    if (!strcmp(family, "qwen3"))
+        return "{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\", " ACC_SIZES
+               "\"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, "
+               "\"attention_bias\": false, \"tie_word_embeddings\": true}";
+    if (!strcmp(family, "qwen2"))
+        return "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", " ACC_SIZES
+               "\"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, "
+               "\"use_sliding_window\": false, \"tie_word_embeddings\": false}";
+    if (!strcmp(family, "llama3"))
+        return "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", " ACC_SIZES
+               "\"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, "
+               "\"rope_scaling\": {\"factor\": 8.0, \"high_freq_factor\": 4.0, "
+               "\"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192, "
+               "\"rope_type\": \"llama3\"}, \"attention_bias\": false, \"mlp_bias\": false, "
+               "\"tie_word_embeddings\": false}";
+    if (!strcmp(family, "gemma3"))
+        return "{\"architectures\": [\"Gemma3ForCausalLM\"], \"model_type\": "
+               "\"gemma3_text\", " ACC_SIZES
+               "\"hidden_activation\": \"gelu_pytorch_tanh\", \"rms_norm_eps\": 1e-06, "
+               "\"rope_theta\": 1000000.0, \"rope_local_base_freq\": 10000.0, "
+               "\"rope_scaling\": null, \"query_pre_attn_scalar\": 32, \"sliding_window\": 256, "
+               "\"sliding_window_pattern\": 2, \"attn_logit_softcapping\": null, "
+               "\"final_logit_softcapping\": null, \"attention_bias\": false, "
+               "\"pad_token_id\": 0, \"tie_word_embeddings\": true}";
+    return NULL;
+#undef ACC_SIZES
+}
+
+/* Token t of the measuring batch: splitmix64(seed·2^32 + t) mod V (python/tests can redo it). */
+static int32_t acc_token(uint64_t seed, int t, int V) {
+    uint64_t z = (seed << 32) + (uint64_t)t + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (int32_t)(z % (uint64_t)V);
+}
+
+/* Writes the family's measuring model (seed 1) under dir (created by the caller's mkdtemp). */
+static sbp_status acc_make_model(const char *family, const char *dir, sbp_err *err) {
+    const char *json = acc_config_json(family);
+    if (!json) {
+        snprintf(err->msg, sizeof err->msg, "accuracy: unknown family '%s'", family);
+        return SBP_EUSAGE;
+    }
+    sbp_config cfg;
+    sbp_status st = sbp_config_parse(&cfg, json, family, err);
+    return st ? st : sbp_model_init(&cfg, 1, dir, err);
+}
+
+static sbp_status acc_batch(sbp_batch *b, int T, int V) {
+    memset(b, 0, sizeof *b);
+    b->B = 1, b->T = T, b->kind = SBP_OBJ_SFT;
+    b->ids = malloc(sizeof(int32_t) * (size_t)T);
+    b->labels = malloc(sizeof(int32_t) * (size_t)T);
+    b->mask = malloc((size_t)T);
+    if (!b->ids || !b->labels || !b->mask) return sbp_batch_free(b), SBP_ENOMEM;
+    for (int t = 0; t < T; t++) b->ids[t] = b->labels[t] = acc_token(1, t, V), b->mask[t] = 1;
+    sbp_batch_count_targets(b);
+    return SBP_OK;
+}
+
+static sbp_status acc_run(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b,
+                          sbp_numerics n, sbp_err *err) {
+    sbp_grad_opts o = {.schedule = SBP_FULL, .numerics = n, .chunked_logits = 1};
+    return sbp_grad(r, m, b, &o, NULL, err);
+}
+
+/* rows[i] for every tensor of the model in dir at T tokens: the errors of float32 fast and
+ * portable against the float64 truth. *rows is malloc'ed (n = the model's tensors). */
+static sbp_status acc_measure(acc_row **rows, int *n, const char *dir, int T, sbp_err *err) {
+    sbp_model m64 = {0}, m32 = {0};
+    sbp_batch b = {0};
+    sbp_grad_result g64 = {0}, g32[ACC_NRUNS] = {{0}};
+    sbp_status st = sbp_model_load(&m64, dir, SBP_FP64, NULL, err);
+    if (!st) st = sbp_model_load(&m32, dir, SBP_FP32, NULL, err);
+    if (!st) st = acc_batch(&b, T, m64.cfg.vocab);
+    if (!st) st = acc_run(&g64, &m64, &b, SBP_NUMERICS_PORTABLE, err);
+    if (!st) st = acc_run(&g32[ACC_FAST], &m32, &b, SBP_NUMERICS_FAST, err);
+    if (!st) st = acc_run(&g32[ACC_PORTABLE], &m32, &b, SBP_NUMERICS_PORTABLE, err);
+    if (!st && !(*rows = calloc((size_t)m64.params.n, sizeof **rows))) st = SBP_ENOMEM;
+    for (int i = 0; !st && i < m64.params.n; i++) {
+        const sbp_param *p = &m64.params.p[i];
+        acc_row *row = &(*rows)[i];
+        snprintf(row->name, sizeof row->name, "%s", p->name);
+        row->kind = p->kind, row->layer = p->layer;
+        const double *t = (const double *)g64.grads + p->offset;
+        for (int k = 0; k < ACC_NRUNS; k++) {
+            const float *g = (const float *)g32[k].grads + p->offset;
+            double num = 0, den = 0;
+            for (int64_t x = 0; x < p->numel; x++) {
+                const double d = (double)g[x] - t[x];
+                num += d * d, den += t[x] * t[x];
+            }
+            row->err[k] = den > 0 ? sqrt(num / den) : sqrt(num);
+        }
+    }
+    if (!st) *n = m64.params.n;
+    for (int k = 0; k < ACC_NRUNS; k++) sbp_grad_result_free(&g32[k], NULL);
+    sbp_grad_result_free(&g64, NULL);
+    sbp_batch_free(&b), sbp_model_free(&m32, NULL), sbp_model_free(&m64, NULL);
+    return st;
+}
+
+#endif
