@@ -17,7 +17,7 @@
 
 static const char usage[] =
     "usage: streambp plan (--config FILE | --model DIR) (--seq T | --budget SIZE) [options]\n"
-    "       streambp plan --paper [--budget SIZE] [--json]\n"
+    "       streambp plan --paper [--family qwen3|gemma3] [--budget SIZE] [--json]\n"
     "\n"
     "Walks the schedules' own code with a planning ledger: every buffer is charged as the real "
     "run\n"
@@ -25,7 +25,8 @@ static const char usage[] =
     "milliseconds. --seq T prints the peak by category for each schedule; --budget finds the\n"
     "largest T of each schedule by bisection. --paper computes the StreamBP paper's Table 3\n"
     "(Qwen3-4B/8B/14B/32B, full gradients and LoRA, SFT, DPO and GRPO, bf16 storage, optimizer\n"
-    "excluded, 80 GiB) beside the paper's numbers.\n"
+    "excluded, 80 GiB) beside the paper's numbers; with --family gemma3, the same table for\n"
+    "Gemma-3 1B and 4B (every schedule; the paper has no Gemma-3 numbers).\n"
     "\n"
     "  --config FILE      a HF config.json (data/configs/ has Qwen3 0.6B-32B, Llama-3.x)\n"
     "  --model DIR        a model directory (its config.json)\n"
@@ -50,7 +51,8 @@ static const char usage[] =
     "  --chunk N          stream chunk (default 2 blocks)\n"
     "  --logit-chunk N    rows per logits pass (default one block)\n"
     "  --json             JSON instead of the table\n"
-    "  --csv              CSV rows (schedule, T, bytes per category at the peak, total)\n";
+    "  --csv              CSV rows (schedule, T, bytes per category at the peak, total)\n"
+    "  --family F         with --paper: qwen3 (the paper's table, the default) or gemma3\n";
 
 typedef plan_schedule sched_row;
 
@@ -418,15 +420,90 @@ static int run_paper(int64_t budget, const char *data, int json) {
     return 0;
 }
 
+/* ---- the same table for Gemma-3 (--paper --family gemma3) ----------------------------------- */
+
+/* Gemma-3 1B and 4B (the text model) in the paper's setting (paper_setup), every schedule: the
+ * paper has no Gemma-3 column, so there is nothing to print beside ours (docs/gemma3.md). */
+enum { N_GCOLS = 4 };
+
+static const struct {
+    const char *config, *label;
+    int lora;
+} gcolumns[N_GCOLS] = {{"gemma3-1b", "1B Full", 0},
+                       {"gemma3-1b", "1B LoRA", 1},
+                       {"gemma3-4b", "4B Full", 0},
+                       {"gemma3-4b", "4B LoRA", 1}};
+
+static int run_paper_gemma3(int64_t budget, const char *data, int json) {
+    sbp_config cfgs[N_GCOLS];
+    sbp_err err = {0};
+    for (int c = 0; c < N_GCOLS; c++) {
+        char path[1100];
+        snprintf(path, sizeof path, "%s/configs/%s.json", data, gcolumns[c].config);
+        if (sbp_config_load(&cfgs[c], path, &err)) return report_error("plan", &err);
+    }
+    int T[N_OBJ][PLAN_N_SCHEDULES][N_GCOLS];
+    cJSON *jt = cJSON_CreateArray();
+    for (int ob = 0; ob < N_OBJ; ob++)
+        for (int c = 0; c < N_GCOLS; c++) {
+            plan_setup s = paper_setup(&cfgs[c], table_objectives[ob], gcolumns[c].lora);
+            for (int k = 0; k < PLAN_N_SCHEDULES; k++) {
+                sbp_ledger lg;
+                T[ob][k][c] = largest_T(&s, &all_rows[k], budget, &lg);
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddStringToObject(o, "objective", obj_kind_name(table_objectives[ob]));
+                cJSON_AddStringToObject(o, "schedule", all_rows[k].name);
+                cJSON_AddStringToObject(o, "column", gcolumns[c].label);
+                cJSON_AddNumberToObject(o, "T", T[ob][k][c]);
+                cJSON_AddItemToObject(o, "bytes_at_peak", ledger_cats(&lg));
+                cJSON_AddItemToArray(jt, o);
+            }
+        }
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "budget_bytes", (double)budget);
+        cJSON_AddStringToObject(o, "family", "gemma3");
+        cJSON_AddStringToObject(o, "setting",
+                                "bf16 storage, optimizer excluded; SFT B = 1, DPO one pair, GRPO a "
+                                "group of 8; LoRA r 32, alpha 128, all-linear");
+        cJSON_AddItemToObject(o, "table", jt);
+        print_json(o);
+        return 0;
+    }
+    cJSON_Delete(jt);
+    printf(
+        "Gemma-3 in the setting of the StreamBP paper's Table 3: the largest sequence (thousands "
+        "of tokens)\nunder %.1f GiB, planned: bf16 weights and gradients, optimizer excluded; "
+        "SFT one sequence,\nDPO one pair (chosen + rejected), GRPO a group of 8; LoRA r 32, "
+        "alpha 128, all-linear;\nblock 256, stream chunk 1024. ckpt keeps B*T*V logits, "
+        "ckpt-chunked does not.\n\n",
+        gib(budget));
+    printf("%-4s %-12s", "", "schedule");
+    for (int c = 0; c < N_GCOLS; c++) printf(" %9s", gcolumns[c].label);
+    printf("\n");
+    for (int ob = 0; ob < N_OBJ; ob++) {
+        for (int k = 0; k < PLAN_N_SCHEDULES; k++) {
+            printf("%-4s %-12s", k ? "" : obj_kind_name(table_objectives[ob]), all_rows[k].name);
+            for (int c = 0; c < N_GCOLS; c++) printf(" %9.1f", T[ob][k][c] / 1e3);
+            printf("\n");
+        }
+        printf("%-4s %-12s", "", "stream/ckpt");
+        for (int c = 0; c < N_GCOLS; c++)
+            printf(" %8.1fx", T[ob][1][c] ? (double)T[ob][3][c] / T[ob][1][c] : 0.0);
+        printf("\n");
+    }
+    return 0;
+}
+
 /* ---- the command ------------------------------------------------------------------------------
  */
 
-enum { OPT_LORA_R = 3000, OPT_LORA_TARGETS };
+enum { OPT_LORA_R = 3000, OPT_LORA_TARGETS, OPT_FAMILY };
 
 /* The command line of `plan`. */
 typedef struct {
     plan_setup s;
-    const char *config, *model, *sched, *targets;
+    const char *config, *model, *sched, *targets, *family; /* family: --paper's table */
     int T, json, csv, paper_mode;
     int other; /* an option --paper does not take */
     int64_t budget;
@@ -453,6 +530,7 @@ static int parse_args(plan_args *a, int argc, char **argv) {
                                          {"lora-r", required_argument, 0, OPT_LORA_R},
                                          {"lora-targets", required_argument, 0, OPT_LORA_TARGETS},
                                          {"paper", no_argument, 0, 'p'},
+                                         {"family", required_argument, 0, OPT_FAMILY},
                                          OPTION_JSON,
                                          {"csv", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
@@ -470,7 +548,7 @@ static int parse_args(plan_args *a, int argc, char **argv) {
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        a->other |= c != 'b' && c != COMMON_OPT_JSON && c != 'p';
+        a->other |= c != 'b' && c != COMMON_OPT_JSON && c != 'p' && c != OPT_FAMILY;
         switch (c) {
         case 'c': a->config = optarg; break;
         case 'T':
@@ -515,6 +593,7 @@ static int parse_args(plan_args *a, int argc, char **argv) {
             break;
         case OPT_LORA_TARGETS: a->targets = optarg; break;
         case 'p': a->paper_mode = 1; break;
+        case OPT_FAMILY: a->family = optarg; break;
         case 'v': a->csv = 1; break;
         case 'h': fputs(usage, stdout); return 0;
         default:
@@ -535,6 +614,10 @@ static int parse_args(plan_args *a, int argc, char **argv) {
  * message printed. */
 static int check_args(plan_args *a, int argc) {
     plan_setup *s = &a->s;
+    if (a->family) {
+        fprintf(stderr, "streambp plan: --family chooses --paper's table; it needs --paper\n");
+        return EXIT_USAGE;
+    }
     if (optind < argc || !a->config == !a->model || !a->T == !a->budget) {
         fprintf(stderr, "streambp plan: give --config or --model, and --seq or --budget\n%s",
                 usage);
@@ -662,10 +745,16 @@ int cmd_plan(int argc, char **argv) {
     char data[512];
     if (a.paper_mode) {
         if (optind < argc || a.other) {
-            fprintf(stderr, "streambp plan: --paper takes only --budget and --json\n");
+            fprintf(stderr, "streambp plan: --paper takes only --family, --budget and --json\n");
+            return EXIT_USAGE;
+        }
+        const int gemma = a.family && strcmp(a.family, "gemma3") == 0;
+        if (a.family && !gemma && strcmp(a.family, "qwen3") != 0) {
+            fprintf(stderr, "streambp plan: --family must be qwen3 (the paper's) or gemma3\n");
             return EXIT_USAGE;
         }
         if (sbp_data_dir(data, sizeof data, &err)) return report_error("plan", &err);
+        if (gemma) return run_paper_gemma3(a.budget ? a.budget : 80LL << 30, data, a.json);
         return run_paper(a.budget ? a.budget : 80LL << 30, data, a.json);
     }
     if ((rc = check_args(&a, argc))) return rc;
