@@ -144,6 +144,31 @@ for n in 2 3 4; do
     train_same "train N=$n" "$R" "$TMP/train-$n"
     grep -q "streambp train: $n processes; sent per rank" "$TMP/log" &&
         ok "train N=$n ran as $n processes that exchanged pieces" || bad "train N=$n: no exchange reported"
+    # rank 0 alone reports the data loader's notes; the checkpoint records the process count
+    [ "$(grep -c 'records truncated to 32 tokens' "$TMP/log")" = 1 ] &&
+        grep -q "\"ranks\":[[:space:]]*$n," "$TMP/train-$n/checkpoint-3/trainer_state.json" &&
+        ok "train N=$n: one truncation note (rank 0's), trainer_state.json says ranks $n" ||
+        bad "train N=$n: $(grep -c 'records truncated' "$TMP/log") truncation notes, or no \"ranks\": $n"
+done
+# plan --ranks N --optimizer: a train step's peak on the rank holding the most (the weights, the
+# gradient, the moments of its blocks only: ZeRO-2) equals the largest measured per-rank ledger
+# peak to the byte; the network model (pieces, losses, the clip norm's block sums, the updated
+# weights) equals what the rank sending the most sent in 2 steps (no checkpoint), start-up check off
+TP="--seq 32 --batch-size 1 --grad-accum 12 --block 8 --logit-chunk 8 --schedule stream --chunk 16"
+for n in 2 3 4; do
+    "${MPIRUN[@]}" -np $n "$BIN" train --model "$Q" --jsonl data/train/counting.jsonl $TP \
+        --steps 2 --lr 1e-2 --threads 1 --out "$TMP/tplan-$n" >"$TMP/log" 2>&1
+    got=$(sed -n 's/.*ledger peak of the rank holding the most: \([0-9]*\) bytes/\1/p' "$TMP/log")
+    "$BIN" plan --config data/models/qwen3-tiny.json ${TP/--schedule/--schedules} --optimizer \
+        --ranks $n --json >"$TMP/plan" 2>&1
+    want=$(sed -n 's/.*"total":[^0-9]*\([0-9]*\).*/\1/p' "$TMP/plan" | head -1)
+    [ -n "$got" ] && [ "$got" = "$want" ] && ok "plan --ranks $n --optimizer: $want bytes, as a train step measured" ||
+        bad "plan --ranks $n --optimizer: planned ${want:-?}, measured ${got:-?}"
+    got=$(grep -o 'sent per rank[^:]*: .*' "$TMP/log" | cut -d: -f2 | tr ' ' '\n' | grep / |
+        awk -F/ -v n=$n '$1 > b { b = $1; m = $2 } END { print (b - 5376 * (n - 1)) / 2, (m - (n - 1)) / 2 }')
+    want=$(sed -n 's/.*"sent_\(bytes\|messages\)_per_step":[^0-9]*\([0-9]*\).*/\2/p' "$TMP/plan" | tr '\n' ' ')
+    [ "$got " = "$want" ] && ok "plan --ranks $n --optimizer: the network model of a train step, $got bytes/messages, as sent" ||
+        bad "plan --ranks $n --optimizer: network model ${want:-?}, sent ${got:-?} a step"
 done
 for s in full ckpt; do
     "${MPIRUN[@]}" -np 3 "$BIN" train --model "$Q" $TRAIN --schedule $s --save-every 3 \

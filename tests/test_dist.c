@@ -6,6 +6,7 @@
  * bits, and the owners' block sums give sbp_grad_norm's bits. Also the transport of a build or a
  * run without MPI: one process, a launcher announcing two refused by a build without MPI. */
 #include "../src/dist/dist.h"
+#include "../src/train/zero2.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -124,6 +125,68 @@ START_TEST(pieces_balanced) {
 }
 END_TEST
 
+/* ZeRO-2 (src/train/zero2.h): each rank's owned ranges tile the slab in whole blocks, once over the
+ * ranks; AdamW stepping only a rank's ranges with packed moments gives those elements the
+ * one-process step's weights and moments (three steps, weight decay with no-decay ranges that cut
+ * blocks), and clipping each rank's ranges with the global norm gives sbp_clip_grad_norm's bits. */
+START_TEST(zero2_shards) {
+    const int slab = _i % N_SLABS, N = _i / N_SLABS + 1;
+    sbp_params ps;
+    table(&ps, slabs[slab]);
+    const int64_t P = ps.total;
+    sbp_err err = {0};
+    const sbp_adamw_opts o = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01};
+    const sbp_range nd[] = {{3, 17}, {P / 2, P / 2 + 5000 < P ? P / 2 + 5000 : P}};
+    float *g = malloc(sizeof *g * (size_t)P * 3), *p0 = malloc(sizeof *p0 * (size_t)P),
+          *pf = malloc(sizeof *pf * (size_t)P), *pr = malloc(sizeof *pr * (size_t)P),
+          *cf = malloc(sizeof *cf * (size_t)P), *cr = malloc(sizeof *cr * (size_t)P);
+    uint64_t s = 7 + _i;
+    for (int64_t i = 0; i < P * 3; i++) g[i] = rnd(&s) * 1e3f;
+    for (int64_t i = 0; i < P; i++) p0[i] = rnd(&s) * 1e3f;
+    sbp_adamw full;
+    ck_assert_int_eq(sbp_adamw_init(&full, &o, SBP_FP32, P, NULL, &err), SBP_OK);
+    ck_assert_int_eq(sbp_adamw_exclude_decay(&full, nd, P > 20 ? 2 : 0, &err), SBP_OK);
+    memcpy(pf, p0, sizeof *pf * (size_t)P);
+    for (int t = 0; t < 3; t++) sbp_adamw_step(&full, pf, g + (size_t)t * P, 1e-2);
+    memcpy(cf, g, sizeof *cf * (size_t)P), memcpy(cr, g, sizeof *cr * (size_t)P);
+    const double norm = sbp_grad_norm(g, P, SBP_FP32);
+    sbp_clip_grad_norm(cf, P, SBP_FP32, 1e-3);
+    int64_t covered = 0;
+    for (int r = 0; r < N; r++) {
+        sbp_adamw a;
+        ck_assert_int_eq(sbp_adamw_init(&a, &o, SBP_FP32, P, NULL, &err), SBP_OK);
+        ck_assert_int_eq(sbp_adamw_exclude_decay(&a, nd, P > 20 ? 2 : 0, &err), SBP_OK);
+        int64_t owned = 0, at = 0;
+        a.n_held = sbp_dist_owned(&a.held, &owned, &ps, N, r);
+        ck_assert_int_ge(a.n_held, 0);
+        memcpy(pr, p0, sizeof *pr * (size_t)P);
+        for (int t = 0; t < 3; t++) sbp_adamw_step(&a, pr, g + (size_t)t * P, 1e-2);
+        sbp_clip_ranges(cr, a.held, a.n_held, SBP_FP32, norm, 1e-3);
+        for (int k = 0; k < a.n_held; k++) {
+            const sbp_range *h = &a.held[k];
+            const size_t n = (size_t)(h->end - h->begin);
+            ck_assert(h->begin % BLK == 0 && (h->end % BLK == 0 || h->end == P));
+            ck_assert(k == 0 || h->begin > a.held[k - 1].end);
+            ck_assert_msg(
+                !memcmp(pr + h->begin, pf + h->begin, n * 4) &&
+                    !memcmp((float *)a.exp_avg + at, (float *)full.exp_avg + h->begin, n * 4) &&
+                    !memcmp((float *)a.exp_avg_sq + at, (float *)full.exp_avg_sq + h->begin, n * 4),
+                "N=%d rank %d: range [%lld, %lld) differs from one process's step", N, r,
+                (long long)h->begin, (long long)h->end);
+            at += (int64_t)n;
+        }
+        ck_assert_int_eq(at, owned);
+        covered += owned;
+        sbp_adamw_free(&a, NULL);
+    }
+    ck_assert_int_eq(covered, P);
+    ck_assert_msg(!memcmp(cf, cr, sizeof *cf * (size_t)P), "N=%d: the clipped shares differ", N);
+    sbp_adamw_free(&full, NULL);
+    free(g), free(p0), free(pf), free(pr), free(cf), free(cr);
+    sbp_params_free(&ps);
+}
+END_TEST
+
 /* Without a launcher: one process, no MPI started; a build without MPI refuses two processes. */
 START_TEST(transport_one_process) {
     sbp_err err = {0};
@@ -151,6 +214,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, pieces_fold_and_norm, 0, N_SLABS * 6);
     tcase_add_test(tc, pieces_balanced);
+    tcase_add_loop_test(tc, zero2_shards, 0, N_SLABS * 6);
     tcase_add_test(tc, transport_one_process);
     suite_add_tcase(s, tc);
     return s;

@@ -9,7 +9,8 @@
  *
  * Charged besides the engine's buffers, as sbp_grad and a training run hold them: the weights
  * (and a LoRA adapter's) and the gradients of what is trained at the storage size; AdamW's
- * moments, when asked for, at 4 bytes each per trainable parameter; the batch's host arrays
+ * moments, when asked for, at 4 bytes each per trainable parameter (with ranks > 1 per element of
+ * the largest rank's blocks: ZeRO-2); the batch's host arrays
  * (sbp_batch_bytes), which sbp_grad charges for the duration of a step. */
 #include "../core/objective.h"
 #include "../engine/entry.h"
@@ -123,8 +124,18 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
     if (eo.lora) a.w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * trained);
     void *grads = sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * trained);
     void *adam[2] = {NULL, NULL}; /* exp_avg and exp_avg_sq, as sbp_adamw_init allocates them */
+    size_t held = trained; /* ZeRO-2: the moments of the largest share (docs/distributed.md) */
+    for (int r = 0; r < o->ranks && o->ranks > 1 && o->optimizer; r++) {
+        sbp_range *own = NULL;
+        int64_t n_own = 0;
+        held = r ? held : 0;
+        if (sbp_dist_owned(&own, &n_own, eo.lora ? &a.params : &m.params, o->ranks, r) >= 0 &&
+            (size_t)n_own > held)
+            held = (size_t)n_own;
+        free(own);
+    }
     for (int k = 0; k < 2 && o->optimizer; k++)
-        adam[k] = sbp_ledger_alloc(lg, SBP_MEM_OPTIMIZER, 4 * trained);
+        adam[k] = sbp_ledger_alloc(lg, SBP_MEM_OPTIMIZER, 4 * held);
     sbp_obj_eval ev = {0};
     /* one token has nothing to predict; its memory is still a fair question for SFT */
     sbp_objective obj = o->grad.objective;

@@ -564,12 +564,13 @@ int cmd_train(int argc, char **argv) {
     /* everything that can be checked before anything is written: the options against the output
      * directory, the checkpoint to resume from, the model, the reference model, the data */
     sbp_status st = sbp_rundir_start(&begin, a.out, a.resume, &err);
-    if (begin.unverified)
+    const int talk = sbp_comm_rank(comm) == 0; /* rank 0 alone prints the notes */
+    if (talk && begin.unverified)
         fprintf(stderr,
                 "streambp train: note: %s lists no file hashes (written before "
                 "checkpoints recorded them); its files are not verified\n",
                 begin.ckpt);
-    if (!st && begin.stale_logs)
+    if (talk && !st && begin.stale_logs)
         fprintf(stderr,
                 "streambp train: note: %s holds the logs of a run that ended before its "
                 "first checkpoint; starting afresh (they are replaced)\n",
@@ -584,7 +585,7 @@ int cmd_train(int argc, char **argv) {
     }
     sbp_ledger_keep_blocks(&lg); /* every step after the first reuses the first one's buffers */
     const int64_t start = r.rs.step, stop = a.stop_at ? a.stop_at : a.o.steps;
-    if (sbp_comm_rank(comm) == 0) print_start(&a, &r, &lg, begin.ckpt);
+    if (talk) print_start(&a, &r, &lg, begin.ckpt); /* the data loader's notes among them */
     const double t_start = now_seconds();
     double last_loss = NAN;
     st = run_steps(&a, &r, &logs, stop, &last_loss, &lg, &err);
