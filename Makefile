@@ -84,7 +84,7 @@ LIB        := $(BUILD)/libstreambp.a
 BIN        := $(BUILD)/streambp
 
 .PHONY: all deps demo train-demo test format clean check-deps bench bench-torch bench-blas plots bench-compare \
-        portable-builds golden plants fuzz linkcheck
+        portable-builds golden plants fuzz linkcheck test-avx2 bench-pgemm
 all: deps
 	@$(MAKE) --no-print-directory $(BIN) $(LIB)
 
@@ -211,6 +211,21 @@ portable-builds:
 	@$(MAKE) --no-print-directory BUILD=build-clang CC=clang build-clang/streambp
 	@$(MAKE) --no-print-directory BUILD=build-x86-64 ARCH=x86-64 build-x86-64/streambp
 
+# The AVX2 + FMA path (gemm.c's AVX2 micro-kernel and packs, tile_mm.c's AVX2 branch) on any
+# x86 with AVX2, an AVX-512 one included: the tree built for x86-64-v3 into build-avx2 (checked
+# to hold no AVX-512 instruction), then the suites that pin its bits: the golden digests (the
+# same as every other build's), the schedules, the kernels and the product against the scalar
+# chains (test_pgemm). Part of CI (.ci/run).
+AVX2_BUILD := build-avx2
+test-avx2:
+	@if ! grep -qw avx2 /proc/cpuinfo || ! grep -qw fma /proc/cpuinfo; then \
+	  echo "test-avx2: skipped (this CPU has no AVX2 + FMA)"; exit 0; fi; \
+	$(MAKE) --no-print-directory BUILD=$(AVX2_BUILD) ARCH=x86-64-v3 $(AVX2_BUILD)/streambp && \
+	if objdump -d $(AVX2_BUILD)/streambp | grep -q zmm; then \
+	  echo "test-avx2: $(AVX2_BUILD)/streambp holds AVX-512 instructions"; exit 1; fi && \
+	$(MAKE) --no-print-directory BUILD=$(AVX2_BUILD) ARCH=x86-64-v3 test \
+	  SUITES="golden schedules kernels pgemm"
+
 golden: all
 	@$(MAKE) --no-print-directory $(BUILD)/tests/test_golden
 	SBP_GOLDEN_UPDATE=1 STREAMBP=$(BIN) tests/run.sh $(BUILD)/tests/test_golden
@@ -327,10 +342,10 @@ bench-torch: all
 	  python3 -m venv $(TORCH_VENV) && $(TORCH_VENV)/bin/pip install -q torch==2.6.0 \
 	    transformers==4.51.3 || rm -rf $(TORCH_VENV); fi
 	@if [ -x $(TORCH_VENV)/bin/python ]; then \
-	  $(TORCH_VENV)/bin/python bench/torch_bench.py --streambp $(BIN); else \
+	  $(TORCH_VENV)/bin/python bench/torch_bench.py --streambp $(BIN) $(ISA_FLAG); else \
 	  echo "bench-torch: no PyPI; Debian's torch 1.13 instead"; \
 	  /usr/bin/python3 -c 'import torch' 2>/dev/null || $(SUDO) apt-get install -y -q python3-torch; \
-	  /usr/bin/python3 bench/torch_bench.py --streambp $(BIN); fi
+	  /usr/bin/python3 bench/torch_bench.py --streambp $(BIN) $(ISA_FLAG); fi
 
 # The BLAS at our shapes: OpenBLAS (the default) against BLIS (Debian) and MKL (PyPI's mkl-devel
 # in a venv), interleaved rounds at 1 and 2 threads, bench/blas.sh (ROUNDS=N, default 5).
@@ -341,8 +356,27 @@ bench-blas:
 	@[ -e $(MKL_VENV)/include/mkl.h ] || { python3 -m venv $(MKL_VENV) && \
 	  $(MKL_VENV)/bin/pip install -q mkl-devel; } || { rm -rf $(MKL_VENV); echo "bench-blas: no MKL"; }
 	@mkdir -p $(BENCH_DIR)
-	CC="$(CC)" bench/blas.sh $(BENCH_DIR)/blas $(or $(ROUNDS),5) $(BLAS_DIR) $(MKL_VENV) \
-	  | tee $(BENCH_DIR)/blas.txt
+	CC="$(CC)" BLAS_ISA=$(if $(ISA_FLAG),avx2) bench/blas.sh $(BENCH_DIR)/blas $(or $(ROUNDS),5) \
+	  $(BLAS_DIR) $(MKL_VENV) | tee $(BENCH_DIR)/blas.txt
+
+# The AVX2 path on an AVX-512 machine: a build for an ARCH without AVX-512 (make ... BUILD=build-avx2
+# ARCH=x86-64-v3) benchmarks against the BLAS libraries' and torch's AVX2 kernels too (bench-blas:
+# BLAS_ISA=avx2 in bench/blas.sh; bench-torch: torch_bench.py --avx2; bench-pgemm: OpenBLAS's
+# Haswell kernels), so that both sides run what a CPU without AVX-512 (AMD Zen 2/3) would.
+ISA_FLAG = $(if $(shell $(CC) -march=$(ARCH) -dM -E -x c /dev/null 2>/dev/null | grep __AVX512F__),,$(if \
+             $(shell $(CC) -march=$(ARCH) -dM -E -x c /dev/null 2>/dev/null | grep __AVX2__),--avx2))
+
+# The portable product against OpenBLAS at the products of a fast-mode step, in this build's
+# instruction set (bench/pgemm_rates.c; decides PGEMM_TUNED in src/kernels/kernels.h):
+#   make bench-pgemm [BUILD=build-avx2 ARCH=x86-64-v3] [THREADS=1] [ROUNDS=7]
+PGEMM_RATES_OBJ := $(addprefix $(BUILD)/f32/src/kernels/,gemm.o linear.o blas/linear.o)
+bench-pgemm: $(BUILD)/bench/pgemm_rates
+	OMP_WAIT_POLICY=PASSIVE OPENBLAS_CORETYPE=$${OPENBLAS_CORETYPE:-$(if $(ISA_FLAG),Haswell)} \
+	  $(BUILD)/bench/pgemm_rates $(or $(THREADS),1) $(or $(ROUNDS),7)
+
+$(BUILD)/bench/pgemm_rates: bench/pgemm_rates.c $(PGEMM_RATES_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
 
 # Fast mode against an earlier revision, same machine, interleaved rounds (no-regression check):
 # make bench-compare OLD=<git revision> [ROUNDS=N] (default 5; docs/performance-log.md: ROUNDS=10)
@@ -468,7 +502,7 @@ gpu-check gpu-check-long:
 
 format: format-cuda
 format-cuda:
-	clang-format -i $(shell find cuda tests -name '*.cc' -o -name '*.cu' 2>/dev/null)
+	clang-format -i $(shell find cuda tests -name '*.cc' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)
 
 -include $(shell find build/nvcc build/nvcc32 build/nvcc64 -name '*.d' 2>/dev/null)
 

@@ -59,12 +59,13 @@ static inline unsigned blocks_for(size_t n, size_t per) {
 
 /* The device state of one run (eng.backend): every live allocation with its size and ledger
  * category, and the first failure. */
+struct device_block {
+    void *p;
+    size_t bytes;
+    int cat; /* sbp_mem_cat */
+};
 struct device_state {
-    struct block {
-        void *p;
-        size_t bytes;
-        int cat;
-    } *blocks;
+    device_block *blocks;
     int n, cap;
     int failed;
     int sync; /* SBP_CUDA_SYNC=1: every launch is followed by a synchronize (check) */
@@ -80,8 +81,8 @@ void check(const eng *e, const char *what);
 /* ---- the kernel pairs (one file each) ------------------------------------------------------- */
 
 /* gemm.cu: C (M, N; ldc) += A·B, a(i,p) = A[i·rsa + p·csa], b(p,j) = B[p·rsb + j·csb] */
-void pgemm(const eng *e, real *C, size_t ldc, const real *A, size_t rsa, size_t csa,
-           const real *B, size_t rsb, size_t csb, int M, int N, int K);
+void pgemm(const eng *e, real *C, size_t ldc, const real *A, size_t rsa, size_t csa, const real *B,
+           size_t rsb, size_t csb, int M, int N, int K);
 void linear_forward(const eng *e, real *y, const real *x, const real *w, const real *b, int s,
                     int end, int N, int K);
 void linear_backward(const eng *e, real *dx, real *dw, real *db, const real *dy, const real *x,
@@ -102,8 +103,8 @@ void rope_backward(const eng *e, real *dx, int s, int M, int H);
 void attention_forward(const eng *e, real *o, real *lse, const real *q, const real *k,
                        const real *v, const uint8_t *kmask, const sbp_attn_dims *d);
 void attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum, const real *dout,
-                        const real *o, const real *lse, const real *q, const real *k,
-                        const real *v, const uint8_t *kmask, const sbp_attn_dims *d);
+                        const real *o, const real *lse, const real *q, const real *k, const real *v,
+                        const uint8_t *kmask, const sbp_attn_dims *d);
 
 /* unattended.cu: rows that see no key (src/kernels/unattended.c) */
 size_t unattended_workspace(const eng *e);
@@ -115,13 +116,13 @@ void unattended_backward(const eng *e, real *dq, real *dk, real *dv, const real 
 
 /* swiglu.cu */
 void swiglu_forward(const eng *e, real *h, const real *g, const real *u, size_t n);
-void swiglu_backward(const eng *e, real *dg, real *du, const real *dh, const real *g,
-                     const real *u, size_t n);
+void swiglu_backward(const eng *e, real *dg, real *du, const real *dh, const real *g, const real *u,
+                     size_t n);
 
 /* geglu.cu */
 void geglu_forward(const eng *e, real *h, const real *g, const real *u, size_t n);
-void geglu_backward(const eng *e, real *dg, real *du, const real *dh, const real *g,
-                    const real *u, size_t n);
+void geglu_backward(const eng *e, real *dg, real *du, const real *dh, const real *g, const real *u,
+                    size_t n);
 
 /* embedding.cu */
 void embedding_forward(const eng *e, real *x, const int32_t *ids, int T);

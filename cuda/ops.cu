@@ -86,7 +86,7 @@ static void *dev_alloc(eng *e, sbp_mem_cat cat, size_t bytes, const char *what) 
         const int cap = d->cap ? 2 * d->cap : 64;
         void *nb = realloc(d->blocks, sizeof *d->blocks * (size_t)cap);
         if (!nb) goto oom;
-        d->blocks = (device_state::block *)nb, d->cap = cap;
+        d->blocks = (device_block *)nb, d->cap = cap;
     }
     if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
         cudaGetLastError(); /* an allocation failure is not sticky */
