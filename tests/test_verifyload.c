@@ -1,10 +1,12 @@
 /* test_verifyload.c — verify's "load" group compares the library's reading of config.json with
  * the oracle's field by field (verify/load.c): Gemma-3's window fields, its RoPE fields and every
  * family's pad_token_id included (issue 34). Each field is planted different in the oracle's copy
- * and must be named in the notes; the unchanged readings must agree. */
+ * and must be named in the notes; the unchanged readings must agree. And `verify --suite
+ * --help` names the Gemma-3 fixtures. */
 #include "testutil.h"
 #include "../verify/load.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,12 +93,32 @@ START_TEST(rope_factor_and_pad_every_family) {
 }
 END_TEST
 
+/* `verify --suite --help` names every Gemma-3 case that `--list` lists. */
+START_TEST(suite_help_names_gemma3_cases) {
+    tu_check_run(tu_cli("", 60, "verify --suite --list"), 0, "gemma3-");
+    char list[8192];
+    snprintf(list, sizeof list, "%s", tu_last_output());
+    tu_check_run(tu_cli("", 60, "verify --suite --help"), 0, "Gemma-3");
+    int n = 0;
+    for (char *save = NULL, *line = strtok_r(list, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        char name[64];
+        if (sscanf(line, "%63s", name) != 1 || strncmp(name, "gemma3-", 7) != 0) continue;
+        n++;
+        ck_assert_msg(strstr(tu_last_output(), name), "verify --suite --help does not name %s",
+                      name);
+    }
+    ck_assert_int_ge(n, 6);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("verifyload");
     TCase *tc = tcase_create("verifyload");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, gemma3_fields_compared, 0, 7);
     tcase_add_test(tc, rope_factor_and_pad_every_family);
+    tcase_add_test(tc, suite_help_names_gemma3_cases);
     suite_add_tcase(s, tc);
     return s;
 }
