@@ -187,6 +187,74 @@ START_TEST(zero2_shards) {
 }
 END_TEST
 
+/* The network model (src/dist/netmodel.c). One round by hand: buckets done at 1, 2, 3 s with
+ * transfers of 0.5, 2 and 0.1 s: the link sends [1, 1.5], [2, 4], [4, 4.1]: 1.1 s after the
+ * backward. Transfers that fit their windows expose nothing. */
+START_TEST(net_round_by_hand) {
+    const double b[] = {1, 1, 1}, d[] = {0.5, 2, 0.1}, fits[] = {0.9, 0.9, 0};
+    ck_assert_double_eq_tol(sbp_dist_exposed_round(b, d, 3), 1.1, 1e-12);
+    ck_assert_double_eq(sbp_dist_exposed_round(b, fits, 3), 0);
+    const double late[] = {0, 0, 0.25}; /* the last bucket's transfer has no window */
+    ck_assert_double_eq_tol(sbp_dist_exposed_round(b, late, 3), 0.25, 1e-12);
+}
+END_TEST
+
+/* A whole step: with no compute to hide behind (an enormous FLOP rate) every byte and message is
+ * exposed, so the exposed time is the traffic model's bytes/bandwidth + messages·latency; with a
+ * slow rank only the exchanges after the backward (and the last buckets' transfers) remain. */
+START_TEST(net_step_against_traffic) {
+    sbp_config c;
+    sbp_err err = {0};
+    ck_assert_int_eq(sbp_config_load(&c, "data/models/llama3-tiny.json", &err), SBP_OK);
+    sbp_params ps;
+    ck_assert_int_eq(sbp_params_build(&ps, &c, &err), SBP_OK);
+    const sbp_grad_opts g = {.schedule = SBP_STREAM};
+    for (int N = 2; N <= 4; N++)
+        for (int opt = 0; opt < 2; opt++) {
+            int64_t bytes, msgs;
+            ck_assert_int_eq(sbp_dist_traffic(&bytes, &msgs, &ps, 4, N, 12, opt, &err), SBP_OK);
+            const sbp_net fast = {.bandwidth = 1e6, .latency = 1e-3, .flops = 1e30};
+            sbp_net_time t;
+            ck_assert_int_eq(sbp_dist_net(&t, &c, &ps, &g, 1, 32, 4, N, 12, opt, &fast, &err),
+                             SBP_OK);
+            ck_assert_double_eq_tol(t.exposed, bytes / 1e6 + msgs * 1e-3, 1e-9);
+            const sbp_net slow = {.bandwidth = 1e6, .latency = 1e-3, .flops = 1};
+            ck_assert_int_eq(sbp_dist_net(&t, &c, &ps, &g, 1, 32, 4, N, 12, opt, &slow, &err),
+                             SBP_OK);
+            ck_assert(t.compute > 1e3 && t.exposed >= t.after && t.after > 0);
+            ck_assert(t.exposed < bytes / 1e6 + msgs * 1e-3);
+        }
+    sbp_params_free(&ps);
+}
+END_TEST
+
+/* plan's flags for it: the time printed as the library computes it; malformed or incomplete
+ * flags are usage errors naming what is wrong. */
+START_TEST(net_plan_cli) {
+    const char *q = "plan --config data/models/llama3-tiny.json --seq 32 --schedules stream "
+                    "--grad-accum 4 --ranks 2 --optimizer";
+    int rc = tu_cli("", 60, "%s --bandwidth 1M --latency 1e-3 --flops 0.001 --json", q);
+    tu_check_run(rc, 0, "\"network_time\"", "\"bandwidth_bytes_per_s\":\t1000000",
+                 "\"schedule\":\t\"stream\"");
+    sbp_config c;
+    sbp_err err = {0};
+    sbp_params ps;
+    ck_assert_int_eq(sbp_config_load(&c, "data/models/llama3-tiny.json", &err), SBP_OK);
+    ck_assert_int_eq(sbp_params_build(&ps, &c, &err), SBP_OK);
+    const sbp_grad_opts g = {.schedule = SBP_STREAM};
+    const sbp_net net = {.bandwidth = 1e6, .latency = 1e-3, .flops = 1e6};
+    sbp_net_time t;
+    ck_assert_int_eq(sbp_dist_net(&t, &c, &ps, &g, 1, 32, 4, 2, 4, 1, &net, &err), SBP_OK);
+    const char *at = strstr(tu_last_output(), "\"exposed_s\"");
+    ck_assert_msg(at != NULL, "no exposed_s in %s", tu_last_output());
+    ck_assert_msg(fabs(strtod(at + strlen("\"exposed_s\":"), NULL) - t.exposed) <= 1e-9 * t.exposed,
+                  "plan says %s, the library %.17g", at, t.exposed);
+    sbp_params_free(&ps);
+    tu_expect_usage("--bandwidth takes bytes per second", "%s --bandwidth 10X --flops 1", q);
+    tu_expect_usage("needs --ranks N (N > 1), --bandwidth and --flops", "%s --bandwidth 10G", q);
+}
+END_TEST
+
 /* Without a launcher: one process, no MPI started; a build without MPI refuses two processes. */
 START_TEST(transport_one_process) {
     sbp_err err = {0};
@@ -215,6 +283,9 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, pieces_fold_and_norm, 0, N_SLABS * 6);
     tcase_add_test(tc, pieces_balanced);
     tcase_add_loop_test(tc, zero2_shards, 0, N_SLABS * 6);
+    tcase_add_test(tc, net_round_by_hand);
+    tcase_add_test(tc, net_step_against_traffic);
+    tcase_add_test(tc, net_plan_cli);
     tcase_add_test(tc, transport_one_process);
     suite_add_tcase(s, tc);
     return s;

@@ -62,6 +62,10 @@ int dist_check_args(struct sbp_comm *c, const char *cmd, int argc, char **argv, 
 void dist_report(struct sbp_comm *c, const char *cmd, int64_t peak);
 /* --comm-timeout: seconds > 0 */
 int parse_comm_timeout(const char *cmd, const char *s, double *out);
+/* plan's network model (dist_cli.c): --bandwidth NUMBER[k|M|G|T][bit] (bytes per second, decimal
+ * prefixes; "bit": bits per second), --latency S (seconds, >= 0), --flops G (GFLOP/s). 0 (and a
+ * message) when malformed. */
+int parse_net_option(const char *cmd, const char *opt, const char *s, double *out);
 
 /* Bytes a new allocation can still get: the least of MemAvailable, RLIMIT_AS and RLIMIT_DATA
  * less what the process holds, and the cgroup limits less their usage; why names the one that

@@ -47,6 +47,9 @@ static const char usage[] =
     "  --grad-accum N     N micro-batches a step: the fold's bucket scratch (N > 1) and N batches\n"
     "  --ranks N          one of N processes (mpirun) running the step, the one holding the most:\n"
     "                     its pieces, shares and the gradient's all-gather (docs/distributed.md)\n"
+    "  --bandwidth B      with --ranks and --flops: the exposed communication time a step for a\n"
+    "                     link of B bytes/s (10G; 100Gbit: bits/s), --latency S seconds a\n"
+    "                     message (default 0), --flops G GFLOP/s a process (docs/distributed.md)\n"
     "  --block N          token block (default 512)\n"
     "  --chunk N          stream chunk (default 2 blocks)\n"
     "  --logit-chunk N    rows per logits pass (default one block)\n"
@@ -498,7 +501,7 @@ static int run_paper_gemma3(int64_t budget, const char *data, int json) {
 /* ---- the command ------------------------------------------------------------------------------
  */
 
-enum { OPT_LORA_R = 3000, OPT_LORA_TARGETS, OPT_FAMILY };
+enum { OPT_LORA_R = 3000, OPT_LORA_TARGETS, OPT_FAMILY, OPT_BANDWIDTH, OPT_LATENCY, OPT_FLOPS };
 
 /* The command line of `plan`. */
 typedef struct {
@@ -509,6 +512,9 @@ typedef struct {
     int64_t budget;
     obj_args oa;
     int64_t net_bytes, net_messages; /* --ranks: the network model a step (sbp_dist_traffic) */
+    sbp_net net; /* --bandwidth, --latency, --flops: the exposed time (sbp_dist_net) */
+    sbp_net_time net_t;
+    const char *net_schedule; /* the schedule whose backward it assumes */
 } plan_args;
 
 /* The options into a: -1 to go on, else the exit status (0 after --help). */
@@ -523,6 +529,9 @@ static int parse_args(plan_args *a, int argc, char **argv) {
                                          {"optimizer", no_argument, 0, 'o'},
                                          {"grad-accum", required_argument, 0, 'G'},
                                          {"ranks", required_argument, 0, 'R'},
+                                         {"bandwidth", required_argument, 0, OPT_BANDWIDTH},
+                                         {"latency", required_argument, 0, OPT_LATENCY},
+                                         {"flops", required_argument, 0, OPT_FLOPS},
                                          OPTION_BLOCK,
                                          OPTION_CHUNK,
                                          OPTION_LOGIT_CHUNK,
@@ -594,6 +603,16 @@ static int parse_args(plan_args *a, int argc, char **argv) {
         case OPT_LORA_TARGETS: a->targets = optarg; break;
         case 'p': a->paper_mode = 1; break;
         case OPT_FAMILY: a->family = optarg; break;
+        case OPT_BANDWIDTH: /* the network model's time (docs/distributed.md §7) */
+            if (!parse_net_option("plan", "bandwidth", optarg, &a->net.bandwidth))
+                return EXIT_USAGE;
+            break;
+        case OPT_LATENCY:
+            if (!parse_net_option("plan", "latency", optarg, &a->net.latency)) return EXIT_USAGE;
+            break;
+        case OPT_FLOPS:
+            if (!parse_net_option("plan", "flops", optarg, &a->net.flops)) return EXIT_USAGE;
+            break;
         case 'v': a->csv = 1; break;
         case 'h': fputs(usage, stdout); return 0;
         default:
@@ -667,6 +686,12 @@ static void print_heading(const plan_args *a, const char *path, int64_t nparam, 
                "bytes in %lld messages a step; memory: the rank holding the most",
                s->ranks, s->micro_batches ? s->micro_batches : s->ranks, (long long)a->net_bytes,
                (long long)a->net_messages);
+    if (a->net_schedule) /* docs/distributed.md §7 */
+        printf("\nat %.4g bytes/s, %.3g s a message, %.4g GFLOP/s a process (%s's backward): %.4g "
+               "s of compute a step, %.4g s of communication exposed (%.4g s a round after its "
+               "backward, %.4g s after the last)",
+               a->net.bandwidth, a->net.latency, a->net.flops / 1e9, a->net_schedule,
+               a->net_t.compute, a->net_t.exposed, a->net_t.per_round, a->net_t.after);
     printf("\nblock %d, stream chunk %d, logit chunk %d; GiB at the moment of the peak:\n",
            s->block, s->chunk, s->logit_chunk);
     header(a->budget ? "largest T" : "T");
@@ -693,6 +718,17 @@ static void print_plan_json(const plan_args *a, const char *path, int64_t nparam
         cJSON_AddNumberToObject(o, "ranks", s->ranks);
         cJSON_AddNumberToObject(o, "sent_bytes_per_step", (double)a->net_bytes);
         cJSON_AddNumberToObject(o, "sent_messages_per_step", (double)a->net_messages);
+    }
+    if (a->net_schedule) {
+        cJSON *n = cJSON_AddObjectToObject(o, "network_time");
+        cJSON_AddNumberToObject(n, "bandwidth_bytes_per_s", a->net.bandwidth);
+        cJSON_AddNumberToObject(n, "latency_s", a->net.latency);
+        cJSON_AddNumberToObject(n, "flops_per_s", a->net.flops);
+        cJSON_AddStringToObject(n, "schedule", a->net_schedule);
+        cJSON_AddNumberToObject(n, "compute_s", a->net_t.compute);
+        cJSON_AddNumberToObject(n, "exposed_s", a->net_t.exposed);
+        cJSON_AddNumberToObject(n, "exposed_per_round_s", a->net_t.per_round);
+        cJSON_AddNumberToObject(n, "after_backward_s", a->net_t.after);
     }
     cJSON_AddItemToObject(o, "schedules", jrows);
     print_json(o);
@@ -782,6 +818,22 @@ int cmd_plan(int argc, char **argv) {
     else if (s->ranks > 1)
         sbp_dist_traffic(&a.net_bytes, &a.net_messages, s->lora.r ? &lps : &ps, s->storage,
                          s->ranks, n_micro, s->optimizer, &err);
+    const int net_asked = a.net.bandwidth > 0 || a.net.flops > 0 || a.net.latency > 0;
+    if (!err.status && net_asked &&
+        (s->ranks < 2 || !(a.net.bandwidth > 0) || !(a.net.flops > 0) || a.budget))
+        sbp_fail(&err, SBP_EUSAGE,
+                 "the network model's time needs --ranks N (N > 1), --bandwidth "
+                 "and --flops, at one --seq (not --budget)");
+    else if (!err.status && net_asked) { /* for the first schedule asked for */
+        int k = 0;
+        while (k + 1 < PLAN_N_SCHEDULES && !use[k]) k++;
+        sbp_plan_opts po = plan_opts(s, &plan_schedules[k]);
+        sbp_lora la = {.cfg = s->lora};
+        if (s->lora.r) po.grad.lora = &la;
+        sbp_dist_net(&a.net_t, &s->cfg, s->lora.r ? &lps : &ps, &po.grad, s->B, a.T, s->storage,
+                     s->ranks, n_micro, s->optimizer, &a.net, &err);
+        a.net_schedule = plan_schedules[k].name;
+    }
     sbp_params_free(&ps), sbp_params_free(&lps);
     if (err.status) return report_error("plan", &err);
     const int rows = s->obj.kind == SBP_OBJ_DPO ? 2 * s->B : s->B;

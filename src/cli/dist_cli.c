@@ -196,3 +196,29 @@ void dist_report(sbp_comm *c, const char *cmd, int64_t peak) {
     }
     free(all);
 }
+
+int parse_net_option(const char *cmd, const char *opt, const char *s, double *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (!strcmp(opt, "bandwidth")) {
+        static const char pre[] = "kMGT";
+        const char *p = *end ? strchr(pre, *end) : NULL;
+        if (p) v *= pow(1e3, (double)(p - pre + 1)), end++;
+        if (!strcmp(end, "bit")) v /= 8, end += 3;
+    } else if (!strcmp(opt, "flops")) {
+        v *= 1e9; /* GFLOP/s */
+    }
+    const int zero_ok = !strcmp(opt, "latency");
+    if (end == s || *end || !isfinite(v) || !(zero_ok ? v >= 0 : v > 0)) {
+        fprintf(stderr, "streambp %s: --%s takes %s, not \"%s\"\n", cmd, opt,
+                !strcmp(opt, "bandwidth") ? "bytes per second > 0: a number with an optional k, M, "
+                                            "G or T (10^3 ... 10^12) and an optional \"bit\" "
+                                            "(bits per second), e.g. 10G or 100Gbit"
+                : zero_ok                 ? "seconds >= 0, e.g. 5e-6"
+                                          : "GFLOP/s > 0 of one process, e.g. 500",
+                s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}

@@ -65,6 +65,32 @@ int sbp_dist_owned(sbp_range **out, int64_t *owned, const sbp_params *ps, int N,
 sbp_status sbp_dist_traffic(int64_t *bytes, int64_t *messages, const sbp_params *ps, int esz, int N,
                             int n, int optimizer, sbp_err *err);
 
+/* ---- the network model's time (netmodel.c) ------------------------------------------------- */
+
+typedef struct {
+    double bandwidth; /* bytes per second a rank's link sends */
+    double latency;   /* seconds a message costs besides its bytes */
+    double flops;     /* floating-point operations per second of a rank */
+} sbp_net;
+
+typedef struct {
+    double compute;   /* seconds of a rank's m micro-batches' work (sbp_step_flops / flops) */
+    double exposed;   /* seconds a step waits on the network beyond it: m·per_round + after */
+    double per_round; /* a round's transfers left when its backward ends */
+    double after;     /* the exchanges after the backward: losses, block sums, the rank's blocks */
+} sbp_net_time;
+
+/* The link as a FIFO over one round: bucket i done at Σ_{j<=i} b[j] (b: backward seconds), its
+ * transfer d[i] seconds; returns how long the last transfer ends after the backward. */
+double sbp_dist_exposed_round(const double *b /* (nb) */, const double *d /* (nb) */, int nb);
+/* The exposed communication of one step of n micro-batches of B × T tokens (g: the schedule,
+ * objective, adapter) over N ranks, trained: the gradient's table (the model's or the adapter's),
+ * esz bytes an element; optimizer: train's step (block sums, the weights after). For the rank
+ * exposing the most (netmodel.c gives the model). */
+sbp_status sbp_dist_net(sbp_net_time *out, const sbp_config *cfg, const sbp_params *trained,
+                        const sbp_grad_opts *g, int B, int T, int esz, int N, int n, int optimizer,
+                        const sbp_net *net, sbp_err *err);
+
 /* ---- the step (exchange.c) ------------------------------------------------------------------ */
 
 /* S ← S + g over n elements of esz bytes (4: float, 8: double), one IEEE add each; with bf16 each
