@@ -47,23 +47,38 @@ enum {
     PACK_AHEAD = 16 /* k steps prefetched ahead by pack_a's k-step walk (16: 2x in isolation) */
 };
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#define SIMD_KERNEL 1
 
-#ifdef SBP_REAL_F64
+#if defined(__AVX512F__) && defined(SBP_REAL_F64)
 typedef __m512d vreal;
 #define vload  _mm512_loadu_pd
 #define vstore _mm512_storeu_pd
 #define vset1  _mm512_set1_pd
 #define vfma   _mm512_fmadd_pd
 #define vzero  _mm512_setzero_pd
-#else
+#elif defined(__AVX512F__)
 typedef __m512 vreal;
 #define vload  _mm512_loadu_ps
 #define vstore _mm512_storeu_ps
 #define vset1  _mm512_set1_ps
 #define vfma   _mm512_fmadd_ps
 #define vzero  _mm512_setzero_ps
+#elif defined(SBP_REAL_F64) /* AVX2 + FMA: 16 ymm registers */
+typedef __m256d vreal;
+#define vload  _mm256_loadu_pd
+#define vstore _mm256_storeu_pd
+#define vset1  _mm256_set1_pd
+#define vfma   _mm256_fmadd_pd
+#define vzero  _mm256_setzero_pd
+#else
+typedef __m256 vreal;
+#define vload  _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vset1  _mm256_set1_ps
+#define vfma   _mm256_fmadd_ps
+#define vzero  _mm256_setzero_ps
 #endif
 enum { VL = VEC_BYTES / (int)sizeof(real) }; /* lanes per vector; NR = 2·VL */
 
@@ -183,7 +198,55 @@ static inline void transpose_block(real *d, size_t ld, const real *src, size_t r
     for (int q = 0; q < 16; q++) _mm512_mask_storeu_ps(d + (size_t)q * ld, lanes, r[q]);
 }
 _Static_assert(MR == 12 && NR == 32, "the transposed packs' lane masks and halves");
-#define PACK_TRANSPOSED 16 /* k steps per transposed block */
+#define PACK_TRANSPOSED 16     /* k steps per transposed block, and rows: NR = 2 blocks */
+#define LANES_ALL       0xffff /* transpose_block's lanes: a B panel's 16 columns */
+#define LANES_MR        0x0fff /* an A panel's MR = 12 rows */
+#elif defined(__AVX2__) && defined(__FMA__) && !defined(SBP_REAL_F64)
+/* The same transposing packs with AVX2: 8 × 8 blocks (rows of 8 contiguous floats loaded,
+ * transposed in ymm registers, stored), for the NR = 16 B panels (two blocks) and the MR = 6 A
+ * panels (6 lanes of each transposed row). A copy, so no bit changes. */
+
+/* r[q] lane i = r[i] lane q, i, q < 8: 2×2 blocks of lanes (unpack), 4×4 (shuffle), then the
+ * 128-bit halves across registers (permute2f128). */
+static inline void transpose8(__m256 r[8]) {
+    __m256 t[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+        t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+    }
+    for (int i = 0; i < 8; i++) r[i] = t[i];
+}
+
+/* d[q·ld + i] = src[i·rs + q] for q < 8 and i < rows (≤ 8), 0 for rows ≤ i; lanes (8, or 6 for
+ * an A panel) of each d row are written: a 6-lane row as 4 + 2, never past the row. */
+static inline void transpose_block(real *d, size_t ld, const real *src, size_t rs, int rows,
+                                   int lanes) {
+    __m256 r[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = i < rows ? _mm256_loadu_ps(src + (size_t)i * rs) : _mm256_setzero_ps();
+    transpose8(r);
+    for (int q = 0; q < 8; q++)
+        if (lanes == 8)
+            _mm256_storeu_ps(d + (size_t)q * ld, r[q]);
+        else {
+            _mm_storeu_ps(d + (size_t)q * ld, _mm256_castps256_ps128(r[q]));
+            _mm_storel_pi((__m64 *)(d + (size_t)q * ld + 4), _mm256_extractf128_ps(r[q], 1));
+        }
+}
+_Static_assert(MR == 6 && NR == 16, "the transposed packs' lanes and halves");
+#define PACK_TRANSPOSED 8
+#define LANES_ALL       8
+#define LANES_MR        6
 #else
 #define PACK_TRANSPOSED 0
 #endif
@@ -199,13 +262,16 @@ static void pack_b(real *dst, const real *B, size_t rsb, size_t csb, int pc, int
         const int j0 = jc + q * NR, nr = nc - q * NR < NR ? nc - q * NR : NR;
         int p = 0;
 #if PACK_TRANSPOSED
-        if (rsb == 1) /* NR = 32: two blocks of 16 columns */
+        if (rsb == 1) /* NR = 2·PACK_TRANSPOSED: two blocks of columns */
             for (; p + PACK_TRANSPOSED <= kc; p += PACK_TRANSPOSED)
                 for (int h = 0; h < 2; h++) {
-                    const int rows = nr - 16 * h < 0 ? 0 : nr - 16 * h > 16 ? 16 : nr - 16 * h;
-                    transpose_block(d + (size_t)p * NR + 16 * h, NR,
-                                    B + (size_t)(j0 + 16 * h) * csb + (size_t)(pc + p), csb, rows,
-                                    0xffff);
+                    const int j = PACK_TRANSPOSED * h, rows = nr - j < 0 ? 0
+                                                              : nr - j > PACK_TRANSPOSED
+                                                                  ? PACK_TRANSPOSED
+                                                                  : nr - j;
+                    transpose_block(d + (size_t)p * NR + j, NR,
+                                    B + (size_t)(j0 + j) * csb + (size_t)(pc + p), csb, rows,
+                                    LANES_ALL);
                 }
 #endif
         for (; p < kc; p++) {
@@ -244,10 +310,10 @@ static void pack_a(real *dst, const real *A, size_t rsa, size_t csa, int ic, int
         const int mr = mc - ir < MR ? mc - ir : MR;
         int p = 0;
 #if PACK_TRANSPOSED
-        if (csa == 1) /* MR = 12 rows: the low 12 lanes of each transposed row */
+        if (csa == 1) /* MR rows: the low MR lanes of each transposed row */
             for (; p + PACK_TRANSPOSED <= kc; p += PACK_TRANSPOSED)
                 transpose_block(d + (size_t)p * MR, MR,
-                                A + (size_t)(ic + ir) * rsa + (size_t)(pc + p), rsa, mr, 0x0fff);
+                                A + (size_t)(ic + ir) * rsa + (size_t)(pc + p), rsa, mr, LANES_MR);
 #endif
         for (; p < kc; p++) {
             const real *src = A + (size_t)(ic + ir) * rsa + (size_t)(pc + p) * csa;

@@ -1,0 +1,192 @@
+/* test_pgemm.c — the portable product's micro-kernels (src/kernels/gemm.c) bit for bit against
+ * the plain scalar chain, in float32 and float64, on ragged shapes.
+ *
+ * gemm.c picks its micro-kernel by the build's instruction set (AVX-512, AVX2 + FMA, or plain
+ * C); every one must give each element of C the chain c ← fma(a(i,p), b(p,j), c), p ascending,
+ * from the stored c (pgemm) or from +0 (pgemm_set), docs/numerics.md §4. `make test-avx2` runs
+ * this suite in an x86-64-v3 build (the AVX2 kernel), `make test` in the native one.
+ *
+ * The tests link the float64 kernel objects (Makefile); the float32 product, whose entry points
+ * are hidden inside the engine's object, is compiled here a second time, from gemm.c itself with
+ * real = float and its three names renamed, so that its float32 micro-kernel, packs and edge
+ * paths are checked with every operand layout the linear layers use — not only the public
+ * C = A·Bᵀ entry. The shapes are chosen against every tile size in gemm.c: M and N not multiples
+ * of any MR or NR (6, 12; 8, 16, 32), K across one and two k blocks (KC ≤ 512) and the
+ * transposing packs' 8- or 16-step blocks, M across row blocks (MC ≤ 96), N across a column
+ * block (NC = 2048); operands with row strides wider than their rows; special values (±0,
+ * subnormals, ±Inf, NaN, overflow). */
+#undef SBP_REAL_F64
+#define pgemm                 test_pgemm_f32
+#define pgemm_set             test_pgemm_set_f32
+#define pgemm_workspace       test_pgemm_workspace_f32
+#define sbp_portable_gemm_f32 test_portable_gemm_f32
+#include "../src/kernels/gemm.c"
+#undef pgemm
+#undef pgemm_set
+#undef pgemm_workspace
+#undef sbp_portable_gemm_f32
+
+#include "testutil.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* the float64 product of the linked kernel objects (kernels.h, real = double) */
+size_t pgemm_workspace(int N, int K);
+void pgemm(double *C, size_t ldc, double *ws, const double *A, size_t rsa, size_t csa,
+           const double *B, size_t rsb, size_t csb, int M, int N, int K);
+void pgemm_set(double *C, size_t ldc, double *ws, const double *A, size_t rsa, size_t csa,
+               const double *B, size_t rsb, size_t csb, int M, int N, int K);
+
+/* M, N, K: ragged against every tile and block size named above */
+static const int shapes[][3] = {{1, 1, 1},     {5, 7, 3},     {6, 16, 8},    {7, 17, 9},
+                                {11, 15, 33},  {13, 31, 255}, {25, 47, 257}, {97, 33, 100},
+                                {61, 45, 513}, {19, 9, 1100}, {3, 2100, 20}, {0, 5, 5},
+                                {5, 0, 5},     {4, 6, 0}};
+enum { NSHAPES = sizeof shapes / sizeof shapes[0] };
+
+static uint64_t lcg(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 11;
+}
+
+/* n values in [-1, 1), about one in 64 of them special (special != 0) */
+static double value(uint64_t *s, int special) {
+    const double u = (double)(lcg(s) & 0xfffff) / 524288.0 - 1.0;
+    if (!special || lcg(s) % 64) return u;
+    static const double sp[] = {0.0, -0.0, 0x1p-140, -0x1p-1070, 1e30, INFINITY, -INFINITY, NAN};
+    return sp[lcg(s) % 8];
+}
+
+/* A and B in one of four layouts (each plain or transposed), with row strides wider than the
+ * rows (pad), C with a gap after each row; every size in elements. */
+typedef struct {
+    size_t rsa, csa, rsb, csb, ldc, na, nb, nc;
+} layout;
+
+static layout make_layout(int M, int N, int K, int tr, int pad) {
+    layout l;
+    l.rsa = tr & 1 ? 1 : (size_t)K + pad, l.csa = tr & 1 ? (size_t)M + pad : 1;
+    l.rsb = tr & 2 ? 1 : (size_t)N + pad, l.csb = tr & 2 ? (size_t)K + pad : 1;
+    l.ldc = (size_t)N + 3;
+    l.na = ((size_t)M + pad) * ((size_t)K + pad) + 1;
+    l.nb = ((size_t)N + pad) * ((size_t)K + pad) + 1;
+    l.nc = (size_t)M * l.ldc + 1;
+    return l;
+}
+
+/* x and y the same bits, or both NaN: which NaN an fma passes on when two operands are NaN
+ * depends on the instruction's operand order, which the contract does not fix */
+#define SAME(x, y) (((x) != (x) && (y) != (y)) || !memcmp(&(x), &(y), sizeof(x)))
+
+/* The same test for either precision: T the element type, FMA its fma, GEMM/GEMM_SET/WS the
+ * product under test. Fails naming the first element that is not the chain's bits. */
+#define CHECK_CHAINS(T, FMA, GEMM, GEMM_SET, WS, what_prec)                                        \
+    do {                                                                                           \
+        uint64_t seed = 12345;                                                                     \
+        for (int si = 0; si < NSHAPES; si++)                                                       \
+            for (int form = 0; form < 8; form++) {                                                 \
+                const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];                 \
+                const int tr = form & 3, pad = form & 4 ? 5 : 0, special = si % 3 == 1;            \
+                const layout l = make_layout(M, N, K, tr, pad);                                    \
+                T *A = malloc(sizeof(T) * l.na), *B = malloc(sizeof(T) * l.nb);                    \
+                T *C = malloc(sizeof(T) * l.nc), *R = malloc(sizeof(T) * l.nc);                    \
+                T *S = malloc(sizeof(T) * l.nc), *RS = malloc(sizeof(T) * l.nc);                   \
+                T *ws = malloc(sizeof(T) * (WS(N, K) + 1));                                        \
+                ck_assert(A &&B &&C &&R &&S &&RS &&ws);                                            \
+                for (size_t i = 0; i < l.na; i++) A[i] = (T)value(&seed, special);                 \
+                for (size_t i = 0; i < l.nb; i++) B[i] = (T)value(&seed, special);                 \
+                for (size_t i = 0; i < l.nc; i++) C[i] = R[i] = S[i] = RS[i] = (T)value(&seed, 0); \
+                for (int i = 0; i < M; i++)                                                        \
+                    for (int j = 0; j < N; j++) {                                                  \
+                        T r = R[i * l.ldc + j], z = 0;                                             \
+                        for (int p = 0; p < K; p++) {                                              \
+                            const T a = A[i * l.rsa + p * l.csa], b = B[p * l.rsb + j * l.csb];    \
+                            r = FMA(a, b, r), z = FMA(a, b, z);                                    \
+                        }                                                                          \
+                        R[i * l.ldc + j] = r, RS[i * l.ldc + j] = z;                               \
+                        S[i * l.ldc + j] = NAN; /* pgemm_set ignores it; the gaps stay */          \
+                    }                                                                              \
+                for (int t = 1; t <= 2; t++) {                                                     \
+                    omp_set_num_threads(t);                                                        \
+                    T *c = malloc(sizeof(T) * l.nc), *s = malloc(sizeof(T) * l.nc);                \
+                    ck_assert(c &&s);                                                              \
+                    memcpy(c, C, sizeof(T) * l.nc), memcpy(s, S, sizeof(T) * l.nc);                \
+                    GEMM(c, l.ldc, ws, A, l.rsa, l.csa, B, l.rsb, l.csb, M, N, K);                 \
+                    GEMM_SET(s, l.ldc, ws, A, l.rsa, l.csa, B, l.rsb, l.csb, M, N, K);             \
+                    for (size_t i = 0; i < l.nc; i++) {                                            \
+                        ck_assert_msg(SAME(c[i], R[i]),                                            \
+                                      "%s pgemm %dx%dx%d form %d, %d threads: element %zu is "     \
+                                      "%a, the chain gives %a",                                    \
+                                      what_prec, M, N, K, form, t, i, (double)c[i], (double)R[i]); \
+                        ck_assert_msg(SAME(s[i], RS[i]),                                           \
+                                      "%s pgemm_set %dx%dx%d form %d, %d threads: element %zu is " \
+                                      "%a, the chain gives %a",                                    \
+                                      what_prec, M, N, K, form, t, i, (double)s[i],                \
+                                      (double)RS[i]);                                              \
+                    }                                                                              \
+                    free(c), free(s);                                                              \
+                }                                                                                  \
+                free(A), free(B), free(C), free(R), free(S), free(RS), free(ws);                   \
+            }                                                                                      \
+        omp_set_num_threads(1);                                                                    \
+    } while (0)
+
+START_TEST(f32_chains) {
+    CHECK_CHAINS(float, fmaf, test_pgemm_f32, test_pgemm_set_f32, test_pgemm_workspace_f32,
+                 "float32");
+}
+END_TEST
+
+START_TEST(f64_chains) {
+    CHECK_CHAINS(double, fma, pgemm, pgemm_set, pgemm_workspace, "float64");
+}
+END_TEST
+
+/* The fast mode's property: one call over rows [0, M) gives every row the bits that calls over
+ * [0, m) and [m, M) give it (the forward's y = x·Wᵀ and dX, float32), for splits inside a tile,
+ * on a tile boundary and on a row block's. */
+START_TEST(f32_row_split) {
+    const int M = 150, N = 70, K = 300;
+    static const int splits[] = {1, 5, 6, 12, 48, 96, 97, 149};
+    uint64_t seed = 99;
+    float *x = malloc(sizeof(float) * M * K), *w = malloc(sizeof(float) * N * K);
+    float *one = malloc(sizeof(float) * M * N), *two = malloc(sizeof(float) * M * N);
+    float *ws = malloc(sizeof(float) * test_pgemm_workspace_f32(N, K));
+    ck_assert(x && w && one && two && ws);
+    for (int i = 0; i < M * K; i++) x[i] = (float)value(&seed, 0);
+    for (int i = 0; i < N * K; i++) w[i] = (float)value(&seed, 0);
+    for (int form = 0; form < 2; form++) { /* y = x·Wᵀ; then dX-like: x (M, K)·W viewed (K, N) */
+        const size_t rsb = form ? (size_t)N : 1, csb = form ? 1 : (size_t)K;
+        test_pgemm_set_f32(one, N, ws, x, K, 1, w, rsb, csb, M, N, K);
+        for (size_t si = 0; si < sizeof splits / sizeof splits[0]; si++) {
+            const int m = splits[si];
+            test_pgemm_set_f32(two, N, ws, x, K, 1, w, rsb, csb, m, N, K);
+            test_pgemm_set_f32(two + (size_t)m * N, N, ws, x + (size_t)m * K, K, 1, w, rsb, csb,
+                               M - m, N, K);
+            ck_assert_msg(!memcmp(one, two, sizeof(float) * M * N),
+                          "rows split at %d (form %d): not the one call's bits", m, form);
+        }
+    }
+    free(x), free(w), free(one), free(two), free(ws);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("pgemm");
+    TCase *tc = tcase_create("chains");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, f32_chains);
+    tcase_add_test(tc, f64_chains);
+    tcase_add_test(tc, f32_row_split);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run_suite(suite());
+}
