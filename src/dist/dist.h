@@ -140,6 +140,9 @@ void sbp_comm_abort(sbp_comm *c, int code);
  * request handle >= 0, or −1 (err filled). */
 int sbp_comm_isend(sbp_comm *c, const void *buf, size_t bytes, int to, int tag, sbp_err *err);
 int sbp_comm_irecv(sbp_comm *c, void *buf, size_t bytes, int from, int tag, sbp_err *err);
+/* 1 when request r is done (or no request), without waiting: the fold's progress between
+ * buckets. */
+int sbp_comm_test(sbp_comm *c, int r);
 /* Waits for request r with the deadline (SBP_EPEER naming the peer and what on expiry). */
 sbp_status sbp_comm_wait(sbp_comm *c, int r, const char *what, sbp_err *err);
 /* Every outstanding request. */

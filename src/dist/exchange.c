@@ -3,12 +3,14 @@
  * Micro-batch k runs on rank k mod N, in rounds of N (round ρ: k = ρN + r on rank r). As the
  * backward completes each bucket (after its last chunk: the StreamBP rule, nothing per chunk),
  * the hook cuts it into pieces by owner and sends each piece to its owner at once, keeping its own;
- * the next layer's backward goes on while the pieces travel. At the end of a round each owner has
- * the pieces of micro-batches ρN … ρN + N − 1 for its blocks and folds them in ascending k into its
- * share of S: S = g_0, then S ← S + g_k, one IEEE add per element (bf16 storage: each result
- * rounded), exactly the 1-process fold. The losses are all-gathered and folded in k order on every
- * rank; the owners' shares of S are all-gathered, so every rank ends with the whole gradient, the
- * same bits the 1-process step has. MPI carries only copies: no float is summed by a collective. */
+ * the next layer's backward goes on while the pieces travel. Between buckets each owner folds
+ * the pieces of micro-batches ρN … ρN + N − 1 that have arrived for its blocks, each region in
+ * ascending k (fold_ready), and the rest after the round's backward: S = g_0, then S ← S + g_k,
+ * one IEEE add per element (bf16 storage: each result rounded), exactly the 1-process fold. The
+ * losses are all-gathered and folded in k order on every rank. Then each owner sends its blocks of
+ * S to the others (grad: every rank ends with the whole gradient, the 1-process bits), or keeps
+ * them (train's ZeRO-2 step: the optimizer steps each owner's blocks, src/train/zero2.h). MPI
+ * carries only copies: no float is summed by a collective. */
 #include "../core/err.h"
 #include "dist.h"
 
@@ -30,6 +32,10 @@ typedef struct {
     sbp_ledger *lg; /* the buffers below are charged to SBP_MEM_GRADS (the planner counts them) */
     sbp_err herr;   /* the hook's own error: the engine reports a failed hook in general terms */
     int k, nan_k;   /* the micro-batch running; the one the failure test poisons, or −1 */
+    int rho;        /* the round */
+    int *req;       /* (N·np) the receive of piece i from rank j (j·np + i), or −1 */
+    int *next;      /* (np) of an own piece: the next slot j of the round to fold into S */
+    char *done;     /* (nb) the buckets this rank's backward has completed in the round */
 } dstate;
 
 static float to_bf16(float f) {
@@ -54,6 +60,8 @@ void sbp_dist_fold(void *s, const void *g, int64_t n, int esz, int bf16) {
         for (int64_t i = 0; i < n; i++) x[i] = bf16 ? to_bf16(x[i] + y[i]) : x[i] + y[i];
     }
 }
+
+static void fold_ready(dstate *d, int all);
 
 /* The engine's bucket hook: bucket [off, off + n) of this rank's micro-batch is complete. */
 static int on_bucket(void *ctx, int64_t off, int64_t n, const void *g) {
@@ -84,20 +92,49 @@ static int on_bucket(void *ctx, int64_t off, int64_t n, const void *g) {
         memcpy(keep, src, bytes);
         if (sbp_comm_isend(d->c, keep, bytes, p->owner, bi, &d->herr) < 0) return 0;
     }
+    d->done[bi] = 1;
+    fold_ready(d, 0);
     return 1;
 }
 
 /* Receives for one round: every other rank's pieces of this rank's blocks. */
 static sbp_status post_receives(dstate *d) {
+    memset(d->done, 0, (size_t)d->nb);
+    for (int i = 0; i < d->np; i++) d->next[i] = 0;
     for (int j = 0; j < d->N; j++)
-        for (int i = 0; i < d->np && j != d->r; i++) {
+        for (int i = 0; i < d->np; i++) {
             const sbp_piece *p = &d->pc[i];
-            if (p->owner != d->r) continue;
-            if (sbp_comm_irecv(d->c, d->R[j] + d->pos[i] * d->esz, (size_t)p->n * d->esz, j,
-                               p->bucket, d->err) < 0)
+            d->req[j * d->np + i] = -1;
+            if (p->owner != d->r || j == d->r) continue;
+            if ((d->req[j * d->np + i] =
+                     sbp_comm_irecv(d->c, d->R[j] + d->pos[i] * d->esz, (size_t)p->n * d->esz, j,
+                                    p->bucket, d->err)) < 0)
                 return d->err->status;
         }
     return SBP_OK;
+}
+
+/* The fold, as far as the pieces have come: each own piece's region of S takes the round's slots
+ * j = 0, 1, … N − 1 (micro-batches ρN + j) in that order, each as soon as it is here (this
+ * rank's own once its bucket is done, another's once its receive completed), so the owner folds
+ * while its backward goes on (called between buckets) and the order, hence every bit, is the
+ * one-process fold's: S = g_0, then S ← S + g_k. all: every receive has completed. */
+static void fold_ready(dstate *d, int all) {
+    for (int i = 0; i < d->np; i++) {
+        const sbp_piece *p = &d->pc[i];
+        if (p->owner != d->r) continue;
+        char *s = d->S + d->pos[i] * d->esz;
+        for (int j; (j = d->next[i]) < d->N; d->next[i]++) {
+            const int here = all || (j == d->r ? d->done[p->bucket]
+                                               : sbp_comm_test(d->c, d->req[j * d->np + i]));
+            if (!here) break;
+            const char *g = d->R[j] + d->pos[i] * d->esz;
+            if (d->rho == 0 && j == 0)
+                memcpy(s, g, (size_t)p->n * d->esz);
+            else
+                sbp_dist_fold(s, g, p->n, d->esz, d->bf16);
+        }
+    }
 }
 
 /* The buckets, their pieces and each rank's share (own). */
@@ -107,12 +144,16 @@ static sbp_status pieces(dstate *d, const sbp_params *ps) {
     d->pc = malloc(sizeof *d->pc * (size_t)cap * (d->N + 1));
     d->own = calloc((size_t)d->N, sizeof *d->own);
     d->R = calloc((size_t)d->N, sizeof *d->R);
-    if (!d->b || !d->pc || !d->own || !d->R) return sbp_fail(d->err, SBP_ENOMEM, "out of memory");
+    d->done = malloc((size_t)cap);
+    if (!d->b || !d->pc || !d->own || !d->R || !d->done)
+        return sbp_fail(d->err, SBP_ENOMEM, "out of memory");
     if ((d->nb = sbp_grad_buckets(d->b, cap, ps)) < 0 ||
         (d->np = sbp_dist_pieces(d->pc, cap * (d->N + 1), d->b, d->nb, d->N)) < 0)
         return sbp_fail(d->err, SBP_ENOMEM, "out of memory for the gradient pieces");
     d->pos = malloc(sizeof *d->pos * (size_t)(d->np ? d->np : 1));
-    if (!d->pos) return sbp_fail(d->err, SBP_ENOMEM, "out of memory");
+    d->next = malloc(sizeof *d->next * (size_t)(d->np ? d->np : 1));
+    d->req = malloc(sizeof *d->req * (size_t)(d->np ? d->np : 1) * d->N);
+    if (!d->pos || !d->next || !d->req) return sbp_fail(d->err, SBP_ENOMEM, "out of memory");
     for (int i = 0; i < d->np; i++)
         d->pos[i] = d->own[d->pc[i].owner], d->own[d->pc[i].owner] += d->pc[i].n;
     return SBP_OK;
@@ -138,6 +179,7 @@ static void teardown(dstate *d) {
     for (int j = d->N - 1; d->R && j >= 0; j--) sbp_ledger_free(d->lg, d->R[j]);
     sbp_ledger_free(d->lg, d->S), sbp_ledger_free(d->lg, d->gk);
     free(d->R), free(d->pos), free(d->own), free(d->pc), free(d->b);
+    free(d->done), free(d->next), free(d->req);
 }
 
 /* This rank's share S into grads at its pieces' places; then every other rank's (sbp_dist_spread),
@@ -216,6 +258,7 @@ sbp_status sbp_dist_grad(void *grads, double *loss, sbp_comm *c, const sbp_param
     sbp_status st = mine && all ? pieces(&d, ps) : sbp_fail(err, SBP_ENOMEM, "out of memory");
     if (!st) st = buffers(&d, ps->total);
     for (int rho = 0; rho < m && !st; rho++) {
+        d.rho = rho;
         if ((st = post_receives(&d))) break;
         d.k = rho * d.N + d.r;
         if ((st = run(ctx, d.k, on_bucket, &d, &mine[rho], err))) {
@@ -223,11 +266,7 @@ sbp_status sbp_dist_grad(void *grads, double *loss, sbp_comm *c, const sbp_param
             break;
         }
         if ((st = sbp_comm_waitall(c, "the gradient pieces", err))) break;
-        for (int j = 0; j < d.N; j++) /* ascending k = ρN + j */
-            if (rho == 0 && j == 0)
-                memcpy(d.S, d.R[0], (size_t)d.own[d.r] * esz);
-            else
-                sbp_dist_fold(d.S, d.R[j], d.own[d.r], esz, bf16);
+        fold_ready(&d, 1); /* what was not folded during the backward */
     }
     if (!st) st = place_shares(&d, grads, ps);
     if (!st) st = sbp_comm_allgather(c, all, mine, sizeof *mine * (size_t)m, "the losses", err);

@@ -130,7 +130,8 @@ int sbp_comm_irecv(sbp_comm *c, void *buf, size_t bytes, int from, int tag, sbp_
 static sbp_status wait_all(sbp_comm *c, MPI_Request *r, const int *peer, int n, const char *what,
                            sbp_err *err) {
     double last = now(), t0 = last;
-    int left = n;
+    int left = 0; /* requests already completed by sbp_comm_test are null */
+    for (int i = 0; i < n; i++) left += r[i] != MPI_REQUEST_NULL;
     while (left > 0) {
         int progress = 0;
         for (int i = 0; i < n; i++) {
@@ -155,6 +156,12 @@ static sbp_status wait_all(sbp_comm *c, MPI_Request *r, const int *peer, int n, 
     }
     c->waited += now() - t0;
     return SBP_OK;
+}
+
+int sbp_comm_test(sbp_comm *c, int r) {
+    if (!c->mpi || r < 0 || r >= c->nreq || c->req[r] == MPI_REQUEST_NULL) return 1;
+    int done = 0; /* a failure shows in the wait that follows */
+    return MPI_Test(&c->req[r], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done;
 }
 
 sbp_status sbp_comm_wait(sbp_comm *c, int r, const char *what, sbp_err *err) {

@@ -65,6 +65,10 @@ int sbp_comm_irecv(sbp_comm *c, void *buf, size_t bytes, int from, int tag, sbp_
     return sbp_fail(err, SBP_EUSAGE, "no peer %d in a one-process run", from), -1;
 }
 
+int sbp_comm_test(sbp_comm *c, int r) {
+    return 1;
+}
+
 sbp_status sbp_comm_wait(sbp_comm *c, int r, const char *what, sbp_err *err) {
     return SBP_OK;
 }
