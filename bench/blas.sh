@@ -4,7 +4,7 @@
 # library once and the summary gives each library's median and its median ratio to OpenBLAS
 # within a round.
 #
-#   bench/blas.sh OUTDIR ROUNDS OPENBLAS_LIBDIR [MKL_PREFIX]
+#   [BLAS_ISA=avx2] bench/blas.sh OUTDIR ROUNDS OPENBLAS_LIBDIR [MKL_PREFIX]
 #
 # BLIS: Debian's libblis-openmp-dev. MKL: a prefix holding include/mkl.h and lib/libmkl_*.so.3
 # (PyPI's mkl-devel in a venv; GNU OpenMP threading, as the rest of streambp uses libgomp).
@@ -37,6 +37,13 @@ else
     echo "blas.sh: no MKL (give a prefix with include/mkl.h: pip install mkl-devel)" >&2
 fi
 
+# BLAS_ISA=avx2 (make bench-blas with a build for an ARCH without AVX-512, e.g. x86-64-v3): every
+# library restricted to its AVX2 kernels, as on a CPU without AVX-512 (AMD Zen 2/3).
+if [ "${BLAS_ISA:-}" = avx2 ]; then
+    export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell} MKL_ENABLE_INSTRUCTIONS=AVX2
+    export BLIS_ARCH_TYPE=haswell
+    echo "BLAS_ISA=avx2: OpenBLAS $OPENBLAS_CORETYPE, MKL_ENABLE_INSTRUCTIONS=AVX2, BLIS_ARCH_TYPE=haswell"
+fi
 # OpenBLAS 0.3.21 misreads newer CPUs as Prescott (SSE3); streambp then runs with the AVX-512
 # or AVX2 kernels (src/cli/main.c), and so does this comparison.
 if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ "$("$out/blas-openblas" --core)" = Prescott ]; then

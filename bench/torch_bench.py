@@ -16,8 +16,14 @@ process of its own, which also gives its peak RSS), the two sides run
 back to back with their order alternating, and the verdict is the median of the rounds' time
 ratios: this VM's speed drifts by 20-30% within an hour, and only pairing cancels that.
 
+--avx2 forces the AVX2 path on both sides (`make bench-torch BUILD=build-avx2 ARCH=x86-64-v3`
+passes it): streambp is to be a build without AVX-512 instructions (checked with objdump where it
+is installed) and runs OpenBLAS's Haswell kernels for its sgemm rate; torch runs with
+ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2 and ONEDNN_MAX_CPU_ISA=AVX2 — what a CPU
+without AVX-512 (AMD Zen 2/3) gives each. The header names the path ("path: avx2" or "native").
+
 Usage: python3 bench/torch_bench.py [--streambp build/streambp] [--seq 2048 8192]
-    [--threads 1 2] [--rounds 3]
+    [--threads 1 2] [--rounds 3] [--avx2]
 """
 import argparse
 import json
@@ -58,7 +64,8 @@ def hf_step_child(T, mode, threads, reps):
     import transformers
     print(json.dumps({"T": T, "mode": mode, "median_s": times[len(times) // 2], "runs": reps,
                       "rss_bytes": rss, "torch": torch.__version__,
-                      "transformers": transformers.__version__}))
+                      "transformers": transformers.__version__,
+                      "cpu_capability": torch.backends.cpu.get_cpu_capability()}))
 
 
 def step_child(T, mode, threads, reps):
@@ -172,6 +179,24 @@ def sgemm_rate(a, threads):
     return json.loads(out)["sgemm_gflops"]
 
 
+def avx512_check(a):
+    """The path's name for the header; with --avx2, a streambp binary holding AVX-512
+    instructions (zmm registers) is refused."""
+    if not a.avx2:
+        return "native (streambp and torch on the machine's widest vectors)"
+    try:
+        dis = subprocess.run(["objdump", "-d", a.streambp], capture_output=True, text=True).stdout
+    except OSError:
+        dis = None
+    if dis is not None and "zmm" in dis:
+        sys.exit("torch_bench.py --avx2: %s holds AVX-512 instructions; build it with "
+                 "ARCH=x86-64-v3 (make bench-torch BUILD=build-avx2 ARCH=x86-64-v3)" % a.streambp)
+    return ("avx2 (streambp without AVX-512%s, OpenBLAS %s; torch ATEN_CPU_CAPABILITY=avx2, "
+            "MKL_ENABLE_INSTRUCTIONS=AVX2, ONEDNN_MAX_CPU_ISA=AVX2)"
+            % ("" if dis is not None else " (objdump missing: unchecked)",
+               os.environ["OPENBLAS_CORETYPE"]))
+
+
 def median(xs):
     xs = sorted(xs)
     n = len(xs)
@@ -184,6 +209,8 @@ def main():
     ap.add_argument("--seq", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--avx2", action="store_true",
+                    help="both sides on AVX2 kernels (streambp: a build without AVX-512)")
     ap.add_argument("--reps", type=int, default=3, help=argparse.SUPPRESS)  # the children's
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -191,6 +218,11 @@ def main():
         T, mode = int(a.child[0]), a.child[1]
         (hf_step_child if mode.startswith("hf") else step_child)(T, mode, a.threads[0], a.reps)
         return 0
+    if a.avx2:  # inherited by every child process, streambp's and torch's
+        os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
+        os.environ.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2",
+                          ONEDNN_MAX_CPU_ISA="AVX2")
+    path = avx512_check(a)
     try:
         import torch
     except ImportError:
@@ -205,6 +237,8 @@ def main():
           "two sides alternating; time: median over rounds; ratio: median [min, max] of the "
           "rounds' ratios (> 1: streambp faster); RSS: peak of the process, largest over "
           "rounds; %s" % (a.rounds, versions))
+    print("path: %s" % path)
+    caps = set()  # torch's CPU capability as its children report it
     for threads in a.threads:
         print("\n%d thread%s; OpenBLAS sgemm at the start: %.1f GFLOP/s" % (
             threads, "s" if threads > 1 else "", sgemm_rate(a, threads)))
@@ -227,6 +261,7 @@ def main():
             for m in modes:
                 s = "stream" if m.endswith("ckpt") else "full"
                 pairs = [(t, o) for t, o in zip(them[m], mine) if t]
+                caps.update(t.get("cpu_capability", "?") for t, _ in pairs)
                 if not pairs:
                     continue
                 ratios = [t["median_s"] / o[s]["median_s"] for t, o in pairs]
@@ -236,6 +271,7 @@ def main():
                     T, m, median([t["median_s"] for t, _ in pairs]), rss_t / 2**20,
                     median(ratios), min(ratios), max(ratios), s, 100.0 * rss_o / rss_t))
             sys.stdout.flush()
+    print("\ntorch's CPU capability in its processes: %s" % ", ".join(sorted(caps)))
     return 0
 
 
