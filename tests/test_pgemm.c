@@ -14,7 +14,8 @@
  * of any MR or NR (6, 12; 8, 16, 32), K across one and two k blocks (KC ≤ 512) and the
  * transposing packs' 8- or 16-step blocks, M across row blocks (MC ≤ 96), N across a column
  * block (NC = 2048); operands with row strides wider than their rows; special values (±0,
- * subnormals, ±Inf, NaN, overflow). */
+ * subnormals, ±Inf, NaN, overflow). Last, the attention tiles' product (blas/tile_mm.c) on every
+ * remainder of its row blocks. */
 #undef SBP_REAL_F64
 #define pgemm                 test_pgemm_f32
 #define pgemm_set             test_pgemm_set_f32
@@ -176,6 +177,47 @@ START_TEST(f32_row_split) {
 }
 END_TEST
 
+/* The attention tiles' product (src/kernels/blas/tile_mm.c, float64 objects): every row count
+ * 1..13 (full blocks of MR = 6 rows, then each remainder block of 1 to 5 rows), column counts
+ * across its vector blocks and scalar tail, A plain or read transposed, beta 0 or 1: each element
+ * alpha·(its fma chain from 0), added to C when beta. */
+void tile_mm(double *C, size_t ldc, const double *A, size_t ars, size_t acs, const double *B,
+             size_t ldb, int m, int n, int k, double alpha, int beta);
+
+START_TEST(tile_mm_rows) {
+    static const int ns[] = {3, 8, 16, 37}, ks[] = {1, 64, 129};
+    uint64_t seed = 7;
+    for (int m = 1; m <= 13; m++)
+        for (int ni = 0; ni < 4; ni++)
+            for (int ki = 0; ki < 3; ki++)
+                for (int form = 0; form < 4; form++) {
+                    const int n = ns[ni], k = ks[ki], tr = form & 1, beta = form >> 1;
+                    const size_t ldc = (size_t)n + 2, ldb = (size_t)n + 3;
+                    const size_t ars = tr ? 1 : (size_t)k, acs = tr ? (size_t)m : 1;
+                    double *A = malloc(sizeof(double) * m * k),
+                           *B = malloc(sizeof(double) * k * ldb);
+                    double *C = malloc(sizeof(double) * m * ldc),
+                           *R = malloc(sizeof(double) * m * ldc);
+                    ck_assert(A && B && C && R);
+                    for (int i = 0; i < m * k; i++) A[i] = value(&seed, 0);
+                    for (size_t i = 0; i < (size_t)k * ldb; i++) B[i] = value(&seed, 0);
+                    for (size_t i = 0; i < (size_t)m * ldc; i++) C[i] = R[i] = value(&seed, 0);
+                    for (int i = 0; i < m; i++)
+                        for (int j = 0; j < n; j++) {
+                            double acc = 0;
+                            for (int p = 0; p < k; p++)
+                                acc = fma(A[i * ars + p * acs], B[p * ldb + j], acc);
+                            const double t = 0.125 * acc;
+                            R[i * ldc + j] = beta ? R[i * ldc + j] + t : t;
+                        }
+                    tile_mm(C, ldc, A, ars, acs, B, ldb, m, n, k, 0.125, beta);
+                    ck_assert_msg(!memcmp(C, R, sizeof(double) * m * ldc),
+                                  "tile_mm %dx%dx%d form %d: not the chains", m, n, k, form);
+                    free(A), free(B), free(C), free(R);
+                }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("pgemm");
     TCase *tc = tcase_create("chains");
@@ -183,6 +225,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, f32_chains);
     tcase_add_test(tc, f64_chains);
     tcase_add_test(tc, f32_row_split);
+    tcase_add_test(tc, tile_mm_rows);
     suite_add_tcase(s, tc);
     return s;
 }
