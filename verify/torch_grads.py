@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Independent PyTorch cross-check of streambp's gradients (see ref/SEMANTICS.md, the contract).
 
-Loads a Hugging Face decoder (model_type qwen3, qwen2 or llama) and a batch, computes the loss of
+Loads a Hugging Face decoder (model_type qwen3, qwen2, llama, gemma3_text, or a multimodal gemma3
+directory's text model) and a batch, computes the loss of
 an objective (SFT, DPO or GRPO) with plain autograd, and writes d(loss)/d(parameter) for every
 parameter under its HF name. It imports neither transformers, TRL nor safetensors; the
 safetensors format is read and written here.
@@ -26,6 +27,14 @@ Semantic choices (all from ref/SEMANTICS.md):
     (the current log-probs, detached, when absent) and the k3 KL term against ref_logps.
   * Tied embeddings: the head uses model.embed_tokens.weight and there is no lm_head.weight; the
     embedding gradient includes the head's contribution (autograd accumulates it).
+  * pad_token_id (every family; Gemma-3's default 0): HF's nn.Embedding(padding_idx=pad), so the
+    pad row gets no gradient from the lookups (a tied head still adds its own).
+  * Gemma-3 (docs/gemma3.md): embeddings scaled by sqrt(C) rounded to the dtype; every RMSNorm
+    x·rsqrt(mean(x²) + eps)·(1 + w), four per layer plus q_norm/k_norm over head_dim and the final
+    one; GeGLU with gelu tanh on the gate; attention scale query_pre_attn_scalar^-0.5; layer l is
+    sliding iff (l + 1) % sliding_window_pattern, its query t seeing keys t - W < j <= t, rotated
+    by rope_local_base_freq unscaled; global layers rope_theta with linear scaling; hf-sdpa rows
+    without a key are hf-eager's (Gemma-3 never unmasks them).
 Exit status: 0 ok, 2 bad input or unsupported model, 1 --fd-check failure.
 """
 import argparse
@@ -43,7 +52,7 @@ import torch
 IGNORE_INDEX = -100
 ST_DTYPES = {"F64": ("<f8", 8), "F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2),
              "I64": ("<i8", 8), "I32": ("<i4", 4)}
-FAMILIES = ("qwen3", "qwen2", "llama")
+FAMILIES = ("qwen3", "qwen2", "llama", "gemma3_text", "gemma3")
 
 
 class InputError(Exception):
@@ -175,7 +184,10 @@ def parse_config(cfg):
         raise InputError("config.json is not a JSON object")
     family = cfg.get("model_type")
     if family not in FAMILIES:
-        raise InputError("model_type %r is not supported (qwen3, qwen2, llama)" % (family,))
+        raise InputError("model_type %r is not supported (qwen3, qwen2, llama, gemma3_text, "
+                         "gemma3)" % (family,))
+    if family in ("gemma3_text", "gemma3"):
+        return parse_gemma3(cfg)
     if cfg.get("hidden_act", "silu") != "silu":
         raise InputError("hidden_act %r is not supported (only silu)" % cfg["hidden_act"])
     if cfg.get("mlp_bias"):
@@ -217,7 +229,79 @@ def parse_config(cfg):
     theta, llama3 = _rope_settings(cfg)
     return dict(family=family, V=d["vocab_size"], C=C, F=d["intermediate_size"],
                 L=d["num_hidden_layers"], NH=NH, NKV=NKV, HD=HD, eps=eps, theta=theta,
-                llama3=llama3, tied=bool(cfg.get("tie_word_embeddings", False)))
+                llama3=llama3, tied=bool(cfg.get("tie_word_embeddings", False)),
+                pad=_pad_token(cfg, None, d["vocab_size"]))
+
+
+def _pad_token(cfg, default, V):
+    """pad_token_id: absent gives default, null None (no padding_idx)."""
+    pad = cfg.get("pad_token_id", default)
+    if pad is not None and (type(pad) is not int or not 0 <= pad < V):
+        raise InputError("pad_token_id %r is not a token id below vocab_size" % (pad,))
+    return pad
+
+
+# Gemma3TextConfig's defaults in transformers 4.51.3 (docs/gemma3.md, "Config")
+GEMMA3_DEFAULTS = dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216,
+                       num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+                       head_dim=256, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
+                       rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling=None,
+                       query_pre_attn_scalar=256, sliding_window=4096, sliding_window_pattern=6,
+                       attention_bias=False, tie_word_embeddings=True, pad_token_id=0,
+                       final_logit_softcapping=None, attn_logit_softcapping=None)
+
+
+def parse_gemma3(cfg):
+    """Gemma-3's text model: gemma3_text, or a gemma3 (multimodal) config's text_config."""
+    wrapped = cfg.get("model_type") == "gemma3"
+    if wrapped:
+        cfg = cfg.get("text_config")
+        if not isinstance(cfg, dict):
+            raise InputError("a gemma3 config needs a text_config object")
+    g = dict(GEMMA3_DEFAULTS)
+    g.update(cfg)
+    if g["hidden_activation"] != "gelu_pytorch_tanh":
+        raise InputError("hidden_activation %r is not supported (only gelu_pytorch_tanh)"
+                         % (g["hidden_activation"],))
+    for k in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if g[k] is not None:
+            raise InputError("%s is set; not supported" % k)
+    if g["attention_bias"]:
+        raise InputError("attention_bias true is not supported for gemma3")
+    try:
+        d = {k: int(g[k]) for k in ("vocab_size", "hidden_size", "intermediate_size",
+                                    "num_hidden_layers", "num_attention_heads",
+                                    "num_key_value_heads", "head_dim", "sliding_window",
+                                    "sliding_window_pattern")}
+        f = {k: float(g[k]) for k in ("rms_norm_eps", "rope_theta", "rope_local_base_freq",
+                                      "query_pre_attn_scalar")}
+    except (TypeError, ValueError) as e:
+        raise InputError("config.json: bad field %s" % e)
+    if (min(d.values()) < 1 or d["num_attention_heads"] % d["num_key_value_heads"]
+            or d["head_dim"] % 2 or min(f.values()) <= 0):
+        raise InputError("bad Gemma-3 dimensions or window")
+    rs, factor = g["rope_scaling"], None
+    if rs is not None:
+        kind = rs.get("rope_type", rs.get("type")) if isinstance(rs, dict) else None
+        if kind == "linear" and float(rs.get("factor", 0)) > 0:
+            factor = float(rs["factor"])
+        elif kind != "default":
+            raise InputError("gemma3 rope_scaling %r is not supported (default, linear)" % (rs,))
+    return dict(family="gemma3_text", wrapped=wrapped, V=d["vocab_size"], C=d["hidden_size"],
+                F=d["intermediate_size"], L=d["num_hidden_layers"],
+                NH=d["num_attention_heads"], NKV=d["num_key_value_heads"], HD=d["head_dim"],
+                eps=f["rms_norm_eps"], theta=f["rope_theta"], llama3=None, linear=factor,
+                local_theta=f["rope_local_base_freq"], W=d["sliding_window"],
+                pattern=d["sliding_window_pattern"], qpas=f["query_pre_attn_scalar"],
+                tied=bool(g["tie_word_embeddings"]),
+                pad=_pad_token(g, 0, d["vocab_size"]))
+
+
+def layer_window(m, l):
+    """Gemma-3 4.51.3: layer l is sliding iff (l + 1) % sliding_window_pattern; 0: global."""
+    if m["family"] != "gemma3_text":
+        return 0
+    return m["W"] if (l + 1) % m["pattern"] else 0
 
 
 def param_shapes(m):
@@ -232,11 +316,14 @@ def param_shapes(m):
             if m["family"] == "qwen2":
                 out.append((p + "self_attn.%s_proj.bias" % proj, (rows,)))
         out.append((p + "self_attn.o_proj.weight", (C, Q)))
-        if m["family"] == "qwen3":
+        if m["family"] in ("qwen3", "gemma3_text"):
             out += [(p + "self_attn.q_norm.weight", (HD,)), (p + "self_attn.k_norm.weight", (HD,))]
         out += [(p + "mlp.gate_proj.weight", (F, C)), (p + "mlp.up_proj.weight", (F, C)),
                 (p + "mlp.down_proj.weight", (C, F)), (p + "input_layernorm.weight", (C,)),
                 (p + "post_attention_layernorm.weight", (C,))]
+        if m["family"] == "gemma3_text":
+            out += [(p + "pre_feedforward_layernorm.weight", (C,)),
+                    (p + "post_feedforward_layernorm.weight", (C,))]
     out += [("model.norm.weight", (C,))]
     return out + ([] if m["tied"] else [("lm_head.weight", (V, C))])
 
@@ -272,16 +359,20 @@ def load_model(model_dir, dtype):
         if where.get(name) != shard:
             raise InputError("index lists %s in %s, but it is not there" % (name, shard))
     params = {}
+    pre = "language_model." if m.get("wrapped") else ""  # a gemma3 directory's text model
     for name, shape in param_shapes(m):
-        if name not in found:
-            raise InputError("model is missing tensor %s" % name)
-        if tuple(found[name].shape) != shape:
-            raise InputError("%s has shape %s, expected %s" % (name, found[name].shape, shape))
-        if found[name].dtype.kind != "f":
-            raise InputError("%s is not a floating-point tensor" % name)
-        params[name] = torch.from_numpy(found.pop(name).astype(np.float64)).to(dtype)
+        stored = pre + name
+        if stored not in found:
+            raise InputError("model is missing tensor %s" % stored)
+        if tuple(found[stored].shape) != shape:
+            raise InputError("%s has shape %s, expected %s" % (stored, found[stored].shape, shape))
+        if found[stored].dtype.kind != "f":
+            raise InputError("%s is not a floating-point tensor" % stored)
+        params[name] = torch.from_numpy(found.pop(stored).astype(np.float64)).to(dtype)
         params[name].requires_grad_(True)
     for name in found:
+        if pre and name.startswith(("vision_tower.", "multi_modal_projector.")):
+            continue  # the vision tower is not read (docs/gemma3.md)
         print("torch_grads.py: warning: ignoring unused tensor %s" % name, file=sys.stderr)
     return m, params
 
@@ -440,10 +531,15 @@ def load_grpo(path, V, args):
 
 # ----------------------------------------------------------------------------- model
 
-def rope_tables(m, T, dtype):
-    """cos, sin of shape [T, HD/2]: computed in float64, then rounded to dtype."""
+def rope_tables(m, T, dtype, local=False):
+    """cos, sin of shape [T, HD/2]: computed in float64, then rounded to dtype. Gemma-3: the
+    local (sliding) layers' table has base rope_local_base_freq and no scaling; the global one
+    rope_theta, divided by the linear factor when there is one."""
     half = m["HD"] // 2
-    inv_freq = [m["theta"] ** (-(2.0 * i) / m["HD"]) for i in range(half)]
+    theta = m["local_theta"] if local else m["theta"]
+    inv_freq = [theta ** (-(2.0 * i) / m["HD"]) for i in range(half)]
+    if not local and m.get("linear"):
+        inv_freq = [f / m["linear"] for f in inv_freq]
     if m["llama3"] is not None:
         p = m["llama3"]
         O = p["original_max_position_embeddings"]
@@ -467,6 +563,15 @@ def rms_norm(x, w, eps):
         xf = x.float()
         return w * (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
     return x * (1.0 / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)) * w
+
+
+def rms_norm1p(x, w, eps):
+    """Gemma3RMSNorm: x·rsqrt(mean(x²) + eps)·(1 + w); bf16: in float32, then cast back."""
+    if x.dtype == torch.bfloat16:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+        return (y * (1.0 + w.float())).to(x.dtype)
+    return x * (1.0 / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)) * (1.0 + w)
 
 
 def linear(P, name, x):
@@ -526,8 +631,9 @@ def rope(x, cos, sin):
     return torch.cat([a * c - b * s, b * c + a * s], dim=-1)
 
 
-def attention(q, k, v, mask, unattended="zero"):
-    """q: [B,T,NH,HD], k/v: [B,T,NKV,HD], mask: [B,T] -> [B,T,NH*HD].
+def attention(q, k, v, mask, unattended="zero", window=0, scale=None):
+    """q: [B,T,NH,HD], k/v: [B,T,NKV,HD], mask: [B,T] -> [B,T,NH*HD]. window W > 0: query t
+    sees keys t - W < j <= t only (Gemma-3's sliding layers); scale: 1/sqrt(HD) unless given.
 
     Rows that see no key (queries before a left-padded row's first real token): "zero" gives 0;
     "hf-eager" does what HF's eager attention does — adds the mask's finite minimum to the
@@ -540,9 +646,12 @@ def attention(q, k, v, mask, unattended="zero"):
     k = k.transpose(1, 2).repeat_interleave(rep, dim=1)    # head h reads kv head h // rep
     v = v.transpose(1, 2).repeat_interleave(rep, dim=1)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
+    if window:
+        causal = causal & ~torch.ones(T, T, dtype=torch.bool).tril(diagonal=-window)
     visible = (causal[None, :, :] & mask.bool()[:, None, :])[:, None]  # [B, 1, T(query), T(key)]
     has_key = visible.any(dim=-1, keepdim=True)                       # [B, 1, T, 1]
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(HD)
+    scores = (q @ k.transpose(-1, -2)) * scale if scale is not None else (
+        (q @ k.transpose(-1, -2)) / math.sqrt(HD))
     if unattended == "hf-eager":
         up = scores.float() if scores.dtype == torch.bfloat16 else scores
         additive = torch.zeros(visible.shape, dtype=up.dtype).masked_fill(
@@ -562,13 +671,48 @@ def attention(q, k, v, mask, unattended="zero"):
     return (probs @ v).transpose(1, 2).reshape(B, T, NH * HD)
 
 
+def forward_gemma3(m, P, input_ids, mask):
+    """Gemma3ForCausalLM's logits [B, T, V] (docs/gemma3.md, "Forward")."""
+    B, T = input_ids.shape
+    NH, NKV, HD, eps = m["NH"], m["NKV"], m["HD"], m["eps"]
+    E = P["model.embed_tokens.weight"]
+    tables = {False: rope_tables(m, T, E.dtype), True: rope_tables(m, T, E.dtype, local=True)}
+    scale = m["qpas"] ** -0.5
+    # hf-sdpa is hf-eager on Gemma-3: its mask is never unmasked (docs/gemma3.md, "Padding")
+    unatt = "hf-eager" if m.get("unattended") == "hf-sdpa" else m.get("unattended", "zero")
+    s_emb = torch.tensor(math.sqrt(m["C"]), dtype=torch.float64).to(E.dtype)
+    x = torch.nn.functional.embedding(input_ids, E, padding_idx=m["pad"]) * s_emb
+    for l in range(m["L"]):
+        p = "model.layers.%d." % l
+        W = layer_window(m, l)
+        cos, sin = tables[W > 0]
+        a = rms_norm1p(x, P[p + "input_layernorm.weight"], eps)
+        q = linear(P, p + "self_attn.q_proj", a).view(B, T, NH, HD)
+        k = linear(P, p + "self_attn.k_proj", a).view(B, T, NKV, HD)
+        v = linear(P, p + "self_attn.v_proj", a).view(B, T, NKV, HD)
+        q = rope(rms_norm1p(q, P[p + "self_attn.q_norm.weight"], eps), cos, sin)
+        k = rope(rms_norm1p(k, P[p + "self_attn.k_norm.weight"], eps), cos, sin)
+        o = attention(q, k, v, mask, unatt, window=W, scale=scale)
+        x = x + rms_norm1p(linear(P, p + "self_attn.o_proj", o),
+                           P[p + "post_attention_layernorm.weight"], eps)
+        xm = rms_norm1p(x, P[p + "pre_feedforward_layernorm.weight"], eps)
+        h = torch.nn.functional.gelu(linear(P, p + "mlp.gate_proj", xm), approximate="tanh")
+        x = x + rms_norm1p(linear(P, p + "mlp.down_proj", h * linear(P, p + "mlp.up_proj", xm)),
+                           P[p + "post_feedforward_layernorm.weight"], eps)
+    head = E if m["tied"] else P["lm_head.weight"]
+    return rms_norm1p(x, P["model.norm.weight"], eps) @ head.t()
+
+
 def forward(m, P, input_ids, mask):
     """Logits [B, T, V] in the compute dtype."""
+    if m["family"] == "gemma3_text":
+        return forward_gemma3(m, P, input_ids, mask)
     B, T = input_ids.shape
     NH, NKV, HD, eps = m["NH"], m["NKV"], m["HD"], m["eps"]
     E = P["model.embed_tokens.weight"]
     cos, sin = rope_tables(m, T, E.dtype)
-    x = E[input_ids]
+    x = E[input_ids] if m.get("pad") is None else torch.nn.functional.embedding(
+        input_ids, E, padding_idx=m.get("pad"))
     for l in range(m["L"]):
         p = "model.layers.%d." % l
         xn = rms_norm(x, P[p + "input_layernorm.weight"], eps)
