@@ -113,7 +113,7 @@ START_TEST(gemma3_table_text_and_usage) {
     rc = tu_cli("", 60, "plan --config data/configs/gemma3-1b.json --seq 4096 --family gemma3");
     tu_check_run(rc, 2, "it needs --paper");
     rc = tu_cli("", 60, "plan --paper --family gemma3 --seq 4096");
-    tu_check_run(rc, 2, "--paper takes only --family, --budget and --json");
+    tu_check_run(rc, 2, "--paper takes only --budget and --json (and --family)");
 }
 END_TEST
 

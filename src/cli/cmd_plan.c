@@ -781,7 +781,8 @@ int cmd_plan(int argc, char **argv) {
     char data[512];
     if (a.paper_mode) {
         if (optind < argc || a.other) {
-            fprintf(stderr, "streambp plan: --paper takes only --family, --budget and --json\n");
+            fprintf(stderr,
+                    "streambp plan: --paper takes only --budget and --json (and --family)\n");
             return EXIT_USAGE;
         }
         const int gemma = a.family && strcmp(a.family, "gemma3") == 0;
