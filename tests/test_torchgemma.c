@@ -1,7 +1,8 @@
 /* test_torchgemma.c — verify/torch_grads.py (the independent plain-PyTorch implementation) has
  * Gemma-3 (issue 34): its float64 gradients of gemma3-tiny against `streambp grad --precision
  * fp64` (SFT, DPO, GRPO; a batch with the pad id at real positions, left padding, right padding
- * more than a window past the last real token and a hole, under every --unattended mode), and of
+ * more than a window past the last real token and a hole, under every --unattended mode, and a
+ * LoRA adapter on the seven projections under peft's names), and of
  * data/hf-gemma3 against Hugging Face 4.51.3's own patched float64 gradients stored there.
  *
  * Needs a Python with torch: $SBP_TORCH_PYTHON, else /usr/bin/python3; skipped (and says so)
@@ -98,16 +99,28 @@ START_TEST(torch_grads_gemma3_against_engine) {
                  {"data/batches/grpo-tiny.safetensors", "--objective grpo"},
                  {NULL, "--unattended zero"},
                  {NULL, "--unattended hf-eager"},
-                 {NULL, "--unattended hf-sdpa"}};
+                 {NULL, "--unattended hf-sdpa"},
+                 {NULL, "--lora"}}; /* then an adapter on every linear layer, lora_B nonzero */
     const char *model = tu_model("gemma3-tiny", 7);
     const char *batch = cases[_i].batch ? cases[_i].batch : padding_batch();
     const char *torch_out = tu_path("torch-%d.safetensors", _i);
     const char *ours = tu_path("engine-%d.safetensors", _i);
+    char args[1200];
+    snprintf(args, sizeof args, "%s", cases[_i].args);
+    if (!strcmp(cases[_i].args, "--lora")) {
+        const char *ad = tu_path("adapter");
+        int rc = tu_cli("", 60,
+                        "lora init --model '%s' --out '%s' --r 4 --targets all-linear "
+                        "--b-std 0.1",
+                        model, ad);
+        ck_assert_msg(rc == 0, "%s: %s", tu_last_cmd(), tu_last_output());
+        snprintf(args, sizeof args, "--lora '%s'", ad);
+    }
     int rc = tu_sh("'%s' verify/torch_grads.py --model '%s' --batch '%s' %s --out '%s'", python(),
-                   model, batch, cases[_i].args, torch_out);
+                   model, batch, args, torch_out);
     ck_assert_msg(rc == 0, "torch_grads.py failed (%d): %s", rc, tu_last_output());
     rc = tu_cli("", 300, "grad --model '%s' --batch '%s' %s --precision fp64 --out '%s'", model,
-                batch, cases[_i].args, ours);
+                batch, args, ours);
     ck_assert_msg(rc == 0, "%s: %s", tu_last_cmd(), tu_last_output());
     double lt, le;
     const double worst = compare_files(torch_out, ours, &lt, &le);
@@ -140,7 +153,7 @@ static Suite *suite(void) {
     Suite *s = suite_create("torchgemma");
     TCase *tc = tcase_create("torchgemma");
     tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, torch_grads_gemma3_against_engine, 0, 6);
+    tcase_add_loop_test(tc, torch_grads_gemma3_against_engine, 0, 7);
     tcase_add_test(tc, torch_grads_gemma3_against_hf);
     suite_add_tcase(s, tc);
     return s;
