@@ -13,7 +13,9 @@
  * 2506.03077) is the last row: the backward of a layer recomputes its K/V side once for all T
  * tokens, then walks the sequence in chunks [s, e) in ascending order, recomputing and
  * backpropagating each chunk's queries, attention and MLP and accumulating dK/dV of keys [0, e);
- * the K/V side is backpropagated once at the end. Checkpointing is the same loop with one chunk
+ * the K/V side is backpropagated once at the end (on a Gemma-3 local layer, key block by key
+ * block as their window's queries finish, holding only the keys the next chunk can see:
+ * layer_backward). Checkpointing is the same loop with one chunk
  * of T rows; full BP keeps what checkpointing recomputes. (*) Every schedule forms the outputs of
  * the norms and of SwiGLU again in the backward (chunk_formed, engine.h): no product and no
  * attention is recomputed in full BP. (**) The backward's chunk; full BP's forward runs in chunks
@@ -54,7 +56,38 @@ typedef struct {
     lora_work lw;
     chunk_grads cg;
     kv_work kvw;
+    int kvwin;   /* the local layers' K/V side is bounded by the window (kv_window_*) */
+    int kv_rows; /* rows of the K/V buffers of a pass that does not keep them (T, or less) */
 } run_bufs;
+
+/* Whether a row of the batch sees no key on a local layer of window W while the unattended mode
+ * makes such a row attend to all T keys (unattended.c): every key of (i − W, i] padding. */
+static int unattended_rows(const eng *e, const sbp_batch *b, int W) {
+    if (e->unattended == SBP_UNATTENDED_ZERO || !b->mask) return 0;
+    for (int bi = 0; bi < b->B; bi++) {
+        const uint8_t *m = b->mask + (size_t)bi * b->T;
+        int last = -1; /* the last real key at or before i */
+        for (int i = 0; i < b->T; i++) {
+            if (m[i]) last = i;
+            if (last < 0 || last <= i - W) return 1;
+        }
+    }
+    return 0;
+}
+
+/* The K/V side of the chunked row's local layers is bounded by the window, except for a batch
+ * with rows that attend to all T keys (today's full-T path). Its buffers hold kv_rows rows when
+ * every layer is local, else T (the global layers need them, and share the buffers). */
+static void kv_plan(eng *e, run_bufs *r, const sched_row *row, const sbp_batch *b, int c) {
+    int most = 0;
+    r->kvwin = row->chunked && e->gemma && e->cfg->sliding_window > 0 &&
+               !unattended_rows(e, b, e->cfg->sliding_window);
+    for (int l = 0; l < e->L; l++) {
+        const int need = r->kvwin ? kv_rows(e, sbp_layer_window(e->cfg, l), c) : e->T;
+        most = need > most ? need : most;
+    }
+    r->kv_rows = most;
+}
 
 /* The working set of one pass (engine.h's rule): allocated at its start, freed at its end. */
 static int pass_begin(eng *e, run_bufs *r, const sched_row *row, int c, int backward) {
@@ -62,10 +95,11 @@ static int pass_begin(eng *e, run_bufs *r, const sched_row *row, int c, int back
     if (!norm_block_alloc(e, &r->nb) || !lora_work_alloc(e, &r->lw, c > blk ? c : blk) ||
         !chunk_formed_alloc(e, &r->fm, c))
         return 0;
-    if (!row->keep_all && (!kv_acts_alloc(e, &r->kv[0], SBP_MEM_LAYER) ||
+    const int kvr = row->keep_all ? e->T : r->kv_rows;
+    if (!row->keep_all && (!kv_acts_alloc(e, &r->kv[0], kvr, SBP_MEM_LAYER) ||
                            !chunk_acts_alloc(e, &r->ca[0], c, SBP_MEM_LAYER)))
         return 0;
-    return !backward || (kv_work_alloc(e, &r->kvw) && chunk_grads_alloc(e, &r->cg, c));
+    return !backward || (kv_work_alloc(e, &r->kvw, kvr) && chunk_grads_alloc(e, &r->cg, c));
 }
 
 static void pass_end(eng *e, run_bufs *r, const sched_row *row) {
@@ -89,6 +123,7 @@ static layer_run layer_at(eng *e, run_bufs *r, const sched_row *row, const sbp_b
                     .dx = r->g ? r->g + bi * TC : NULL,
                     .kmask = e->mask + (size_t)bi * e->T,
                     .window = sbp_layer_window(e->cfg, l),
+                    .kvwin = r->kvwin && sbp_layer_window(e->cfg, l) > 0,
                     .kv = &r->kv[k],
                     .acts = &r->ca[k],
                     .fm = &r->fm,
@@ -125,6 +160,43 @@ static int forward_rows(const eng *e, const sched_row *row, int chunk) {
     return c < e->blk ? e->blk : c < e->T ? c : e->T;
 }
 
+/* The forward of one layer and sequence in chunks of fc rows: the K/V side of all T rows first,
+ * or, bounded by the window, the rows each chunk needs as it comes. */
+static void layer_forward(const eng *e, layer_run *lr, int fc) {
+    const int T = e->T;
+    if (lr->kvwin)
+        kv_window_begin(e, lr);
+    else
+        kv_forward(e, lr);
+    for (int s = 0, end; s < T; s = end) {
+        end = s + fc < T ? s + fc : T;
+        if (lr->kvwin) kv_window_extend(e, lr, end, 0);
+        chunk_forward(e, lr, s, end);
+        if (lr->kvwin) kv_window_retire(e, lr, kv_window_next(e, lr->window, end), 0);
+    }
+}
+
+/* The backward of one layer and sequence in chunks of c rows, ascending; with a kept forward
+ * (full BP) nothing is recomputed. The K/V side is backpropagated once after the last chunk,
+ * or, bounded by the window, key block by key block as their queries are done. */
+static void layer_backward(const eng *e, layer_run *lr, int c, int recompute) {
+    const int T = e->T;
+    if (lr->kvwin)
+        kv_window_begin(e, lr);
+    else if (recompute)
+        kv_forward(e, lr); /* K and V of all T tokens, once */
+    kv_begin_backward(e, lr);
+    for (int s = 0, end; s < T; s = end) { /* chunks in ascending order */
+        end = s + c < T ? s + c : T;
+        if (lr->kvwin) kv_window_extend(e, lr, end, 1);
+        if (recompute) chunk_forward(e, lr, s, end);
+        chunk_backward(e, lr, s, end);
+        if (lr->kvwin) kv_window_retire(e, lr, kv_window_next(e, lr->window, end), 1);
+    }
+    if (!lr->kvwin) kv_backward(e, lr); /* the K/V side, for all T */
+    kv_end_backward(e, lr);
+}
+
 int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int chunk,
           const head_opts *h) {
     const int B = b->B, L = e->L, T = e->T, c = row->chunked ? chunk : T;
@@ -139,6 +211,7 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
     r.xL = ealloc(e, kept, BTC, "final hidden state");
     if (!r.kv || !r.ca) e->oom = 1;
     if (e->oom) goto out;
+    kv_plan(e, &r, row, b, c);
 
     /* forward */
     for (int bi = 0; bi < B; bi++)
@@ -147,14 +220,10 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
     for (int l = 0; l < L; l++)
         for (int bi = 0; bi < B; bi++) {
             layer_run lr = layer_at(e, &r, row, b, l, bi);
-            if (row->keep_all && (!kv_acts_alloc(e, lr.kv, SBP_MEM_ACTIVATIONS) ||
+            if (row->keep_all && (!kv_acts_alloc(e, lr.kv, T, SBP_MEM_ACTIVATIONS) ||
                                   !chunk_acts_alloc(e, lr.acts, T, SBP_MEM_ACTIVATIONS)))
                 goto out;
-            kv_forward(e, &lr);
-            for (int s = 0, end; s < T; s = end) {
-                end = s + fc < T ? s + fc : T;
-                chunk_forward(e, &lr, s, end);
-            }
+            layer_forward(e, &lr, fc);
         }
     pass_end(e, &r, row);
 
@@ -175,14 +244,7 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
         for (int bi = 0; bi < B; bi++) {
             layer_run lr = layer_at(e, &r, row, b, l, bi);
             lr.y = NULL;
-            if (!row->keep_all) kv_forward(e, &lr); /* K and V of all T tokens, once */
-            kv_begin_backward(e, &lr);
-            for (int s = 0, end; s < T; s = end) { /* chunks in ascending order */
-                end = s + c < T ? s + c : T;
-                if (!row->keep_all) chunk_forward(e, &lr, s, end);
-                chunk_backward(e, &lr, s, end);
-            }
-            kv_backward(e, &lr); /* the K/V side, for all T */
+            layer_backward(e, &lr, c, !row->keep_all);
             if (row->keep_all) kv_acts_free(e, lr.kv), chunk_acts_free(e, lr.acts);
         }
         bucket_end(e, l); /* the layer's gradient is complete: one fold or send per bucket */
@@ -208,6 +270,7 @@ int drive_logprobs(eng *e, double *logp, const sbp_batch *b, int chunk, const he
     kv_acts kv = {0};
     chunk_acts ca = {0};
     run_bufs r = {.kv = &kv, .ca = &ca};
+    kv_plan(e, &r, row, b, chunk);
     real *x = ealloc(e, SBP_MEM_LAYER, BTC, "layer input");
     real *y = ealloc(e, SBP_MEM_LAYER, BTC, "layer output");
     int ok = 0;
@@ -221,16 +284,13 @@ int drive_logprobs(eng *e, double *logp, const sbp_batch *b, int chunk, const he
                             .y = y + bi * TC,
                             .kmask = e->mask + (size_t)bi * T,
                             .window = sbp_layer_window(e->cfg, l),
+                            .kvwin = r.kvwin && sbp_layer_window(e->cfg, l) > 0,
                             .kv = &kv,
                             .acts = &ca,
                             .fm = &r.fm,
                             .nb = &r.nb,
                             .lw = &r.lw};
-            kv_forward(e, &lr);
-            for (int s = 0, end; s < T; s = end) {
-                end = s + chunk < T ? s + chunk : T;
-                chunk_forward(e, &lr, s, end);
-            }
+            layer_forward(e, &lr, chunk);
         }
         real *t = x;
         x = y, y = t;

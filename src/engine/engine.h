@@ -107,6 +107,9 @@ typedef struct {
     real *krstd; /* (T, NKV) (Qwen3 only) */
     real *k;     /* (T, KV) after k_norm and RoPE */
     real *v;     /* (T, KV) */
+    /* rows [lo, hi) are held, key j at row j − lo: 0 and T, except on a local layer of the
+     * stream schedule (kv_window_*), whose buffers hold `rows` < T rows (kv_rows) */
+    int lo, hi, rows;
 } kv_acts;
 
 /* What a chunk's backward reads of one layer, for `rows` consecutive rows of one sequence (all
@@ -149,8 +152,11 @@ typedef struct {
 
 /* The gradient accumulators of the K/V side of one sequence. */
 typedef struct {
-    real *dk, *dv; /* (T, KV) */
+    real *dk, *dv; /* (T, KV), rows as kv_acts */
     real *dkpre;   /* (T, KV) (Qwen3 only) */
+    real *dgin;    /* (C) Gemma-3: a local layer's K/V-path links of the input norm's weight
+                    * gradient, one chain per column from zero, added to it once at the end of
+                    * the layer's backward (docs/numerics.md §4) */
 } kv_work;
 
 /* Scratch of the adapters' products for up to `rows` rows (allocated only with adapters). */
@@ -169,7 +175,8 @@ typedef struct {
     real *rstd;     /* (blk) */
 } norm_block;
 
-int kv_acts_alloc(eng *e, kv_acts *a, sbp_mem_cat cat);
+/* rows: T, or kv_rows' bound of a windowed K/V side */
+int kv_acts_alloc(eng *e, kv_acts *a, int rows, sbp_mem_cat cat);
 void kv_acts_free(eng *e, kv_acts *a);
 int chunk_acts_alloc(eng *e, chunk_acts *a, int rows, sbp_mem_cat cat);
 void chunk_acts_free(eng *e, chunk_acts *a);
@@ -177,7 +184,7 @@ int chunk_formed_alloc(eng *e, chunk_formed *f, int c);
 void chunk_formed_free(eng *e, chunk_formed *f);
 int chunk_grads_alloc(eng *e, chunk_grads *d, int c);
 void chunk_grads_free(eng *e, chunk_grads *d);
-int kv_work_alloc(eng *e, kv_work *d);
+int kv_work_alloc(eng *e, kv_work *d, int rows);
 void kv_work_free(eng *e, kv_work *d);
 int norm_block_alloc(eng *e, norm_block *nb);
 void norm_block_free(eng *e, norm_block *nb);
@@ -193,6 +200,7 @@ typedef struct {
     real *dx;             /* (T, C) dY when the backward starts, dX when it ends (in place) */
     const uint8_t *kmask; /* (T) */
     int window;           /* the layer's sliding window (sbp_attn_dims.window), 0: global */
+    int kvwin;            /* the K/V side is bounded by the window (kv_window_*) */
     kv_acts *kv;          /* the K/V side */
     chunk_acts *acts;     /* rows [0, T) when it holds T rows (full BP), else the current chunk */
     chunk_formed *fm;     /* the current chunk's formed rows */
@@ -207,10 +215,29 @@ void chunk_forward(const eng *e, layer_run *lr, int s, int end);
 /* Rows [s, e): dx ← the residual path, then += the query path through the input norm; dY is
  * read before dX is written over it. kvw->dk, kvw->dv += keys [0, e). */
 void chunk_backward(const eng *e, layer_run *lr, int s, int end);
-/* Zeroes the dK, dV accumulators (before a layer's first chunk_backward). */
+/* Zeroes the dK, dV accumulators (before a layer's first chunk_backward; a windowed K/V side
+ * zeroes its rows as they arrive) and kvw->dgin. */
 void kv_begin_backward(const eng *e, layer_run *lr);
 /* dx (T, C) += the K/V path through the input norm; consumes kvw->dk, kvw->dv. */
 void kv_backward(const eng *e, layer_run *lr);
+
+/* The K/V side of a local layer (window W > 0) in the stream schedule, bounded by the window:
+ * the buffers hold keys [lo, hi) only, lo a multiple of kv_grain. Before chunk [s, e):
+ * kv_window_extend(e) computes rows [hi, e) (row-independent chains: the bits of kv_forward) and,
+ * in the backward, zeroes their dK, dV. After it: kv_window_retire(next) runs the K/V backward
+ * of keys [lo, next) in whole token blocks, ascending (their every query is done: key j is
+ * complete once queries up to j + W − 1 are), when `backward`, and slides the rest down to row 0.
+ * kv_window_next says where the next chunk's keys begin (T after the last chunk). The
+ * backward's calls are those of kv_backward over the same blocks, so the bits are unchanged. */
+int kv_grain(const eng *e);
+/* rows a windowed K/V side holds with chunks of c rows (T when the window does not help) */
+int kv_rows(const eng *e, int window, int c);
+int kv_window_next(const eng *e, int window, int end);
+void kv_window_begin(const eng *e, layer_run *lr);
+void kv_window_extend(const eng *e, layer_run *lr, int end, int backward);
+void kv_window_retire(const eng *e, layer_run *lr, int next, int backward);
+/* End of a layer's backward for one sequence: w_in's gradient += kvw->dgin (local layers). */
+void kv_end_backward(const eng *e, layer_run *lr);
 
 /* ---- the embedding (steps/embed.c) and Gemma-3's run tables (gemma.c) ---------------------- */
 

@@ -16,9 +16,10 @@ void efree(eng *e, void *p) {
     if (p) e->ops->free(e, p);
 }
 
-int kv_acts_alloc(eng *e, kv_acts *a, sbp_mem_cat cat) {
-    const size_t T = (size_t)e->T;
+int kv_acts_alloc(eng *e, kv_acts *a, int rows, sbp_mem_cat cat) {
+    const size_t T = (size_t)rows;
     memset(a, 0, sizeof *a);
+    a->hi = a->rows = rows;
     if (e->cfg->qk_norm) {
         a->kpre = ealloc(e, cat, T * e->KV, "k before k_norm");
         a->krstd = ealloc(e, cat, T * e->NKV, "k_norm rstd");
@@ -107,18 +108,19 @@ void chunk_grads_free(eng *e, chunk_grads *d) {
     memset(d, 0, sizeof *d);
 }
 
-int kv_work_alloc(eng *e, kv_work *d) {
-    const size_t T = (size_t)e->T;
+int kv_work_alloc(eng *e, kv_work *d, int rows) {
+    const size_t T = (size_t)rows;
     memset(d, 0, sizeof *d);
     d->dk = ealloc(e, SBP_MEM_LAYER, T * e->KV, "key gradient");
     d->dv = ealloc(e, SBP_MEM_LAYER, T * e->KV, "value gradient");
     if (e->cfg->qk_norm) d->dkpre = ealloc(e, SBP_MEM_LAYER, T * e->KV, "k_norm input gradient");
+    if (e->gemma) d->dgin = ealloc(e, SBP_MEM_LAYER, (size_t)e->C, "input-norm K/V-path gradient");
     if (e->oom) kv_work_free(e, d);
     return !e->oom;
 }
 
 void kv_work_free(eng *e, kv_work *d) {
-    efree(e, d->dk), efree(e, d->dv), efree(e, d->dkpre);
+    efree(e, d->dk), efree(e, d->dv), efree(e, d->dkpre), efree(e, d->dgin);
     memset(d, 0, sizeof *d);
 }
 

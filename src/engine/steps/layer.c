@@ -18,7 +18,10 @@
  * xn, xn2 and h are formed, not kept (engine.h, chunk_formed): the backward forms each again.
  * The backward walks the same lines in reverse; each step names the line it differentiates.
  * The input norm's backward is linear in its output gradient, so it is applied in two parts,
- * the query path per chunk and the K/V path at the end, in the same order in every schedule.
+ * the query path per chunk and the K/V path at the end, in the same order in every schedule. On
+ * a local layer the K/V path's part of its weight gradient is a chain of its own, added at the
+ * end (kv_end_backward), so StreamBP may run the K/V path of a key as soon as the queries of its
+ * window are done and hold keys of the window only (kv_window_*).
  * Every operation goes through the op table (ops.h). */
 #include "../engine.h"
 
@@ -70,11 +73,16 @@ static void act_backward(const eng *e, real *dg, real *du, const real *dh, const
     (e->gemma ? e->ops->geglu_backward : e->ops->swiglu_backward)(e, dg, du, dh, g, u, n);
 }
 
-/* The attention call of rows [s, s+M) of this layer. */
+/* The attention call of rows [s, s+M) of this layer, against the keys the K/V side holds: rows
+ * [lo, hi), key j at row j − lo (lo = 0 and hi = T but on a windowed K/V side). The call sees
+ * the sequence from lo on: query s at s − lo, the mask from kmask + lo. Nothing of a query's
+ * chains depends on where the sequence starts but the key tiles' grid, and lo is a multiple of
+ * every kernel's tile (kv_grain), so the bits are those of the call on all T keys: the keys
+ * before lo are outside the window of every query of the chunk. */
 static sbp_attn_dims attn_dims(const eng *e, const layer_run *lr, int s, int M) {
-    return (sbp_attn_dims){.s = s,
+    return (sbp_attn_dims){.s = s - lr->kv->lo,
                            .M = M,
-                           .T = e->T,
+                           .T = lr->kv->hi - lr->kv->lo,
                            .NH = e->NH,
                            .NKV = e->NKV,
                            .HD = e->HD,
@@ -116,22 +124,32 @@ static void proj_backward(const eng *e, const lora_work *lw, real *dx, real *dw,
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
-void kv_forward(const eng *e, layer_run *lr) {
+/* K and V of rows [r0, r1) into the K/V side's rows r − lo: every row is its own chains (the
+ * norm's, the products' and RoPE's), so any split of the rows gives the same bits. */
+static void kv_forward_rows(const eng *e, layer_run *lr, int r0, int r1) {
     const sbp_ops *op = e->ops;
-    const int T = e->T, C = e->C, KV = e->KV;
+    const int C = e->C, KV = e->KV, n = r1 - r0;
     const layer_p *w = lr->w;
     kv_acts *a = lr->kv;
     norm_block *nb = lr->nb;
-    real *k = a->kpre ? a->kpre : a->k;
-    for (int b0 = 0, b1; b0 < T; b0 = b1) { /* xn = rmsnorm(x, w_in), a block at a time */
-        b1 = block_end(b0, T, e->blk);
+    const size_t off = (size_t)(r0 - a->lo);
+    real *k = (a->kpre ? a->kpre : a->k) + off * KV, *v = a->v + off * KV;
+    for (int b0 = r0, b1; b0 < r1; b0 = b1) { /* xn = rmsnorm(x, w_in), a block at a time */
+        b1 = block_end(b0, r1, e->blk);
+        const size_t o = (size_t)(b0 - r0) * KV;
         op->rmsnorm_forward(e, nb->xn, nb->rstd, lr->x + (size_t)b0 * C, w->in_norm, b1 - b0, C);
-        proj_forward(e, lr->lw, k + (size_t)b0 * KV, nb->xn, w->wk, w->bk, &w->ak, b0, b1, KV, C);
-        proj_forward(e, lr->lw, a->v + (size_t)b0 * KV, nb->xn, w->wv, w->bv, &w->av, b0, b1, KV,
-                     C);
+        proj_forward(e, lr->lw, k + o, nb->xn, w->wk, w->bk, &w->ak, b0, b1, KV, C);
+        proj_forward(e, lr->lw, v + o, nb->xn, w->wv, w->bv, &w->av, b0, b1, KV, C);
     }
-    if (a->kpre) op->rmsnorm_forward(e, a->k, a->krstd, a->kpre, w->k_norm, T * e->NKV, e->HD);
-    rope_fwd(e, lr, a->k, 0, T, e->NKV);
+    if (a->kpre)
+        op->rmsnorm_forward(e, a->k + off * KV, a->krstd + off * e->NKV, a->kpre + off * KV,
+                            w->k_norm, n * e->NKV, e->HD);
+    rope_fwd(e, lr, a->k + off * KV, r0, n, e->NKV);
+}
+
+void kv_forward(const eng *e, layer_run *lr) {
+    lr->kv->lo = 0, lr->kv->hi = e->T;
+    kv_forward_rows(e, lr, 0, e->T);
 }
 
 void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
@@ -148,7 +166,7 @@ void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
     if (a.qpre) op->rmsnorm_forward(e, a.q, a.qrstd, a.qpre, w->q_norm, M * e->NH, e->HD);
     rope_fwd(e, lr, a.q, s, M, e->NH);
     const sbp_attn_dims ad = attn_dims(e, lr, s, M);
-    op->attention_forward(e, a.o, a.lse, a.q, lr->kv->k, lr->kv->v, lr->kmask, &ad);
+    op->attention_forward(e, a.o, a.lse, a.q, lr->kv->k, lr->kv->v, lr->kmask + lr->kv->lo, &ad);
     /* x2 = x + o·Woᵀ (Gemma-3: x + rmsnorm(ao, w_post), ao = o·Woᵀ) */
     if (e->gemma) {
         proj_forward(e, lr->lw, a.ao, a.o, w->wo, NULL, &w->ao, s, end, C, Q);
@@ -181,6 +199,8 @@ void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
 
 void kv_begin_backward(const eng *e, layer_run *lr) {
     const size_t TKV = (size_t)e->T * e->KV;
+    if (lr->kvw->dgin) e->ops->zero(e, lr->kvw->dgin, (size_t)e->C);
+    if (lr->kvwin) return;
     e->ops->zero(e, lr->kvw->dk, TKV);
     e->ops->zero(e, lr->kvw->dv, TKV);
 }
@@ -236,7 +256,7 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     /* o = attention(q, K, V) */
     const sbp_attn_dims ad = attn_dims(e, lr, s, M);
     op->attention_backward(e, d->dq, lr->kvw->dk, lr->kvw->dv, d->dsum, d->dout, a.o, a.lse, a.q,
-                           lr->kv->k, lr->kv->v, lr->kmask, &ad);
+                           lr->kv->k, lr->kv->v, lr->kmask + lr->kv->lo, &ad);
     /* q = rope(q_norm(qpre)) */
     rope_bwd(e, lr, d->dq, s, M, e->NH);
     real *dqpre = d->dq;
@@ -252,39 +272,126 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     op->rmsnorm_backward(e, dx, gw->in_norm, d->dxn, x, rstd, w->in_norm, M, C);
 }
 
-void kv_backward(const eng *e, layer_run *lr) {
+/* The K/V path of keys [r0, r1) (rows r − lo of the K/V side, dK and dV complete): k =
+ * rope(k_norm(kpre)), kpre = xn·Wkᵀ + bk, v = xn·Wvᵀ + bv, xn = rmsnorm(x, w_in), a token block
+ * at a time with xn formed again, into dx. Calls over consecutive ranges that start on token
+ * blocks give the bits of one call over their union (every chain runs over the rows in
+ * ascending order; the fast mode's weight gradients per token block). On a local layer the
+ * input norm's weight gradient of this path goes to kvw->dgin (kv_end_backward). */
+static void kv_backward_rows(const eng *e, layer_run *lr, int r0, int r1) {
     const sbp_ops *op = e->ops;
-    const int T = e->T, C = e->C, KV = e->KV, blk = e->blk;
-    const size_t TKV = (size_t)T * KV;
+    const int C = e->C, KV = e->KV, n = r1 - r0;
+    const size_t nKV = (size_t)n * KV, off = (size_t)(r0 - lr->kv->lo) * KV;
     const layer_p *w = lr->w;
     layer_p *gw = lr->g;
     kv_work *kvw = lr->kvw;
     const kv_acts *kv = lr->kv;
     norm_block *nb = lr->nb;
-    /* dK and dV were accumulated over every chunk: complete now */
-    op->store(e, kvw->dk, TKV), op->store(e, kvw->dv, TKV);
+    real *dk = kvw->dk + off, *dv = kvw->dv + off;
+    /* dK and dV were accumulated over every chunk that sees these keys: complete now */
+    op->store(e, dk, nKV), op->store(e, dv, nKV);
     /* k = rope(k_norm(kpre)) */
-    rope_bwd(e, lr, kvw->dk, 0, T, e->NKV);
-    real *dkpre = kvw->dk;
+    rope_bwd(e, lr, dk, r0, n, e->NKV);
+    real *dkpre = dk;
     if (kv->kpre) {
-        op->zero(e, kvw->dkpre, TKV);
-        op->rmsnorm_backward(e, kvw->dkpre, gw->k_norm, kvw->dk, kv->kpre, kv->krstd, w->k_norm,
-                             T * e->NKV, e->HD);
-        dkpre = kvw->dkpre;
+        dkpre = kvw->dkpre + off;
+        op->zero(e, dkpre, nKV);
+        op->rmsnorm_backward(e, dkpre, gw->k_norm, dk, kv->kpre + off,
+                             kv->krstd + (off / KV) * e->NKV, w->k_norm, n * e->NKV, e->HD);
     }
-    /* kpre = xn·Wkᵀ + bk, v = xn·Wvᵀ + bv, xn = rmsnorm(x, w_in): a block at a time, xn formed
-     * again, the K/V path into dx */
-    for (int b0 = 0, b1; b0 < T; b0 = b1) {
-        b1 = block_end(b0, T, blk);
-        const size_t n = (size_t)(b1 - b0) * C;
+    real *g_in = lr->window && kvw->dgin ? (gw->in_norm ? kvw->dgin : NULL) : gw->in_norm;
+    for (int b0 = r0, b1; b0 < r1; b0 = b1) {
+        b1 = block_end(b0, r1, e->blk);
+        const size_t nc = (size_t)(b1 - b0) * C, o = (size_t)(b0 - r0) * KV;
         const real *x_b = lr->x + (size_t)b0 * C;
         op->rmsnorm_forward(e, nb->xn, nb->rstd, x_b, w->in_norm, b1 - b0, C);
-        op->zero(e, nb->dxn, n);
-        proj_backward(e, lr->lw, nb->dxn, gw->wk, gw->bk, &gw->ak, dkpre + (size_t)b0 * KV, nb->xn,
-                      w->wk, &w->ak, b0, b1, KV, C);
-        proj_backward(e, lr->lw, nb->dxn, gw->wv, gw->bv, &gw->av, kvw->dv + (size_t)b0 * KV,
-                      nb->xn, w->wv, &w->av, b0, b1, KV, C);
-        op->rmsnorm_backward(e, lr->dx + (size_t)b0 * C, gw->in_norm, nb->dxn, x_b, nb->rstd,
-                             w->in_norm, b1 - b0, C);
+        op->zero(e, nb->dxn, nc);
+        proj_backward(e, lr->lw, nb->dxn, gw->wk, gw->bk, &gw->ak, dkpre + o, nb->xn, w->wk, &w->ak,
+                      b0, b1, KV, C);
+        proj_backward(e, lr->lw, nb->dxn, gw->wv, gw->bv, &gw->av, dv + o, nb->xn, w->wv, &w->av,
+                      b0, b1, KV, C);
+        op->rmsnorm_backward(e, lr->dx + (size_t)b0 * C, g_in, nb->dxn, x_b, nb->rstd, w->in_norm,
+                             b1 - b0, C);
     }
+}
+
+void kv_backward(const eng *e, layer_run *lr) {
+    kv_backward_rows(e, lr, 0, e->T);
+}
+
+void kv_end_backward(const eng *e, layer_run *lr) {
+    if (!lr->window || !lr->kvw->dgin || !lr->g->in_norm) return;
+    /* dγ ← dγ + dγ_kv: one add per column; not rounded to bf16 here (a parameter gradient is
+     * rounded where it is complete, as every other one) */
+    eng raw = *e;
+    raw.bf16 = 0;
+    e->ops->add(&raw, lr->g->in_norm, lr->g->in_norm, lr->kvw->dgin, (size_t)e->C);
+}
+
+/* ---- the K/V side bounded by the window (engine.h, kv_window_*) ------------------------------ */
+
+static int gcd(int a, int b) {
+    while (b) {
+        const int t = a % b;
+        a = b, b = t;
+    }
+    return a;
+}
+
+int kv_grain(const eng *e) {
+    /* the token block (the fast products' grid) and the attention tiles: the portable and CUDA
+     * kernels' ATTN_TILE, the fast kernel's attention_tile(blk), a divisor of blk */
+    const int blk = e->blk > 0 ? e->blk : 1;
+    return blk / gcd(blk, ATTN_TILE) * ATTN_TILE;
+}
+
+int kv_rows(const eng *e, int window, int c) {
+    if (window <= 0) return e->T;
+    /* before chunk [s, s + c) the rows from the grain holding s − W + 1: at most
+     * c + W − 1 + (grain − 1) */
+    const long r = (long)c + window + kv_grain(e) - 2;
+    return r < e->T ? (int)r : e->T;
+}
+
+int kv_window_next(const eng *e, int window, int end) {
+    if (end >= e->T) return e->T;
+    const int j = end - window + 1, g = kv_grain(e);
+    return j <= 0 ? 0 : j / g * g;
+}
+
+void kv_window_begin(const eng *e, layer_run *lr) {
+    (void)e;
+    lr->kv->lo = lr->kv->hi = 0;
+}
+
+void kv_window_extend(const eng *e, layer_run *lr, int end, int backward) {
+    kv_acts *a = lr->kv;
+    if (end <= a->hi) return;
+    const int r0 = a->hi;
+    const size_t off = (size_t)(r0 - a->lo) * e->KV, n = (size_t)(end - r0) * e->KV;
+    a->hi = end;
+    kv_forward_rows(e, lr, r0, end);
+    if (!backward) return;
+    e->ops->zero(e, lr->kvw->dk + off, n);
+    e->ops->zero(e, lr->kvw->dv + off, n);
+}
+
+/* Rows [d, d + n) of buf (rows of `width`) down to row 0, as copies of at most d rows that do not
+ * overlap (the op's copy is a memcpy). Not an operation on the values: no rounding. */
+static void slide(const eng *e, real *buf, int d, int n, int width) {
+    for (int r = 0; buf && r < n; r += d) {
+        const int m = n - r < d ? n - r : d;
+        e->ops->copy(e, buf + (size_t)r * width, buf + (size_t)(r + d) * width, (size_t)m * width);
+    }
+}
+
+void kv_window_retire(const eng *e, layer_run *lr, int next, int backward) {
+    kv_acts *a = lr->kv;
+    if (next <= a->lo) return;
+    if (backward) kv_backward_rows(e, lr, a->lo, next);
+    const int d = next - a->lo, n = a->hi - next, KV = e->KV;
+    slide(e, a->kpre, d, n, KV), slide(e, a->krstd, d, n, e->NKV);
+    slide(e, a->k, d, n, KV), slide(e, a->v, d, n, KV);
+    if (backward) slide(e, lr->kvw->dk, d, n, KV), slide(e, lr->kvw->dv, d, n, KV);
+    a->lo = next;
 }
