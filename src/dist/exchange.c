@@ -25,9 +25,11 @@ typedef struct {
     sbp_piece *pc;
     int64_t *pos; /* (np) where piece i lives in its owner's packed share */
     int64_t *own; /* (N) elements each rank owns */
-    char *gk;     /* (total) this rank's micro-batch gradient, kept while its pieces are sent */
-    char **R;     /* (N) packed shares: micro-batch ρN + j's pieces of this rank's blocks */
-    char *S;      /* (own[r]) the folded share */
+    char *gk;     /* (total − own[r]) this rank's pieces of its micro-batch's gradient that others
+                   * own, kept while they are sent; piece i at kpos[i] */
+    int64_t *kpos; /* (np) */
+    char **R;      /* (N) packed shares: micro-batch ρN + j's pieces of this rank's blocks */
+    char *S;       /* (own[r]) the folded share */
     sbp_err *err;
     sbp_ledger *lg; /* the buffers below are charged to SBP_MEM_GRADS (the planner counts them) */
     sbp_err herr;   /* the hook's own error: the engine reports a failed hook in general terms */
@@ -88,7 +90,7 @@ static int on_bucket(void *ctx, int64_t off, int64_t n, const void *g) {
             memcpy(d->R[d->r] + d->pos[i] * d->esz, src, bytes);
             continue;
         }
-        char *keep = d->gk + p->off * d->esz; /* the scratch is reused by the next bucket */
+        char *keep = d->gk + d->kpos[i] * d->esz; /* the scratch is reused by the next bucket */
         memcpy(keep, src, bytes);
         if (sbp_comm_isend(d->c, keep, bytes, p->owner, bi, &d->herr) < 0) return 0;
     }
@@ -159,11 +161,16 @@ static sbp_status pieces(dstate *d, const sbp_params *ps) {
     return SBP_OK;
 }
 
-/* The step's buffers: the micro-batch's gradient kept while its pieces travel, the folded share
- * and the N shares of a round. */
-static sbp_status buffers(dstate *d, int64_t total) {
+/* The step's buffers: the micro-batch's pieces others own, kept while they travel, the folded
+ * share and the N shares of a round. */
+static sbp_status buffers(dstate *d) {
     const size_t share = (size_t)(d->own[d->r] ? d->own[d->r] : 1) * d->esz;
-    d->gk = sbp_ledger_alloc_raw(d->lg, SBP_MEM_GRADS, (size_t)total * d->esz);
+    d->kpos = malloc(sizeof *d->kpos * (size_t)(d->np ? d->np : 1));
+    if (!d->kpos) return sbp_fail(d->err, SBP_ENOMEM, "out of memory");
+    int64_t kept = 0; /* the pieces others own, packed */
+    for (int i = 0; i < d->np; i++)
+        if (d->pc[i].owner != d->r) d->kpos[i] = kept, kept += d->pc[i].n;
+    d->gk = sbp_ledger_alloc_raw(d->lg, SBP_MEM_GRADS, (size_t)(kept ? kept : 1) * d->esz);
     d->S = sbp_ledger_alloc_raw(d->lg, SBP_MEM_GRADS, share);
     int ok = d->gk && d->S;
     for (int j = 0; j < d->N; j++) {
@@ -179,7 +186,7 @@ static void teardown(dstate *d) {
     for (int j = d->N - 1; d->R && j >= 0; j--) sbp_ledger_free(d->lg, d->R[j]);
     sbp_ledger_free(d->lg, d->S), sbp_ledger_free(d->lg, d->gk);
     free(d->R), free(d->pos), free(d->own), free(d->pc), free(d->b);
-    free(d->done), free(d->next), free(d->req);
+    free(d->done), free(d->next), free(d->req), free(d->kpos);
 }
 
 /* This rank's share S into grads at its pieces' places; then every other rank's (sbp_dist_spread),
@@ -256,7 +263,7 @@ sbp_status sbp_dist_grad(void *grads, double *loss, sbp_comm *c, const sbp_param
     d.nan_k = nan_k ? atoi(nan_k) : -1;
     double *mine = calloc((size_t)m, sizeof *mine), *all = calloc((size_t)n, sizeof *all);
     sbp_status st = mine && all ? pieces(&d, ps) : sbp_fail(err, SBP_ENOMEM, "out of memory");
-    if (!st) st = buffers(&d, ps->total);
+    if (!st) st = buffers(&d);
     for (int rho = 0; rho < m && !st; rho++) {
         d.rho = rho;
         if ((st = post_receives(&d))) break;
@@ -289,7 +296,7 @@ sbp_status sbp_dist_plan(sbp_ledger *lg, const sbp_params *ps, int esz, int N, s
     sbp_status st = pieces(&d, ps);
     for (int j = 1; !st && j < N; j++) /* the rank with the largest share peaks highest */
         if (d.own[j] > d.own[d.r]) d.r = j;
-    if (!st) st = buffers(&d, ps->total);
+    if (!st) st = buffers(&d);
     double loss = 0;
     if (!st) st = run(ctx, 0, NULL, NULL, &loss, err);
     teardown(&d);
