@@ -9,6 +9,7 @@
 #include "../engine.h"
 
 #include <limits.h>
+#include <omp.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -90,26 +91,53 @@ static void store(const eng *e, real *x, size_t n) {
     if (e->bf16) round_to_bf16(x, n);
 }
 
+/* The elementwise passes run on every thread above PAR_MIN elements: each element is computed
+ * as before, by whichever thread, so no bit changes. Run on one thread they were a serial
+ * stretch of each chunk (the backward clears 7-8 buffers of up to M·F reals per layer and
+ * chunk, the residual adds and copies) that a second thread sat out. */
+enum { PAR_MIN = 1 << 16 };
+
+/* [lo, hi) of n elements for thread id of nth, cut on 16-element (64-byte) boundaries */
+static void part(size_t n, int id, int nth, size_t *lo, size_t *hi) {
+    const size_t units = (n + 15) / 16;
+    *lo = units * (size_t)id / (size_t)nth * 16, *hi = units * (size_t)(id + 1) / (size_t)nth * 16;
+    if (*lo > n) *lo = n;
+    if (*hi > n) *hi = n;
+}
+
 static void cpu_zero(const eng *e, real *x, size_t n) {
-    memset(x, 0, sizeof(real) * n);
+#pragma omp parallel if (n > PAR_MIN)
+    {
+        size_t lo, hi;
+        part(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        if (hi > lo) memset(x + lo, 0, sizeof(real) * (hi - lo));
+    }
 }
 
 static void cpu_copy(const eng *e, real *y, const real *x, size_t n) {
-    memcpy(y, x, sizeof(real) * n);
+#pragma omp parallel if (n > PAR_MIN)
+    {
+        size_t lo, hi;
+        part(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        if (hi > lo) memcpy(y + lo, x + lo, sizeof(real) * (hi - lo));
+    }
 }
 
 static void cpu_add(const eng *e, real *y, const real *a, const real *b, size_t n) {
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
     for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
     store(e, y, n);
 }
 
 static void cpu_axpy(const eng *e, real *y, real a, const real *x, size_t n) {
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
     for (size_t i = 0; i < n; i++) y[i] = y[i] + x[i] * a;
     store(e, y, n);
 }
 
 /* not rounded: HF scales the logits after upcasting them to float */
 static void cpu_scale(const eng *e, real *x, real a, size_t n) {
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
     for (size_t i = 0; i < n; i++) x[i] = x[i] * a;
 }
 
