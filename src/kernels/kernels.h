@@ -81,6 +81,25 @@ void linear_backward(real *dx,       /* (e-s, K) or NULL */
                      const real *w,  /* (N, K) */
                      int s, int e, int N, int K);
 
+/* fast, where PGEMM_TUNED (linear.c): dx as linear_backward; dw and db summed per global token
+ * block [kB, (k+1)B) ∩ [s, e): each block's part from +0 (dw: LINEAR_PANEL output rows at a
+ * time into part, then added; db: in double, one rounding per fold), folded in ascending block
+ * order. Calls over consecutive row ranges that end on block boundaries give the bits of one call
+ * over their union. */
+enum { LINEAR_PANEL = 192 };
+/* db (N) += Σ_rows dy (e-s, N), per global token block of blk rows as above (also OpenBLAS's) */
+void linear_bias_blocked(real *db, const real *dy, int s, int e, int N, int blk);
+size_t linear_blocked_workspace(int width); /* reals of part, for every K <= width */
+void linear_backward_blocked(real *dx,       /* (e-s, K) or NULL */
+                             real *dw,       /* (N, K) */
+                             real *db,       /* (N) or NULL */
+                             real *ws,       /* (pgemm_workspace(K, max(N, blk))) */
+                             real *part,     /* (linear_blocked_workspace(K)) */
+                             const real *dy, /* (e-s, N) */
+                             const real *x,  /* (e-s, K) */
+                             const real *w,  /* (N, K) */
+                             int s, int e, int N, int K, int blk);
+
 /* fast (blas/linear.c): the same on OpenBLAS, one single-threaded call per tile of a fixed grid
  * (global token blocks of blk rows, panels of BLAS_LINEAR_N_PANEL output features, of
  * BLAS_LINEAR_K_PANEL input features for dW and of BLAS_LINEAR_DX_K_PANEL for dx), the tiles
@@ -107,6 +126,14 @@ void rmsnorm_backward(real *dx,         /* (M, C) += */
                       const real *rstd, /* (M) */
                       const real *w,    /* (C) */
                       int M, int C);
+
+/* The fast mode's (docs/numerics.md §10): dx as rmsnorm_backward; dw summed per block of blk rows
+ * counted from row 0 of the call (a sum in double from +0 each, folded in ascending order with one
+ * rounding). Every fast-mode call starts on a token block boundary when the chunks are block
+ * multiples (and a row of q_norm's M·NH rows at token s is row s·NH, a multiple of blk too), so
+ * the blocks are the same global ones in every schedule. */
+void rmsnorm_backward_blocked(real *dx, real *dw, const real *dout, const real *x,
+                              const real *rstd, const real *w, int M, int C, int blk);
 
 /* ---- RoPE, rotate-half: (a, b) = (x[i], x[i+HD/2]) -> (a·cos − b·sin, b·cos + a·sin) -------- */
 

@@ -3,7 +3,12 @@
  * Every output element is one fma chain: y over k (from 0, then + b), dx over n and dW, db over
  * the rows in ascending order, continuing from what dx, dW and db hold. A sum over tokens split
  * between calls (chunk after chunk, sequence after sequence) therefore continues the same chain
- * whatever the split, so the schedules agree bit for bit for any chunk size. */
+ * whatever the split, so the schedules agree bit for bit for any chunk size.
+ *
+ * The fast mode's backward (linear_backward_blocked, docs/numerics.md §10) sums dW and db over
+ * the global token blocks instead: each block's part is a sum from zero, folded into dW and db in
+ * ascending block order, so a sum over T tokens is T/B sums of B terms and T/B folds instead of
+ * one chain of T terms (its rounding error grows with B + T/B, not T: docs/accuracy.md). */
 #include "kernels.h"
 
 void linear_forward(real *y, real *ws, const real *x, const real *w, const real *b, int s, int e,
@@ -26,4 +31,57 @@ void linear_backward(real *dx, real *dw, real *db, real *ws, const real *dy, con
     if (!db) return;
     for (int r = 0; r < M; r++) /* ascending tokens, straight into db */
         for (int n = 0; n < N; n++) db[n] = db[n] + dy[(size_t)r * N + n];
+}
+
+size_t linear_blocked_workspace(int width) {
+    return (size_t)LINEAR_PANEL * (size_t)(width > 0 ? width : 0);
+}
+
+/* db[n] ← db[n] + Σ_{rows} dy(t, n) over one block of rows: the block's sum in double from +0,
+ * ascending rows, and one rounding of the fold (the bias of a projection: cheap, and the sum that
+ * cancels most, e.g. k_proj's, issue 37) */
+static void bias_block(real *db, const real *dy, int rows, int N) {
+    enum { NB = 256 };
+    for (int n0 = 0; n0 < N; n0 += NB) {
+        const int nb = N - n0 < NB ? N - n0 : NB;
+        double p[NB];
+        for (int n = 0; n < nb; n++) p[n] = 0;
+        for (int r = 0; r < rows; r++)
+            for (int n = 0; n < nb; n++) p[n] = p[n] + (double)dy[(size_t)r * N + n0 + n];
+        for (int n = 0; n < nb; n++) db[n0 + n] = (real)((double)db[n0 + n] + p[n]);
+    }
+}
+
+/* The end of the token block that holds row b0, or e. */
+static int block_end_(int b0, int e, int blk) {
+    const int next = (b0 / blk + 1) * blk;
+    return next < e ? next : e;
+}
+
+void linear_bias_blocked(real *db, const real *dy, int s, int e, int N, int blk) {
+    for (int b0 = s, b1; b0 < e; b0 = b1) {
+        b1 = block_end_(b0, e, blk);
+        bias_block(db, dy + (size_t)(b0 - s) * N, b1 - b0, N);
+    }
+}
+
+void linear_backward_blocked(real *dx, real *dw, real *db, real *ws, real *part, const real *dy,
+                             const real *x, const real *w, int s, int e, int N, int K, int blk) {
+    const int M = e - s;
+    if (dx) pgemm(dx, (size_t)K, ws, dy, (size_t)N, 1, w, (size_t)K, 1, M, K, N);
+    for (int b0 = s, b1; b0 < e; b0 = b1) {
+        b1 = block_end_(b0, e, blk);
+        const real *dy_b = dy + (size_t)(b0 - s) * N, *x_b = x + (size_t)(b0 - s) * K;
+        for (int n0 = 0; dw && n0 < N; n0 += LINEAR_PANEL) {
+            const int np = N - n0 < LINEAR_PANEL ? N - n0 : LINEAR_PANEL;
+            /* part(n, k) = Σ_{t in the block} dy(t, n0 + n)·x(t, k), a chain from +0 */
+            pgemm_set(part, (size_t)K, ws, dy_b + n0, 1, (size_t)N, x_b, (size_t)K, 1, np, K,
+                      b1 - b0);
+            real *dw_p = dw + (size_t)n0 * K;
+            const size_t n = (size_t)np * K;
+#pragma omp parallel for schedule(static)
+            for (size_t i = 0; i < n; i++) dw_p[i] = dw_p[i] + part[i];
+        }
+    }
+    if (db) linear_bias_blocked(db, dy, s, e, N, blk);
 }

@@ -73,10 +73,16 @@ static size_t head_workspace(const eng *e) {
                 pgemm_workspace(e->C, e->T));
 }
 
+/* The fast products' pgemm workspace; the blocked weight gradients' partial sums follow it
+ * (linear_backward_blocked; every product's K is at most layer_width, the head's C included). */
+static size_t fast_gemm_ws(const eng *e) {
+    return PGEMM_TUNED ? max2(pgemm_workspace(layer_width(e), INT_MAX), head_workspace(e)) : 0;
+}
+
 static size_t fast_workspace(const eng *e) {
     const size_t attn = blas_attention_workspace(e->blk, e->NH, e->NKV, e->HD);
     const size_t gemm =
-        PGEMM_TUNED ? max2(pgemm_workspace(layer_width(e), INT_MAX), head_workspace(e)) : 0;
+        PGEMM_TUNED ? fast_gemm_ws(e) + linear_blocked_workspace(layer_width(e)) : 0;
     return max2(max2(attn, gemm), unattended_ws(e));
 }
 
@@ -177,8 +183,9 @@ static void portable_linear_forward(const eng *e, real *y, const real *x, const 
 
 static void fast_linear_backward(const eng *e, real *dx, real *dw, real *db, const real *dy,
                                  const real *x, const real *w, int s, int end, int N, int K) {
-    if (PGEMM_TUNED)
-        linear_backward(dx, dw, db, e->ws, dy, x, w, s, end, N, K);
+    if (PGEMM_TUNED) /* dW, db per token block: docs/numerics.md §10, docs/accuracy.md */
+        linear_backward_blocked(dx, dw, db, e->ws, e->ws + fast_gemm_ws(e), dy, x, w, s, end, N,
+                                K, e->blk);
     else
         blas_linear_backward(dx, dw, db, dy, x, w, s, end, N, K, e->blk);
     if (dx) store(e, dx, (size_t)(end - s) * K);
@@ -198,7 +205,10 @@ static void cpu_rmsnorm_forward(const eng *e, real *out, real *rstd, const real 
 
 static void cpu_rmsnorm_backward(const eng *e, real *dx, real *dw, const real *dout, const real *x,
                                  const real *rstd, const real *w, int M, int C) {
-    rmsnorm_backward(dx, dw, dout, x, rstd, w, M, C);
+    if (e->portable)
+        rmsnorm_backward(dx, dw, dout, x, rstd, w, M, C);
+    else /* dw per token block: docs/numerics.md §10 */
+        rmsnorm_backward_blocked(dx, dw, dout, x, rstd, w, M, C, e->blk);
     store(e, dx, (size_t)M * C);
 }
 

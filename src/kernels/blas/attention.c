@@ -241,9 +241,9 @@ void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scr
         for (int h = 0; h < NH; h++) {
             const real *a = dout + (size_t)r * Q + (size_t)h * HD;
             const real *b = o + (size_t)r * Q + (size_t)h * HD;
-            real D = 0;
-            for (int d = 0; d < HD; d++) D += a[d] * b[d];
-            dsum[(size_t)r * NH + h] = D;
+            double D = 0; /* in double, rounded once: the row term every dS of the row shares */
+            for (int d = 0; d < HD; d++) D = fma((double)a[d], (double)b[d], D);
+            dsum[(size_t)r * NH + h] = (real)D;
         }
 
     const bwd_args a = {.dq = dq,

@@ -92,7 +92,5 @@ void blas_linear_backward(real *dx, real *dw, real *db, const real *dy, const re
                  x + (size_t)(r0 - s) * K + k0, K, 1, dw + n0 * K + k0, K);
         }
     }
-    if (!db) return;
-    for (int r = 0; r < e - s; r++) /* ascending tokens, straight into db */
-        for (int n = 0; n < N; n++) db[n] += dy[(size_t)r * N + n];
+    if (db) linear_bias_blocked(db, dy, s, e, N, blk); /* per token block, in double */
 }
