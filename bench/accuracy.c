@@ -140,7 +140,7 @@ int main(int argc, char **argv) {
             int n = 0;
             struct timespec t0, t1;
             clock_gettime(CLOCK_MONOTONIC, &t0);
-            st = acc_measure(&rows, &n, dir, Ts[k], &err);
+            st = acc_measure(&rows, &n, dir, Ts[k], 0, &err);
             clock_gettime(CLOCK_MONOTONIC, &t1);
             if (!st) {
                 print_rows(rows, n, all, f, Ts[k], tr, ntr);

@@ -72,6 +72,19 @@ static const char *acc_config_json(const char *family) {
 #undef ACC_SIZES
 }
 
+/* The tensor's kind as the bound tables name it: its name with the layer number replaced by '*'
+ * ("model.layers.*.self_attn.k_proj.bias"). */
+static void acc_kind_key(char *out, size_t n, const char *name) {
+    const char *p = strstr(name, "layers.");
+    if (!p) {
+        snprintf(out, n, "%s", name);
+        return;
+    }
+    const char *q = p + 7;
+    while (*q >= '0' && *q <= '9') q++;
+    snprintf(out, n, "%.*s*%s", (int)(p + 7 - name), name, q);
+}
+
 /* Token t of the measuring batch: splitmix64(seed·2^32 + t) mod V (python/tests can redo it). */
 static int32_t acc_token(uint64_t seed, int t, int V) {
     uint64_t z = (seed << 32) + (uint64_t)t + 0x9E3779B97F4A7C15ull;
@@ -106,23 +119,25 @@ static sbp_status acc_batch(sbp_batch *b, int T, int V) {
 }
 
 static sbp_status acc_run(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b,
-                          sbp_numerics n, sbp_err *err) {
-    sbp_grad_opts o = {.schedule = SBP_FULL, .numerics = n, .chunked_logits = 1};
+                          sbp_numerics n, int block, sbp_err *err) {
+    sbp_grad_opts o = {.schedule = SBP_FULL, .numerics = n, .block = block, .chunked_logits = 1};
     return sbp_grad(r, m, b, &o, NULL, err);
 }
 
 /* rows[i] for every tensor of the model in dir at T tokens: the errors of float32 fast and
- * portable against the float64 truth. *rows is malloc'ed (n = the model's tensors). */
-static sbp_status acc_measure(acc_row **rows, int *n, const char *dir, int T, sbp_err *err) {
+ * portable against the float64 truth, with the token block `block` (0: the default).
+ * *rows is malloc'ed (n = the model's tensors). */
+static sbp_status acc_measure(acc_row **rows, int *n, const char *dir, int T, int block,
+                              sbp_err *err) {
     sbp_model m64 = {0}, m32 = {0};
     sbp_batch b = {0};
     sbp_grad_result g64 = {0}, g32[ACC_NRUNS] = {{0}};
     sbp_status st = sbp_model_load(&m64, dir, SBP_FP64, NULL, err);
     if (!st) st = sbp_model_load(&m32, dir, SBP_FP32, NULL, err);
     if (!st) st = acc_batch(&b, T, m64.cfg.vocab);
-    if (!st) st = acc_run(&g64, &m64, &b, SBP_NUMERICS_PORTABLE, err);
-    if (!st) st = acc_run(&g32[ACC_FAST], &m32, &b, SBP_NUMERICS_FAST, err);
-    if (!st) st = acc_run(&g32[ACC_PORTABLE], &m32, &b, SBP_NUMERICS_PORTABLE, err);
+    if (!st) st = acc_run(&g64, &m64, &b, SBP_NUMERICS_PORTABLE, block, err);
+    if (!st) st = acc_run(&g32[ACC_FAST], &m32, &b, SBP_NUMERICS_FAST, block, err);
+    if (!st) st = acc_run(&g32[ACC_PORTABLE], &m32, &b, SBP_NUMERICS_PORTABLE, block, err);
     if (!st && !(*rows = calloc((size_t)m64.params.n, sizeof **rows))) st = SBP_ENOMEM;
     for (int i = 0; !st && i < m64.params.n; i++) {
         const sbp_param *p = &m64.params.p[i];
