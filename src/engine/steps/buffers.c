@@ -114,7 +114,8 @@ int kv_work_alloc(eng *e, kv_work *d, int rows) {
     d->dk = ealloc(e, SBP_MEM_LAYER, T * e->KV, "key gradient");
     d->dv = ealloc(e, SBP_MEM_LAYER, T * e->KV, "value gradient");
     if (e->cfg->qk_norm) d->dkpre = ealloc(e, SBP_MEM_LAYER, T * e->KV, "k_norm input gradient");
-    if (e->gemma) d->dgin = ealloc(e, SBP_MEM_LAYER, (size_t)e->C, "input-norm K/V-path gradient");
+    if (e->gemma && !e->lora_r) /* with an adapter the norm is frozen: no gradient */
+        d->dgin = ealloc(e, SBP_MEM_LAYER, (size_t)e->C, "input-norm K/V-path gradient");
     if (e->oom) kv_work_free(e, d);
     return !e->oom;
 }
