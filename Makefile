@@ -313,10 +313,10 @@ bench-dist: all
 	bench/dist.sh $(BIN) $(BENCH_DIR)/dist $(or $(T),512) | tee $(BENCH_DIR)/dist.txt
 
 # Float32 accuracy against a float64 truth, per tensor (docs/accuracy.md, bench/accuracy.c):
-# qwen3, qwen2, llama3, gemma3 at T = 512, 2048, 8192 (a few minutes); ACC_SEQ=512,...,32768
-# adds the long ones (T = 32768: about 10 minutes a family). With the HF venv of docs/accuracy.md
-# (ACC_PY), torch float32's errors come first (python/tests/accuracy_torch.py) and the table
-# adds the ratios ours / torch.
+# qwen3, qwen2, llama3, gemma3 at T = 512, 2048, 8192 (about 6 minutes); ACC_SEQ=512,...,32768
+# adds the long ones (T = 32768: about 30 minutes a family on a loaded 2-vCPU machine). With the
+# HF venv (ACC_PY), torch float32's errors come first (python/tests/accuracy_torch.py) and the
+# table adds the ratios ours / torch.
 ACC_SEQ ?= 512,2048,8192
 ACC_PY  ?= /work/venv-hf/bin/python
 .PHONY: accuracy
