@@ -7,14 +7,16 @@
  *   pgemm  — linear_forward / linear_backward (src/kernels/linear.c): one pgemm call over all T
  *            rows, what the fast mode runs where PGEMM_TUNED is 1;
  *   tiles  — blas_linear_forward / _backward (src/kernels/blas/linear.c): OpenBLAS on the fixed
- *            token-block grid, what the fast mode runs where PGEMM_TUNED is 0;
+ *            token-block grid (blocks of 512, the engine's default), what the fast mode runs
+ *            where PGEMM_TUNED is 0;
  *   sgemm  — one cblas_sgemm over all T rows (the rate `streambp bench` calls the sgemm rate).
  * The three run one after another inside each round, ROUNDS rounds, so that a loaded machine's
  * swings hit all three alike; each cell is the median GFLOP/s and the ratio columns the median
  * over rounds of the per-round ratio. "step" sums the times of a step's products: per layer the
  * seven projections' forward, dX and dW (times LAYERS = 4), plus the LM head's three.
- * A fourth argument (pgemm, tiles or sgemm) runs that way alone and prints nothing: for
- * `perf stat -e cycles:u`, whose counts a loaded machine disturbs far less than its clock.
+ * At 1 thread the times are the process's CPU time (a loaded machine's other processes add
+ * nothing to it). A fourth argument (pgemm, tiles or sgemm) runs that way alone and prints
+ * nothing: for a profiler (perf record) or a counter (perf stat) where the machine has them.
  *
  * Usage: pgemm_rates [THREADS [ROUNDS [T [WAY]]]]   (default 1 thread, 7 rounds, T = 2048) */
 #include "../src/kernels/blas/blas.h"
@@ -28,7 +30,14 @@
 char *openblas_get_corename(void); /* not in every cblas.h */
 void openblas_set_num_threads(int n);
 
-enum { BLK = 256, LAYERS = 4, NSHAPE = 5, NPROD = 3, NWAY = 3, MAXROUNDS = 64 };
+enum {
+    BLK = 512 /* the engine's default block */,
+    LAYERS = 4,
+    NSHAPE = 5,
+    NPROD = 3,
+    NWAY = 3,
+    MAXROUNDS = 64
+};
 
 /* At 1 thread the process's CPU time, which a loaded machine's other processes do not add to
  * (they still share its caches); at more, the wall clock. */
