@@ -40,10 +40,11 @@
  * (2048 × 32000 × 512, alternated). AVX2 + FMA (16 ymm registers): a 6 × 16 float tile (12
  * accumulators, two B vectors and a broadcast); KC 256 / MC 96 measured against OpenBLAS's
  * Haswell kernels at the same shapes (x86-64-v3 build on a Zen 4 with 32 KB L1d / 1 MB L2, 1
- * thread, CPU time of alternated runs, bench/pgemm_rates.c): a step's products 1.07–1.09 of
- * OpenBLAS's tile grid, 1.01 of whole-sequence cblas_sgemm; KC 384 and 512, MC 48, 144 and 192
- * were within ±3% of it, and KC 256 keeps a B panel (16 KB) in half of any x86's L1d and the A
- * block (96 KB) in the 256 KB L2 of a Haswell. Plain C keeps the earlier, unmeasured sizes. */
+ * thread, CPU time of alternated runs, bench/pgemm_rates.c): a step's products 1.05 of
+ * OpenBLAS's tile grid of 512-token blocks, 0.98–0.99 of whole-sequence cblas_sgemm (the
+ * transposing packs: +2.5%); KC 384 and 512, MC 48, 144 and 192 were within ±3% of it, and KC 256
+ * keeps a B panel (16 KB) in half of any x86's L1d and the A block (96 KB) in the 256 KB L2 of a
+ * Haswell. Plain C keeps the earlier, unmeasured sizes. */
 enum {
     NR = 2 * VEC_BYTES / (int)sizeof(real), /* two vectors of outputs per row of the tile */
     MR = VEC_BYTES == 64 ? 12 : 6,          /* rows: MR·2 accumulators + B + broadcast fit */
