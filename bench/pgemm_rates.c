@@ -4,8 +4,9 @@
  * Linked with the float32 objects of one build (`make bench-pgemm`, which takes that build's
  * -march: ARCH=x86-64-v3 gives the AVX2 kernel on any x86 with AVX2), it times, for every
  * projection shape of the bench model (C 512, Q 512, KV 256, F 1408, V 32000) at T tokens:
- *   pgemm  — linear_forward / linear_backward (src/kernels/linear.c): one pgemm call over all T
- *            rows, what the fast mode runs where PGEMM_TUNED is 1;
+ *   pgemm  — linear_forward, linear_backward's dX and linear_backward_blocked's dW
+ *            (src/kernels/linear.c): pgemm over all T rows, dW a part per token block folded
+ *            in, what the fast mode runs where PGEMM_TUNED is 1;
  *   tiles  — blas_linear_forward / _backward (src/kernels/blas/linear.c): OpenBLAS on the fixed
  *            token-block grid (blocks of 512, the engine's default), what the fast mode runs
  *            where PGEMM_TUNED is 0;
@@ -66,12 +67,13 @@ static float *operand(size_t n, unsigned seed) {
 /* One product (prod 0 forward y = x·Wᵀ, 1 dX += dy·W, 2 dW += dyᵀ·x) the way `way` computes it
  * (0 pgemm, 1 OpenBLAS tiles, 2 one cblas_sgemm); returns its seconds. y (T, N), dy (T, N),
  * x (T, K), dx (T, K), w (N, K), dw (N, K). */
-static double run(int way, int prod, float *ws, float *y, float *dx, float *dw, const float *x,
-                  const float *dy, const float *w, int T, int N, int K) {
+static double run(int way, int prod, float *ws, float *part, float *y, float *dx, float *dw,
+                  const float *x, const float *dy, const float *w, int T, int N, int K) {
     const double t0 = now();
     if (way == 0 && prod == 0) linear_forward(y, ws, x, w, NULL, 0, T, N, K);
     if (way == 0 && prod == 1) linear_backward(dx, NULL, NULL, ws, dy, x, w, 0, T, N, K);
-    if (way == 0 && prod == 2) linear_backward(NULL, dw, NULL, ws, dy, x, w, 0, T, N, K);
+    if (way == 0 && prod == 2)
+        linear_backward_blocked(NULL, dw, NULL, ws, part, dy, x, w, 0, T, N, K, BLK);
     if (way == 1 && prod == 0) blas_linear_forward(y, x, w, NULL, 0, T, N, K, BLK);
     if (way == 1 && prod == 1) blas_linear_backward(dx, NULL, NULL, dy, x, w, 0, T, N, K, BLK);
     if (way == 1 && prod == 2) blas_linear_backward(NULL, dw, NULL, dy, x, w, 0, T, N, K, BLK);
@@ -124,10 +126,11 @@ int main(int argc, char **argv) {
     for (int s = 0; s < NSHAPE; s++) {
         const size_t a = pgemm_workspace(shape[s][0], shape[s][1]),
                      b = pgemm_workspace(shape[s][1], shape[s][0]),
-                     c = pgemm_workspace(shape[s][1], T);
+                     c = pgemm_workspace(shape[s][1], T), d = pgemm_workspace(shape[s][1], BLK);
+        wsn = d > wsn ? d : wsn;
         wsn = a > wsn ? a : wsn, wsn = b > wsn ? b : wsn, wsn = c > wsn ? c : wsn;
     }
-    float *ws = operand(wsn, 7);
+    float *ws = operand(wsn, 7), *part = operand(linear_blocked_workspace((int)maxk), 8);
 
     static double sec[NSHAPE][NPROD][NWAY][MAXROUNDS];
     for (int r = -1; r < rounds; r++) /* round -1 warms up */
@@ -136,7 +139,7 @@ int main(int argc, char **argv) {
                 for (int v = 0; v < NWAY; v++) {
                     if (only >= 0 && v != only) continue;
                     const double t =
-                        run(v, p, ws, y, dx, dw, x, dy, w, T, shape[s][0], shape[s][1]);
+                        run(v, p, ws, part, y, dx, dw, x, dy, w, T, shape[s][0], shape[s][1]);
                     if (r >= 0) sec[s][p][v][r] = t;
                 }
 
@@ -170,6 +173,6 @@ int main(int argc, char **argv) {
         q[0][r] = step[1][r] / step[0][r], q[1][r] = step[2][r] / step[0][r];
     printf("%-12s %-4s %8s %8s %8s %12.3f %12.3f\n", "step", "all", "", "", "",
            median(q[0], rounds), median(q[1], rounds));
-    free(x), free(dy), free(w), free(y), free(dw), free(dx), free(ws);
+    free(x), free(dy), free(w), free(y), free(dw), free(dx), free(ws), free(part);
     return 0;
 }
