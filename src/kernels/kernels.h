@@ -37,10 +37,11 @@
 /* 1 where gemm.c's micro-kernel is in intrinsics, tuned against OpenBLAS: the AVX-512 one
  * (0.86–1.06 of its rate at the bench model's layer and LM-head shapes, 1 thread, 2026-12-03,
  * since the packs stream) and the AVX2 + FMA one (an x86-64-v3 build against OpenBLAS's Haswell
- * kernels on a Zen 4, 1 thread, 2026-12-04: a step's products at 1.05 of the rate of
- * OpenBLAS's tile grid and 0.98–0.99 of whole-sequence cblas_sgemm calls,
- * bench/pgemm_rates.c); the fast mode then runs every linear product, the LM head's included,
- * on it. 0 where it is plain C (unmeasured against OpenBLAS). */
+ * kernels on a Zen 4, 1 thread, 2026-12-04, bench/pgemm_rates.c: a step's products at 1.01 of
+ * the rate of OpenBLAS's tile grid and 0.96 of whole-sequence cblas_sgemm calls, with dW per
+ * token block as the fast mode sums it; 1.05 and 0.98–0.99 with one dW call); the fast mode then
+ * runs every linear product, the LM head's included, on it. 0 where it is plain C (unmeasured
+ * against OpenBLAS). */
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #define PGEMM_TUNED 1
 #else
