@@ -1,7 +1,8 @@
-/* data/accuracy/bounds.inc — tests/test_accuracy.c's committed error bounds: per family and
- * tensor kind, {family, kind, fast, portable}, each 1.25 × the largest relative L2 error measured
- * over the kind's tensors (T = 1024, block 128; 2026-12-04, AMD EPYC Zen 4 with AVX-512), rounded
- * up to two digits. Regenerate with SBP_ACC_PRINT=1 build/tests/test_accuracy (docs/accuracy.md). */
+/* tests/accuracy_bounds.h — tests/test_accuracy.c's committed error bounds, the body of its table
+ * (included there once): per family and tensor kind, {family, kind, fast, portable}, each 1.25 ×
+ * the largest relative L2 error measured over the kind's tensors (T = 1024, block 128; 2026-12-04,
+ * AMD EPYC Zen 4 with AVX-512), rounded up to two digits. Regenerate with
+ * SBP_ACC_PRINT=1 build/tests/test_accuracy (docs/accuracy.md). */
 {"qwen3", "model.embed_tokens.weight", 1.6e-6, 1.9e-6},
 {"qwen3", "model.layers.*.self_attn.q_proj.weight", 2.1e-6, 2.4e-6},
 {"qwen3", "model.layers.*.self_attn.k_proj.weight", 1.9e-6, 2.4e-6},

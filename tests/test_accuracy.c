@@ -25,7 +25,7 @@ typedef struct {
 } acc_bound;
 
 static const acc_bound bounds[] = {
-#include "../data/accuracy/bounds.inc"
+#include "accuracy_bounds.h"
 };
 
 static const acc_bound *find_bound(const char *family, const char *key) {
