@@ -318,7 +318,7 @@ bench-dist: all
 # HF venv (ACC_PY), torch float32's errors come first (python/tests/accuracy_torch.py) and the
 # table adds the ratios ours / torch.
 ACC_SEQ ?= 512,2048,8192
-ACC_PY  ?= /work/venv-hf/bin/python
+ACC_PY  ?= $(BUILD)/torch-venv/bin/python
 .PHONY: accuracy
 accuracy: SHELL := /bin/bash
 accuracy: .SHELLFLAGS := -o pipefail -c
