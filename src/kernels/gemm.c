@@ -18,6 +18,7 @@
  * _mm512_fmadd and _mm256_fmadd are the same correctly rounded fma per lane, so the bits are
  * those of the plain loop (golden digests, built with all three; tests/test_pgemm.c). */
 #include "kernels.h"
+#include "transpose.h"
 
 #include <omp.h>
 #include <stdlib.h>
@@ -166,44 +167,7 @@ static void edge_kernel(real *c, size_t ldc, const real *a, const real *b, int k
  * rows of 16 contiguous floats loaded, transposed in registers and stored run at 7–10 GB/s,
  * close to this machine's streaming rate. A copy, so no bit changes. */
 
-/* r[q] lane i = r[i] lane q, i, q < 16: 2×2 blocks of lanes (unpack ps), 4×4 (unpack pd),
- * then 128-bit lanes across registers in two rounds (shuffle f32x4). */
-static inline void transpose16(__m512 r[16]) {
-    __m512 t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4)
-        for (int h = 0; h < 2; h++) {
-            const __m512d a = _mm512_castps_pd(t[i + h]), b = _mm512_castps_pd(t[i + h + 2]);
-            r[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-            r[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        }
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
-        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-        r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
-        r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
-    }
-}
-
-/* d[q·ld + i] = src[i·rs + q] for q < 16 and i < rows (≤ 16), 0 for rows ≤ i; only the lanes
- * in `lanes` of each d row are written. */
-static inline void transpose_block(real *d, size_t ld, const real *src, size_t rs, int rows,
-                                   __mmask16 lanes) {
-    __m512 r[16];
-    for (int i = 0; i < 16; i++)
-        r[i] = i < rows ? _mm512_loadu_ps(src + (size_t)i * rs) : _mm512_setzero_ps();
-    transpose16(r);
-    for (int q = 0; q < 16; q++) _mm512_mask_storeu_ps(d + (size_t)q * ld, lanes, r[q]);
-}
+/* transpose16, transpose_block: transpose.h */
 _Static_assert(MR == 12 && NR == 32, "the transposed packs' lane masks and halves");
 #define PACK_TRANSPOSED 16     /* k steps per transposed block, and rows: NR = 2 blocks */
 #define LANES_ALL       0xffff /* transpose_block's lanes: a B panel's 16 columns */

@@ -34,11 +34,9 @@
  * shapes). A copy changes no value, so no bit. The workspace does not grow with T. */
 #include "../lanes.h"
 #include "blas.h"
+#include "../transpose.h"
 
 #include <omp.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 #include <string.h>
 
 /* per thread: S, P, dP tiles; Kᵀ of a key tile and Vᵀ (backward) or V (forward); then either
@@ -62,36 +60,8 @@ static void transpose_tile(real *xt, const real *x_J, int nk, int KV, int HD, in
     for (; d0 + 16 <= HD; d0 += 16)
         for (int c0 = 0; c0 < nk; c0 += 16) {
             const int n = nk - c0 < 16 ? nk - c0 : 16;
-            const __mmask16 lanes = (__mmask16)((1u << n) - 1);
-            __m512 r[16], t[16];
-            for (int i = 0; i < 16; i++)
-                r[i] =
-                    i < n ? _mm512_loadu_ps(x_J + (size_t)(c0 + i) * KV + d0) : _mm512_setzero_ps();
-            for (int i = 0; i < 16; i += 2) {
-                t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-                t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-            }
-            for (int i = 0; i < 16; i += 4)
-                for (int h = 0; h < 2; h++) {
-                    const __m512d a = _mm512_castps_pd(t[i + h]),
-                                  b = _mm512_castps_pd(t[i + h + 2]);
-                    r[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-                    r[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-                }
-            for (int i = 0; i < 4; i++) {
-                t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-                t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
-                t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-                t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
-            }
-            for (int i = 0; i < 4; i++) {
-                r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-                r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-                r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
-                r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
-            }
-            for (int q = 0; q < 16; q++)
-                _mm512_mask_storeu_ps(xt + (size_t)(d0 + q) * W + c0, lanes, r[q]);
+            transpose_block(xt + (size_t)d0 * W + c0, (size_t)W, x_J + (size_t)c0 * KV + d0,
+                            (size_t)KV, n, (__mmask16)((1u << n) - 1));
         }
 #endif
     for (int c = 0; c < nk; c++)
