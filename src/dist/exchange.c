@@ -11,6 +11,7 @@
  * S to the others (grad: every rank ends with the whole gradient, the 1-process bits), or keeps
  * them (train's ZeRO-2 step: the optimizer steps each owner's blocks, src/train/zero2.h). MPI
  * carries only copies: no float is summed by a collective. */
+#include "../core/bf16.h"
 #include "../core/err.h"
 #include "dist.h"
 
@@ -40,15 +41,6 @@ typedef struct {
     char *done;     /* (nb) the buckets this rank's backward has completed in the round */
 } dstate;
 
-static float to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return f;
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 void sbp_dist_fold(void *s, const void *g, int64_t n, int esz, int bf16) {
     if (esz == 8) {
         double *x = s;
@@ -59,7 +51,7 @@ void sbp_dist_fold(void *s, const void *g, int64_t n, int esz, int bf16) {
         float *x = s;
         const float *y = g;
 #pragma omp parallel for schedule(static) if (n > 65536)
-        for (int64_t i = 0; i < n; i++) x[i] = bf16 ? to_bf16(x[i] + y[i]) : x[i] + y[i];
+        for (int64_t i = 0; i < n; i++) x[i] = bf16 ? sbp_round_bf16(x[i] + y[i]) : x[i] + y[i];
     }
 }
 
