@@ -9,6 +9,7 @@
  * written by python/tests/accuracy_torch.py (lines "family T name error") and the ratios
  * ours / torch. Exit 0, or 2 on a usage or run error. */
 #include "accuracy.h"
+#include "../src/io/file.h"
 
 #include <errno.h>
 #include <sys/stat.h>
@@ -29,8 +30,11 @@ static double torch_err(const torch_row *tr, int ntr, const char *family, int T,
 }
 
 static int load_torch(torch_row **tr, int *ntr, const char *path) {
-    FILE *f = fopen(path, "r");
-    if (!f) return fprintf(stderr, "accuracy: cannot read %s\n", path), -1;
+    FILE *f; /* a regular file only: a FIFO or device named here is refused, never waited on */
+    uint64_t size;
+    sbp_err err = {0};
+    if (sbp_open_regular(&f, &size, path, &err))
+        return fprintf(stderr, "accuracy: %s\n", err.msg), -1;
     int cap = 0;
     torch_row r;
     while (fscanf(f, "%15s %d %79s %lf", r.family, &r.T, r.name, &r.err) == 4) {

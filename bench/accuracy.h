@@ -38,7 +38,7 @@ enum { ACC_NFAMILIES = 4 };
  * for every family: hidden 128 (4 query heads of 32, 2 kv heads), F = 256, 2 layers, V = 512,
  * positions up to 65536. Qwen2 has the q/k/v biases; Llama-3 its rope scaling; Gemma-3 a local
  * layer (window 256) and a global one. */
-static const char *acc_config_json(const char *family) {
+static inline const char *acc_config_json(const char *family) {
 #define ACC_SIZES                                                                                  \
     "\"vocab_size\": 512, \"hidden_size\": 128, \"intermediate_size\": 256, "                      \
     "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "           \
@@ -74,7 +74,7 @@ static const char *acc_config_json(const char *family) {
 
 /* The tensor's kind as the bound tables name it: its name with the layer number replaced by '*'
  * ("model.layers.*.self_attn.k_proj.bias"). */
-static void acc_kind_key(char *out, size_t n, const char *name) {
+static inline void acc_kind_key(char *out, size_t n, const char *name) {
     const char *p = strstr(name, "layers.");
     if (!p) {
         snprintf(out, n, "%s", name);
@@ -86,7 +86,7 @@ static void acc_kind_key(char *out, size_t n, const char *name) {
 }
 
 /* Token t of the measuring batch: splitmix64(seed·2^32 + t) mod V (python/tests can redo it). */
-static int32_t acc_token(uint64_t seed, int t, int V) {
+static inline int32_t acc_token(uint64_t seed, int t, int V) {
     uint64_t z = (seed << 32) + (uint64_t)t + 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -95,7 +95,7 @@ static int32_t acc_token(uint64_t seed, int t, int V) {
 }
 
 /* Writes the family's measuring model (seed 1) under dir (created by the caller's mkdtemp). */
-static sbp_status acc_make_model(const char *family, const char *dir, sbp_err *err) {
+static inline sbp_status acc_make_model(const char *family, const char *dir, sbp_err *err) {
     const char *json = acc_config_json(family);
     if (!json) {
         snprintf(err->msg, sizeof err->msg, "accuracy: unknown family '%s'", family);
@@ -106,7 +106,7 @@ static sbp_status acc_make_model(const char *family, const char *dir, sbp_err *e
     return st ? st : sbp_model_init(&cfg, 1, dir, err);
 }
 
-static sbp_status acc_batch(sbp_batch *b, int T, int V) {
+static inline sbp_status acc_batch(sbp_batch *b, int T, int V) {
     memset(b, 0, sizeof *b);
     b->B = 1, b->T = T, b->kind = SBP_OBJ_SFT;
     b->ids = malloc(sizeof(int32_t) * (size_t)T);
@@ -118,8 +118,8 @@ static sbp_status acc_batch(sbp_batch *b, int T, int V) {
     return SBP_OK;
 }
 
-static sbp_status acc_run(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b,
-                          sbp_numerics n, int block, sbp_err *err) {
+static inline sbp_status acc_run(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b,
+                                 sbp_numerics n, int block, sbp_err *err) {
     sbp_grad_opts o = {.schedule = SBP_FULL, .numerics = n, .block = block, .chunked_logits = 1};
     return sbp_grad(r, m, b, &o, NULL, err);
 }
@@ -127,8 +127,8 @@ static sbp_status acc_run(sbp_grad_result *r, const sbp_model *m, const sbp_batc
 /* rows[i] for every tensor of the model in dir at T tokens: the errors of float32 fast and
  * portable against the float64 truth, with the token block `block` (0: the default).
  * *rows is malloc'ed (n = the model's tensors). */
-static sbp_status acc_measure(acc_row **rows, int *n, const char *dir, int T, int block,
-                              sbp_err *err) {
+static inline sbp_status acc_measure(acc_row **rows, int *n, const char *dir, int T, int block,
+                                     sbp_err *err) {
     sbp_model m64 = {0}, m32 = {0};
     sbp_batch b = {0};
     sbp_grad_result g64 = {0}, g32[ACC_NRUNS] = {{0}};

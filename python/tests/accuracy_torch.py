@@ -19,6 +19,7 @@ FILE gets one line per tensor, "family T name error" (error = ||g32 - g64|| / ||
 import argparse
 import os
 import sys
+import tempfile
 
 import torch
 import transformers
@@ -68,21 +69,34 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    with open(a.out, "w") as out:
-        for fam in a.family.split(","):
-            d = os.path.join(a.models, fam)
-            m32, m64 = load(d, torch.float32, fam), load(d, torch.float64, fam)
-            V = m32.config.vocab_size
-            for T in (int(x) for x in a.seq.split(",")):
-                ids = torch.tensor([[token(1, t, V) for t in range(T)]], dtype=torch.long)
-                g64 = grads(m64, ids, True)
-                g32 = grads(m32, ids, False)
-                for n, t in g64.items():
-                    den = torch.linalg.vector_norm(t).item()
-                    err = torch.linalg.vector_norm(g32[n] - t).item() / (den if den > 0 else 1)
-                    out.write(f"{fam} {T} {n} {err:.6e}\n")
-                out.flush()
-                print(f"accuracy_torch: {fam} T = {T} done", file=sys.stderr)
+    # written to an unpredictable temporary beside --out (O_EXCL, never through a planted
+    # link) and renamed into place complete
+    fd, tmp = tempfile.mkstemp(prefix=".accuracy-", dir=os.path.dirname(os.path.abspath(a.out)))
+    try:
+        with os.fdopen(fd, "w") as out:
+            run(a, out)
+        os.replace(tmp, a.out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def run(a, out):
+    """Every family and T: one line per tensor, `family T name relative-L2-error`."""
+    for fam in a.family.split(","):
+        d = os.path.join(a.models, fam)
+        m32, m64 = load(d, torch.float32, fam), load(d, torch.float64, fam)
+        V = m32.config.vocab_size
+        for T in (int(x) for x in a.seq.split(",")):
+            ids = torch.tensor([[token(1, t, V) for t in range(T)]], dtype=torch.long)
+            g64 = grads(m64, ids, True)
+            g32 = grads(m32, ids, False)
+            for n, t in g64.items():
+                den = torch.linalg.vector_norm(t).item()
+                err = torch.linalg.vector_norm(g32[n] - t).item() / (den if den > 0 else 1)
+                out.write(f"{fam} {T} {n} {err:.6e}\n")
+            out.flush()
+            print(f"accuracy_torch: {fam} T = {T} done", file=sys.stderr)
 
 
 if __name__ == "__main__":
