@@ -191,6 +191,7 @@ static double mib(int64_t b) {
 /* Where rows go: text, CSV, or JSON objects collected in rows. */
 typedef struct {
     int csv, json;
+    int on_device; /* the step ran on a GPU: the CPU's sgemm rate is no yardstick for it */
     cJSON *rows;
 } row_out;
 
@@ -200,8 +201,10 @@ static void emit(void *ctx, const sbp_bench_row *r) {
     const double peak = (double)r->lg.peak_total;
     const char *num = sbp_numerics_name(r->numerics);
     if (o->csv) {
-        printf("%d,%s,%s,%d,%.6f,%.3f,%.3f,%.2f,%.1f,%lld,%lld,%lld,%.17g\n", r->T, r->name, num,
-               r->runs, r->seconds, r->gflop, r->gflops, 100 * r->of_sgemm, r->tokens_per_s,
+        char pct[16] = "";
+        if (!o->on_device) snprintf(pct, sizeof pct, "%.2f", 100 * r->of_sgemm);
+        printf("%d,%s,%s,%d,%.6f,%.3f,%.3f,%s,%.1f,%lld,%lld,%lld,%.17g\n", r->T, r->name, num,
+               r->runs, r->seconds, r->gflop, r->gflops, pct, r->tokens_per_s,
                (long long)r->lg.peak_total, (long long)r->planned_peak, r->rss, r->loss);
     } else if (o->json) {
         cJSON *j = cJSON_CreateObject();
@@ -212,18 +215,19 @@ static void emit(void *ctx, const sbp_bench_row *r) {
         cJSON_AddNumberToObject(j, "median_seconds", r->seconds);
         cJSON_AddNumberToObject(j, "gflop", r->gflop);
         cJSON_AddNumberToObject(j, "gflops", r->gflops);
-        cJSON_AddNumberToObject(j, "fraction_of_sgemm", r->of_sgemm);
+        if (!o->on_device) cJSON_AddNumberToObject(j, "fraction_of_sgemm", r->of_sgemm);
         cJSON_AddNumberToObject(j, "tokens_per_second", r->tokens_per_s);
         cJSON_AddItemToObject(j, "memory", ledger_json(&r->lg));
         cJSON_AddNumberToObject(j, "planned_peak_bytes", (double)r->planned_peak);
         cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)r->rss);
         cJSON_AddItemToArray(o->rows, j);
     } else {
-        char label[48];
+        char label[48], pct[16] = "      -";
         snprintf(label, sizeof label, "%s%s", r->name,
                  r->numerics == SBP_NUMERICS_PORTABLE ? " (portable)" : "");
-        printf("%7d %-22s %4d %9.3f %9.1f %8.1f %6.1f%% %9.0f %10.1f %10.1f %9.1f %8.2f\n", r->T,
-               label, r->runs, r->seconds, r->gflop, r->gflops, 100 * r->of_sgemm, r->tokens_per_s,
+        if (!o->on_device) snprintf(pct, sizeof pct, "%6.1f%%", 100 * r->of_sgemm);
+        printf("%7d %-22s %4d %9.3f %9.1f %8.1f %s %9.0f %10.1f %10.1f %9.1f %8.2f\n", r->T, label,
+               r->runs, r->seconds, r->gflop, r->gflops, pct, r->tokens_per_s,
                mib(r->lg.peak_total), mib(r->planned_peak), mib(r->rss), r->rss / peak);
     }
     fflush(stdout);
@@ -259,6 +263,10 @@ static void print_heading(const bench_args *a, const sbp_bench_model *bm,
            "%.1f)\n",
            r->portable, 100 * r->portable / r->sgemm, r->parts[1][0], r->parts[1][1],
            r->parts[1][2]);
+    if (o->device != SBP_DEVICE_CPU)
+        printf("the steps run on the %s device: the rates above are this host's CPU's, so the "
+               "%%sgemm column is left out\n",
+               o->device == SBP_DEVICE_CUDA ? "CUDA" : "emulated CUDA");
 }
 
 /* The end: the JSON document, or the table's legend. */
@@ -316,7 +324,8 @@ int cmd_bench(int argc, char **argv) {
                "bytes,"
                "planned_peak_bytes,rss_bytes,loss\n");
     cJSON *jrows = cJSON_CreateArray();
-    row_out out = {.csv = a.csv, .json = a.json, .rows = jrows};
+    row_out out = {
+        .csv = a.csv, .json = a.json, .on_device = a.o.device != SBP_DEVICE_CPU, .rows = jrows};
     if (!a.json && !a.csv)
         printf("%7s %-22s %4s %9s %9s %8s %7s %9s %10s %10s %9s %8s\n", "T", "schedule", "runs",
                "median s", "GFLOP", "GFLOP/s", "%sgemm", "tokens/s", "peak MiB", "plan MiB",
