@@ -10,16 +10,24 @@ For each family and T:
   * torch float32: HF's model in float32 with its default attention (sdpa) and its own loss,
     what a user runs;
   * the truth: the same weights in float64, sdpa, the loss's log-softmax in float64 (HF's loss
-    would round the logits to float32 first); Gemma-3's float32 islands (norms, rotary tables)
-    computed in float64 (gemma3_hf.patch_islands).
+    would round the logits to float32 first), and every float32 island of HF's float64 model
+    computed in float64: Gemma-3's (gemma3_hf.patch_islands), and the other families' RMSNorm
+    (`hidden_states.to(torch.float32)`: forward and backward in float32) and rotary tables
+    (inv_freq, angles, cos and sin in float32) by `patch_islands` below. Left in, those islands
+    round the truth exactly where torch float32 rounds (the same float32 angles in both runs;
+    layer 0's norm on the same embedding rows), so torch's error looked smaller than it is and
+    ours was measured against a truth off by ~1e-7..1e-6 (docs/accuracy.md).
 
 FILE gets one line per tensor, "family T name error" (error = ||g32 - g64|| / ||g64||), which
 `build/accuracy --torch FILE` reads. Needs torch and transformers (the HF venv); not part of CI.
 """
 import argparse
+import math
 import os
 import sys
 import tempfile
+
+import types
 
 import torch
 import transformers
@@ -38,14 +46,67 @@ def token(seed, t, V):
     return z % V
 
 
+def inv_freq64(cfg):
+    """HF's rotary inverse frequencies (default, or llama3's scaling as _compute_llama3_parameters
+    computes them) in float64; HF computes them in float32 whatever the model's dtype."""
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    inv = 1.0 / (float(cfg.rope_theta) ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    rs = cfg.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "llama3":
+        factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        inv_l = torch.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
+        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        inv = torch.where(medium, smoothed, inv_l)
+    elif kind != "default":
+        raise ValueError(f"accuracy_torch: rope type {kind} not patched")
+    return inv
+
+
+def _rms64(self, x):
+    """HF's RMSNorm (Llama/Qwen2/Qwen3) without the .to(torch.float32): in x's dtype."""
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def _rope64(self, x, position_ids):
+    """HF's rotary tables with the angles, cos and sin in float64, then in x's dtype."""
+    freqs = position_ids[:, :, None].to(torch.float64) * self._inv64[None, None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    s = self.attention_scaling
+    return (emb.cos() * s).to(x.dtype), (emb.sin() * s).to(x.dtype)
+
+
+def patch_islands(model):
+    """The float32 islands of HF's Llama/Qwen2/Qwen3 (RMSNorm, rotary tables) computed in the
+    model's dtype instead; in place."""
+    n = 0
+    for m in model.modules():
+        name = type(m).__name__
+        if name.endswith("RMSNorm"):
+            m.forward = types.MethodType(_rms64, m)
+            n += 1
+        elif name.endswith("RotaryEmbedding"):
+            m._inv64 = inv_freq64(model.config)
+            m.forward = types.MethodType(_rope64, m)
+            n += 1
+    if not n:
+        raise ValueError("accuracy_torch: no RMSNorm or rotary module to patch")
+    return model
+
+
 def load(model_dir, dtype, family):
+    """HF's model in dtype with sdpa; in float64 (the truth) its float32 islands patched."""
     if family == "gemma3":
         import gemma3_hf
         return gemma3_hf.load(model_dir, "sdpa", patched=dtype == torch.float64, dtype=dtype)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, torch_dtype=dtype, attn_implementation="sdpa")
     model.train()
-    return model
+    return patch_islands(model) if dtype == torch.float64 else model
 
 
 def grads(model, ids, truth):
