@@ -21,14 +21,14 @@ OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root --mca btl self,vade
 # mean step time after the first step (which faults the buffers in)
 mean() { awk -F, 'NR > 2 { s += $2; n++ } END { printf "%.3f", s / n }' "$1/timing.csv"; }
 t1=$(mean "$OUT/one") t2=$(mean "$OUT/two")
-P=$("$BIN" plan --config data/models/bench.json --seq "$T" --json 2>/dev/null |
-    sed -n 's/.*"parameters":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
+# the planner's network model (docs/distributed.md §4): the bytes a step of the rank sending the
+# most (pieces, losses, the clip norm's block sums, its updated weights), exact
+S=$("$BIN" plan --config data/models/bench.json --seq "$T" --batch-size 1 --grad-accum 4 --ranks 2 \
+    --optimizer --json 2>/dev/null | sed -n 's/.*"sent_bytes_per_step":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
 echo "bench model, T = $T, 4 micro-batches a step, $STEPS steps ($(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'))"
 echo "  1 process x 2 threads:  $t1 s a step"
 echo "  2 processes x 1 thread: $t2 s a step ($(awk -v a="$t2" -v b="$t1" 'BEGIN { printf "%.2fx", a / b }'))"
 grep -o 'sent per rank.*' "$OUT/two.log" | sed 's/^/  /'
-if [ -n "$P" ]; then # per rank per step: m(N-1)/N pieces of P, and the shares' all-gather (N-1)/N P
-    echo "  model: $(awk -v P="$P" -v s="$STEPS" 'BEGIN { printf "%.0f", s * (2 * 0.5 * P * 4 + 0.5 * P * 4) }') bytes a rank over $STEPS steps (P = $P fp32; plus the losses and the start-up check)"
-fi
+[ -n "$S" ] && echo "  model: $((S * STEPS + 5376)) bytes for the rank sending the most over $STEPS steps (plan --ranks 2 --optimizer: $S a step, plus the start-up check's 5376)"
 cmp -s "$OUT/one/model.safetensors" "$OUT/two/model.safetensors" && echo "  weights: the same bytes" ||
     echo "  weights: differ (fast numerics: 2 threads against 1 thread products; the fold itself is exact)"

@@ -445,12 +445,17 @@ typedef struct {
      * micro-batches k = rank (mod N) and every process ends with the same bits (src/dist,
      * docs/distributed.md); CPU only */
     struct sbp_comm *comm;
+    /* with a comm of N > 1: 0, every process ends with the whole gradient; 1 (ZeRO-2: train,
+     * grad under mpirun), each ends with its share only, the 4096-element blocks it owns packed
+     * in ascending order (res->numel elements; src/dist, docs/distributed.md §7) */
+    int sharded;
 } sbp_grad_opts;
 
 typedef struct {
     double loss;
     int64_t n_targets;
-    void *grads; /* (params.total), same precision as the model; charged to the ledger */
+    void *grads;                   /* (numel), same precision as the model; charged to the ledger */
+    int64_t numel;                 /* the trained table's params.total, or a sharded step's share */
     int block, chunk, logit_chunk; /* the values used after defaults and clamping */
     sbp_device device;             /* where it ran: on a device, grads are not in the ledger */
 } sbp_grad_result;
@@ -571,6 +576,7 @@ typedef struct {
     sbp_range *held;
     int n_held;
     struct sbp_comm *comm;
+    sbp_ledger *lg; /* ZeRO-2: where save's and load's buffer of one tensor is charged */
 } sbp_adamw;
 
 /* Checks the hyper-parameters as torch.optim.AdamW does; the message names the bad one. */
@@ -584,7 +590,8 @@ sbp_status sbp_adamw_exclude_decay(sbp_adamw *a, const sbp_range *r /* (n) */, i
 void sbp_adamw_free(sbp_adamw *a, sbp_ledger *lg);
 /* One optimizer step at learning rate lr: p ← p·(1 − lr·wd), moments, p ← p − lr/bc1 · m /
  * (sqrt(v)/sqrt(bc2) + eps). Every element's arithmetic is the same whatever the thread count. */
-void sbp_adamw_step(sbp_adamw *a, void *p /* (n) */, const void *g /* (n) */, double lr);
+void sbp_adamw_step(sbp_adamw *a, void *p /* (n) */, const void *g /* (n), ZeRO-2: the share */,
+                    double lr);
 /* The ranges of a parameter table that HF Trainer keeps out of weight decay: every norm weight
  * and every bias. *out is malloc'd (free it); *n may be 0. */
 sbp_status sbp_params_no_decay(sbp_range **out, int *n, const sbp_params *ps, sbp_err *err);

@@ -93,7 +93,7 @@ for s in stream full; do
     [ $s = stream ] && x="--chunk 7 --logit-chunk 5"
     for n in 2 3 4; do
         "${MPIRUN[@]}" -np $n "$BIN" grad --model "$L" $B12 --threads 1 --block 4 --schedule $s $x \
-            >"$TMP/log" 2>&1
+            --out "$TMP/gplan.st" >"$TMP/log" 2>&1
         got=$(sed -n 's/.*ledger peak of the rank holding the most: \([0-9]*\) bytes/\1/p' "$TMP/log")
         want=$("$BIN" plan --config data/models/llama3-tiny.json --seq 24 --batch-size 2 --block 4 \
             --schedules $s $x --grad-accum 12 --ranks $n --json 2>&1 |
@@ -101,8 +101,9 @@ for s in stream full; do
         [ -n "$got" ] && [ "$got" = "$want" ] && ok "plan --ranks $n ($s): $want bytes, as measured" ||
             bad "plan --ranks $n ($s): planned ${want:-?}, measured ${got:-?}"
         [ $s = full ] && continue
-        # the network model: the rank sending the most, its bytes and messages (the start-up
-        # check's all-gather of 5376 bytes, one message to each peer, taken off)
+        # the network model: the rank sending the most, its bytes and messages (the pieces, the
+        # losses, its share to rank 0's file; the start-up check's all-gather of 5376 bytes, one
+        # message to each peer, taken off)
         got=$(grep -o 'sent per rank[^:]*: .*' "$TMP/log" | cut -d: -f2 | tr ' ' '\n' | grep / |
             awk -F/ -v n=$n '$1 > b { b = $1; m = $2 } END { print b - 5376 * (n - 1), m - (n - 1) }')
         want=$("$BIN" plan --config data/models/llama3-tiny.json --seq 24 --batch-size 2 --block 4 \
@@ -155,10 +156,15 @@ done
 # peak to the byte; the network model (pieces, losses, the clip norm's block sums, the updated
 # weights) equals what the rank sending the most sent in 2 steps (no checkpoint), start-up check off
 TP="--seq 32 --batch-size 1 --grad-accum 12 --block 8 --logit-chunk 8 --schedule stream --chunk 16"
+declare -A PEAK # the measured per-rank peaks, N = 1..4 (one process: its timing.csv's ledger peak)
+timeout 120 "$BIN" train --model "$Q" --jsonl data/train/counting.jsonl $TP --steps 2 --lr 1e-2 \
+    --threads 1 --out "$TMP/tplan-1" >"$TMP/log" 2>&1
+PEAK[1]=$(tail -1 "$TMP/tplan-1/timing.csv" 2>/dev/null | cut -d, -f4)
 for n in 2 3 4; do
     "${MPIRUN[@]}" -np $n "$BIN" train --model "$Q" --jsonl data/train/counting.jsonl $TP \
         --steps 2 --lr 1e-2 --threads 1 --out "$TMP/tplan-$n" >"$TMP/log" 2>&1
     got=$(sed -n 's/.*ledger peak of the rank holding the most: \([0-9]*\) bytes/\1/p' "$TMP/log")
+    PEAK[$n]=$got
     "$BIN" plan --config data/models/qwen3-tiny.json ${TP/--schedule/--schedules} --optimizer \
         --ranks $n --json >"$TMP/plan" 2>&1
     want=$(sed -n 's/.*"total":[^0-9]*\([0-9]*\).*/\1/p' "$TMP/plan" | head -1)
@@ -170,6 +176,30 @@ for n in 2 3 4; do
     [ "$got " = "$want" ] && ok "plan --ranks $n --optimizer: the network model of a train step, $got bytes/messages, as sent" ||
         bad "plan --ranks $n --optimizer: network model ${want:-?}, sent ${got:-?} a step"
 done
+# ZeRO-2's point: a rank holds less than one process, and less the more ranks there are. No rank
+# holds a whole gradient (the step's result is its share, the pieces pass through a ring of two
+# buckets and a column of one bucket's share): a whole-slab buffer anywhere breaks these
+# (docs/distributed.md §7)
+echo "train peaks (qwen3-tiny, 12 micro-batches; bytes): N=1 ${PEAK[1]}, N=2 ${PEAK[2]}, N=3 ${PEAK[3]}, N=4 ${PEAK[4]}"
+for n in 2 3 4; do
+    [ -n "${PEAK[1]}" ] && [ -n "${PEAK[$n]}" ] && [ "${PEAK[$n]}" -lt "${PEAK[1]}" ] &&
+        ok "train N=$n: a rank's peak ${PEAK[$n]} < one process's ${PEAK[1]}" ||
+        bad "train N=$n: a rank's peak ${PEAK[$n]:-?} is not below one process's ${PEAK[1]:-?}"
+done
+[ -n "${PEAK[4]}" ] && [ -n "${PEAK[2]}" ] && [ "${PEAK[4]}" -lt "${PEAK[2]}" ] &&
+    [ "${PEAK[3]}" -lt "${PEAK[2]}" ] && ok "train: a rank's peak falls with N (${PEAK[2]}, ${PEAK[3]}, ${PEAK[4]})" ||
+    bad "train: a rank's peak does not fall with N (${PEAK[2]:-?}, ${PEAK[3]:-?}, ${PEAK[4]:-?})"
+# the checkpoint's gather and the resume's read hold one tensor at a time (charged to the ledger):
+# with a checkpoint every step, and resumed from it, a rank's peak is still the step's, as planned
+"${MPIRUN[@]}" -np 2 "$BIN" train --model "$Q" --jsonl data/train/counting.jsonl $TP --steps 2 \
+    --lr 1e-2 --threads 1 --save-every 1 --stop-at 1 --out "$TMP/tck" >"$TMP/log" 2>&1 &&
+    "${MPIRUN[@]}" -np 2 "$BIN" train --model "$Q" --jsonl data/train/counting.jsonl $TP --steps 2 \
+        --lr 1e-2 --threads 1 --save-every 1 --resume "$TMP/tck" --out "$TMP/tck" >"$TMP/log2" 2>&1
+got=$(sed -n 's/.*ledger peak of the rank holding the most: \([0-9]*\) bytes/\1/p' "$TMP/log")
+got2=$(sed -n 's/.*ledger peak of the rank holding the most: \([0-9]*\) bytes/\1/p' "$TMP/log2")
+[ -n "$got" ] && [ "$got" = "${PEAK[2]}" ] && [ "$got2" = "${PEAK[2]}" ] &&
+    ok "train N=2 saving every step, then resumed: peak $got, the step's (the gathers stay below it)" ||
+    bad "train N=2 saving every step / resumed: peaks ${got:-?} / ${got2:-?}, the step's ${PEAK[2]:-?}"
 for s in full ckpt; do
     "${MPIRUN[@]}" -np 3 "$BIN" train --model "$Q" $TRAIN --schedule $s --save-every 3 \
         --out "$TMP/train-$s" >"$TMP/log" 2>&1 || bad "train $s: $(grep -m1 streambp "$TMP/log")"

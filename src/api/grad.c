@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 void openblas_set_num_threads(int n); /* from OpenBLAS; not in every cblas.h */
@@ -144,15 +145,58 @@ static sbp_status check_finite(double loss, const void *grads, const sbp_params 
     return SBP_OK;
 }
 
-/* One micro-batch of a distributed step (src/dist/exchange.c): its gradient goes bucket by bucket to
- * the hook, which sends each piece to its owner. */
+/* The elements of this process's share of a sharded step (sbp_dist_owned). */
+static sbp_status share_of(int64_t *numel, sbp_comm *c, const sbp_params *ps, sbp_err *err) {
+    sbp_range *r = NULL;
+    const int n = sbp_dist_owned(&r, numel, ps, sbp_comm_size(c), sbp_comm_rank(c));
+    free(r);
+    return n < 0 ? sbp_fail(err, SBP_ENOMEM, "out of memory") : SBP_OK;
+}
+
+/* check_finite over a sharded step: each process scans its share; the first non-finite element
+ * of the whole gradient (a MAX over the complements of the slab indices: exact integers) and its
+ * value's bits (from its owner) reach every process, which names it as one process would. */
+static sbp_status check_finite_shares(double loss, const void *share, sbp_comm *c,
+                                      const sbp_params *ps, sbp_precision prec, sbp_err *err) {
+    if (!isfinite(loss)) return sbp_fail(err, SBP_ENUMERIC, "the loss is not finite (%g)", loss);
+    sbp_range *rg = NULL;
+    int64_t owned = 0;
+    const int nr = sbp_dist_owned(&rg, &owned, ps, sbp_comm_size(c), sbp_comm_rank(c));
+    if (nr < 0) return sbp_fail(err, SBP_ENOMEM, "out of memory");
+    uint64_t v[2] = {0, 0}; /* ~(the first bad slab index), its value as a double's bits */
+    if (!all_finite(share, owned, prec))
+        for (int64_t q = 0, at = 0; q < nr && !v[0]; at += rg[q].end - rg[q].begin, q++)
+            for (int64_t j = rg[q].begin; j < rg[q].end && !v[0]; j++) {
+                const int64_t i = at + j - rg[q].begin;
+                const double x =
+                    prec == SBP_FP64 ? ((const double *)share)[i] : ((const float *)share)[i];
+                if (!isfinite(x)) v[0] = ~(uint64_t)j, memcpy(&v[1], &x, sizeof x);
+            }
+    free(rg);
+    uint64_t first = v[0], bits;
+    sbp_status st = sbp_comm_max_u64(c, &first, 1, "the gradient's finiteness", err);
+    if (st || !first) return st;
+    bits = first == v[0] ? v[1] : 0; /* the owner's value; the others give 0 */
+    if ((st = sbp_comm_max_u64(c, &bits, 1, "the gradient's finiteness", err))) return st;
+    const int64_t j = (int64_t)~first;
+    double x;
+    memcpy(&x, &bits, sizeof x);
+    for (int i = 0; i < ps->n; i++)
+        if (j >= ps->p[i].offset && j < ps->p[i].offset + ps->p[i].numel)
+            return sbp_fail(err, SBP_ENUMERIC,
+                            "the gradient of \"%s\" is not finite at element %lld (%g)",
+                            ps->p[i].name, (long long)(j - ps->p[i].offset), x);
+    return sbp_fail(err, SBP_ENUMERIC, "the gradient is not finite at element %lld", (long long)j);
+}
+
+/* One micro-batch of a distributed step (src/dist/exchange.c): its gradient goes bucket by bucket
+ * to the hook, which sends each piece to its owner. */
 typedef struct {
     const sbp_model *m;
     const sbp_batch *batches;
     const sbp_grad_opts *opts;
     const sbp_objective *so; /* the whole step's normalisers */
     sbp_ledger *lg;
-    void *grads;
 } micro_ctx;
 
 static sbp_status run_micro(void *ctx, int k, sbp_bucket_hook hook, void *hook_ctx, double *loss_k,
@@ -166,7 +210,8 @@ static sbp_status run_micro(void *ctx, int k, sbp_bucket_hook hook, void *hook_c
     eo.ev = &ev;
     eo.fold = 1, eo.bucket_hook = hook, eo.hook_ctx = hook_ctx;
     *loss_k = 0;
-    st = engine(loss_k, c->grads, c->m, &c->batches[k], &eo, c->opts->device, c->lg, err);
+    /* no slab: each bucket goes to the hook from the engine's scratch */
+    st = engine(loss_k, NULL, c->m, &c->batches[k], &eo, c->opts->device, c->lg, err);
     sbp_obj_end(&ev);
     return st ? sbp_fail_prefix(err, "micro-batch %d: ", k) : SBP_OK;
 }
@@ -203,20 +248,23 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
     /* on a device the ledger records the device's memory; the host's copy of the result is not
      * charged there */
     sbp_ledger *host_lg = opts->device == SBP_DEVICE_CPU ? lg : NULL;
-    res->grads = sbp_ledger_alloc(host_lg, SBP_MEM_GRADS, esz * (size_t)gps->total);
+    const int dist = opts->comm && sbp_comm_size(opts->comm) > 1;
+    res->numel = gps->total;
+    if (dist && opts->sharded && (st = share_of(&res->numel, opts->comm, gps, err))) return st;
+    res->grads = sbp_ledger_alloc(host_lg, SBP_MEM_GRADS, esz * (size_t)res->numel);
     if (!res->grads)
         return sbp_fail(err, SBP_ENOMEM, "out of memory for the gradients (%lld parameters)",
-                        (long long)gps->total);
+                        (long long)res->numel);
     /* the micro-batches are the step's memory too: charged while it runs (the planner charges
      * its batch of the same shape) */
     int64_t batch_bytes = 0;
     for (int i = 0; i < n; i++) batch_bytes += sbp_batch_bytes(&batches[i]);
     sbp_ledger_charge(host_lg, SBP_MEM_BATCH, batch_bytes);
-    if (opts->comm && sbp_comm_size(opts->comm) > 1) {
-        micro_ctx mc = {m, batches, opts, &so, lg, res->grads};
+    if (dist) {
+        micro_ctx mc = {m, batches, opts, &so, lg};
         st = opts->device != SBP_DEVICE_CPU
                  ? sbp_fail(err, SBP_EUSAGE, "a distributed step runs on the CPU only")
-                 : sbp_dist_grad(res->grads, &res->loss, opts->comm, gps, (int)esz,
+                 : sbp_dist_grad(res->grads, opts->sharded, &res->loss, opts->comm, gps, (int)esz,
                                  opts->emulate_bf16, n, run_micro, &mc, lg, err);
         for (int i = 0; i < n; i++) res->n_targets += batches[i].n_targets;
         sbp_engine_resolve(&eo, opts, batches[n - 1].T, err);
@@ -225,7 +273,7 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
      * gradient g_k and loss l_k from zero and adds them, S ← S + g_k, L ← L + l_k, one IEEE add
      * per element in ascending k. A step's bits are then a function of the micro-batch sequence
      * alone, however the micro-batches are spread over processes. */
-    for (int i = 0; i < n && !st && !(opts->comm && sbp_comm_size(opts->comm) > 1); i++) {
+    for (int i = 0; i < n && !st && !dist; i++) {
         sbp_obj_eval ev;
         sbp_engine_resolve(&eo, opts, batches[i].T, err);
         if ((st = sbp_obj_begin(&ev, &so, &batches[i], err))) break;
@@ -238,7 +286,10 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
         res->n_targets += batches[i].n_targets;
     }
     sbp_ledger_charge(host_lg, SBP_MEM_BATCH, -batch_bytes);
-    if (!st) st = check_finite(res->loss, res->grads, gps, m->prec, err);
+    if (!st && dist && opts->sharded)
+        st = check_finite_shares(res->loss, res->grads, opts->comm, gps, m->prec, err);
+    else if (!st)
+        st = check_finite(res->loss, res->grads, gps, m->prec, err);
     if (st) {
         sbp_grad_result_free(res, lg);
         return st;

@@ -9,8 +9,9 @@
  *
  * Charged besides the engine's buffers, as sbp_grad and a training run hold them: the weights
  * (and a LoRA adapter's) and the gradients of what is trained at the storage size; AdamW's
- * moments, when asked for, at 4 bytes each per trainable parameter (with ranks > 1 per element of
- * the largest rank's blocks: ZeRO-2); the batch's host arrays
+ * moments, when asked for, at 4 bytes each per trainable parameter (with ranks > 1 the gradient
+ * and the moments of one rank's blocks only, ZeRO-2, and the distributed step's own buffers, for
+ * the rank holding the most: sbp_dist_plan_rank); the batch's host arrays
  * (sbp_batch_bytes), which sbp_grad charges for the duration of a step. */
 #include "../core/objective.h"
 #include "../engine/entry.h"
@@ -122,18 +123,18 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
     }
     m.w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * (size_t)m.params.total);
     if (eo.lora) a.w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * trained);
-    void *grads = sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * trained);
-    void *adam[2] = {NULL, NULL}; /* exp_avg and exp_avg_sq, as sbp_adamw_init allocates them */
-    size_t held = trained; /* ZeRO-2: the moments of the largest share (docs/distributed.md) */
-    for (int r = 0; r < o->ranks && o->ranks > 1 && o->optimizer; r++) {
-        sbp_range *own = NULL;
-        int64_t n_own = 0;
-        held = r ? held : 0;
-        if (sbp_dist_owned(&own, &n_own, eo.lora ? &a.params : &m.params, o->ranks, r) >= 0 &&
-            (size_t)n_own > held)
-            held = (size_t)n_own;
-        free(own);
+    /* ZeRO-2 (docs/distributed.md §7): a rank holds its share of the gradient and of the
+     * moments, and the step's ring and column; the rank holding the most is planned */
+    const sbp_params *tps = eo.lora ? &a.params : &m.params;
+    size_t held = trained;
+    int prank = 0;
+    if (o->ranks > 1) {
+        int64_t own = 0;
+        prank = sbp_dist_plan_rank(tps, sb, o->ranks, sb + (o->optimizer ? 8 : 0), &own);
+        held = (size_t)own;
     }
+    void *grads = prank >= 0 ? sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * held) : NULL;
+    void *adam[2] = {NULL, NULL}; /* exp_avg and exp_avg_sq, as sbp_adamw_init allocates them */
     for (int k = 0; k < 2 && o->optimizer; k++)
         adam[k] = sbp_ledger_alloc(lg, SBP_MEM_OPTIMIZER, 4 * held);
     sbp_obj_eval ev = {0};
@@ -152,9 +153,8 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
         double loss = 0;
         eo.ev = &ev;
         plan_ctx pc = {&m, &b, &eo, lg, grads};
-        st = ranks > 1
-                 ? sbp_dist_plan(lg, eo.lora ? &a.params : &m.params, sb, ranks, plan_run, &pc, err)
-                 : sbp_engine_grad_f32(&loss, grads, &m, &b, &eo, lg, err);
+        st = ranks > 1 ? sbp_dist_plan(lg, tps, sb, ranks, prank, plan_run, &pc, err)
+                       : sbp_engine_grad_f32(&loss, grads, &m, &b, &eo, lg, err);
         sbp_ledger_charge(lg, SBP_MEM_BATCH, -batch_bytes);
         sbp_obj_end(&ev);
     }

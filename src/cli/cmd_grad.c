@@ -310,7 +310,7 @@ static void meta_num(meta_list *l, const char *key, double value) {
 
 /* The run's settings, so a gradient file says how it was made. */
 static sbp_status save(const grad_args *a, const sbp_model *m, const sbp_batch *b,
-                       const sbp_grad_result *r, sbp_err *err) {
+                       const sbp_grad_result *r, sbp_ledger *lg, sbp_err *err) {
     const sbp_objective *o = &a->g.objective;
     char batches[1024] = "";
     for (int i = 0; i < a->n_batches; i++)
@@ -341,8 +341,11 @@ static sbp_status save(const grad_args *a, const sbp_model *m, const sbp_batch *
         meta_num(&l, "temperature", o->temperature);
     }
     if (a->lora) meta_str(&l, "lora", a->lora);
-    return sbp_grads_save(a->out, a->g.lora ? &a->g.lora->params : &m->params, a->prec, r->grads,
-                          l.kv, err);
+    const sbp_params *ps = a->g.lora ? &a->g.lora->params : &m->params;
+    /* under mpirun each process holds its share: rank 0 gathers them */
+    if (sbp_comm_size(a->g.comm) > 1)
+        return sbp_dist_save_grads(a->out, a->g.comm, ps, a->prec, r->grads, l.kv, lg, err);
+    return sbp_grads_save(a->out, ps, a->prec, r->grads, l.kv, err);
 }
 
 /* The step's planned peak (sbp_plan) against the memory available, before the weights are
@@ -422,7 +425,7 @@ int cmd_grad(int argc, char **argv) {
     if (sbp_comm_start(&comm, a.comm_timeout, &err)) return report_error("grad", &err);
     if ((rc = dist_check_args(comm, "grad", argc, argv, &err))) return rc;
     const int rank = sbp_comm_rank(comm);
-    a.g.comm = comm;
+    a.g.comm = comm, a.g.sharded = 1; /* ZeRO-2: no process holds the whole gradient */
     if (a.out && sbp_check_writable(a.out, &err)) return dist_exit(comm, "grad", &err);
     /* the model's config and headers and the batches first: they say how large the step is */
     sbp_status st = sbp_model_check(&cfg, a.model, &err);
@@ -442,7 +445,8 @@ int cmd_grad(int argc, char **argv) {
     double t0 = now_seconds();
     if (!st) st = sbp_grad_batches(&r, &m, b, a.n_batches, &a.g, &lg, &err);
     double secs = now_seconds() - t0;
-    if (!st && a.out && rank == 0) st = save(&a, &m, b, &r, &err);
+    /* under mpirun every process takes part: each holds its share of the gradient */
+    if (!st && a.out && (rank == 0 || sbp_comm_size(comm) > 1)) st = save(&a, &m, b, &r, &lg, &err);
     if (!st && rank == 0) {
         if (a.json)
             print_result_json(&a, &m, b, &r, &lg, secs);

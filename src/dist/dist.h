@@ -57,13 +57,18 @@ int sbp_dist_owned(sbp_range **out, int64_t *owned, const sbp_params *ps, int N,
 
 /* The network model of one step of n micro-batches over N ranks (N divides n): what the rank that
  * sends the most sends — its micro-batches' pieces that others own (a message each), its losses
- * to each of the N − 1 others (an all-gather), and its blocks of the result to each of the
- * others (a message per piece and peer): the folded gradient's (grad), or with optimizer set the
- * updated weights' (train's ZeRO-2 step), then also its blocks' sums of squares for the clip norm
- * (an all-gather of 8 bytes a block) — in bytes and messages; esz bytes per element. The
- * transport's counters of a run equal it, plus the start-up check. */
+ * to each of the N − 1 others (an all-gather), and then for grad its share to rank 0, which
+ * writes the file (sbp_dist_gather_cost), or with optimizer set (train's ZeRO-2 step) its blocks'
+ * sums of squares for the clip norm (an all-gather of 8 bytes a block) and its updated weights to
+ * each of the others (a message per piece and peer) — in bytes and messages; esz bytes per
+ * element. The transport's counters of a run equal it, plus the start-up check. */
 sbp_status sbp_dist_traffic(int64_t *bytes, int64_t *messages, const sbp_params *ps, int esz, int N,
                             int n, int optimizer, sbp_err *err);
+
+/* What rank r sends to rank 0 when a sharded slab is gathered there a tensor at a time
+ * (sbp_dist_gather over every tensor of ps): its elements and messages; rank 0 sends none. */
+sbp_status sbp_dist_gather_cost(int64_t *elements, int64_t *messages, const sbp_params *ps, int N,
+                                int r, sbp_err *err);
 
 /* ---- the network model's time (netmodel.c) ------------------------------------------------- */
 
@@ -104,21 +109,54 @@ typedef sbp_status (*sbp_dist_run_fn)(void *ctx, int k, sbp_bucket_hook hook, vo
                                       double *loss_k, sbp_err *err);
 
 /* One step of n micro-batches over the processes of c: this rank runs micro-batches k ≡ rank
- * (mod N) through run; on return grads (ps->total elements of esz bytes) holds the folded gradient
- * and *loss the folded loss, on every rank, bit-identical to the 1-process step. N must divide n.
- */
-sbp_status sbp_dist_grad(void *grads, double *loss, sbp_comm *c, const sbp_params *ps, int esz,
-                         int bf16, int n, sbp_dist_run_fn run, void *ctx, sbp_ledger *lg,
+ * (mod N) through run (which hands each completed bucket to the hook and keeps no gradient of its
+ * own); *loss is the folded loss on every rank. out: with sharded, this rank's share of the
+ * folded gradient, its owned blocks (sbp_dist_owned's ranges) packed in ascending order; else the
+ * whole folded gradient (ps->total elements of esz bytes), on every rank. Bit-identical to the
+ * 1-process step. N must divide n. Besides out a rank holds two buffers for the step, charged to
+ * SBP_MEM_GRADS (docs/distributed.md §7): the ring, the copies of its last two completed buckets
+ * while their pieces travel and its own wait for their turn in the fold, and the column, one
+ * micro-batch's pieces of its blocks of the bucket being folded. */
+sbp_status sbp_dist_grad(void *out, int sharded, double *loss, sbp_comm *c, const sbp_params *ps,
+                         int esz, int bf16, int n, sbp_dist_run_fn run, void *ctx, sbp_ledger *lg,
                          sbp_err *err);
 /* Every rank's blocks of slab (ps->total elements of esz bytes) to every other rank, in place:
  * rank r sends each piece it owns to the N − 1 others and receives the others' (exact copies).
- * The all-gather of a ZeRO-2 step's updated weights, and of grad's folded gradient. */
+ * The all-gather of a ZeRO-2 step's updated weights, and of an unsharded step's gradient. */
 sbp_status sbp_dist_spread(sbp_comm *c, void *slab, const sbp_params *ps, int esz, const char *what,
                            sbp_err *err);
-/* The same step's memory on the rank of N that holds the most (a planning ledger: the buffers
- * reserved, never touched); run is called once, with no hook (the planning table folds nothing). */
-sbp_status sbp_dist_plan(sbp_ledger *lg, const sbp_params *ps, int esz, int N, sbp_dist_run_fn run,
-                         void *ctx, sbp_err *err);
+/* The rank of N whose step holds the most besides the engine's own buffers: per_owned bytes for
+ * each element it owns (the share, the moments) plus the ring and the column (esz bytes an
+ * element). *owned: its elements. −1 when out of memory. */
+int sbp_dist_plan_rank(const sbp_params *ps, int esz, int N, int64_t per_owned, int64_t *owned);
+/* The step's own buffers on rank r of N (a planning ledger: reserved, never touched), then run
+ * once with no hook (the planning table folds nothing). */
+sbp_status sbp_dist_plan(sbp_ledger *lg, const sbp_params *ps, int esz, int N, int r,
+                         sbp_dist_run_fn run, void *ctx, sbp_err *err);
+
+/* ---- the share's gather (gather.c) ----------------------------------------------------------- */
+
+/* Every rank's owned ranges (sbp_dist_owned) and where each starts in its packed share. */
+typedef struct {
+    int N;
+    sbp_range **rj; /* (N) rank j's ranges, ascending (nj[j]) */
+    int *nj;        /* (N) */
+    int64_t **pk; /* (N) rank j's range q starts at pk[j][q] of its share; pk[j][nj[j]]: its size */
+} sbp_dist_shares;
+
+sbp_status sbp_dist_shares_of(sbp_dist_shares *sh, const sbp_params *ps, int N, sbp_err *err);
+void sbp_dist_shares_free(sbp_dist_shares *sh);
+/* Elements [lo, hi) of a slab held in shares gathered to rank 0: its own parts copied from share,
+ * the others' received, into buf (hi − lo elements of esz bytes, rank 0's only); a rank r > 0
+ * sends its parts of the range from share, a message per range it holds there. Collective. */
+sbp_status sbp_dist_gather(sbp_comm *c, void *buf, const void *share, const sbp_dist_shares *sh,
+                           int64_t lo, int64_t hi, int esz, const char *what, sbp_err *err);
+/* The gradient file of sbp_grads_save from a sharded step's shares (sbp_dist_grad's out on every
+ * rank): gathered to rank 0 one tensor at a time (a buffer of the largest, charged to lg's
+ * SBP_MEM_GRADS), written by rank 0 alone, the same bytes. Collective. */
+sbp_status sbp_dist_save_grads(const char *path, sbp_comm *c, const sbp_params *ps,
+                               sbp_precision prec, const void *share, const char *const *meta,
+                               sbp_ledger *lg, sbp_err *err);
 
 /* ---- the transport (mpi.c, or none.c without MPI) ------------------------------------------- */
 
@@ -156,12 +194,13 @@ sbp_status sbp_comm_allgatherv(sbp_comm *c, void *out, const void *in, const siz
                                const size_t *displs, const char *what, sbp_err *err);
 /* v[i] = the maximum of v[i] over the ranks */
 sbp_status sbp_comm_max_u64(sbp_comm *c, uint64_t *v, int n, const char *what, sbp_err *err);
-/* What a distributed gradient step (sbp_dist_grad) leaves in the gradient: 0 (the default, grad)
- * the whole gradient on every rank; 1 (train's ZeRO-2 step) each rank's own blocks, zero
- * elsewhere (the optimizer then steps each rank's blocks and the weights are all-gathered). One
- * process: always 0. */
-void sbp_comm_set_sharded(sbp_comm *c, int on);
-int sbp_comm_sharded(const sbp_comm *c);
+/* Waits while poll(ctx) returns 1: poll runs the caller's own tests and the work they allow (the
+ * fold), sets *progress when something moved and *peer to the rank it waits on; 0 when nothing is
+ * left, −1 failed (err filled). The deadline runs from the last progress (SBP_EPEER naming the
+ * peer). */
+typedef int (*sbp_comm_poll)(void *ctx, int *progress, int *peer);
+sbp_status sbp_comm_wait_poll(sbp_comm *c, sbp_comm_poll poll, void *ctx, const char *what,
+                              sbp_err *err);
 /* Called as each distributed step begins: the failure tests' hooks (mpi.c). */
 void sbp_comm_step_begins(sbp_comm *c);
 /* Seconds this process has spent waiting on the others (requests and collectives). */

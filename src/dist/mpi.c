@@ -27,7 +27,6 @@ struct sbp_comm {
     int nreq;
     int64_t bytes, messages;
     int steps;     /* distributed steps begun (the test hooks count them) */
-    int sharded;   /* sbp_comm_set_sharded: gradient steps end with each rank's share only */
     double waited; /* seconds spent waiting for requests and collectives */
 };
 
@@ -158,6 +157,25 @@ static sbp_status wait_all(sbp_comm *c, MPI_Request *r, const int *peer, int n, 
     return SBP_OK;
 }
 
+sbp_status sbp_comm_wait_poll(sbp_comm *c, sbp_comm_poll poll, void *ctx, const char *what,
+                              sbp_err *err) {
+    double last = now(), t0 = last;
+    int rc, progress = 0, peer = -1;
+    while ((rc = poll(ctx, &progress, &peer)) > 0) {
+        if (progress) {
+            last = now(), progress = 0;
+            continue;
+        }
+        if (now() - last > c->timeout)
+            return sbp_fail(err, SBP_EPEER, "nothing from rank %s%d for %s in %g s",
+                            peer < 0 ? "(any) " : "", peer < 0 ? 0 : peer, what, c->timeout);
+        struct timespec ts = {0, 50000}; /* as wait_all: leave the core to oversubscribed ranks */
+        nanosleep(&ts, NULL);
+    }
+    c->waited += now() - t0;
+    return rc < 0 ? err->status : SBP_OK;
+}
+
 int sbp_comm_test(sbp_comm *c, int r) {
     if (!c->mpi || r < 0 || r >= c->nreq || c->req[r] == MPI_REQUEST_NULL) return 1;
     int done = 0; /* a failure shows in the wait that follows */
@@ -242,14 +260,6 @@ void sbp_comm_step_begins(sbp_comm *c) {
         if (v && sscanf(v, "%d:%d", &r, &s) == 2 && r == c->rank && s == c->steps)
             raise(i ? SIGSTOP : SIGKILL);
     }
-}
-
-void sbp_comm_set_sharded(sbp_comm *c, int on) {
-    if (c && c->mpi) c->sharded = on; /* one process holds everything: nothing to set */
-}
-
-int sbp_comm_sharded(const sbp_comm *c) {
-    return c ? c->sharded : 0;
 }
 
 double sbp_comm_waited(const sbp_comm *c) {

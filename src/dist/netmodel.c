@@ -8,10 +8,10 @@
  * + messages_i·latency. The link sends one transfer after another (FIFO): s_i = max(t_i, e_{i−1}),
  * e_i = s_i + d_i; the owner folds after the round, so what is left after the backward is waited
  * for: exposed per round = max(0, e_last − t_last). After the m rounds come, not overlapped, the
- * losses' all-gather, with an optimizer the clip norm's block sums, and the rank's blocks to the
- * N − 1 others (the gradient's for grad, the updated weights' for train): their bytes/bandwidth +
- * messages·latency. The step's exposed time is m·(exposed per round) + that, for the rank
- * exposing the most; traffic as sbp_dist_traffic counts it.
+ * losses' all-gather, then for grad the rank's share to rank 0 (which writes the file), for
+ * train the clip norm's block sums and the rank's updated weights to the N − 1 others: their
+ * bytes/bandwidth + messages·latency. The step's exposed time is m·(exposed per round) + that, for
+ * the rank exposing the most; traffic as sbp_dist_traffic counts it.
  *
  * Backward times from src/core/flops.c: a micro-batch's work W = sbp_step_flops (its schedule's
  * recompute included), its forward a third of the full schedule's products (exact for the
@@ -90,12 +90,15 @@ sbp_status sbp_dist_net(sbp_net_time *out, const sbp_config *cfg, const sbp_para
             }
         }
         const double peers = N - 1;
-        double after = peers * (m * 8 / net->bandwidth + net->latency) +
-                       peers * ((double)own * esz / net->bandwidth + owned_pieces * net->latency);
+        double after = peers * (m * 8 / net->bandwidth + net->latency);
         if (optimizer)
-            after += peers *
-                     ((double)((own + SBP_DIST_BLOCK - 1) / SBP_DIST_BLOCK) * 8 / net->bandwidth +
-                      net->latency);
+            after +=
+                peers *
+                ((double)((own + SBP_DIST_BLOCK - 1) / SBP_DIST_BLOCK) * 8 / net->bandwidth +
+                 net->latency + (double)own * esz / net->bandwidth + owned_pieces * net->latency);
+        int64_t gathered = 0, gm = 0; /* grad: the share to rank 0's file */
+        if (!optimizer && !(st = sbp_dist_gather_cost(&gathered, &gm, trained, N, r, err)))
+            after += (double)gathered * esz / net->bandwidth + gm * net->latency;
         const double per_round = sbp_dist_exposed_round(bt, d, nmb);
         if (m * per_round + after > out->exposed)
             out->exposed = m * per_round + after, out->per_round = per_round, out->after = after;

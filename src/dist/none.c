@@ -38,10 +38,14 @@ sbp_status sbp_comm_start(sbp_comm **c, double timeout_s, sbp_err *err) {
 
 void sbp_comm_finish(sbp_comm *c) {}
 
-void sbp_comm_set_sharded(sbp_comm *c, int on) {}
-
-int sbp_comm_sharded(const sbp_comm *c) {
-    return 0;
+/* One process waits on nothing but its own work: poll runs until done or stuck. */
+sbp_status sbp_comm_wait_poll(sbp_comm *c, sbp_comm_poll poll, void *ctx, const char *what,
+                              sbp_err *err) {
+    int rc = 0, progress = 1, peer = -1;
+    while (progress && (progress = 0, rc = poll(ctx, &progress, &peer)) > 0) {
+    }
+    if (rc > 0) return sbp_fail(err, SBP_EPEER, "nothing left to wait for on %s", what);
+    return rc < 0 ? err->status : SBP_OK;
 }
 
 int sbp_comm_rank(const sbp_comm *c) {

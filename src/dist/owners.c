@@ -97,6 +97,22 @@ int sbp_dist_owned(sbp_range **out, int64_t *owned, const sbp_params *ps, int N,
     return m;
 }
 
+sbp_status sbp_dist_gather_cost(int64_t *elements, int64_t *messages, const sbp_params *ps, int N,
+                                int r, sbp_err *err) {
+    sbp_range *rg = NULL;
+    const int nr = sbp_dist_owned(&rg, elements, ps, N, r);
+    if (nr < 0) return sbp_fail(err, SBP_ENOMEM, "out of memory");
+    *messages = 0; /* sbp_dist_gather: a message per tensor and range of it held */
+    for (int i = 0; r > 0 && i < ps->n; i++)
+        for (int q = 0; q < nr; q++) {
+            const int64_t lo = ps->p[i].offset, hi = lo + ps->p[i].numel;
+            *messages += rg[q].begin < hi && rg[q].end > lo;
+        }
+    if (r == 0) *elements = 0; /* rank 0 copies its own */
+    free(rg);
+    return SBP_OK;
+}
+
 sbp_status sbp_dist_traffic(int64_t *bytes, int64_t *messages, const sbp_params *ps, int esz, int N,
                             int n, int optimizer, sbp_err *err) {
     sbp_piece *pc = NULL;
@@ -111,10 +127,16 @@ sbp_status sbp_dist_traffic(int64_t *bytes, int64_t *messages, const sbp_params 
         for (int i = 0; i < np; i++)
             if (pc[i].owner != r) sent += pc[i].n, msgs++;
         const int64_t m = n / N, peers = N - 1;
-        /* m rounds; its m losses to each of the others (an all-gather); its blocks of the result
-         * (the gradient, or the updated weights) to each of the others, a message a piece */
-        int64_t by = m * sent * esz + peers * m * (int64_t)sizeof(double) + peers * own[r] * esz;
-        int64_t ms = m * msgs + peers + peers * owned_pieces[r];
+        /* m rounds; its m losses to each of the others (an all-gather) */
+        int64_t by = m * sent * esz + peers * m * (int64_t)sizeof(double);
+        int64_t ms = m * msgs + peers;
+        if (optimizer) /* its updated weights to each of the others, a message a piece */
+            by += peers * own[r] * esz, ms += peers * owned_pieces[r];
+        else if (r > 0) { /* grad: its share to rank 0's file (sbp_dist_save_grads) */
+            int64_t owned = 0, gm = 0;
+            if (!(st = sbp_dist_gather_cost(&owned, &gm, ps, N, r, err)))
+                by += owned * esz, ms += gm;
+        }
         if (optimizer) { /* the clip norm's block sums: an all-gather of a double per block */
             const int64_t blocks =
                 (own[r] + SBP_DIST_BLOCK - 1) / SBP_DIST_BLOCK; /* whole blocks */

@@ -256,7 +256,8 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
      * pointed at the scratch bucket by bucket (bucket_begin) */
     real *gbase = o->lora || o->fold ? NULL : g, *gad = o->fold ? NULL : g;
     point_views(&e, lw, lgv, w, aw, gbase, gad, m, o->lora);
-    if (o->fold && g && !fold_begin(&e, &fold, o, m, g)) goto out;
+    /* with a bucket hook there may be no slab: every bucket goes to the hook */
+    if (o->fold && (g || o->bucket_hook) && !fold_begin(&e, &fold, o, m, g)) goto out;
 
     e.ws = ealloc(&e, SBP_MEM_LAYER, op->workspace(&e), "product workspace");
     const size_t half = (size_t)b->T * (c->head_dim / 2);
@@ -276,7 +277,7 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
     } else {
         ok = drive(&e, loss, b, sched_row_of(o->schedule), o->chunk, &h);
         if (ok && fold.failed) hook_failed = 1, ok = 0;
-        if (ok) {
+        if (ok && g) {
             op->store(&e, g, n_params); /* bf16 .grad tensors */
             op->download(&e, grads, g, slab);
         }

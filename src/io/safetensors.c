@@ -477,8 +477,8 @@ static cJSON *json_uint(uint64_t v) {
     return cJSON_CreateRaw(buf);
 }
 
-sbp_status sbp_st_write(const char *path, const sbp_st_entry *e, int n, const char *const *meta,
-                        sbp_err *err) {
+sbp_status sbp_st_write_header(sbp_outfile *o, const sbp_st_entry *e, int n,
+                               const char *const *meta, const char *path, sbp_err *err) {
     cJSON *root = cJSON_CreateObject();
     if (meta && meta[0]) {
         cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
@@ -507,16 +507,24 @@ sbp_status sbp_st_write(const char *path, const sbp_st_entry *e, int n, const ch
     size_t len = strlen(text), padded = (len + 8 + 7) / 8 * 8 - 8; /* data starts 8-aligned */
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    sbp_status st = sbp_outfile_write(o, len8, 8, err);
+    if (!st) st = sbp_outfile_write(o, text, len, err);
+    for (size_t i = len; i < padded && !st; i++) st = sbp_outfile_write(o, " ", 1, err);
+    free(text);
+    return st;
+}
+
+sbp_status sbp_st_write(const char *path, const sbp_st_entry *e, int n, const char *const *meta,
+                        sbp_err *err) {
     sbp_outfile o;
     sbp_status st = sbp_outfile_open(&o, path, err);
-    if (!st) st = sbp_outfile_write(&o, len8, 8, err);
-    if (!st) st = sbp_outfile_write(&o, text, len, err);
-    for (size_t i = len; i < padded && !st; i++) st = sbp_outfile_write(&o, " ", 1, err);
-    free(text);
+    if (st) return st;
+    st = sbp_st_write_header(&o, e, n, meta, path, err);
     for (int i = 0; i < n && !st; i++) {
         uint64_t numel = 1;
         for (int d = 0; d < e[i].ndim; d++) numel *= (uint64_t)e[i].shape[d];
         st = sbp_outfile_write(&o, e[i].data, numel * sbp_dtype_size(e[i].dtype), err);
     }
+    if (st) sbp_outfile_abort(&o); /* idempotent: a failed write has aborted already */
     return st ? st : sbp_outfile_commit(&o, err);
 }

@@ -9,6 +9,7 @@
 #define SBP_SAFETENSORS_H
 
 #include "../streambp.h"
+#include "file.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -83,6 +84,11 @@ typedef struct {
  * meta (may be NULL). Atomic: nothing appears under path unless the whole file was written. */
 sbp_status sbp_st_write(const char *path, const sbp_st_entry *e, int n, const char *const *meta,
                         sbp_err *err);
+/* The same file written tensor by tensor (a tensor at a time gathered from several processes):
+ * the header of the entries (their data unused) into o, opened with sbp_outfile_open; the
+ * caller then writes each entry's bytes in order and commits (or aborts) o. */
+sbp_status sbp_st_write_header(sbp_outfile *o, const sbp_st_entry *e, int n,
+                               const char *const *meta, const char *path, sbp_err *err);
 
 /* float16 / bfloat16 conversions (exact for all finite values; round-to-nearest-even on the way
  * down). */

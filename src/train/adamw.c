@@ -31,8 +31,6 @@
 #include "../streambp.h"
 #include "zero2.h"
 
-#include <cJSON.h>
-
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -126,7 +124,7 @@ sbp_status sbp_adamw_init_held(sbp_adamw *a, const sbp_adamw_opts *o, sbp_precis
         a->n_held = 0;
         return sbp_fail(err, SBP_ENOMEM, "out of memory");
     }
-    a->comm = comm;
+    a->comm = comm, a->lg = lg;
     sbp_status st = init_moments(a, o, prec, ps->total, held, lg, err);
     if (st) sbp_adamw_free(a, lg);
     return st;
@@ -179,12 +177,13 @@ static int decayed_until(const sbp_adamw *a, int64_t i, int64_t *until) {
     return 0;
 }
 
-/* The slab's elements [i0, i1) (whole blocks, the slab's last possibly short), their moments at
- * packed position at on: threads take whole blocks, each split where a no-decay range starts or
+/* The slab's elements [i0, i1) (whole blocks, the slab's last possibly short), their moments and
+ * gradient at packed position at on when packed_g (a ZeRO-2 share), else at i0 on (the slab):
+ * threads take whole blocks, each split where a no-decay range starts or
  * ends. Every element's operations are the same whatever the split (element-wise, no
  * contraction), so a held share updates its elements as the whole slab's step does. */
 static void step_blocks(sbp_adamw *a, void *p, const void *g, int64_t i0, int64_t i1, int64_t at,
-                        const step_scalars *s, int any_decay) {
+                        int packed_g, const step_scalars *s, int any_decay) {
     const int64_t nblocks = (i1 - i0 + BLOCK - 1) / BLOCK;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < nblocks; b++) {
@@ -192,13 +191,13 @@ static void step_blocks(sbp_adamw *a, void *p, const void *g, int64_t i0, int64_
         while (i < end) { /* split the block where a no-decay range starts or ends */
             int64_t until;
             int decay = decayed_until(a, i, &until) && any_decay;
-            int64_t j = until < end ? until : end, m = at + (i - i0);
+            int64_t j = until < end ? until : end, m = at + (i - i0), gi = packed_g ? m : i;
             if (a->prec == SBP_FP64)
                 update_f64((double *)p + i, (double *)a->exp_avg + m, (double *)a->exp_avg_sq + m,
-                           (const double *)g + i, 0, j - i, s, decay);
+                           (const double *)g + gi, 0, j - i, s, decay);
             else
                 update_f32((float *)p + i, (float *)a->exp_avg + m, (float *)a->exp_avg_sq + m,
-                           (const float *)g + i, 0, j - i, s, decay);
+                           (const float *)g + gi, 0, j - i, s, decay);
             i = j;
         }
     }
@@ -218,12 +217,12 @@ void sbp_adamw_step(sbp_adamw *a, void *p, const void *g, double lr) {
                             .eps = o->eps};
     const int any_decay = o->weight_decay != 0; /* torch skips the multiply by 1 */
     if (!a->held) {
-        step_blocks(a, p, g, 0, a->n, 0, &s, any_decay);
+        step_blocks(a, p, g, 0, a->n, 0, 0, &s, any_decay);
         return;
     }
     int64_t at = 0;
-    for (int k = 0; k < a->n_held; k++) { /* ZeRO-2: this rank's blocks */
-        step_blocks(a, p, g, a->held[k].begin, a->held[k].end, at, &s, any_decay);
+    for (int k = 0; k < a->n_held; k++) { /* ZeRO-2: this rank's blocks; g its share, packed */
+        step_blocks(a, p, g, a->held[k].begin, a->held[k].end, at, 1, &s, any_decay);
         at += a->held[k].end - a->held[k].begin;
     }
 }
@@ -262,130 +261,38 @@ sbp_status sbp_params_no_decay(sbp_range **out, int *n, const sbp_params *ps, sb
 
 static const char *const moment_suffix[2] = {"exp_avg", "exp_avg_sq"};
 
-/* ZeRO-2: each rank's held ranges (rj[j], nj[j] of them) and where each starts in its packed
- * moments (pk[j]). */
-typedef struct {
-    int N;
-    sbp_range **rj;
-    int *nj;
-    int64_t **pk;
-} shares;
-
-static void shares_free(shares *sh) {
-    for (int j = 0; j < sh->N; j++)
-        free(sh->rj ? sh->rj[j] : NULL), free(sh->pk ? sh->pk[j] : NULL);
-    free(sh->rj), free(sh->nj), free(sh->pk);
-}
-
-static sbp_status shares_of(shares *sh, const sbp_adamw *a, const sbp_params *ps, sbp_err *err) {
-    sh->N = sbp_comm_size(a->comm);
-    sh->rj = calloc((size_t)sh->N, sizeof *sh->rj);
-    sh->nj = calloc((size_t)sh->N, sizeof *sh->nj);
-    sh->pk = calloc((size_t)sh->N, sizeof *sh->pk);
-    int ok = sh->rj && sh->nj && sh->pk;
-    for (int j = 0; ok && j < sh->N; j++) {
-        int64_t owned;
-        ok = (sh->nj[j] = sbp_dist_owned(&sh->rj[j], &owned, ps, sh->N, j)) >= 0 &&
-             (sh->pk[j] = malloc(sizeof *sh->pk[j] * (size_t)(sh->nj[j] + 1)));
-        for (int k = 0; ok && k <= sh->nj[j]; k++)
-            sh->pk[j][k] = k ? sh->pk[j][k - 1] + sh->rj[j][k - 1].end - sh->rj[j][k - 1].begin : 0;
-    }
-    return ok ? SBP_OK : sbp_fail(err, SBP_ENOMEM, "out of memory");
-}
-
-/* A safetensors header as sbp_st_write writes it (the same bytes): the entries' names, dtypes,
- * shapes and offsets, meta first, padded to 8 bytes. */
-static sbp_status write_header(sbp_outfile *o, const sbp_st_entry *e, int n,
-                               const char *const *meta, const char *path, sbp_err *err) {
-    cJSON *root = cJSON_CreateObject(), *m = cJSON_AddObjectToObject(root, "__metadata__");
-    for (int i = 0; meta[i] && meta[i + 1]; i += 2)
-        cJSON_AddStringToObject(m, meta[i], meta[i + 1]);
-    uint64_t at = 0;
-    char num[24];
-    for (int i = 0; i < n; i++) {
-        cJSON *t = cJSON_AddObjectToObject(root, e[i].name);
-        cJSON_AddStringToObject(t, "dtype", sbp_dtype_name(e[i].dtype));
-        cJSON *shape = cJSON_AddArrayToObject(t, "shape");
-        uint64_t numel = 1;
-        for (int d = 0; d < e[i].ndim; d++) {
-            snprintf(num, sizeof num, "%llu", (unsigned long long)e[i].shape[d]);
-            cJSON_AddItemToArray(shape, cJSON_CreateRaw(num));
-            numel *= (uint64_t)e[i].shape[d];
-        }
-        cJSON *off = cJSON_AddArrayToObject(t, "data_offsets");
-        snprintf(num, sizeof num, "%llu", (unsigned long long)at);
-        cJSON_AddItemToArray(off, cJSON_CreateRaw(num));
-        at += numel * sbp_dtype_size(e[i].dtype);
-        snprintf(num, sizeof num, "%llu", (unsigned long long)at);
-        cJSON_AddItemToArray(off, cJSON_CreateRaw(num));
-    }
-    char *text = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    if (!text) return sbp_fail(err, SBP_ENOMEM, "%s: cannot format the header", path);
-    size_t len = strlen(text), padded = (len + 8 + 7) / 8 * 8 - 8; /* data starts 8-aligned */
-    unsigned char len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    sbp_status st = sbp_outfile_write(o, len8, 8, err);
-    if (!st) st = sbp_outfile_write(o, text, len, err);
-    for (size_t i = len; i < padded && !st; i++) st = sbp_outfile_write(o, " ", 1, err);
-    free(text);
-    return st;
-}
-
-/* One moment tensor of the slab's elements [lo, hi) on rank 0 (into buf): its own held parts
- * copied, the others' received; on rank r > 0 its held parts sent. */
-static sbp_status gather_tensor(char *buf, const sbp_adamw *a, const shares *sh, int k, int64_t lo,
-                                int64_t hi, sbp_err *err) {
-    const int r = sbp_comm_rank(a->comm);
-    const size_t esz = a->prec == SBP_FP64 ? sizeof(double) : sizeof(float);
-    const char *mom = k ? a->exp_avg_sq : a->exp_avg;
-    for (int j = 0; j < sh->N; j++)
-        for (int q = 0; q < sh->nj[j] && (r == 0 || j == r); q++) {
-            const sbp_range *g = &sh->rj[j][q];
-            const int64_t b = g->begin > lo ? g->begin : lo, e = g->end < hi ? g->end : hi;
-            if (b >= e) continue;
-            const size_t bytes = (size_t)(e - b) * esz;
-            const char *src = mom + (size_t)(sh->pk[j][q] + b - g->begin) * esz;
-            if (r == 0 && j == 0)
-                memcpy(buf + (size_t)(b - lo) * esz, src, bytes);
-            else if ((r == 0
-                          ? sbp_comm_irecv(a->comm, buf + (size_t)(b - lo) * esz, bytes, j, 1, err)
-                          : sbp_comm_isend(a->comm, src, bytes, 0, 1, err)) < 0)
-                return err->status;
-        }
-    return sbp_comm_waitall(a->comm, "the optimizer state", err);
-}
-
 /* ZeRO-2's checkpoint: the moments gathered to rank 0 one tensor at a time (a buffer of the
  * largest), written by rank 0 as sbp_st_write writes the whole state; the other ranks send their
  * parts and write nothing. Collective. */
 static sbp_status save_held(const char *path, const sbp_adamw *a, const sbp_params *ps,
                             const sbp_st_entry *e, const char *const *meta, sbp_err *err) {
     const int root = sbp_comm_rank(a->comm) == 0;
-    const size_t esz = a->prec == SBP_FP64 ? sizeof(double) : sizeof(float);
+    const int esz = a->prec == SBP_FP64 ? 8 : 4;
     int64_t most = 1;
     for (int i = 0; i < ps->n; i++) most = ps->p[i].numel > most ? ps->p[i].numel : most;
-    shares sh = {0};
-    sbp_status st = shares_of(&sh, a, ps, err), wst = SBP_OK;
-    char *buf = root && !st ? malloc((size_t)most * esz) : NULL;
+    sbp_dist_shares sh = {0};
+    sbp_status st = sbp_dist_shares_of(&sh, ps, sbp_comm_size(a->comm), err), wst = SBP_OK;
+    char *buf =
+        root && !st ? sbp_ledger_alloc_raw(a->lg, SBP_MEM_OPTIMIZER, (size_t)most * esz) : NULL;
     if (root && !st && !buf) st = sbp_fail(err, SBP_ENOMEM, "out of memory");
     sbp_outfile o;
     int open = 0;
-    if (root && !st) wst = sbp_outfile_open(&o, path, err), open = !wst;
-    if (root && !wst) wst = write_header(&o, e, 2 * ps->n, meta, path, err);
     sbp_err werr = *err; /* rank 0's write failure; the others' parts are still taken */
+    if (root && !st) wst = sbp_outfile_open(&o, path, &werr), open = !wst;
+    if (root && !st && !wst) wst = sbp_st_write_header(&o, e, 2 * ps->n, meta, path, &werr);
     for (int i = 0; i < ps->n && !st; i++)
         for (int k = 0; k < 2 && !st; k++) {
             const sbp_param *p = &ps->p[i];
-            st = gather_tensor(buf, a, &sh, k, p->offset, p->offset + p->numel, err);
+            st = sbp_dist_gather(a->comm, buf, k ? a->exp_avg_sq : a->exp_avg, &sh, p->offset,
+                                 p->offset + p->numel, esz, "the optimizer state", err);
             if (root && !st && !wst)
                 wst = sbp_outfile_write(&o, buf, (size_t)p->numel * esz, &werr);
         }
     if (root && !st && !wst) wst = sbp_outfile_commit(&o, &werr), open = 0;
     if (open) sbp_outfile_abort(&o);
     if (!st && wst) *err = werr, st = wst;
-    free(buf);
-    shares_free(&sh);
+    sbp_ledger_free(a->lg, buf);
+    sbp_dist_shares_free(&sh);
     return st;
 }
 
@@ -434,12 +341,9 @@ sbp_status sbp_adamw_save(const char *path, const sbp_adamw *a, const sbp_params
 /* ZeRO-2's resume: moment k of parameter p (tensor t of sf) read whole into *tmp, its values
  * checked, this rank's held parts kept in the packed moments. */
 static sbp_status load_held(sbp_adamw *a, const sbp_st_file *sf, const sbp_st_tensor *t,
-                            const sbp_param *p, int k, const shares *sh, char **tmp,
+                            const sbp_param *p, int k, const sbp_dist_shares *sh, char *buf,
                             const char *path, sbp_err *err) {
     const size_t esz = a->prec == SBP_FP64 ? sizeof(double) : sizeof(float);
-    char *buf = realloc(*tmp, (size_t)(p->numel ? p->numel : 1) * esz);
-    if (!buf) return sbp_fail(err, SBP_ENOMEM, "out of memory");
-    *tmp = buf;
     sbp_status st = sbp_st_read_raw(sf, t, buf, err);
     for (int64_t j = 0; j < p->numel && !st; j++) {
         const double v = a->prec == SBP_FP64 ? ((const double *)buf)[j] : ((const float *)buf)[j];
@@ -481,9 +385,14 @@ sbp_status sbp_adamw_load(sbp_adamw *a, const char *path, const sbp_params *ps, 
         st = sbp_fail(err, SBP_EINPUT, "%s: %d tensors, expected %d (two moments per parameter)",
                       path, sf.n, 2 * ps->n);
     size_t esz = a->prec == SBP_FP64 ? sizeof(double) : sizeof(float);
-    shares sh = {0};
-    char *tmp = NULL; /* ZeRO-2: one tensor at a time, its held parts kept */
-    if (!st && a->held) st = shares_of(&sh, a, ps, err);
+    sbp_dist_shares sh = {0};
+    char *tmp = NULL; /* ZeRO-2: one tensor at a time (the largest's room), its held parts kept */
+    int64_t most = 1;
+    for (int i = 0; i < ps->n; i++) most = ps->p[i].numel > most ? ps->p[i].numel : most;
+    if (!st && a->held) st = sbp_dist_shares_of(&sh, ps, sbp_comm_size(a->comm), err);
+    if (!st && a->held &&
+        !(tmp = sbp_ledger_alloc_raw(a->lg, SBP_MEM_OPTIMIZER, (size_t)most * esz)))
+        st = sbp_fail(err, SBP_ENOMEM, "out of memory");
     for (int i = 0; i < ps->n && !st; i++)
         for (int k = 0; k < 2 && !st; k++) {
             const sbp_param *p = &ps->p[i];
@@ -506,11 +415,11 @@ sbp_status sbp_adamw_load(sbp_adamw *a, const char *path, const sbp_params *ps, 
                     &sf, t, (char *)(k ? a->exp_avg_sq : a->exp_avg) + esz * (size_t)p->offset,
                     err);
             else
-                st = load_held(a, &sf, t, p, k, &sh, &tmp, path, err);
+                st = load_held(a, &sf, t, p, k, &sh, tmp, path, err);
         }
     sbp_st_close(&sf);
-    free(tmp);
-    shares_free(&sh);
+    sbp_ledger_free(a->lg, tmp);
+    sbp_dist_shares_free(&sh);
     /* moments a step could not have produced: non-finite values, negative second moments */
     for (int i = 0; i < ps->n && !st && !a->held; i++)
         for (int k = 0; k < 2 && !st; k++) {

@@ -87,7 +87,7 @@ sbp_status sbp_clip_grad_norm_held(double *norm, void *g, const sbp_adamw *a, co
     size_t *counts = calloc((size_t)N, sizeof *counts), *displs = calloc((size_t)N, sizeof *displs);
     sbp_range **rj = calloc((size_t)N, sizeof *rj);
     int *nj = calloc((size_t)N, sizeof *nj);
-    int64_t mine = 0, *blk = NULL; /* this rank's blocks, ascending */
+    int64_t mine = 0, *blk = NULL, *at = NULL; /* this rank's blocks, ascending; in its share */
     double *part = malloc(sizeof *part * (size_t)(nb ? nb : 1)), *all = NULL, *sums = NULL;
     sbp_status st = counts && displs && rj && nj && part ? SBP_OK : SBP_ENOMEM;
     for (int j = 0; !st && j < N; j++) { /* every rank's blocks: where its sums go */
@@ -100,18 +100,23 @@ sbp_status sbp_clip_grad_norm_held(double *norm, void *g, const sbp_adamw *a, co
     if (!st) {
         mine = (int64_t)(counts[r] / sizeof(double));
         blk = malloc(sizeof *blk * (size_t)(mine ? mine : 1));
+        at = malloc(sizeof *at * (size_t)(mine ? mine : 1));
         sums = malloc(sizeof *sums * (size_t)(mine ? mine : 1));
         all = malloc(displs[N - 1] + counts[N - 1] + sizeof(double));
-        if (!blk || !sums || !all) st = SBP_ENOMEM;
+        if (!blk || !at || !sums || !all) st = SBP_ENOMEM;
     }
-    for (int k = 0, t = 0; !st && k < a->n_held; k++)
+    int64_t held = 0; /* the share packs the held ranges, each of whole blocks, in order */
+    for (int k = 0, t = 0; !st && k < a->n_held; k++) {
         for (int64_t b = a->held[k].begin / BLOCK; b * BLOCK < a->held[k].end && t < mine; b++)
-            blk[t++] = b;
+            blk[t] = b, at[t++] = held + b * BLOCK - a->held[k].begin;
+        held += a->held[k].end - a->held[k].begin;
+    }
     if (st) sbp_fail(err, SBP_ENOMEM, "out of memory for the clip norm's block sums");
 #pragma omp parallel for schedule(static) if (!st)
     for (int64_t t = 0; t < mine; t++)
         sums[t] = sbp_grad_block_sumsq(
-            g, blk[t] * BLOCK, (blk[t] + 1) * BLOCK < ps->total ? (blk[t] + 1) * BLOCK : ps->total,
+            g, at[t],
+            at[t] + ((blk[t] + 1) * BLOCK < ps->total ? BLOCK : ps->total - blk[t] * BLOCK),
             a->prec);
     if (!st)
         st = sbp_comm_allgatherv(a->comm, all, sums, counts, displs, "the clip norm's block sums",
@@ -122,8 +127,10 @@ sbp_status sbp_clip_grad_norm_held(double *norm, void *g, const sbp_adamw *a, co
                 part[b] = all[displs[j] / sizeof(double) + t++];
     double sum = 0; /* ascending block order, as sbp_grad_norm */
     for (int64_t b = 0; !st && b < nb; b++) sum += part[b];
-    if (!st) *norm = sbp_clip_ranges(g, a->held, a->n_held, a->prec, sqrt(sum), max_norm);
+    const sbp_range share = {0, held};
+    if (!st) *norm = sbp_clip_ranges(g, &share, 1, a->prec, sqrt(sum), max_norm);
     for (int j = 0; rj && j < N; j++) free(rj[j]);
-    free(counts), free(displs), free(rj), free(nj), free(blk), free(sums), free(all), free(part);
+    free(counts), free(displs), free(rj), free(nj), free(blk), free(at), free(sums), free(all),
+        free(part);
     return st;
 }

@@ -33,13 +33,12 @@ sbp_status sbp_train_step(sbp_step_result *r, sbp_model *m, sbp_lora *lora, sbp_
     sbp_grad_opts go = *g;
     go.lora = lora;
     sbp_grad_result gr;
-    /* ZeRO-2 (zero2.h): the gradient step leaves each rank its own blocks */
+    /* ZeRO-2 (zero2.h): the gradient step leaves each rank its own blocks, packed */
     const int held = a->held != NULL;
     if (held && a->comm != g->comm)
         return sbp_fail(err, SBP_EUSAGE, "the optimizer's shard belongs to another process group");
-    sbp_comm_set_sharded(g->comm, held);
+    go.sharded = held;
     sbp_status st = sbp_grad_batches(&gr, m, b, n, &go, lg, err);
-    sbp_comm_set_sharded(g->comm, 0);
     if (st) return st;
     const sbp_params *ps = lora ? &lora->params : &m->params;
     double norm = 0;

@@ -17,10 +17,11 @@ double sbp_grad_block_sumsq(const void *g, int64_t i0, int64_t i1, sbp_precision
  * sbp_clip_grad_norm does with the norm of the whole slab; returns the norm rounded to prec. */
 double sbp_clip_ranges(void *g, const sbp_range *r, int nr, sbp_precision prec, double norm,
                        double max_norm);
-/* The clip norm of a gradient of which this rank holds its blocks (a->held) only, the same bits
- * as sbp_clip_grad_norm over the whole gradient; clips those blocks. *norm: the norm rounded to
- * prec. Collective over a->comm. */
-sbp_status sbp_clip_grad_norm_held(double *norm, void *g /* (ps->total) */, const sbp_adamw *a,
+/* The clip norm of a gradient of which this rank holds its blocks (a->held) only, g its share
+ * (the held ranges packed in order, as sbp_dist_grad leaves it), the same bits as
+ * sbp_clip_grad_norm over the whole gradient; clips the share. *norm: the norm rounded to prec.
+ * Collective over a->comm. */
+sbp_status sbp_clip_grad_norm_held(double *norm, void *g /* (held) */, const sbp_adamw *a,
                                    const sbp_params *ps, double max_norm, sbp_err *err);
 
 /* AdamW for ps's slab as sbp_adamw_init, and under a comm of N > 1 processes the moments of this
