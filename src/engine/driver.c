@@ -56,8 +56,9 @@ typedef struct {
     lora_work lw;
     chunk_grads cg;
     kv_work kvw;
-    int kvwin;   /* the local layers' K/V side is bounded by the window (kv_window_*) */
-    int kv_rows; /* rows of the K/V buffers of a pass that does not keep them (T, or less) */
+    pend_work pd; /* the portable sums' open token blocks (steps/sums.c), in the backward */
+    int kvwin;    /* the local layers' K/V side is bounded by the window (kv_window_*) */
+    int kv_rows;  /* rows of the K/V buffers of a pass that does not keep them (T, or less) */
 } run_bufs;
 
 /* Whether a row of the batch sees no key on a local layer of window W while the unattended mode
@@ -99,7 +100,8 @@ static int pass_begin(eng *e, run_bufs *r, const sched_row *row, int c, int back
     if (!row->keep_all && (!kv_acts_alloc(e, &r->kv[0], kvr, SBP_MEM_LAYER) ||
                            !chunk_acts_alloc(e, &r->ca[0], c, SBP_MEM_LAYER)))
         return 0;
-    return !backward || (kv_work_alloc(e, &r->kvw, kvr) && chunk_grads_alloc(e, &r->cg, c));
+    return !backward || (kv_work_alloc(e, &r->kvw, kvr) && chunk_grads_alloc(e, &r->cg, c) &&
+                         pend_work_alloc(e, &r->pd));
 }
 
 static void pass_end(eng *e, run_bufs *r, const sched_row *row) {
@@ -109,6 +111,7 @@ static void pass_end(eng *e, run_bufs *r, const sched_row *row) {
     if (!row->keep_all) kv_acts_free(e, &r->kv[0]), chunk_acts_free(e, &r->ca[0]);
     kv_work_free(e, &r->kvw);
     chunk_grads_free(e, &r->cg);
+    pend_work_free(e, &r->pd);
 }
 
 /* Layer l of sequence bi. */
@@ -130,7 +133,8 @@ static layer_run layer_at(eng *e, run_bufs *r, const sched_row *row, const sbp_b
                     .cg = &r->cg,
                     .kvw = &r->kvw,
                     .nb = &r->nb,
-                    .lw = &r->lw};
+                    .lw = &r->lw,
+                    .pd = r->pd.slab ? &r->pd : NULL};
     return lr;
 }
 
@@ -143,6 +147,7 @@ static void free_bufs(eng *e, run_bufs *r) {
     chunk_formed_free(e, &r->fm);
     kv_work_free(e, &r->kvw);
     chunk_grads_free(e, &r->cg);
+    pend_work_free(e, &r->pd);
     efree(e, r->g), efree(e, r->xL), efree(e, r->xs);
 }
 

@@ -189,6 +189,38 @@ void kv_work_free(eng *e, kv_work *d);
 int norm_block_alloc(eng *e, norm_block *nb);
 void norm_block_free(eng *e, norm_block *nb);
 
+/* ---- the portable numerics' sums over tokens in blocks (steps/sums.c) ------------------------
+ * A weight, bias or norm-weight gradient sums over the tokens of each sequence. In the portable
+ * numerics the sum is cut at the token positions k·SUM_BLOCK (docs/numerics.md §4): the first
+ * block's tokens continue the chain from the stored gradient, every later block is a chain of
+ * its own from +0, added to the gradient once it is complete. SUM_BLOCK is a constant of the
+ * numerics, never a setting: the portable bits may not depend on one. It is at least the token
+ * count of every golden case (so they keep their bits) and a multiple of the attention's key
+ * tile (ATTN_TILE). */
+enum { SUM_BLOCK = 128 };
+
+/* The partial sum of the block a call leaves open, per gradient of a layer, carried to the next
+ * call of the same sequence; allocated only in the portable numerics when T > SUM_BLOCK (else
+ * every token is in the first block and nothing is carried). */
+typedef struct {
+    layer_p p;  /* the layer's gradients' partial sums (NULL where the layer has no gradient) */
+    real *dgin; /* (C) kv_work's dgin's (a local layer's K/V-path chain of its own) */
+    real *slab; /* the one allocation holding them */
+} pend_work;
+
+int pend_work_alloc(eng *e, pend_work *p);
+void pend_work_free(eng *e, pend_work *p);
+
+/* The op's linear_backward and rmsnorm_backward, with the weight (and bias) gradient summed in
+ * token blocks through the pending partial sums pw, pb (NULL: every row is in the first block,
+ * or no gradient; the op is called as it is). linear: rows [s, end) of a sequence, as the op.
+ * norm: M rows of the tokens from t0 on, rpt rows per token (q_norm, k_norm: the heads). */
+void sum_linear_backward(const eng *e, real *dx, real *dw, real *pw, real *db, real *pb,
+                         const real *dy, const real *x, const real *w, int s, int end, int N,
+                         int K);
+void sum_norm_backward(const eng *e, real *dx, real *dw, real *pw, const real *dout, const real *x,
+                       const real *rstd, const real *w, int t0, int M, int rpt, int C);
+
 /* ---- the layer steps (steps/layer.c) --------------------------------------------------------- */
 
 /* One layer of one sequence, as the steps see it. */
@@ -208,6 +240,7 @@ typedef struct {
     kv_work *kvw;         /* dK, dV accumulators */
     norm_block *nb;
     lora_work *lw; /* the adapters' scratch (NULL without adapters) */
+    pend_work *pd; /* the open token blocks' partial sums (NULL: none, pend_work) */
 } layer_run;
 
 void kv_forward(const eng *e, layer_run *lr);

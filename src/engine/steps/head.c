@@ -20,11 +20,15 @@ typedef struct {
     real *hn, *dhn, *rstd;     /* (rows, C), (rows, C), (rows) */
     double *logp, *lse, *coef; /* (rows) each */
     double *h_logp, *h_coef;   /* (rows) each, on the host */
+    /* (V, C), (C): the open token block's partial sums of the head's and the final norm's
+     * weight gradients (sums.c); NULL when nothing is carried */
+    real *phead, *pfnorm;
 } head_work;
 
 static void work_free(eng *e, head_work *w) {
     efree(e, w->logits), efree(e, w->hn), efree(e, w->dhn), efree(e, w->rstd);
     efree(e, w->logp), efree(e, w->lse), efree(e, w->coef);
+    efree(e, w->phead), efree(e, w->pfnorm);
     free(w->h_logp), free(w->h_coef);
 }
 
@@ -43,6 +47,13 @@ static int work_alloc(eng *e, head_work *w, const sbp_batch *b, const head_opts 
         w->h_logp = malloc(sizeof(double) * rows);
         w->h_coef = malloc(sizeof(double) * rows);
         if (!w->h_logp || !w->h_coef) e->oom = 1;
+        if (e->portable && e->T > SUM_BLOCK) { /* pend_work_alloc's rule */
+            if (e->ghead)
+                w->phead = ealloc(e, SBP_MEM_LOGITS, V * e->C, "head gradient's open token block");
+            if (e->gfnorm)
+                w->pfnorm =
+                    ealloc(e, SBP_MEM_LOGITS, (size_t)e->C, "final norm's open token block");
+        }
     }
     if (e->oom) work_free(e, w);
     return !e->oom;
@@ -113,9 +124,10 @@ int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b
             op->upload(e, w.coef, w.h_coef, sizeof(double) * M);
             op->logprob_backward(e, z, w.coef, w.lse, e->tgt + (size_t)bi * T + s, M);
             op->zero(e, w.dhn, (size_t)M * C);
-            op->linear_backward(e, w.dhn, e->ghead, NULL, z, w.hn, e->head, s, end, V, C);
-            op->rmsnorm_backward(e, dh + ((size_t)bi * T + s) * C, e->gfnorm, w.dhn, h_s, w.rstd,
-                                 e->fnorm, M, C);
+            sum_linear_backward(e, w.dhn, e->ghead, w.phead, NULL, NULL, z, w.hn, e->head, s, end,
+                                V, C);
+            sum_norm_backward(e, dh + ((size_t)bi * T + s) * C, e->gfnorm, w.pfnorm, w.dhn, h_s,
+                              w.rstd, e->fnorm, s, M, 1, C);
         }
     work_free(e, &w);
     return 1;

@@ -107,19 +107,27 @@ static void proj_forward(const eng *e, const lora_work *lw, real *y, const real 
     op->axpy(e, y, e->lora_s, lw->z, (size_t)(end - s) * N);
 }
 
+/* The pending partial sums of the layer's open token blocks (sums.c), or all NULL. */
+static const layer_p *pend_of(const layer_run *lr) {
+    static const layer_p none;
+    return lr->pd ? &lr->pd->p : &none;
+}
+
+/* pdw, pdb, pgad: the pending partial sums of dw, db and the adapter's gradients (sums.c) */
 static void proj_backward(const eng *e, const lora_work *lw, real *dx, real *dw, real *db,
-                          lora_ab *gad, const real *dy, const real *x, const real *w,
-                          const lora_ab *ad, int s, int end, int N, int K) {
+                          lora_ab *gad, real *pdw, real *pdb, const lora_ab *pgad, const real *dy,
+                          const real *x, const real *w, const lora_ab *ad, int s, int end, int N,
+                          int K) {
     const sbp_ops *op = e->ops;
     const int M = end - s, r = e->lora_r;
-    op->linear_backward(e, dx, dw, db, dy, x, w, s, end, N, K);
+    sum_linear_backward(e, dx, dw, pdw, db, pdb, dy, x, w, s, end, N, K);
     if (!ad->A) return;
     op->linear_forward(e, lw->t, x, ad->A, NULL, s, end, r, K);
     op->copy(e, lw->dz, dy, (size_t)M * N);
     op->scale(e, lw->dz, e->lora_s, (size_t)M * N);
     op->zero(e, lw->dt, (size_t)M * r);
-    op->linear_backward(e, lw->dt, gad->B, NULL, lw->dz, lw->t, ad->B, s, end, N, r);
-    op->linear_backward(e, dx, gad->A, NULL, lw->dt, x, ad->A, s, end, r, K);
+    sum_linear_backward(e, lw->dt, gad->B, pgad->B, NULL, NULL, lw->dz, lw->t, ad->B, s, end, N, r);
+    sum_linear_backward(e, dx, gad->A, pgad->A, NULL, NULL, lw->dt, x, ad->A, s, end, r, K);
 }
 
 /* ---- forward --------------------------------------------------------------------------------- */
@@ -212,6 +220,7 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     const layer_p *w = lr->w;
     layer_p *gw = lr->g;
     chunk_grads *d = lr->cg;
+    const layer_p *pd = pend_of(lr);
     const chunk_acts a = rows_from(e, lr->acts, s);
     real *xn = lr->fm->t, *xn2 = lr->fm->t, *h = lr->fm->t, *rstd = lr->fm->rstd;
     const real *x = lr->x + (size_t)s * C;
@@ -226,33 +235,37 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     const real *dmo = dx;
     if (e->gemma) {
         op->zero(e, d->dmo, MC), op->zero(e, d->dao, MC);
-        op->rmsnorm_backward(e, d->dmo, gw->post_ff_norm, dx, a.mo, a.morstd, w->post_ff_norm, M,
-                             C);
+        sum_norm_backward(e, d->dmo, gw->post_ff_norm, pd->post_ff_norm, dx, a.mo, a.morstd,
+                          w->post_ff_norm, s, M, 1, C);
         dmo = d->dmo;
     }
     act_forward(e, h, a.g, a.u, MF); /* formed again */
-    proj_backward(e, lr->lw, d->dh, gw->wd, NULL, &gw->ad, dmo, h, w->wd, &w->ad, s, end, C, F);
+    proj_backward(e, lr->lw, d->dh, gw->wd, NULL, &gw->ad, pd->wd, NULL, &pd->ad, dmo, h, w->wd,
+                  &w->ad, s, end, C, F);
     /* h = silu(g) ⊙ u (Gemma-3: gelu_tanh) */
     act_backward(e, d->dg, d->du, d->dh, a.g, a.u, MF);
     /* g = xn2·Wgᵀ, u = xn2·Wuᵀ */
     const real *w_mlp = e->gemma ? w->pre_ff_norm : w->post_norm;
     real *g_mlp = e->gemma ? gw->pre_ff_norm : gw->post_norm;
+    real *p_mlp = e->gemma ? pd->pre_ff_norm : pd->post_norm;
     op->rmsnorm_forward(e, xn2, rstd, a.x2, w_mlp, M, C); /* formed again */
-    proj_backward(e, lr->lw, d->dxn2, gw->wg, NULL, &gw->ag, d->dg, xn2, w->wg, &w->ag, s, end, F,
-                  C);
-    proj_backward(e, lr->lw, d->dxn2, gw->wu, NULL, &gw->au, d->du, xn2, w->wu, &w->au, s, end, F,
-                  C);
+    proj_backward(e, lr->lw, d->dxn2, gw->wg, NULL, &gw->ag, pd->wg, NULL, &pd->ag, d->dg, xn2,
+                  w->wg, &w->ag, s, end, F, C);
+    proj_backward(e, lr->lw, d->dxn2, gw->wu, NULL, &gw->au, pd->wu, NULL, &pd->au, d->du, xn2,
+                  w->wu, &w->au, s, end, F, C);
     /* xn2 = rmsnorm(x2, w_post) (Gemma-3: w_pre_ff) */
-    op->rmsnorm_backward(e, d->dx2, g_mlp, d->dxn2, a.x2, rstd, w_mlp, M, C);
+    sum_norm_backward(e, d->dx2, g_mlp, p_mlp, d->dxn2, a.x2, rstd, w_mlp, s, M, 1, C);
     /* x2 = x + o·Woᵀ: the residual path is dx's first term, and dO (Gemma-3: through
      * rmsnorm(ao, w_post) first) */
     op->copy(e, dx, d->dx2, MC);
     const real *dao = d->dx2;
     if (e->gemma) {
-        op->rmsnorm_backward(e, d->dao, gw->post_norm, d->dx2, a.ao, a.aorstd, w->post_norm, M, C);
+        sum_norm_backward(e, d->dao, gw->post_norm, pd->post_norm, d->dx2, a.ao, a.aorstd,
+                          w->post_norm, s, M, 1, C);
         dao = d->dao;
     }
-    proj_backward(e, lr->lw, d->dout, gw->wo, NULL, &gw->ao, dao, a.o, w->wo, &w->ao, s, end, C, Q);
+    proj_backward(e, lr->lw, d->dout, gw->wo, NULL, &gw->ao, pd->wo, NULL, &pd->ao, dao, a.o, w->wo,
+                  &w->ao, s, end, C, Q);
     /* o = attention(q, K, V) */
     const sbp_attn_dims ad = attn_dims(e, lr, s, M);
     op->attention_backward(e, d->dq, lr->kvw->dk, lr->kvw->dv, d->dsum, d->dout, a.o, a.lse, a.q,
@@ -261,15 +274,15 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     rope_bwd(e, lr, d->dq, s, M, e->NH);
     real *dqpre = d->dq;
     if (a.qpre) {
-        op->rmsnorm_backward(e, d->dqpre, gw->q_norm, d->dq, a.qpre, a.qrstd, w->q_norm, M * e->NH,
-                             e->HD);
+        sum_norm_backward(e, d->dqpre, gw->q_norm, pd->q_norm, d->dq, a.qpre, a.qrstd, w->q_norm, s,
+                          M * e->NH, e->NH, e->HD);
         dqpre = d->dqpre;
     }
     /* qpre = xn·Wqᵀ + bq, xn = rmsnorm(x, w_in): the query path into dx */
     op->rmsnorm_forward(e, xn, rstd, x, w->in_norm, M, C); /* formed again */
-    proj_backward(e, lr->lw, d->dxn, gw->wq, gw->bq, &gw->aq, dqpre, xn, w->wq, &w->aq, s, end, Q,
-                  C);
-    op->rmsnorm_backward(e, dx, gw->in_norm, d->dxn, x, rstd, w->in_norm, M, C);
+    proj_backward(e, lr->lw, d->dxn, gw->wq, gw->bq, &gw->aq, pd->wq, pd->bq, &pd->aq, dqpre, xn,
+                  w->wq, &w->aq, s, end, Q, C);
+    sum_norm_backward(e, dx, gw->in_norm, pd->in_norm, d->dxn, x, rstd, w->in_norm, s, M, 1, C);
 }
 
 /* The K/V path of keys [r0, r1) (rows r − lo of the K/V side, dK and dV complete): k =
@@ -284,6 +297,7 @@ static void kv_backward_rows(const eng *e, layer_run *lr, int r0, int r1) {
     const size_t nKV = (size_t)n * KV, off = (size_t)(r0 - lr->kv->lo) * KV;
     const layer_p *w = lr->w;
     layer_p *gw = lr->g;
+    const layer_p *pd = pend_of(lr);
     kv_work *kvw = lr->kvw;
     const kv_acts *kv = lr->kv;
     norm_block *nb = lr->nb;
@@ -296,22 +310,24 @@ static void kv_backward_rows(const eng *e, layer_run *lr, int r0, int r1) {
     if (kv->kpre) {
         dkpre = kvw->dkpre + off;
         op->zero(e, dkpre, nKV);
-        op->rmsnorm_backward(e, dkpre, gw->k_norm, dk, kv->kpre + off,
-                             kv->krstd + (off / KV) * e->NKV, w->k_norm, n * e->NKV, e->HD);
+        sum_norm_backward(e, dkpre, gw->k_norm, pd->k_norm, dk, kv->kpre + off,
+                          kv->krstd + (off / KV) * e->NKV, w->k_norm, r0, n * e->NKV, e->NKV,
+                          e->HD);
     }
     real *g_in = lr->window && kvw->dgin ? (gw->in_norm ? kvw->dgin : NULL) : gw->in_norm;
+    real *p_in = g_in && g_in == kvw->dgin ? (lr->pd ? lr->pd->dgin : NULL) : pd->in_norm;
     for (int b0 = r0, b1; b0 < r1; b0 = b1) {
         b1 = block_end(b0, r1, e->blk);
         const size_t nc = (size_t)(b1 - b0) * C, o = (size_t)(b0 - r0) * KV;
         const real *x_b = lr->x + (size_t)b0 * C;
         op->rmsnorm_forward(e, nb->xn, nb->rstd, x_b, w->in_norm, b1 - b0, C);
         op->zero(e, nb->dxn, nc);
-        proj_backward(e, lr->lw, nb->dxn, gw->wk, gw->bk, &gw->ak, dkpre + o, nb->xn, w->wk, &w->ak,
-                      b0, b1, KV, C);
-        proj_backward(e, lr->lw, nb->dxn, gw->wv, gw->bv, &gw->av, dv + o, nb->xn, w->wv, &w->av,
-                      b0, b1, KV, C);
-        op->rmsnorm_backward(e, lr->dx + (size_t)b0 * C, g_in, nb->dxn, x_b, nb->rstd, w->in_norm,
-                             b1 - b0, C);
+        proj_backward(e, lr->lw, nb->dxn, gw->wk, gw->bk, &gw->ak, pd->wk, pd->bk, &pd->ak,
+                      dkpre + o, nb->xn, w->wk, &w->ak, b0, b1, KV, C);
+        proj_backward(e, lr->lw, nb->dxn, gw->wv, gw->bv, &gw->av, pd->wv, pd->bv, &pd->av, dv + o,
+                      nb->xn, w->wv, &w->av, b0, b1, KV, C);
+        sum_norm_backward(e, lr->dx + (size_t)b0 * C, g_in, p_in, nb->dxn, x_b, nb->rstd,
+                          w->in_norm, b0, b1 - b0, 1, C);
     }
 }
 
