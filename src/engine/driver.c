@@ -101,7 +101,7 @@ static int pass_begin(eng *e, run_bufs *r, const sched_row *row, int c, int back
                            !chunk_acts_alloc(e, &r->ca[0], c, SBP_MEM_LAYER)))
         return 0;
     return !backward || (kv_work_alloc(e, &r->kvw, kvr) && chunk_grads_alloc(e, &r->cg, c) &&
-                         pend_work_alloc(e, &r->pd));
+                         pend_work_alloc(e, &r->pd, kvr));
 }
 
 static void pass_end(eng *e, run_bufs *r, const sched_row *row) {

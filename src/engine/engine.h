@@ -203,12 +203,14 @@ enum { SUM_BLOCK = 128 };
  * call of the same sequence; allocated only in the portable numerics when T > SUM_BLOCK (else
  * every token is in the first block and nothing is carried). */
 typedef struct {
-    layer_p p;  /* the layer's gradients' partial sums (NULL where the layer has no gradient) */
-    real *dgin; /* (C) kv_work's dgin's (a local layer's K/V-path chain of its own) */
-    real *slab; /* the one allocation holding them */
+    layer_p p;      /* the layer's gradients' partial sums (NULL where the layer has no gradient) */
+    real *dgin;     /* (C) kv_work's dgin's (a local layer's K/V-path chain of its own) */
+    real *dk, *dv;  /* (rows, KV) each, rows as kv_work's: dK, dV over a block of queries */
+    real *slab;     /* the one allocation holding them */
 } pend_work;
 
-int pend_work_alloc(eng *e, pend_work *p);
+/* rows: the K/V side's (kv_work_alloc's) */
+int pend_work_alloc(eng *e, pend_work *p, int rows);
 void pend_work_free(eng *e, pend_work *p);
 
 /* The op's linear_backward and rmsnorm_backward, with the weight (and bias) gradient summed in
@@ -220,6 +222,18 @@ void sum_linear_backward(const eng *e, real *dx, real *dw, real *pw, real *db, r
                          int K);
 void sum_norm_backward(const eng *e, real *dx, real *dw, real *pw, const real *dout, const real *x,
                        const real *rstd, const real *w, int t0, int M, int rpt, int C);
+/* The op's attention_backward with dK and dV summed over the queries in the same token blocks
+ * (pdk, pdv: pend_work's, NULL: the op as it is). The K/V side holds keys [lo, hi), key j at
+ * row j − lo; d->s counts from lo as the op's. */
+void sum_attention_backward(const eng *e, real *dq, real *dk, real *dv, real *pdk, real *pdv,
+                            real *dsum, const real *dout, const real *o, const real *lse,
+                            const real *q, const real *k, const real *v, const uint8_t *kmask,
+                            const sbp_attn_dims *d, int lo, int hi);
+/* Whether a block of queries is open after the queries before t are done (its pending dK, dV
+ * hold a partial sum): t inside a block past the first. */
+int sum_block_open(const eng *e, int t);
+/* rows [0, n) of the pending dK, dV into dK, dV (a key retired before its block completes) */
+void sum_fold_rows(const eng *e, real *g, const real *p, size_t n);
 
 /* ---- the layer steps (steps/layer.c) --------------------------------------------------------- */
 

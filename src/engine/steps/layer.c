@@ -268,8 +268,9 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
                   &w->ao, s, end, C, Q);
     /* o = attention(q, K, V) */
     const sbp_attn_dims ad = attn_dims(e, lr, s, M);
-    op->attention_backward(e, d->dq, lr->kvw->dk, lr->kvw->dv, d->dsum, d->dout, a.o, a.lse, a.q,
-                           lr->kv->k, lr->kv->v, lr->kmask + lr->kv->lo, &ad);
+    sum_attention_backward(e, d->dq, lr->kvw->dk, lr->kvw->dv, lr->pd ? lr->pd->dk : NULL,
+                           lr->pd ? lr->pd->dv : NULL, d->dsum, d->dout, a.o, a.lse, a.q, lr->kv->k,
+                           lr->kv->v, lr->kmask + lr->kv->lo, &ad, lr->kv->lo, lr->kv->hi);
     /* q = rope(q_norm(qpre)) */
     rope_bwd(e, lr, d->dq, s, M, e->NH);
     real *dqpre = d->dq;
@@ -390,6 +391,8 @@ void kv_window_extend(const eng *e, layer_run *lr, int end, int backward) {
     if (!backward) return;
     e->ops->zero(e, lr->kvw->dk + off, n);
     e->ops->zero(e, lr->kvw->dv + off, n);
+    if (lr->pd) /* keys joining an open block of queries: nothing of it yet */
+        e->ops->zero(e, lr->pd->dk + off, n), e->ops->zero(e, lr->pd->dv + off, n);
 }
 
 /* Rows [d, d + n) of buf (rows of `width`) down to row 0, as copies of at most d rows that do not
@@ -404,10 +407,17 @@ static void slide(const eng *e, real *buf, int d, int n, int width) {
 void kv_window_retire(const eng *e, layer_run *lr, int next, int backward) {
     kv_acts *a = lr->kv;
     if (next <= a->lo) return;
-    if (backward) kv_backward_rows(e, lr, a->lo, next);
     const int d = next - a->lo, n = a->hi - next, KV = e->KV;
+    /* the retiring keys' part of the open block of queries (the queries before hi are done, and
+     * no later one sees them): complete, folded now, as the block's end would */
+    if (backward && lr->pd && sum_block_open(e, a->hi)) {
+        sum_fold_rows(e, lr->kvw->dk, lr->pd->dk, (size_t)d * KV);
+        sum_fold_rows(e, lr->kvw->dv, lr->pd->dv, (size_t)d * KV);
+    }
+    if (backward) kv_backward_rows(e, lr, a->lo, next);
     slide(e, a->kpre, d, n, KV), slide(e, a->krstd, d, n, e->NKV);
     slide(e, a->k, d, n, KV), slide(e, a->v, d, n, KV);
     if (backward) slide(e, lr->kvw->dk, d, n, KV), slide(e, lr->kvw->dv, d, n, KV);
+    if (backward && lr->pd) slide(e, lr->pd->dk, d, n, KV), slide(e, lr->pd->dv, d, n, KV);
     a->lo = next;
 }

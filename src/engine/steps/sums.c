@@ -90,6 +90,45 @@ void sum_norm_backward(const eng *e, real *dx, real *dw, real *pw, const real *d
     }
 }
 
+/* dK_j, dV_j sum over the queries i ≥ j (a window's): in the same token blocks, of the queries.
+ * A block's partial sums cover the keys before its end; the fold adds the rows of those keys. */
+void sum_attention_backward(const eng *e, real *dq, real *dk, real *dv, real *pdk, real *pdv,
+                            real *dsum, const real *dout, const real *o, const real *lse,
+                            const real *q, const real *k, const real *v, const uint8_t *kmask,
+                            const sbp_attn_dims *d, int lo, int hi) {
+    const sbp_ops *op = e->ops;
+    if (!pdk) {
+        op->attention_backward(e, dq, dk, dv, dsum, dout, o, lse, q, k, v, kmask, d);
+        return;
+    }
+    const int s = d->s + lo, end = s + d->M, Q = d->NH * d->HD;
+    const size_t KV = (size_t)d->NKV * d->HD;
+    for (int b0 = s, b1; b0 < end; b0 = b1) {
+        b1 = block_end(b0, end);
+        const size_t r = (size_t)(b0 - s), rq = r * Q, rh = r * d->NH;
+        sbp_attn_dims db = *d;
+        db.s = b0 - lo, db.M = b1 - b0;
+        const int first = b0 < SUM_BLOCK;
+        if (!first && b0 % SUM_BLOCK == 0) { /* keys before the block's end: from +0 */
+            const int ke = b0 + SUM_BLOCK < hi ? b0 + SUM_BLOCK : hi;
+            op->zero(e, pdk, (size_t)(ke - lo) * KV), op->zero(e, pdv, (size_t)(ke - lo) * KV);
+        }
+        op->attention_backward(e, dq + rq, first ? dk : pdk, first ? dv : pdv, dsum + rh, dout + rq,
+                               o + rq, lse + rh, q + rq, k, v, kmask, &db);
+        if (first || !complete(e, b1)) continue;
+        const size_t n = (size_t)((b1 < hi ? b1 : hi) - lo) * KV; /* keys before b1 */
+        fold(e, dk, pdk, n), fold(e, dv, pdv, n);
+    }
+}
+
+int sum_block_open(const eng *e, int t) {
+    return t > SUM_BLOCK && !complete(e, t);
+}
+
+void sum_fold_rows(const eng *e, real *g, const real *p, size_t n) {
+    fold(e, g, p, n);
+}
+
 /* ---- the pending partial sums ---------------------------------------------------------------- */
 
 /* n reals at *off of base when on (a NULL base only counts), else NULL */
@@ -107,7 +146,7 @@ static void take_ab(lora_ab *p, real *base, size_t *off, int on, size_t nA, size
 
 /* The views of p in base (NULL: counting only); the reals they take. The layer's gradients are
  * those of its weights (every layer has the same) unless the base model is frozen (adapters). */
-static size_t layout(const eng *e, pend_work *p, real *base) {
+static size_t layout(const eng *e, pend_work *p, real *base, int rows) {
     const layer_p *w = &e->w[0];
     const int g = !e->lora_r;
     const size_t C = (size_t)e->C, Q = (size_t)e->Q, KV = (size_t)e->KV, F = (size_t)e->F;
@@ -133,17 +172,17 @@ static size_t layout(const eng *e, pend_work *p, real *base) {
     take_ab(&q->au, base, &o, w->au.A != NULL, r * C, F * r);
     take_ab(&q->ad, base, &o, w->ad.A != NULL, r * F, C * r);
     p->dgin = take(base, &o, e->gemma && g, C); /* kv_work_alloc's dgin */
+    p->dk = take(base, &o, 1, (size_t)rows * KV), p->dv = take(base, &o, 1, (size_t)rows * KV);
     return o;
 }
 
-int pend_work_alloc(eng *e, pend_work *p) {
+int pend_work_alloc(eng *e, pend_work *p, int rows) {
     memset(p, 0, sizeof *p);
     if (!e->portable || e->T <= SUM_BLOCK || e->L < 1) return 1;
-    const size_t n = layout(e, p, NULL);
-    if (n == 0) return 1;
+    const size_t n = layout(e, p, NULL, rows);
     p->slab = ealloc(e, SBP_MEM_LAYER, n, "partial sums of open token blocks");
     if (!p->slab) return memset(p, 0, sizeof *p), 0;
-    layout(e, p, p->slab);
+    layout(e, p, p->slab, rows);
     return 1;
 }
 
