@@ -66,6 +66,7 @@ typedef __m512d vreal;
 #define vset1  _mm512_set1_pd
 #define vfma   _mm512_fmadd_pd
 #define vzero  _mm512_setzero_pd
+#define vadd   _mm512_add_pd
 #elif defined(__AVX512F__)
 typedef __m512 vreal;
 #define vload  _mm512_loadu_ps
@@ -73,6 +74,7 @@ typedef __m512 vreal;
 #define vset1  _mm512_set1_ps
 #define vfma   _mm512_fmadd_ps
 #define vzero  _mm512_setzero_ps
+#define vadd   _mm512_add_ps
 #elif defined(SBP_REAL_F64) /* AVX2 + FMA: 16 ymm registers */
 typedef __m256d vreal;
 #define vload  _mm256_loadu_pd
@@ -80,6 +82,7 @@ typedef __m256d vreal;
 #define vset1  _mm256_set1_pd
 #define vfma   _mm256_fmadd_pd
 #define vzero  _mm256_setzero_pd
+#define vadd   _mm256_add_pd
 #else
 typedef __m256 vreal;
 #define vload  _mm256_loadu_ps
@@ -87,14 +90,15 @@ typedef __m256 vreal;
 #define vset1  _mm256_set1_ps
 #define vfma   _mm256_fmadd_ps
 #define vzero  _mm256_setzero_ps
+#define vadd   _mm256_add_ps
 #endif
 enum { VL = VEC_BYTES / (int)sizeof(real) }; /* lanes per vector; NR = 2·VL */
 
-/* c (MR×NR, row stride ldc) += a_panel·b_panel over kc, or (zero) c = the same chains from +0:
- * a (kc, MR) and b (kc, NR), packed. acc[i][v] lane l holds c[i][v·VL + l]: one fma chain per
- * element, ascending p. */
+/* c (MR×NR, row stride ldc) += a_panel·b_panel over kc, or (zero) c = the same chains from +0,
+ * or (zero and add, the fast mode's fold) c = c + the chains from +0: a (kc, MR) and b (kc, NR),
+ * packed. acc[i][v] lane l holds c[i][v·VL + l]: one fma chain per element, ascending p. */
 static void micro_kernel(real *restrict c, size_t ldc, const real *restrict a,
-                         const real *restrict b, int kc, int zero) {
+                         const real *restrict b, int kc, int zero, int add) {
     vreal acc[MR][2];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; i++) {
@@ -111,6 +115,12 @@ static void micro_kernel(real *restrict c, size_t ldc, const real *restrict a,
             acc[i][1] = vfma(a_ip, b1, acc[i][1]);
         }
     }
+    if (add)
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) {
+            acc[i][0] = vadd(vload(c + i * ldc), acc[i][0]);
+            acc[i][1] = vadd(vload(c + i * ldc + VL), acc[i][1]);
+        }
 #pragma GCC unroll 16
     for (int i = 0; i < MR; i++) {
         vstore(c + i * ldc, acc[i][0]);
@@ -130,10 +140,10 @@ static inline void prefetch_tile(const real *c, size_t ldc) {
     (void)c, (void)ldc;
 }
 
-/* c (MR×NR, row stride ldc) += a_panel·b_panel over kc, or (zero) c = the same chains from +0:
- * a (kc, MR) and b (kc, NR), packed. */
+/* c (MR×NR, row stride ldc) += a_panel·b_panel over kc, or (zero) c = the same chains from +0,
+ * or (zero and add) c = c + the chains from +0: a (kc, MR) and b (kc, NR), packed. */
 static void micro_kernel(real *restrict c, size_t ldc, const real *restrict a,
-                         const real *restrict b, int kc, int zero) {
+                         const real *restrict b, int kc, int zero, int add) {
     real acc[MR][NR];
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NR; j++) acc[i][j] = zero ? 0 : c[i * ldc + j];
@@ -145,18 +155,18 @@ static void micro_kernel(real *restrict c, size_t ldc, const real *restrict a,
         }
     }
     for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NR; j++) c[i * ldc + j] = acc[i][j];
+        for (int j = 0; j < NR; j++) c[i * ldc + j] = add ? c[i * ldc + j] + acc[i][j] : acc[i][j];
 }
 #endif
 
 /* A partial tile (mr < MR or nr < NR) goes through a full-size copy: the extra rows and
  * columns compute on zero padding and are dropped. */
 static void edge_kernel(real *c, size_t ldc, const real *a, const real *b, int kc, int mr, int nr,
-                        int zero) {
+                        int zero, int add) {
     real tile[MR * NR] = {0};
-    for (int i = 0; i < mr && !zero; i++)
+    for (int i = 0; i < mr && (!zero || add); i++)
         memcpy(tile + i * NR, c + i * ldc, sizeof(real) * (size_t)nr);
-    micro_kernel(tile, NR, a, b, kc, zero);
+    micro_kernel(tile, NR, a, b, kc, zero, add);
     for (int i = 0; i < mr; i++) memcpy(c + i * ldc, tile + i * NR, sizeof(real) * (size_t)nr);
 }
 
@@ -308,9 +318,10 @@ size_t pgemm_workspace(int N, int K) {
     return b_block(N, K) + (size_t)omp_get_max_threads() * a_block(K);
 }
 
-/* C += A·B, or (set) C = A·B: the first k block's chains start from +0 instead of C. */
+/* C += A·B, or (set) C = A·B: the first k block's chains start from +0 instead of C; fold:
+ * every k block's chains start from +0 and are added to C, block after block. */
 static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa,
-                 const real *B, size_t rsb, size_t csb, int M, int N, int K, int set) {
+                 const real *B, size_t rsb, size_t csb, int M, int N, int K, int set, int fold) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) { /* no terms: every chain is its start */
         if (set)
@@ -322,7 +333,8 @@ static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_
     for (int jc = 0; jc < N; jc += NC) {
         const int nc = N - jc < NC ? N - jc : NC;
         for (int pc = 0; pc < K; pc += KC) { /* ascending k: each chain continues from C */
-            const int kc = K - pc < KC ? K - pc : KC, zero = set && pc == 0;
+            const int kc = K - pc < KC ? K - pc : KC, zero = fold || (set && pc == 0);
+            const int add = fold && !(set && pc == 0);
             pack_b(bpack, B, rsb, csb, pc, kc, jc, nc);
             const int nrow = (M + MC - 1) / MC, ncol = (nc + NCHUNK - 1) / NCHUNK;
 #pragma omp parallel
@@ -343,9 +355,10 @@ static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_
                             real *c = C + (size_t)(ic + ir) * ldc + (size_t)(jc + jr);
                             if (ir + MR < mc) prefetch_tile(c + MR * ldc, ldc);
                             if (mr == MR && nr == NR)
-                                micro_kernel(c, ldc, apack + (size_t)ir * kc, b, kc, zero);
+                                micro_kernel(c, ldc, apack + (size_t)ir * kc, b, kc, zero, add);
                             else
-                                edge_kernel(c, ldc, apack + (size_t)ir * kc, b, kc, mr, nr, zero);
+                                edge_kernel(c, ldc, apack + (size_t)ir * kc, b, kc, mr, nr, zero,
+                                            add);
                         }
                     }
                 }
@@ -356,12 +369,17 @@ static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_
 
 void pgemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa, const real *B,
            size_t rsb, size_t csb, int M, int N, int K) {
-    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 0);
+    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 0, 0);
+}
+
+void pgemm_fold(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa, const real *B,
+                size_t rsb, size_t csb, int M, int N, int K) {
+    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 0, 1);
 }
 
 void pgemm_set(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa, const real *B,
                size_t rsb, size_t csb, int M, int N, int K) {
-    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 1);
+    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 1, 0);
 }
 
 /* SBP_ENTRY (real.h) names the two definitions, one per build of this file:

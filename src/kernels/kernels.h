@@ -59,6 +59,14 @@ void pgemm(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const re
  * gives the same bits, without a pass over C). */
 void pgemm_set(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
                size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K);
+/* The fast mode's C += A·B (linear_backward_blocked's dx): every element's sum over k cut at
+ * gemm.c's k blocks (KC: 512 with AVX-512, 256 with AVX2), each block's chain from +0 and added
+ * to C in ascending block order, as a BLAS call with beta = 1 sums. A sum over k terms then
+ * grows its error with KC + k/KC instead of k: the LM head's dx sums over the vocabulary
+ * (~150k terms). The blocks are fixed by k alone: the bits still do not depend on the rows,
+ * the row split or the threads, only on KC (the machine), as the fast mode allows. */
+void pgemm_fold(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
+                size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K);
 
 /* ---- linear layers: y = x·Wᵀ + b, rows [s, e) -------------------------------------------------
  */
@@ -82,7 +90,7 @@ void linear_backward(real *dx,       /* (e-s, K) or NULL */
                      const real *w,  /* (N, K) */
                      int s, int e, int N, int K);
 
-/* fast, where PGEMM_TUNED (linear.c): dx as linear_backward; dw and db summed per global token
+/* fast, where PGEMM_TUNED (linear.c): dx += dy·W by pgemm_fold; dw and db summed per global token
  * block [kB, (k+1)B) ∩ [s, e): each block's part from +0 (dw: LINEAR_PANEL output rows at a
  * time into part, then added; db: in double, one rounding per fold), folded in ascending block
  * order. Calls over consecutive row ranges that end on block boundaries give the bits of one call

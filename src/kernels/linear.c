@@ -68,7 +68,9 @@ void linear_bias_blocked(real *db, const real *dy, int s, int e, int N, int blk)
 void linear_backward_blocked(real *dx, real *dw, real *db, real *ws, real *part, const real *dy,
                              const real *x, const real *w, int s, int e, int N, int K, int blk) {
     const int M = e - s;
-    if (dx) pgemm(dx, (size_t)K, ws, dy, (size_t)N, 1, w, (size_t)K, 1, M, K, N);
+    /* dx += dy·W, the sum over N per k block of the product (pgemm_fold): the LM head's over
+     * the vocabulary was one chain of V terms (docs/accuracy.md) */
+    if (dx) pgemm_fold(dx, (size_t)K, ws, dy, (size_t)N, 1, w, (size_t)K, 1, M, K, N);
     for (int b0 = s, b1; b0 < e; b0 = b1) {
         b1 = block_end_(b0, e, blk);
         const real *dy_b = dy + (size_t)(b0 - s) * N, *x_b = x + (size_t)(b0 - s) * K;

@@ -1,0 +1,139 @@
+/* test_pgemmfold.c — the fast mode's folded product (pgemm_fold, src/kernels/gemm.c) bit for bit
+ * against its scalar definition, and the reason it exists.
+ *
+ * pgemm_fold(C += A·B) cuts every element's sum over k at gemm.c's k blocks [pc, pc + KC): each
+ * block's chain acc ← fma(a(i,p), b(p,j), acc) from +0, p ascending, then c ← c + acc, blocks in
+ * ascending order (kernels.h). Checked in float32 (gemm.c compiled here a second time with its
+ * names renamed, as tests/test_pgemm.c does; the float32 build is what the fast mode runs) on
+ * shapes across one, two and three k blocks, ragged against every tile, with row strides and the
+ * dx operand layout of linear_backward_blocked; the result must not depend on the thread count
+ * or on how the rows are split between calls (the schedules' bitwise promise). Last, the error:
+ * a sum over 65536 terms (the LM head's dx over a vocabulary) must be at least 4 times closer to
+ * the float64 sum folded than as one chain (pgemm); it is ~15 times here. */
+#undef SBP_REAL_F64
+#define pgemm                 fold_pgemm_f32
+#define pgemm_set             fold_pgemm_set_f32
+#define pgemm_fold            fold_pgemm_fold_f32
+#define pgemm_workspace       fold_pgemm_workspace_f32
+#define sbp_portable_gemm_f32 fold_portable_gemm_f32
+#include "../src/kernels/gemm.c"
+#undef pgemm
+#undef pgemm_set
+#undef pgemm_fold
+#undef pgemm_workspace
+#undef sbp_portable_gemm_f32
+
+#include "testutil.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const int shapes[][3] = {{1, 1, 1},        {7, 17, 9},       {13, 31, KC - 1},
+                                {25, 47, KC},     {61, 45, KC + 1}, {19, 9, 2 * KC + 37},
+                                {3, 300, 3 * KC}, {50, 33, 700}};
+enum { NSHAPES = sizeof shapes / sizeof shapes[0] };
+
+static uint64_t lcg(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 11;
+}
+
+static float value(uint64_t *s) {
+    return (float)((double)(lcg(s) & 0xfffff) / 524288.0 - 1.0);
+}
+
+/* the definition: c + block sums, each an fma chain from +0 over [pc, pc + KC) */
+static float fold_ref(float c, const float *a, size_t acs, const float *b, size_t brs, int K) {
+    for (int pc = 0; pc < K; pc += KC) {
+        float acc = 0;
+        for (int p = pc; p < K && p < pc + KC; p++) acc = fmaf(a[p * acs], b[p * brs], acc);
+        c = c + acc;
+    }
+    return c;
+}
+
+/* dx (M, N) += dy (M, K) · w (K, N), the operands as linear_backward_blocked passes them
+ * (a(i, p) = dy[i·K + p], b(p, j) = w[p·N + j]), C with row stride ldc > N */
+START_TEST(fold_chains) {
+    uint64_t seed = 7;
+    for (int sh = 0; sh < NSHAPES; sh++) {
+        const int M = shapes[sh][0], N = shapes[sh][1], K = shapes[sh][2];
+        const size_t ldc = (size_t)N + 3;
+        float *a = malloc(sizeof(float) * (size_t)M * K),
+              *b = malloc(sizeof(float) * (size_t)K * N);
+        float *c0 = malloc(sizeof(float) * (size_t)M * ldc), *c = malloc(sizeof(float) * M * ldc);
+        float *c2 = malloc(sizeof(float) * (size_t)M * ldc);
+        for (size_t x = 0; x < (size_t)M * K; x++) a[x] = value(&seed);
+        for (size_t x = 0; x < (size_t)K * N; x++) b[x] = value(&seed);
+        for (size_t x = 0; x < (size_t)M * ldc; x++) c0[x] = value(&seed);
+        for (int th = 1; th <= 3; th += 2) {
+            omp_set_num_threads(th); /* the workspace is sized for the thread count */
+            float *ws = malloc(sizeof(float) * fold_pgemm_workspace_f32(N, K));
+            memcpy(c, c0, sizeof(float) * (size_t)M * ldc);
+            fold_pgemm_fold_f32(c, ldc, ws, a, (size_t)K, 1, b, (size_t)N, 1, M, N, K);
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    const float want = fold_ref(c0[(size_t)i * ldc + j], a + (size_t)i * K, 1,
+                                                b + j, (size_t)N, K);
+                    const float got = c[(size_t)i * ldc + j];
+                    ck_assert_msg(!memcmp(&want, &got, sizeof got),
+                                  "%dx%dx%d, %d threads: c[%d][%d] = %a, the folded chains %a", M,
+                                  N, K, th, i, j, (double)got, (double)want);
+                }
+            /* the rows in two calls: the same bits */
+            memcpy(c2, c0, sizeof(float) * (size_t)M * ldc);
+            const int m = M / 2;
+            fold_pgemm_fold_f32(c2, ldc, ws, a, (size_t)K, 1, b, (size_t)N, 1, m, N, K);
+            fold_pgemm_fold_f32(c2 + (size_t)m * ldc, ldc, ws, a + (size_t)m * K, (size_t)K, 1, b,
+                                (size_t)N, 1, M - m, N, K);
+            ck_assert_msg(!memcmp(c, c2, sizeof(float) * (size_t)M * ldc),
+                          "%dx%dx%d: rows split between two calls changed a bit", M, N, K);
+            free(ws);
+        }
+        omp_set_num_threads(2);
+        free(a), free(b), free(c0), free(c), free(c2);
+    }
+}
+END_TEST
+
+/* one row, one column, K = 65536 terms of mixed sign: the folded sum's error against the float64
+ * sum is at least 4 times smaller than the single chain's (pgemm) */
+START_TEST(fold_error) {
+    enum { K = 65536, N = 16 };
+    uint64_t seed = 11;
+    float *a = malloc(sizeof(float) * K), *b = malloc(sizeof(float) * (size_t)K * N);
+    for (int p = 0; p < K; p++) a[p] = value(&seed);
+    for (size_t x = 0; x < (size_t)K * N; x++) b[x] = value(&seed);
+    float *ws = malloc(sizeof(float) * fold_pgemm_workspace_f32(N, K));
+    float chain[N] = {0}, fold[N] = {0};
+    fold_pgemm_f32(chain, N, ws, a, K, 1, b, N, 1, 1, N, K);
+    fold_pgemm_fold_f32(fold, N, ws, a, K, 1, b, N, 1, 1, N, K);
+    double e_chain = 0, e_fold = 0, norm = 0;
+    for (int j = 0; j < N; j++) {
+        double t = 0;
+        for (int p = 0; p < K; p++) t += (double)a[p] * b[(size_t)p * N + j];
+        e_chain += (chain[j] - t) * (chain[j] - t), e_fold += (fold[j] - t) * (fold[j] - t);
+        norm += t * t;
+    }
+    e_chain = sqrt(e_chain / norm), e_fold = sqrt(e_fold / norm);
+    ck_assert_msg(e_fold * 4 <= e_chain, "folded error %.3e, one chain %.3e", e_fold, e_chain);
+    free(a), free(b), free(ws);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("pgemmfold");
+    TCase *tc = tcase_create("pgemmfold");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, fold_chains);
+    tcase_add_test(tc, fold_error);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    const int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
