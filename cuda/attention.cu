@@ -219,14 +219,17 @@ __global__ void attention_dq_kernel(real *dq, const real *dout, const real *lse,
                 for (int d = 0; d < HD; d++) dp = rfma(do_i[d], v_c[d], dp);
             dS[u] = (P * (dp - D)) * scale;
         }
+        real part[DPL]; /* the tile's part from +0, added once (attention.c's) */
+        for (int t = 0; t < DPL; t++) part[t] = 0;
         for (int c = lo; c < n; c++) {
             const real p = __shfl_sync(FULL_MASK, c < WARP ? dS[0] : dS[1], c % WARP);
             const real *k_c = k + (size_t)(j0 + c) * KV + (size_t)g * HD;
             for (int t = 0; t < DPL; t++) {
                 const int d = lane + WARP * t;
-                if (d < HD) acc[t] = rfma(p, k_c[d], acc[t]);
+                if (d < HD) part[t] = rfma(p, k_c[d], part[t]);
             }
         }
+        for (int t = 0; t < DPL; t++) acc[t] = acc[t] + part[t];
     }
     for (int t = 0; t < DPL; t++) {
         const int d = lane + WARP * t;

@@ -18,7 +18,8 @@
  *       over the queries i ≥ j in ascending order and, within a query, its heads h of group g
  *       in ascending order — continuing from the stored dK, dV, so that chunks of queries
  *       processed one after another continue the same chains;
- *   dQ_{i,h,d} ← fma(dS', k_{j,d}, dQ_{i,h,d}) over the keys j ≤ i in ascending order.
+ *   dQ_{i,h,d} ← dQ_{i,h,d} + part_d per key tile, the tiles ascending, part_d a chain
+ *       fma(dS', k_{j,d}, part_d) from +0 over the tile's keys j ≤ i in ascending order.
  * Everything a query computes depends on its position and the keys alone, never on the chunk it
  * belongs to, so the schedules agree bit for bit for any chunk size; each output has one owner
  * (no atomics, no split sums), so the thread count does not matter either. cuda/attention.cu
@@ -27,10 +28,10 @@
  * The window: a query's chains take the keys c in [lo, n) of each tile, so its work grows with
  * Wn, not with its position. A tile holding no visible key of a query changes nothing of it
  * (the forward skips it; in the backward its P and dS' are 0 and dK, dV, dQ, which start at +0
- * and are never −0, are left as they are), so the loops start at the first tile of the window
- * (tile_first) and stop at the last query that can see a tile: which tiles a loop visits
- * depends on the chunk, the bits do not. Without a window (Wn = 0) every bound is the causal
- * one, the chains of the kernel before windows.
+ * and are never −0, are left as they are, dQ's tile part +0 added), so the loops start at the
+ * first tile of the window (tile_first) and stop at the last query that can see a tile: which
+ * tiles a loop visits depends on the chunk, the bits do not. Without a window (Wn = 0) every
+ * bound is the causal one, the chains of the kernel before windows.
  *
  * Layout for the CPU: a tile's keys (and values) are packed transposed, (HD, W), so that the
  * scores of one query against the W keys form W independent chains over d that vectorize. */
@@ -258,11 +259,15 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, cons
                              ro = (size_t)(i - s) * NH + h;
                 tile_grads(P, dSs, q + qo, dout + qo, kt, vt, kmask, i, j0, win, HD, scale, lse[ro],
                            dsum[ro]);
-                real *adq_r = adq + (size_t)r * HD;
+                /* the tile's part from +0, added once: dQ's chain over the keys grows its error
+                 * with W + i/W, not i (docs/numerics.md §6) */
+                real *adq_r = adq + (size_t)r * HD, part[HD];
+                for (int d = 0; d < HD; d++) part[d] = 0;
                 for (int c = lo; c < n; c++) {
                     const real *k_c = k + (size_t)(j0 + c) * KV + (size_t)g * HD;
-                    for (int d = 0; d < HD; d++) adq_r[d] = rfma(dSs[c], k_c[d], adq_r[d]);
+                    for (int d = 0; d < HD; d++) part[d] = rfma(dSs[c], k_c[d], part[d]);
                 }
+                for (int d = 0; d < HD; d++) adq_r[d] = adq_r[d] + part[d];
             }
         }
         for (int r = 0; r < nq; r++)
