@@ -42,10 +42,13 @@
  * token block as the fast mode sums it; 1.05 and 0.98–0.99 with one dW call); the fast mode then
  * runs every linear product, the LM head's included, on it. 0 where it is plain C (unmeasured
  * against OpenBLAS). */
+/* make OPT="-O3 -DPGEMM_TUNED=0": OpenBLAS's tiles in the fast mode, to time the two builds */
+#ifndef PGEMM_TUNED
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #define PGEMM_TUNED 1
 #else
 #define PGEMM_TUNED 0
+#endif
 #endif
 
 /* Reals of workspace pgemm needs for products of at most N columns and depth K (for the
