@@ -2,6 +2,7 @@
 #include "audit.h"
 #include "../ref/ref.h"
 #include "../src/core/err.h"
+#include "../src/core/objective.h"
 #include "../src/io/safetensors.h"
 
 #include <math.h>
@@ -20,14 +21,10 @@ const char *sbp_audit_status_name(int status) {
 }
 
 static const char *kind_name(sbp_objective_kind k) {
-    return k == SBP_OBJ_DPO ? "dpo" : k == SBP_OBJ_GRPO ? "grpo" : "sft";
+    return sbp_obj_kind_name(k);
 }
-
 static const char *loss_name(const sbp_objective *o) {
-    static const char *dpo[] = {"sigmoid", "ipo"}, *grpo[] = {"grpo", "bnpo", "dr_grpo", "dapo"};
-    return o->kind == SBP_OBJ_DPO    ? dpo[o->dpo_loss]
-           : o->kind == SBP_OBJ_GRPO ? grpo[o->grpo_loss]
-                                     : "-";
+    return sbp_obj_loss_name(o);
 }
 
 /* What is audited: the model's gradient, or with --lora an adapter's (the base frozen). */

@@ -2,6 +2,7 @@
  * pass that fills a batch's reference log-probs. */
 #include "objopts.h"
 #include "../core/err.h"
+#include "../core/objective.h"
 #include "cli.h"
 
 #include <math.h>
@@ -46,13 +47,7 @@ int obj_args_option(obj_args *a, const char *cmd, int code, const char *arg) {
     sbp_objective *o = &a->obj;
     switch (code) {
     case OBJ_OPT_OBJECTIVE:
-        if (strcmp(arg, "sft") == 0)
-            o->kind = SBP_OBJ_SFT;
-        else if (strcmp(arg, "dpo") == 0)
-            o->kind = SBP_OBJ_DPO;
-        else if (strcmp(arg, "grpo") == 0)
-            o->kind = SBP_OBJ_GRPO;
-        else {
+        if (!sbp_obj_kind_parse(&o->kind, arg)) {
             fprintf(stderr, "streambp %s: --objective must be sft, dpo or grpo, got \"%s\"\n", cmd,
                     arg);
             return 0;
@@ -82,16 +77,7 @@ int obj_args_finish(obj_args *a, const char *cmd) {
     sbp_objective *o = &a->obj;
     if (o->kind == SBP_OBJ_DPO && !a->beta_set) o->beta = 0.1;
     if (a->loss_type) {
-        static const char *dpo[] = {"sigmoid", "ipo"};
-        static const char *grpo[] = {"grpo", "bnpo", "dr_grpo", "dapo"};
-        int found = 0;
-        if (o->kind == SBP_OBJ_DPO)
-            for (int i = 0; i < 2; i++)
-                if (strcmp(a->loss_type, dpo[i]) == 0) o->dpo_loss = (sbp_dpo_loss)i, found = 1;
-        if (o->kind == SBP_OBJ_GRPO)
-            for (int i = 0; i < 4; i++)
-                if (strcmp(a->loss_type, grpo[i]) == 0) o->grpo_loss = (sbp_grpo_loss)i, found = 1;
-        if (!found) {
+        if (!sbp_obj_loss_parse(o, a->loss_type)) {
             fprintf(
                 stderr,
                 "streambp %s: --loss-type \"%s\" does not apply to --objective %s (dpo: sigmoid, "
@@ -108,14 +94,11 @@ int obj_args_finish(obj_args *a, const char *cmd) {
 }
 
 const char *obj_kind_name(sbp_objective_kind k) {
-    return k == SBP_OBJ_DPO ? "dpo" : k == SBP_OBJ_GRPO ? "grpo" : "sft";
+    return sbp_obj_kind_name(k);
 }
 
 const char *obj_loss_name(const sbp_objective *o) {
-    static const char *dpo[] = {"sigmoid", "ipo"}, *grpo[] = {"grpo", "bnpo", "dr_grpo", "dapo"};
-    return o->kind == SBP_OBJ_DPO    ? dpo[o->dpo_loss]
-           : o->kind == SBP_OBJ_GRPO ? grpo[o->grpo_loss]
-                                     : "-";
+    return sbp_obj_loss_name(o);
 }
 
 sbp_status obj_reference(const obj_args *a, sbp_batch *b, int n, const sbp_config *policy,

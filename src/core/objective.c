@@ -224,3 +224,34 @@ void sbp_obj_end(sbp_obj_eval *ev) {
     free(ev->row_w);
     ev->row_w = NULL;
 }
+
+static const char *const kind_names[] = {"sft", "dpo", "grpo"}; /* by sbp_objective_kind */
+static const char *const dpo_names[] = {"sigmoid", "ipo"};      /* by sbp_dpo_loss */
+static const char *const grpo_names[] = {"grpo", "bnpo", "dr_grpo", "dapo"}; /* by sbp_grpo_loss */
+
+const char *sbp_obj_kind_name(sbp_objective_kind k) {
+    return k == SBP_OBJ_DPO ? kind_names[1] : k == SBP_OBJ_GRPO ? kind_names[2] : kind_names[0];
+}
+
+const char *sbp_obj_loss_name(const sbp_objective *o) {
+    return o->kind == SBP_OBJ_DPO    ? dpo_names[o->dpo_loss]
+           : o->kind == SBP_OBJ_GRPO ? grpo_names[o->grpo_loss]
+                                     : "-";
+}
+
+int sbp_obj_kind_parse(sbp_objective_kind *k, const char *name) {
+    static const sbp_objective_kind kinds[] = {SBP_OBJ_SFT, SBP_OBJ_DPO, SBP_OBJ_GRPO};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, kind_names[i]) == 0) return *k = kinds[i], 1;
+    return 0;
+}
+
+int sbp_obj_loss_parse(sbp_objective *o, const char *name) {
+    if (o->kind == SBP_OBJ_DPO)
+        for (int i = 0; i < 2; i++)
+            if (strcmp(name, dpo_names[i]) == 0) return o->dpo_loss = (sbp_dpo_loss)i, 1;
+    if (o->kind == SBP_OBJ_GRPO)
+        for (int i = 0; i < 4; i++)
+            if (strcmp(name, grpo_names[i]) == 0) return o->grpo_loss = (sbp_grpo_loss)i, 1;
+    return 0;
+}

@@ -33,4 +33,14 @@ void sbp_obj_terms(const sbp_obj_eval *ev, double *loss, double *coef /* (M) */,
                    int M, const double *logp /* (M) */);
 void sbp_obj_end(sbp_obj_eval *ev);
 
+/* The one table of objective and loss-type names (what `--objective` and `--loss-type` take, what
+ * reports and settings print): "sft" | "dpo" | "grpo"; DPO "sigmoid" | "ipo"; GRPO "grpo" |
+ * "bnpo" | "dr_grpo" | "dapo"; "-" for SFT's loss type. */
+const char *sbp_obj_kind_name(sbp_objective_kind k);
+const char *sbp_obj_loss_name(const sbp_objective *o);
+/* name -> *k; returns 0 when the name is no objective. */
+int sbp_obj_kind_parse(sbp_objective_kind *k, const char *name);
+/* name -> o->dpo_loss or o->grpo_loss for o->kind; returns 0 when it names no loss of that kind. */
+int sbp_obj_loss_parse(sbp_objective *o, const char *name);
+
 #endif

@@ -1,6 +1,7 @@
 /* settings.c — a run's settings: what a resumed run must share with the run it continues,
  * as (key, text) pairs in trainer_state.json (see run.h). */
 #include "run.h"
+#include "../core/objective.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -23,13 +24,10 @@ static void set_hash(sbp_train_settings *s, const char *key, uint64_t h) {
 
 /* The names `--objective` and `--loss-type` take (src/cli/objopts.c parses them). */
 static const char *objective_name(sbp_objective_kind k) {
-    return k == SBP_OBJ_DPO ? "dpo" : k == SBP_OBJ_GRPO ? "grpo" : "sft";
+    return sbp_obj_kind_name(k);
 }
 static const char *loss_name(const sbp_objective *o) {
-    static const char *dpo[] = {"sigmoid", "ipo"}, *grpo[] = {"grpo", "bnpo", "dr_grpo", "dapo"};
-    return o->kind == SBP_OBJ_DPO    ? dpo[o->dpo_loss]
-           : o->kind == SBP_OBJ_GRPO ? grpo[o->grpo_loss]
-                                     : "-";
+    return sbp_obj_loss_name(o);
 }
 
 void sbp_describe_model(char *buf, size_t n, const sbp_config *c) {
