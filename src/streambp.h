@@ -521,6 +521,15 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
  * step and its host arrays token by token (about 8 s and 1 GiB at this limit), so a larger step
  * is refused (SBP_EUSAGE) rather than left running for minutes. */
 #define SBP_PLAN_MAX_TOKENS (1 << 26)
+/* The largest T of the step o (its T is not read) whose planned peak (lg.peak_total, bytes)
+ * fits budget: 0 if not even the shortest fits (T = 1, or 2 for DPO, whose rows need a target);
+ * that T's ledger in *at (zeroed when 0). A guess from the peak's slope, a widening bracket, then
+ * bisection, which alone decides; a plan too large to reserve address space for does not fit. */
+int sbp_plan_largest_T(const sbp_config *cfg, const sbp_plan_opts *o, int64_t budget,
+                       sbp_ledger *at);
+/* The longest T planning takes for the rows of o (SBP_PLAN_MAX_TOKENS / rows): the search's
+ * ceiling, so sbp_plan_largest_T's answer equal to it means "at least". */
+int sbp_plan_max_T(const sbp_plan_opts *o);
 
 /* Checks before any work is spent that an output file can be created at path: it must not be a
  * directory, and its directory must accept a new file. */

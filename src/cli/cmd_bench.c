@@ -140,7 +140,7 @@ static int parse(bench_args *a, int argc, char **argv) {
                             .block = SBP_DEFAULT_BLOCK,
                             .device = SBP_DEVICE_CPU,
                             .train = 1,
-                            .largest_T = plan_largest_T};
+                            .largest_T = sbp_plan_largest_T};
     common_opts co = {.cmd = "bench",
                       .model = &a->model,
                       .block = &a->o.block,

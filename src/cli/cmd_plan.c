@@ -95,86 +95,6 @@ typedef struct {
     sbp_lora_config lora; /* r 0: full gradients */
 } plan_setup;
 
-static sbp_status plan_at(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *o, int T,
-                          sbp_err *err) {
-    sbp_plan_opts p = *o;
-    p.T = T;
-    return sbp_plan(lg, cfg, &p, err);
-}
-
-/* Whether the step fits at T; its peak in *peak (INT64_MAX when it cannot be planned). */
-static int fits(const sbp_config *cfg, const sbp_plan_opts *o, int T, int64_t budget,
-                int64_t *peak) {
-    sbp_ledger lg;
-    sbp_err err;
-    *peak = plan_at(&lg, cfg, o, T, &err) == SBP_OK ? lg.peak_total : INT64_MAX;
-    return *peak <= budget;
-}
-
-int plan_max_T(const sbp_plan_opts *o) {
-    const int64_t rows = o->grad.objective.kind == SBP_OBJ_DPO ? 2 * (int64_t)o->B : o->B;
-    return rows < 1 ? 0 : (int)(SBP_PLAN_MAX_TOKENS / rows);
-}
-
-int plan_largest_T(const sbp_config *cfg, const sbp_plan_opts *o, int64_t budget, sbp_ledger *at) {
-    sbp_err err;
-    const int shortest = o->grad.objective.kind == SBP_OBJ_DPO ? 2 : 1;
-    const int T_MAX = plan_max_T(o);
-    int64_t m0, m1;
-    int lo = shortest, hi;
-    if (!fits(cfg, o, lo, budget, &m0)) {
-        memset(at, 0, sizeof *at);
-        return 0;
-    }
-    /* The peak grows about linearly in T (the checkpoints, a T-long working set, the logits):
-     * a guess from its slope between two lengths, then a bracket around the guess that widens
-     * until it holds the boundary, then bisection inside it, which alone decides; a plain
-     * doubling search from T = 1 plans about twice as often. */
-    const int probe = shortest + 1024;
-    if (!fits(cfg, o, probe, budget, &m1)) {
-        hi = probe;
-    } else {
-        lo = probe;
-        const double slope = m1 > m0 ? (double)(m1 - m0) / (probe - shortest) : 0;
-        double guess = slope > 0 ? probe + (double)(budget - m1) / slope : T_MAX;
-        int g = guess < T_MAX ? (int)guess : T_MAX, step = g / 256 > 16 ? g / 256 : 16;
-        int64_t m;
-        hi = 0;
-        if (g <= lo) g = lo + 1;
-        if (fits(cfg, o, g, budget, &m)) { /* then look above */
-            lo = g;
-            for (int t = g + step; !hi; t = lo + step) {
-                if (t > T_MAX) {
-                    hi = T_MAX + 1;
-                } else if (fits(cfg, o, t, budget, &m)) {
-                    lo = t, step *= 2;
-                } else {
-                    hi = t;
-                }
-            }
-        } else { /* below */
-            hi = g;
-            for (int t = g - step; t > lo; t = hi - step) {
-                if (fits(cfg, o, t, budget, &m)) {
-                    lo = t;
-                    break;
-                }
-                hi = t, step *= 2;
-            }
-        }
-    }
-    while (hi - lo > 1) { /* lo fits, hi does not */
-        int mid = lo + (hi - lo) / 2;
-        int64_t m;
-        if (fits(cfg, o, mid, budget, &m))
-            lo = mid;
-        else
-            hi = mid;
-    }
-    plan_at(at, cfg, o, lo, &err);
-    return lo;
-}
-
 static sbp_plan_opts plan_opts(const plan_setup *s, const sched_row *r) {
     sbp_plan_opts o = {.grad = {.schedule = r->schedule,
                                 .block = s->block,
@@ -193,7 +113,7 @@ static sbp_plan_opts plan_opts(const plan_setup *s, const sched_row *r) {
 
 static int largest_T(const plan_setup *s, const sched_row *r, int64_t budget, sbp_ledger *at) {
     sbp_plan_opts o = plan_opts(s, r);
-    return plan_largest_T(&s->cfg, &o, budget, at);
+    return sbp_plan_largest_T(&s->cfg, &o, budget, at);
 }
 
 int plan_parse_size(const char *cmd, const char *text, int64_t *out) {
@@ -745,14 +665,15 @@ static int plan_rows(const plan_args *a, const int use[PLAN_N_SCHEDULES], cJSON 
         sbp_ledger lg;
         int t = a->T;
         sbp_plan_opts po = plan_opts(s, &all_rows[k]);
+        po.T = a->T; /* read only without --budget */
         if (a->budget) {
             t = largest_T(s, &all_rows[k], a->budget, &lg);
-            if (t == plan_max_T(&po))
+            if (t == sbp_plan_max_T(&po))
                 fprintf(stderr,
                         "streambp plan: note: %s fits at planning's limit of %d tokens a step; "
                         "the budget may hold a longer T\n",
                         all_rows[k].name, SBP_PLAN_MAX_TOKENS);
-        } else if (plan_at(&lg, &s->cfg, &po, a->T, &err)) {
+        } else if (sbp_plan(&lg, &s->cfg, &po, &err)) {
             return report_error("plan", &err);
         }
         if (a->csv) {

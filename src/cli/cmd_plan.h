@@ -18,13 +18,6 @@ extern const plan_schedule plan_schedules[PLAN_N_SCHEDULES];
  * an unknown one. */
 int plan_parse_schedules(const char *cmd, const char *list, int use[PLAN_N_SCHEDULES]);
 
-/* The largest T of the step o (its T is not read) whose planned peak fits the budget (0 if not
- * even the shortest fits: T = 1, or 2 for DPO, whose rows need a target), with its ledger in
- * *at: doubling, then bisection; a plan too large to reserve address space for does not fit. */
-int plan_largest_T(const sbp_config *cfg, const sbp_plan_opts *o, int64_t budget, sbp_ledger *at);
-/* The longest T planning takes for the rows of o (SBP_PLAN_MAX_TOKENS / rows): the bisection's
- * ceiling, so an answer equal to it means "at least". */
-int plan_max_T(const sbp_plan_opts *o);
 /* "80G", "512M", "1.5GiB" (binary units) -> bytes; prints an error naming cmd and returns 0. */
 int plan_parse_size(const char *cmd, const char *text, int64_t *out);
 
