@@ -199,6 +199,13 @@ void norm_block_free(eng *e, norm_block *nb);
  * tile (ATTN_TILE). */
 enum { SUM_BLOCK = 128 };
 
+/* The LM head's dx = Σ_v dlogits(t, v)·W_head(v, :) sums over the vocabulary; in the portable
+ * numerics it is cut at the vocabulary positions k·VOCAB_BLOCK (docs/numerics.md §4): the first
+ * block continues the chain in dx, every later block is a chain of its own from +0, added once,
+ * blocks ascending. A constant of the numerics like SUM_BLOCK, at least the vocabulary of every
+ * golden case (they keep their bits). */
+enum { VOCAB_BLOCK = 512 };
+
 /* The partial sum of the block a call leaves open, per gradient of a layer, carried to the next
  * call of the same sequence; allocated only in the portable numerics when T > SUM_BLOCK (else
  * every token is in the first block and nothing is carried). */
@@ -234,6 +241,12 @@ void sum_attention_backward(const eng *e, real *dq, real *dk, real *dv, real *pd
 int sum_block_open(const eng *e, int t);
 /* rows [0, n) of the pending dK, dV into dK, dV (a key retired before its block completes) */
 void sum_fold_rows(const eng *e, real *g, const real *p, size_t n);
+/* dx += dy·W (dy (M, N) rows [s, end), W (N, K), dx (M, K)) with the sum over N in blocks of
+ * VOCAB_BLOCK: the first continues the chain in dx, every later one is summed from +0 into px
+ * (M, K) over dy's columns copied into py (M, VOCAB_BLOCK) and added to dx once. px, py NULL:
+ * the op as it is (N ≤ VOCAB_BLOCK, or the fast numerics). */
+void sum_vocab_dx(const eng *e, real *dx, real *px, real *py, const real *dy, const real *w, int s,
+                  int end, int N, int K);
 
 /* ---- the layer steps (steps/layer.c) --------------------------------------------------------- */
 

@@ -23,12 +23,15 @@ typedef struct {
     /* (V, C), (C): the open token block's partial sums of the head's and the final norm's
      * weight gradients (sums.c); NULL when nothing is carried */
     real *phead, *pfnorm;
+    /* (rows, C), (rows, VOCAB_BLOCK): the head's dx of a vocabulary block and the block's
+     * columns of dlogits (sum_vocab_dx); NULL in the fast numerics or V ≤ VOCAB_BLOCK */
+    real *pdx, *pdy;
 } head_work;
 
 static void work_free(eng *e, head_work *w) {
     efree(e, w->logits), efree(e, w->hn), efree(e, w->dhn), efree(e, w->rstd);
     efree(e, w->logp), efree(e, w->lse), efree(e, w->coef);
-    efree(e, w->phead), efree(e, w->pfnorm);
+    efree(e, w->phead), efree(e, w->pfnorm), efree(e, w->pdx), efree(e, w->pdy);
     free(w->h_logp), free(w->h_coef);
 }
 
@@ -53,6 +56,10 @@ static int work_alloc(eng *e, head_work *w, const sbp_batch *b, const head_opts 
             if (e->gfnorm)
                 w->pfnorm =
                     ealloc(e, SBP_MEM_LOGITS, (size_t)e->C, "final norm's open token block");
+        }
+        if (e->portable && e->V > VOCAB_BLOCK) {
+            w->pdx = ealloc(e, SBP_MEM_LOGITS, rows * e->C, "head dx of a vocabulary block");
+            w->pdy = ealloc(e, SBP_MEM_LOGITS, rows * VOCAB_BLOCK, "dlogits of a vocabulary block");
         }
     }
     if (e->oom) work_free(e, w);
@@ -124,8 +131,14 @@ int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b
             op->upload(e, w.coef, w.h_coef, sizeof(double) * M);
             op->logprob_backward(e, z, w.coef, w.lse, e->tgt + (size_t)bi * T + s, M);
             op->zero(e, w.dhn, (size_t)M * C);
-            sum_linear_backward(e, w.dhn, e->ghead, w.phead, NULL, NULL, z, w.hn, e->head, s, end,
-                                V, C);
+            if (w.pdx) { /* dW_head over the tokens, then dx over the vocabulary, in blocks */
+                sum_linear_backward(e, NULL, e->ghead, w.phead, NULL, NULL, z, w.hn, e->head, s,
+                                    end, V, C);
+                sum_vocab_dx(e, w.dhn, w.pdx, w.pdy, z, e->head, s, end, V, C);
+            } else {
+                sum_linear_backward(e, w.dhn, e->ghead, w.phead, NULL, NULL, z, w.hn, e->head, s,
+                                    end, V, C);
+            }
             sum_norm_backward(e, dh + ((size_t)bi * T + s) * C, e->gfnorm, w.pfnorm, w.dhn, h_s,
                               w.rstd, e->fnorm, s, M, 1, C);
         }

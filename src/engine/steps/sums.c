@@ -129,6 +129,36 @@ void sum_fold_rows(const eng *e, real *g, const real *p, size_t n) {
     fold(e, g, p, n);
 }
 
+/* ---- the LM head's dx over the vocabulary ---------------------------------------------------- */
+
+/* dx(t, :) += Σ_v dy(t, v)·W(v, :) over V = N terms (docs/numerics.md §4): [0, VOCAB_BLOCK)
+ * continues the chain in dx (a vocabulary of at most one block, every golden case, keeps its
+ * bits); every later block [v0, v1) is a chain from +0 in px over dy's columns v0..v1 − 1, which
+ * the op reads as contiguous rows, so they are first copied into py (M, v1 − v0): M·N reals per
+ * pass in all, against the product's 2·M·N·K flops. The blocks' sums stay in float until dx is
+ * complete, then dx is rounded once to the storage precision, as the op rounds its output. */
+void sum_vocab_dx(const eng *e, real *dx, real *px, real *py, const real *dy, const real *w, int s,
+                  int end, int N, int K) {
+    const sbp_ops *op = e->ops;
+    if (!px || !py || N <= VOCAB_BLOCK) {
+        op->linear_backward(e, dx, NULL, NULL, dy, NULL, w, s, end, N, K);
+        return;
+    }
+    eng raw = *e; /* the parts unrounded (fold's rule) */
+    raw.bf16 = 0;
+    const int M = end - s;
+    for (int v0 = 0; v0 < N; v0 += VOCAB_BLOCK) {
+        const int nb = N - v0 < VOCAB_BLOCK ? N - v0 : VOCAB_BLOCK;
+        for (int r = 0; r < M; r++) /* py(r, j) = dy(r, v0 + j) */
+            op->copy(e, py + (size_t)r * nb, dy + (size_t)r * N + v0, (size_t)nb);
+        real *to = v0 ? px : dx;
+        if (v0) op->zero(e, px, (size_t)M * K);
+        op->linear_backward(&raw, to, NULL, NULL, py, NULL, w + (size_t)v0 * K, s, end, nb, K);
+        if (v0) fold(e, dx, px, (size_t)M * K);
+    }
+    op->store(e, dx, (size_t)M * K);
+}
+
 /* ---- the pending partial sums ---------------------------------------------------------------- */
 
 /* n reals at *off of base when on (a NULL base only counts), else NULL */

@@ -1,0 +1,187 @@
+/* test_vocabblocks.c — the portable LM head's dx summed in vocabulary blocks of VOCAB_BLOCK
+ * (docs/numerics.md §4, src/engine/steps/sums.c's sum_vocab_dx), on vocabularies of several
+ * blocks: the golden models have V ≤ 512, one block, so they say nothing about the blocks.
+ *
+ * Two models of V = 2·512 + 276 (blocks [0, 512), [512, 1024) and [1024, 1300)): Qwen3 with tied
+ * embeddings (the head is the embedding: its gradient takes the head's and the embedding's) and
+ * Qwen2 untied with biases; one sequence of T = 150 tokens (past one token block: the head's
+ * dW carries its token blocks too) and one left-padded:
+ *  - every schedule, layer chunk and logits chunk (1, 7, 64, T − 1, T + 5) gives full BP's bits,
+ *    in float32 and float64;
+ *  - the CUDA tables in the SIMT emulator give the CPU's bits (the blocks go through the op
+ *    table: copy, zero, linear_backward, add);
+ *  - the planner's ledger equals the measured one (the blocks' scratch is charged). */
+#include "../src/engine/engine.h" /* VOCAB_BLOCK */
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { VB_T = 150, VB_V = 2 * VOCAB_BLOCK + 276 };
+
+static const char *const vb_json[] = {
+    "{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\", \"vocab_size\": 1300, "
+    "\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 32, "
+    "\"hidden_act\": \"silu\", \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-06, "
+    "\"rope_theta\": 1000000.0, \"attention_bias\": false, \"tie_word_embeddings\": true, "
+    "\"initializer_range\": 0.1, \"torch_dtype\": \"float32\"}",
+    "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", \"vocab_size\": 1300, "
+    "\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, "
+    "\"hidden_act\": \"silu\", \"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-06, "
+    "\"rope_theta\": 1000000.0, \"use_sliding_window\": false, \"tie_word_embeddings\": false, "
+    "\"initializer_range\": 0.1, \"torch_dtype\": \"float32\"}"};
+
+/* The model of case i (0 Qwen3 tied, 1 Qwen2) in a fresh directory. */
+static const char *vb_model(int i) {
+    sbp_err err = {0};
+    sbp_config cfg;
+    const char *dir = tu_path("vocabblocks-%d", i);
+    ck_assert_msg(!sbp_config_parse(&cfg, vb_json[i], "vocabblocks", &err), "%s", err.msg);
+    ck_assert_int_eq(cfg.vocab, VB_V);
+    ck_assert_msg(!sbp_model_init(&cfg, 11 + i, dir, &err), "%s", err.msg);
+    return dir;
+}
+
+/* B = 2 rows of T tokens: row 0 full, row 1 left-padded by 9. Ids from a fixed LCG over the
+ * whole vocabulary (every block has targets). */
+static void vb_batch(sbp_batch *b) {
+    memset(b, 0, sizeof *b);
+    b->B = 2, b->T = VB_T, b->kind = SBP_OBJ_SFT;
+    const size_t n = 2 * (size_t)VB_T;
+    b->ids = malloc(sizeof(int32_t) * n);
+    b->labels = malloc(sizeof(int32_t) * n);
+    b->mask = malloc(n);
+    ck_assert(b->ids && b->labels && b->mask);
+    uint64_t z = 777;
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < VB_T; t++) {
+            const size_t i = (size_t)r * VB_T + t;
+            const int pad = r == 1 ? 9 : 0;
+            z = z * 6364136223846793005ull + 1442695040888963407ull;
+            b->ids[i] = t < pad ? 0 : 3 + (int32_t)((z >> 33) % (uint64_t)(VB_V - 3));
+            b->mask[i] = t >= pad;
+            b->labels[i] = t < pad ? SBP_IGNORE : b->ids[i];
+        }
+    sbp_batch_count_targets(b);
+}
+
+static void run(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b, sbp_grad_opts o) {
+    sbp_err err = {0};
+    if (sbp_grad(r, m, b, &o, NULL, &err))
+        ck_abort_msg("sbp_grad (%s, chunk %d, logit chunk %d): %s", sbp_schedule_name(o.schedule),
+                     o.chunk, o.logit_chunk, err.msg);
+}
+
+static void assert_bitwise(const sbp_model *m, const sbp_grad_result *ref, const sbp_grad_result *r,
+                           const char *what) {
+    const int i = tu_first_diff(m, ref->grads, r->grads);
+    ck_assert_msg(i < 0, "%s: gradient of %s differs from full BP", what,
+                  i < 0 ? "" : m->params.p[i].name);
+    ck_assert_msg(memcmp(&ref->loss, &r->loss, sizeof r->loss) == 0,
+                  "%s: loss %.17g differs from full BP's %.17g", what, r->loss, ref->loss);
+}
+
+static const sbp_grad_opts vb_base = {.schedule = SBP_FULL,
+                                      .block = 4,
+                                      .numerics = SBP_NUMERICS_PORTABLE,
+                                      .objective = {.kind = SBP_OBJ_SFT}};
+
+/* _i: model (_i / 2), precision (_i % 2) */
+START_TEST(schedules_bitwise) {
+    sbp_model m;
+    sbp_batch b;
+    sbp_err err = {0};
+    ck_assert_msg(!sbp_model_load(&m, vb_model(_i / 2), _i % 2 ? SBP_FP64 : SBP_FP32, NULL, &err),
+                  "%s", err.msg);
+    vb_batch(&b);
+    const int sizes[] = {1, 7, 64, VB_T - 1, VB_T + 5};
+    const int n = sizeof sizes / sizeof *sizes;
+    sbp_grad_result ref, r;
+    run(&ref, &m, &b, vb_base);
+    for (int i = 0; i < n; i++)
+        for (int v = 0; v < 3; v++) {
+            sbp_grad_opts o = vb_base;
+            o.schedule = v == 0 ? SBP_STREAM : v == 1 ? SBP_CKPT : SBP_FULL;
+            o.chunk = v == 0 ? sizes[(i + 2) % n] : 0;
+            o.logit_chunk = sizes[i];
+            o.chunked_logits = v >= 1;
+            run(&r, &m, &b, o);
+            char what[160];
+            snprintf(what, sizeof what, "model %d %s, %s chunk %d logit chunk %d", _i / 2,
+                     _i % 2 ? "fp64" : "fp32", sbp_schedule_name(o.schedule), o.chunk,
+                     o.logit_chunk);
+            assert_bitwise(&m, &ref, &r, what);
+            sbp_grad_result_free(&r, NULL);
+        }
+    sbp_grad_result_free(&ref, NULL);
+    sbp_batch_free(&b);
+    sbp_model_free(&m, NULL);
+}
+END_TEST
+
+/* The CUDA tables in the emulator, stream with logits chunks that split the rows: the CPU's
+ * full-BP bits. _i: model. */
+START_TEST(emulator_matches_cpu) {
+    sbp_model m;
+    sbp_batch b;
+    sbp_err err = {0};
+    ck_assert_msg(!sbp_model_load(&m, vb_model(_i), SBP_FP32, NULL, &err), "%s", err.msg);
+    vb_batch(&b);
+    sbp_grad_result ref, r;
+    run(&ref, &m, &b, vb_base);
+    sbp_grad_opts emu = vb_base;
+    emu.device = SBP_DEVICE_CUDA_EMU, emu.schedule = SBP_STREAM, emu.chunk = 64;
+    emu.logit_chunk = 37;
+    run(&r, &m, &b, emu);
+    assert_bitwise(&m, &ref, &r, "cuda-emu stream chunk 64, logit chunk 37");
+    sbp_grad_result_free(&r, NULL);
+    sbp_grad_result_free(&ref, NULL);
+    sbp_batch_free(&b);
+    sbp_model_free(&m, NULL);
+}
+END_TEST
+
+/* sbp_plan's ledger against the measured one. _i: 0 portable (the blocks' scratch), 1 fast
+ * (none). */
+START_TEST(plan_equals_measured) {
+    sbp_model m;
+    sbp_batch b;
+    sbp_ledger meas = {0}, plan;
+    sbp_err err = {0};
+    ck_assert_msg(!sbp_model_load(&m, vb_model(1), SBP_FP32, &meas, &err), "%s", err.msg);
+    vb_batch(&b);
+    sbp_grad_opts o = vb_base;
+    o.schedule = SBP_STREAM, o.chunk = 64, o.logit_chunk = 37;
+    o.numerics = _i ? SBP_NUMERICS_FAST : SBP_NUMERICS_PORTABLE;
+    sbp_grad_result r;
+    if (sbp_grad(&r, &m, &b, &o, &meas, &err)) ck_abort_msg("%s", err.msg);
+    sbp_grad_result_free(&r, &meas);
+    const sbp_plan_opts po = {.grad = o, .B = b.B, .T = b.T, .storage_bytes = 4};
+    if (sbp_plan(&plan, &m.cfg, &po, &err)) ck_abort_msg("plan: %s", err.msg);
+    ck_assert_msg(plan.peak_total == meas.peak_total, "case %d: planned peak %lld, measured %lld",
+                  _i, (long long)plan.peak_total, (long long)meas.peak_total);
+    for (int k = 0; k < SBP_MEM_NCATS; k++)
+        ck_assert_msg(plan.peak[k] == meas.peak[k], "case %d: %s peak planned %lld, measured %lld",
+                      _i, sbp_mem_cat_name(k), (long long)plan.peak[k], (long long)meas.peak[k]);
+    ck_assert_int_eq(plan.n_allocs, meas.n_allocs);
+    sbp_batch_free(&b);
+    sbp_model_free(&m, &meas);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("vocabblocks");
+    TCase *tc = tcase_create("vocabblocks");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, schedules_bitwise, 0, 4);
+    tcase_add_loop_test(tc, emulator_matches_cpu, 0, 2);
+    tcase_add_loop_test(tc, plan_equals_measured, 0, 2);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run_suite(suite());
+}
