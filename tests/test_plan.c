@@ -16,21 +16,6 @@
 #define SBP_TEST_HAS_ASAN 0
 #endif
 
-static void assert_same_ledger(const sbp_ledger *plan, const sbp_ledger *real, const char *what) {
-    ck_assert_msg(plan->peak_total == real->peak_total, "%s: planned peak %lld, measured %lld",
-                  what, (long long)plan->peak_total, (long long)real->peak_total);
-    for (int c = 0; c < SBP_MEM_NCATS; c++) {
-        ck_assert_msg(plan->peak[c] == real->peak[c], "%s: %s peak planned %lld, measured %lld",
-                      what, sbp_mem_cat_name(c), (long long)plan->peak[c],
-                      (long long)real->peak[c]);
-        ck_assert_msg(plan->at_peak[c] == real->at_peak[c],
-                      "%s: %s at total peak planned %lld, measured %lld", what, sbp_mem_cat_name(c),
-                      (long long)plan->at_peak[c], (long long)real->at_peak[c]);
-    }
-    ck_assert_msg(plan->n_allocs == real->n_allocs, "%s: %lld planned allocations, %lld real", what,
-                  (long long)plan->n_allocs, (long long)real->n_allocs);
-}
-
 /* _i: family (_i % 3), schedule (_i / 3 % 3), numerics (_i / 9): every row of the driver's
  * table, in both numerics (their workspaces differ). */
 START_TEST(plan_equals_measured) {
@@ -62,7 +47,7 @@ START_TEST(plan_equals_measured) {
                  chunked ? " chunked logits" : "", sbp_numerics_name(num));
         /* the real ledger still holds weights and grads; the planner has freed everything */
         ck_assert_int_eq(plan.cur_total, 0);
-        assert_same_ledger(&plan, &real, what);
+        tu_assert_same_ledger(&plan, &real, what);
         sbp_grad_result_free(&r, &real);
         sbp_batch_free(&b);
         sbp_model_free(&m, &real);
@@ -150,7 +135,7 @@ START_TEST(plan_equals_measured_objectives_lora) {
         ck_assert_int_gt(plan.peak[SBP_MEM_BATCH], 0);
         /* a frozen base has no gradient: only the adapter's */
         if (lora) ck_assert_int_eq(plan.peak[SBP_MEM_GRADS], 4 * a.params.total);
-        assert_same_ledger(&plan, &real, what);
+        tu_assert_same_ledger(&plan, &real, what);
         sbp_adamw_free(&opt, &real);
         sbp_batch_free(&b);
         sbp_lora_free(&a, &real);

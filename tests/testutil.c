@@ -433,3 +433,18 @@ void tu_assert_no_tmp(const char *dir) {
                       de->d_name);
     closedir(d);
 }
+
+void tu_assert_same_ledger(const sbp_ledger *plan, const sbp_ledger *real, const char *what) {
+    ck_assert_msg(plan->peak_total == real->peak_total, "%s: planned peak %lld, measured %lld",
+                  what, (long long)plan->peak_total, (long long)real->peak_total);
+    for (int c = 0; c < SBP_MEM_NCATS; c++) {
+        ck_assert_msg(plan->peak[c] == real->peak[c], "%s: %s peak planned %lld, measured %lld",
+                      what, sbp_mem_cat_name(c), (long long)plan->peak[c],
+                      (long long)real->peak[c]);
+        ck_assert_msg(plan->at_peak[c] == real->at_peak[c],
+                      "%s: %s at total peak planned %lld, measured %lld", what, sbp_mem_cat_name(c),
+                      (long long)plan->at_peak[c], (long long)real->at_peak[c]);
+    }
+    ck_assert_msg(plan->n_allocs == real->n_allocs, "%s: %lld planned allocations, %lld real", what,
+                  (long long)plan->n_allocs, (long long)real->n_allocs);
+}

@@ -106,6 +106,10 @@ void tu_fd_check(const sbp_params *ps, const double *w /* (total) */, const doub
                  const char *what);
 
 /* Runs the suite with Check's default runner; returns the process exit status. */
+/* Fails unless the planner's ledger equals the measured one to the byte: the peak, each category's
+ * peak and its share at the total peak, and the number of allocations; what names the case. */
+void tu_assert_same_ledger(const sbp_ledger *plan, const sbp_ledger *real, const char *what);
+
 int tu_run_suite(Suite *s);
 /* The same, after making data/models/<model>.json's seed-1 model (tu_model(model, 1)) before Check
  * forks, so that every test finds it made; name is the suite's, for the error message. */
