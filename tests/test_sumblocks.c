@@ -22,26 +22,9 @@
 enum { T_LONG = 2 * 128 + 37 };
 
 /* B = 2 rows of T tokens: row 0 full, row 1 left-padded by 20; the first 10 real tokens' labels
- * masked (a prompt). Ids from a fixed LCG. */
+ * masked (a prompt). */
 static void long_batch(sbp_batch *b, int T, int V) {
-    memset(b, 0, sizeof *b);
-    b->B = 2, b->T = T, b->kind = SBP_OBJ_SFT;
-    const size_t n = 2 * (size_t)T;
-    b->ids = malloc(sizeof(int32_t) * n);
-    b->labels = malloc(sizeof(int32_t) * n);
-    b->mask = malloc(n);
-    ck_assert(b->ids && b->labels && b->mask);
-    uint64_t z = 12345;
-    for (int r = 0; r < 2; r++)
-        for (int t = 0; t < T; t++) {
-            const size_t i = (size_t)r * T + t;
-            const int pad = r == 1 ? 20 : 0;
-            z = z * 6364136223846793005ull + 1442695040888963407ull;
-            b->ids[i] = t < pad ? 0 : 3 + (int32_t)((z >> 33) % (uint64_t)(V - 3));
-            b->mask[i] = t >= pad;
-            b->labels[i] = t < pad + 10 ? SBP_IGNORE : b->ids[i];
-        }
-    sbp_batch_count_targets(b);
+    tu_lcg_batch(b, T, V, 20, 10, 12345);
 }
 
 /* ps: the tensors the gradients hold (the model's, or an adapter's) */
@@ -58,13 +41,6 @@ static void assert_bitwise(const sbp_model *m, const sbp_params *ps, const sbp_g
                   "%s: loss %.17g differs from full BP's %.17g", what, r->loss, ref->loss);
 }
 
-static void run(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b, sbp_grad_opts o) {
-    sbp_err err = {0};
-    if (sbp_grad(r, m, b, &o, NULL, &err))
-        ck_abort_msg("sbp_grad (%s, chunk %d, logit chunk %d): %s", sbp_schedule_name(o.schedule),
-                     o.chunk, o.logit_chunk, err.msg);
-}
-
 /* Every schedule and chunking of model m (and adapter a, or NULL) against full BP on 1 thread;
  * all: also chunks 1, T − 1 and 128 (the others suffice to split every kind of block). */
 static void check_runs(const sbp_model *m, const sbp_batch *b, sbp_lora *a, const char *name,
@@ -78,7 +54,7 @@ static void check_runs(const sbp_model *m, const sbp_batch *b, sbp_lora *a, cons
                                 .lora = a};
     sbp_grad_result ref, r;
     sbp_set_threads(1);
-    run(&ref, m, b, base);
+    tu_grad_opts(&ref, m, b, base);
     for (int threads = 1; threads <= 2; threads++) {
         sbp_set_threads(threads);
         for (int i = 0; i < n; i++)
@@ -92,7 +68,7 @@ static void check_runs(const sbp_model *m, const sbp_batch *b, sbp_lora *a, cons
                 o.logit_chunk = v == 0 ? sizes[(i + 1) % n] : sizes[i];
                 o.chunked_logits = v >= 2;
                 o.block = i % 2 ? 16 : 4; /* the token block changes nothing */
-                run(&r, m, b, o);
+                tu_grad_opts(&r, m, b, o);
                 char what[200];
                 snprintf(what, sizeof what,
                          "%s %s, %s chunk %d logit chunk %d (block %d, %d threads)", name,
@@ -148,11 +124,11 @@ START_TEST(emulator_matches_cpu) {
                                .numerics = SBP_NUMERICS_PORTABLE,
                                .objective = {.kind = SBP_OBJ_SFT}};
     sbp_grad_result ref, r;
-    run(&ref, &m, &b, cpu);
+    tu_grad_opts(&ref, &m, &b, cpu);
     sbp_grad_opts emu = cpu;
     emu.device = SBP_DEVICE_CUDA_EMU, emu.schedule = SBP_STREAM, emu.chunk = 100;
     emu.logit_chunk = 129;
-    run(&r, &m, &b, emu);
+    tu_grad_opts(&r, &m, &b, emu);
     assert_bitwise(&m, &m.params, &ref, &r, "cuda-emu stream chunk 100, logit chunk 129");
     sbp_grad_result_free(&r, NULL);
     sbp_grad_result_free(&ref, NULL);

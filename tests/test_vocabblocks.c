@@ -44,34 +44,10 @@ static const char *vb_model(int i) {
     return dir;
 }
 
-/* B = 2 rows of T tokens: row 0 full, row 1 left-padded by 9. Ids from a fixed LCG over the
- * whole vocabulary (every block has targets). */
+/* B = 2 rows of T tokens: row 0 full, row 1 left-padded by 9; ids over the whole vocabulary
+ * (every block has targets). */
 static void vb_batch(sbp_batch *b) {
-    memset(b, 0, sizeof *b);
-    b->B = 2, b->T = VB_T, b->kind = SBP_OBJ_SFT;
-    const size_t n = 2 * (size_t)VB_T;
-    b->ids = malloc(sizeof(int32_t) * n);
-    b->labels = malloc(sizeof(int32_t) * n);
-    b->mask = malloc(n);
-    ck_assert(b->ids && b->labels && b->mask);
-    uint64_t z = 777;
-    for (int r = 0; r < 2; r++)
-        for (int t = 0; t < VB_T; t++) {
-            const size_t i = (size_t)r * VB_T + t;
-            const int pad = r == 1 ? 9 : 0;
-            z = z * 6364136223846793005ull + 1442695040888963407ull;
-            b->ids[i] = t < pad ? 0 : 3 + (int32_t)((z >> 33) % (uint64_t)(VB_V - 3));
-            b->mask[i] = t >= pad;
-            b->labels[i] = t < pad ? SBP_IGNORE : b->ids[i];
-        }
-    sbp_batch_count_targets(b);
-}
-
-static void run(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b, sbp_grad_opts o) {
-    sbp_err err = {0};
-    if (sbp_grad(r, m, b, &o, NULL, &err))
-        ck_abort_msg("sbp_grad (%s, chunk %d, logit chunk %d): %s", sbp_schedule_name(o.schedule),
-                     o.chunk, o.logit_chunk, err.msg);
+    tu_lcg_batch(b, VB_T, VB_V, 9, 0, 777);
 }
 
 static void assert_bitwise(const sbp_model *m, const sbp_grad_result *ref, const sbp_grad_result *r,
@@ -99,7 +75,7 @@ START_TEST(schedules_bitwise) {
     const int sizes[] = {1, 7, 64, VB_T - 1, VB_T + 5};
     const int n = sizeof sizes / sizeof *sizes;
     sbp_grad_result ref, r;
-    run(&ref, &m, &b, vb_base);
+    tu_grad_opts(&ref, &m, &b, vb_base);
     for (int i = 0; i < n; i++)
         for (int v = 0; v < 3; v++) {
             sbp_grad_opts o = vb_base;
@@ -107,7 +83,7 @@ START_TEST(schedules_bitwise) {
             o.chunk = v == 0 ? sizes[(i + 2) % n] : 0;
             o.logit_chunk = sizes[i];
             o.chunked_logits = v >= 1;
-            run(&r, &m, &b, o);
+            tu_grad_opts(&r, &m, &b, o);
             char what[160];
             snprintf(what, sizeof what, "model %d %s, %s chunk %d logit chunk %d", _i / 2,
                      _i % 2 ? "fp64" : "fp32", sbp_schedule_name(o.schedule), o.chunk,
@@ -130,11 +106,11 @@ START_TEST(emulator_matches_cpu) {
     ck_assert_msg(!sbp_model_load(&m, vb_model(_i), SBP_FP32, NULL, &err), "%s", err.msg);
     vb_batch(&b);
     sbp_grad_result ref, r;
-    run(&ref, &m, &b, vb_base);
+    tu_grad_opts(&ref, &m, &b, vb_base);
     sbp_grad_opts emu = vb_base;
     emu.device = SBP_DEVICE_CUDA_EMU, emu.schedule = SBP_STREAM, emu.chunk = 64;
     emu.logit_chunk = 37;
-    run(&r, &m, &b, emu);
+    tu_grad_opts(&r, &m, &b, emu);
     assert_bitwise(&m, &ref, &r, "cuda-emu stream chunk 64, logit chunk 37");
     sbp_grad_result_free(&r, NULL);
     sbp_grad_result_free(&ref, NULL);

@@ -448,3 +448,31 @@ void tu_assert_same_ledger(const sbp_ledger *plan, const sbp_ledger *real, const
     ck_assert_msg(plan->n_allocs == real->n_allocs, "%s: %lld planned allocations, %lld real", what,
                   (long long)plan->n_allocs, (long long)real->n_allocs);
 }
+
+void tu_lcg_batch(sbp_batch *b, int T, int V, int pad, int prompt, uint64_t seed) {
+    memset(b, 0, sizeof *b);
+    b->B = 2, b->T = T, b->kind = SBP_OBJ_SFT;
+    const size_t n = 2 * (size_t)T;
+    b->ids = malloc(sizeof(int32_t) * n);
+    b->labels = malloc(sizeof(int32_t) * n);
+    b->mask = malloc(n);
+    ck_assert(b->ids && b->labels && b->mask);
+    uint64_t z = seed;
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < T; t++) {
+            const size_t i = (size_t)r * T + t;
+            const int p = r == 1 ? pad : 0;
+            z = z * 6364136223846793005ull + 1442695040888963407ull;
+            b->ids[i] = t < p ? 0 : 3 + (int32_t)((z >> 33) % (uint64_t)(V - 3));
+            b->mask[i] = t >= p;
+            b->labels[i] = t < p + prompt ? SBP_IGNORE : b->ids[i];
+        }
+    sbp_batch_count_targets(b);
+}
+
+void tu_grad_opts(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b, sbp_grad_opts o) {
+    sbp_err err = {0};
+    if (sbp_grad(r, m, b, &o, NULL, &err))
+        ck_abort_msg("sbp_grad (%s, chunk %d, logit chunk %d): %s", sbp_schedule_name(o.schedule),
+                     o.chunk, o.logit_chunk, err.msg);
+}

@@ -30,6 +30,13 @@ double tu_rel_l2(const sbp_model *ma, const void *a, const sbp_model *mb, const 
                  const sbp_param *p);
 /* Index of the first parameter whose bytes differ, or -1. */
 int tu_first_diff(const sbp_model *m, const void *a, const void *b);
+/* An SFT batch of 2 rows of T tokens over a vocabulary of V: row 0 full, row 1 left-padded by pad;
+ * each row's first prompt real tokens have no label. Ids 3..V-1 from a 64-bit LCG seeded with
+ * seed (the same batch on every machine). */
+void tu_lcg_batch(sbp_batch *b, int T, int V, int pad, int prompt, uint64_t seed);
+/* sbp_grad with options o and no ledger; fails the test, naming the schedule and chunks, on error.
+ */
+void tu_grad_opts(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b, sbp_grad_opts o);
 
 /* Runs a shell command (printf-style); returns its exit status, or -1. Output goes to the
  * file tu_tmpdir()/last.out, readable with tu_last_output(). Fails the test when the output holds
