@@ -5,8 +5,9 @@
  *
  *   forward   one warp per (query, head). Lane k holds the scores of keys j0 + k and j0 + k + 32
  *             of the tile (each a chain over d), so the tile's max and sum are the 32-lane tree
- *             of lanes.h done by shuffles; lane k owns the output dims d ≡ k (mod 32), and the
- *             chain acc_d ← fma(P_c, v_c,d, acc_d) runs over c ascending with P_c broadcast.
+ *             of lanes.h done by shuffles; lane k owns the output dims d ≡ k (mod 32): the
+ *             tile's chain part_d ← fma(P_c, v_c,d, part_d) from +0 over c ascending with P_c
+ *             broadcast, then acc_d = fma(acc_d, corr, part_d).
  *   dK, dV    one block per (kv head, key tile): each thread owns some (key, dim) elements of
  *             the tile's dK and dV; for every query of the chunk in ascending order and every
  *             head of the group, the block computes P and dS' of the 64 keys (one thread per key
@@ -88,15 +89,17 @@ __global__ void attention_forward_kernel(real *o, real *lse, const real *q, cons
         ls = ls + P0;
         ls = ls + P1;
         l = l * corr + warp_sum(ls);
-        for (int t = 0; t < DPL; t++) acc[t] = acc[t] * corr;
+        real part[DPL];
+        for (int t = 0; t < DPL; t++) part[t] = 0;
         for (int c = lo; c < n; c++) {
             const real p = __shfl_sync(FULL_MASK, c < WARP ? P0 : P1, c % WARP);
             const real *v_c = v + (size_t)(j0 + c) * KV + (size_t)g * HD;
             for (int t = 0; t < DPL; t++) {
                 const int d = lane + WARP * t;
-                if (d < HD) acc[t] = rfma(p, v_c[d], acc[t]);
+                if (d < HD) part[t] = rfma(p, v_c[d], part[t]);
             }
         }
+        for (int t = 0; t < DPL; t++) acc[t] = rfma(acc[t], corr, part[t]);
         m = mnew;
     }
     real *o_i = o + (size_t)r * Q + (size_t)h * HD;

@@ -10,8 +10,12 @@
  *   m_t  = max_c S_c                           the lane tree over W (lanes.h)
  *   m'   = max(m, m_t),  corr = exp(m − m'),  P_c = exp(S_c − m')
  *   l    = l·corr + Σ_c P_c                    the lane tree over W
- *   acc_d = acc_d·corr, then acc_d ← fma(P_c, v_{j0+c,d}, acc_d) for c = lo .. n−1
+ *   part_d ← fma(P_c, v_{j0+c,d}, part_d)      a chain from +0 over c = lo .. n−1
+ *   acc_d = fma(acc_d, corr, part_d)           the tiles folded in ascending order
  * and at the end O = acc / l, lse = m + log l (a query with no visible key: O = 0, lse = +inf).
+ * The output sums per tile, not in one chain over all the query's keys, so that its rounding
+ * error grows with the number of tiles, not of keys (docs/numerics.md §6); a query's first
+ * tile gives acc = fma(+0, corr, part) = part exactly, so up to W keys nothing changed.
  * Backward, with P_c = exp(S_c − lse), D = Σ_d dO_d·O_d (one chain), dP_c = Σ_d dO_d·v_{c,d},
  * dS_c = P_c·(dP_c − D) and dS'_c = dS_c·scale:
  *   dV_{j,d} ← fma(P, dO_{i,h,d}, dV_{j,d}),  dK_{j,d} ← fma(dS', q_{i,h,d}, dK_{j,d})
@@ -50,6 +54,7 @@ typedef struct {
     real *acc;       /* (W, HD) O or dQ accumulators of a query tile */
     real *S, *P;     /* (W) scores or probabilities; dP, then dS' */
     real *m, *l;     /* (W) running max and sum of a query tile */
+    real *part;      /* (HD) the forward's sum over one key tile (adk's space: backward only) */
 } tile_ws;
 
 static size_t per_thread(int HD) {
@@ -66,6 +71,7 @@ static tile_ws carve(real *ws, int HD) {
     t.kt = ws + per_thread(HD) * (size_t)omp_get_thread_num();
     t.vt = t.kt + WH, t.adk = t.vt + WH, t.adv = t.adk + WH, t.acc = t.adv + WH;
     t.S = t.acc + WH, t.P = t.S + W, t.m = t.P + W, t.l = t.m + W;
+    t.part = t.adk;
     return t;
 }
 
@@ -126,7 +132,7 @@ void attention_forward(real *o, real *lse, real *ws, const real *q, const real *
         const int h = task % NH, g = h / rep, tile = first + ntiles - 1 - task / NH;
         const int i0 = tile * W > s ? tile * W : s, i1 = tile_end(i0, e), nq = i1 - i0;
         const tile_ws t = carve(ws, HD);
-        real *kt = t.kt, *acc = t.acc, *S = t.S, *m = t.m, *l = t.l;
+        real *kt = t.kt, *acc = t.acc, *S = t.S, *m = t.m, *l = t.l, *part = t.part;
         for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
         memset(acc, 0, sizeof(real) * (size_t)nq * HD);
         for (int j0 = tile_first(i0, win); j0 < i1; j0 += W) {
@@ -141,12 +147,13 @@ void attention_forward(real *o, real *lse, real *ws, const real *q, const real *
                 const real mnew = m[r] > mt ? m[r] : mt, corr = rexp(m[r] - mnew);
                 for (int c = 0; c < W; c++) S[c] = rexp(S[c] - mnew);
                 l[r] = l[r] * corr + lanes_sum(S, W);
-                real *acc_r = acc + (size_t)r * HD;
-                for (int d = 0; d < HD; d++) acc_r[d] = acc_r[d] * corr;
+                for (int d = 0; d < HD; d++) part[d] = 0;
                 for (int c = lo; c < n; c++) {
                     const real *v_c = v + (size_t)(j0 + c) * KV + (size_t)g * HD;
-                    for (int d = 0; d < HD; d++) acc_r[d] = rfma(S[c], v_c[d], acc_r[d]);
+                    for (int d = 0; d < HD; d++) part[d] = rfma(S[c], v_c[d], part[d]);
                 }
+                real *acc_r = acc + (size_t)r * HD;
+                for (int d = 0; d < HD; d++) acc_r[d] = rfma(acc_r[d], corr, part[d]);
                 m[r] = mnew;
             }
         }
