@@ -154,6 +154,11 @@ __global__ void scale_kernel(real *x, real a, size_t n) {
     if (i < n) x[i] = x[i] * a;
 }
 
+__global__ void copy_cols_kernel(real *y, const real *x, int rows, int n, int ld) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (size_t)rows * n) y[i] = x[i / n * ld + i % n];
+}
+
 static void dev_zero(const eng *e, real *x, size_t n) {
     cudaMemset(x, 0, sizeof(real) * n);
     check(e, "cudaMemset");
@@ -162,6 +167,12 @@ static void dev_zero(const eng *e, real *x, size_t n) {
 static void dev_copy(const eng *e, real *y, const real *x, size_t n) {
     cudaMemcpy(y, x, sizeof(real) * n, cudaMemcpyDeviceToDevice);
     check(e, "cudaMemcpy");
+}
+
+static void dev_copy_cols(const eng *e, real *y, const real *x, int rows, int n, int ld) {
+    const size_t total = (size_t)rows * n;
+    SBP_LAUNCH(copy_cols_kernel, blocks_for(total, THREADS), THREADS, 0, y, x, rows, n, ld);
+    check(e, "copy_cols_kernel");
 }
 
 static void dev_add(const eng *e, real *y, const real *a, const real *b, size_t n) {
@@ -194,6 +205,7 @@ static const sbp_ops table = {
     .workspace = dev_workspace,
     .zero = dev_zero,
     .copy = dev_copy,
+    .copy_cols = dev_copy_cols,
     .add = dev_add,
     .scale = dev_scale,
     .axpy = dev_axpy,

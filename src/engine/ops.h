@@ -59,6 +59,8 @@ typedef struct sbp_ops {
     /* ---- elementwise ---- */
     void (*zero)(const eng *e, real *x, size_t n);
     void (*copy)(const eng *e, real *y, const real *x, size_t n);
+    /* y (rows, n) = the first n columns of x (rows, ld): one call for a block of columns */
+    void (*copy_cols)(const eng *e, real *y, const real *x, int rows, int n, int ld);
     void (*add)(const eng *e, real *y, const real *a, const real *b, size_t n); /* y = a + b */
     void (*scale)(const eng *e, real *x, real a, size_t n);                     /* x = x·a */
     void (*axpy)(const eng *e, real *y, real a, const real *x, size_t n);       /* y = y + x·a */

@@ -129,6 +129,12 @@ static void cpu_copy(const eng *e, real *y, const real *x, size_t n) {
     }
 }
 
+static void cpu_copy_cols(const eng *e, real *y, const real *x, int rows, int n, int ld) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * n > PAR_MIN)
+    for (int r = 0; r < rows; r++)
+        memcpy(y + (size_t)r * n, x + (size_t)r * ld, sizeof(real) * (size_t)n);
+}
+
 static void cpu_add(const eng *e, real *y, const real *a, const real *b, size_t n) {
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
     for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
@@ -184,8 +190,8 @@ static void portable_linear_forward(const eng *e, real *y, const real *x, const 
 static void fast_linear_backward(const eng *e, real *dx, real *dw, real *db, const real *dy,
                                  const real *x, const real *w, int s, int end, int N, int K) {
     if (PGEMM_TUNED) /* dW, db per token block: docs/numerics.md §10, docs/accuracy.md */
-        linear_backward_blocked(dx, dw, db, e->ws, e->ws + fast_gemm_ws(e), dy, x, w, s, end, N,
-                                K, e->blk);
+        linear_backward_blocked(dx, dw, db, e->ws, e->ws + fast_gemm_ws(e), dy, x, w, s, end, N, K,
+                                e->blk);
     else
         blas_linear_backward(dx, dw, db, dy, x, w, s, end, N, K, e->blk);
     if (dx) store(e, dx, (size_t)(end - s) * K);
@@ -302,14 +308,15 @@ static void cpu_logprob_backward(const eng *e, real *logits, const double *coef,
 #define CPU_COMMON                                                                                 \
     .begin = sbp_cpu_begin, .end = sbp_cpu_end, .alloc = sbp_cpu_alloc, .free = sbp_cpu_free,      \
     .mirror = sbp_cpu_mirror, .unmirror = sbp_cpu_unmirror, .download = cpu_move,                  \
-    .upload = cpu_move, .zero = cpu_zero, .copy = cpu_copy, .add = cpu_add, .scale = cpu_scale,    \
-    .axpy = cpu_axpy, .store = store, .rope_table = cpu_rope_table,                                \
-    .rmsnorm_forward = cpu_rmsnorm_forward, .rmsnorm_backward = cpu_rmsnorm_backward,              \
-    .rope_forward = cpu_rope_forward, .rope_backward = cpu_rope_backward,                          \
-    .swiglu_forward = cpu_swiglu_forward, .swiglu_backward = cpu_swiglu_backward,                  \
-    .geglu_forward = cpu_geglu_forward, .geglu_backward = cpu_geglu_backward,                      \
-    .embedding_forward = cpu_embedding_forward, .embedding_backward = cpu_embedding_backward,      \
-    .logprob_forward = cpu_logprob_forward, .logprob_backward = cpu_logprob_backward
+    .upload = cpu_move, .zero = cpu_zero, .copy = cpu_copy, .copy_cols = cpu_copy_cols,            \
+    .add = cpu_add, .scale = cpu_scale, .axpy = cpu_axpy, .store = store,                          \
+    .rope_table = cpu_rope_table, .rmsnorm_forward = cpu_rmsnorm_forward,                          \
+    .rmsnorm_backward = cpu_rmsnorm_backward, .rope_forward = cpu_rope_forward,                    \
+    .rope_backward = cpu_rope_backward, .swiglu_forward = cpu_swiglu_forward,                      \
+    .swiglu_backward = cpu_swiglu_backward, .geglu_forward = cpu_geglu_forward,                    \
+    .geglu_backward = cpu_geglu_backward, .embedding_forward = cpu_embedding_forward,              \
+    .embedding_backward = cpu_embedding_backward, .logprob_forward = cpu_logprob_forward,          \
+    .logprob_backward = cpu_logprob_backward
 
 const sbp_ops sbp_ops_cpu_fast = {
     .name = "cpu-fast",

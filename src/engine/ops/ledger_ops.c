@@ -7,6 +7,7 @@
 static void no_move(const eng *e, void *dst, const void *src, size_t bytes) {}
 static void no_x(const eng *e, real *x, size_t n) {}
 static void no_copy(const eng *e, real *y, const real *x, size_t n) {}
+static void no_copy_cols(const eng *e, real *y, const real *x, int rows, int n, int ld) {}
 static void no_add(const eng *e, real *y, const real *a, const real *b, size_t n) {}
 static void no_scale(const eng *e, real *x, real a, size_t n) {}
 static void no_axpy(const eng *e, real *y, real a, const real *x, size_t n) {}
@@ -50,6 +51,7 @@ const sbp_ops sbp_ops_plan = {
     .workspace = sbp_cpu_workspace,
     .zero = no_x,
     .copy = no_copy,
+    .copy_cols = no_copy_cols,
     .add = no_add,
     .scale = no_scale,
     .axpy = no_axpy,

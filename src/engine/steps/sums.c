@@ -149,8 +149,7 @@ void sum_vocab_dx(const eng *e, real *dx, real *px, real *py, const real *dy, co
     const int M = end - s;
     for (int v0 = 0; v0 < N; v0 += VOCAB_BLOCK) {
         const int nb = N - v0 < VOCAB_BLOCK ? N - v0 : VOCAB_BLOCK;
-        for (int r = 0; r < M; r++) /* py(r, j) = dy(r, v0 + j) */
-            op->copy(e, py + (size_t)r * nb, dy + (size_t)r * N + v0, (size_t)nb);
+        op->copy_cols(e, py, dy + v0, M, nb, N); /* py(r, j) = dy(r, v0 + j) */
         real *to = v0 ? px : dx;
         if (v0) op->zero(e, px, (size_t)M * K);
         op->linear_backward(&raw, to, NULL, NULL, py, NULL, w + (size_t)v0 * K, s, end, nb, K);
