@@ -14,7 +14,8 @@
  * and block on 2026-12-04, commit 4bc8880; `chains` below): the fast errors summed over the
  * projection weights must be at most 0.88 of the chains' (0.79-0.85 measured), and the portable
  * errors summed over every tensor summed over tokens (projection weights, biases, norm weights)
- * at most PORTABLE_GAIN of the chains' (docs/numerics.md §4).
+ * at most PORTABLE_GAIN of the chains' (0.75-0.84 measured with the attention output per key
+ * tile; docs/numerics.md §4).
  *
  * SBP_ACC_PRINT=1 prints the measured table in the form of `bounds` (errors × 1.25). */
 #include "../bench/accuracy.h"
