@@ -187,43 +187,7 @@ _Static_assert(MR == 12 && NR == 32, "the transposed packs' lane masks and halve
  * transposed in ymm registers, stored), for the NR = 16 B panels (two blocks) and the MR = 6 A
  * panels (6 lanes of each transposed row). A copy, so no bit changes. */
 
-/* r[q] lane i = r[i] lane q, i, q < 8: 2×2 blocks of lanes (unpack), 4×4 (shuffle), then the
- * 128-bit halves across registers (permute2f128). */
-static inline void transpose8(__m256 r[8]) {
-    __m256 t[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {
-        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
-        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
-    }
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
-        t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
-    }
-    for (int i = 0; i < 8; i++) r[i] = t[i];
-}
-
-/* d[q·ld + i] = src[i·rs + q] for q < 8 and i < rows (≤ 8), 0 for rows ≤ i; lanes (8, or 6 for
- * an A panel) of each d row are written: a 6-lane row as 4 + 2, never past the row. */
-static inline void transpose_block(real *d, size_t ld, const real *src, size_t rs, int rows,
-                                   int lanes) {
-    __m256 r[8];
-    for (int i = 0; i < 8; i++)
-        r[i] = i < rows ? _mm256_loadu_ps(src + (size_t)i * rs) : _mm256_setzero_ps();
-    transpose8(r);
-    for (int q = 0; q < 8; q++)
-        if (lanes == 8)
-            _mm256_storeu_ps(d + (size_t)q * ld, r[q]);
-        else {
-            _mm_storeu_ps(d + (size_t)q * ld, _mm256_castps256_ps128(r[q]));
-            _mm_storel_pi((__m64 *)(d + (size_t)q * ld + 4), _mm256_extractf128_ps(r[q], 1));
-        }
-}
+/* transpose8, transpose_block: transpose.h */
 _Static_assert(MR == 6 && NR == 16, "the transposed packs' lanes and halves");
 #define PACK_TRANSPOSED 8
 #define LANES_ALL       8

@@ -1,6 +1,7 @@
-/* transpose.h — 16 × 16 float transposes in AVX-512 registers, for the operand packs of gemm.c
- * and the key tiles of the fast attention (blas/attention.c). Copies, so no bit depends on them.
- * Defined only where they are used: AVX-512 and real = float. */
+/* transpose.h — float transposes in registers, 16 × 16 with AVX-512 and 8 × 8 with AVX2, for the
+ * operand packs of gemm.c and the key tiles of the fast attention (blas/attention.c). Copies, so
+ * no bit depends on them. Defined only where they are used: real = float, AVX-512 or AVX2 + FMA
+ * (the instruction sets gemm.c has kernels for). */
 #ifndef SBP_TRANSPOSE_H
 #define SBP_TRANSPOSE_H
 
@@ -48,6 +49,46 @@ static inline void transpose_block(real *d, size_t ld, const real *src, size_t r
         r[i] = i < rows ? _mm512_loadu_ps(src + (size_t)i * rs) : _mm512_setzero_ps();
     transpose16(r);
     for (int q = 0; q < 16; q++) _mm512_mask_storeu_ps(d + (size_t)q * ld, lanes, r[q]);
+}
+#elif defined(__AVX2__) && defined(__FMA__) && !defined(SBP_REAL_F64)
+#include <immintrin.h>
+
+/* r[q] lane i = r[i] lane q, i, q < 8: 2×2 blocks of lanes (unpack), 4×4 (shuffle), then the
+ * 128-bit halves across registers (permute2f128). */
+static inline void transpose8(__m256 r[8]) {
+    __m256 t[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+        t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+    }
+    for (int i = 0; i < 8; i++) r[i] = t[i];
+}
+
+/* d[q·ld + i] = src[i·rs + q] for q < 8 and i < rows (≤ 8), 0 for rows ≤ i; lanes (8, or 6 for
+ * an A panel) of each d row are written: a 6-lane row as 4 + 2, never past the row. */
+static inline void transpose_block(real *d, size_t ld, const real *src, size_t rs, int rows,
+                                   int lanes) {
+    __m256 r[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = i < rows ? _mm256_loadu_ps(src + (size_t)i * rs) : _mm256_setzero_ps();
+    transpose8(r);
+    for (int q = 0; q < 8; q++)
+        if (lanes == 8)
+            _mm256_storeu_ps(d + (size_t)q * ld, r[q]);
+        else {
+            _mm_storeu_ps(d + (size_t)q * ld, _mm256_castps256_ps128(r[q]));
+            _mm_storel_pi((__m64 *)(d + (size_t)q * ld + 4), _mm256_extractf128_ps(r[q], 1));
+        }
 }
 #endif
 

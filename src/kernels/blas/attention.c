@@ -63,6 +63,16 @@ static void transpose_tile(real *xt, const real *x_J, int nk, int KV, int HD, in
             transpose_block(xt + (size_t)d0 * W + c0, (size_t)W, x_J + (size_t)c0 * KV + d0,
                             (size_t)KV, n, (__mmask16)((1u << n) - 1));
         }
+#elif defined(__AVX2__) && defined(__FMA__) && !defined(SBP_REAL_F64)
+    /* 8 × 8 blocks in ymm registers over whole groups of 8 keys (a store writes all 8 lanes,
+     * so a partial group would write past the tile when W < 8); the keys left, by element */
+    const int nk8 = nk / 8 * 8;
+    for (; d0 + 8 <= HD; d0 += 8)
+        for (int c0 = 0; c0 < nk8; c0 += 8)
+            transpose_block(xt + (size_t)d0 * W + c0, (size_t)W, x_J + (size_t)c0 * KV + d0,
+                            (size_t)KV, 8, 8);
+    for (int c = nk8; c < nk; c++)
+        for (int d = 0; d < d0; d++) xt[(size_t)d * W + c] = x_J[(size_t)c * KV + d];
 #endif
     for (int c = 0; c < nk; c++)
         for (int d = d0; d < HD; d++) xt[(size_t)d * W + c] = x_J[(size_t)c * KV + d];
