@@ -7,7 +7,7 @@
  *             of the tile (each a chain over d), so the tile's max and sum are the 32-lane tree
  *             of lanes.h done by shuffles; lane k owns the output dims d ≡ k (mod 32): the
  *             tile's chain part_d ← fma(P_c, v_c,d, part_d) from +0 over c ascending with P_c
- *             broadcast, then acc_d = fma(acc_d, corr, part_d).
+ *             broadcast, then acc_d = part_d (the first tile) or fma(acc_d, corr, part_d).
  *   dK, dV    one block per (kv head, key tile): each thread owns some (key, dim) elements of
  *             the tile's dK and dV; for every query of the chunk in ascending order and every
  *             head of the group, the block computes P and dS' of the 64 keys (one thread per key
@@ -99,7 +99,8 @@ __global__ void attention_forward_kernel(real *o, real *lse, const real *q, cons
                 if (d < HD) part[t] = rfma(p, v_c[d], part[t]);
             }
         }
-        for (int t = 0; t < DPL; t++) acc[t] = rfma(acc[t], corr, part[t]);
+        const bool opening = m == -INFINITY; /* no earlier tile: acc is part */
+        for (int t = 0; t < DPL; t++) acc[t] = opening ? part[t] : rfma(acc[t], corr, part[t]);
         m = mnew;
     }
     real *o_i = o + (size_t)r * Q + (size_t)h * HD;

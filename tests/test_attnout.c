@@ -2,11 +2,13 @@
  * docs/numerics.md §6), in float32, the precision it is for.
  *
  * The kernel sums a query's output over each key tile of ATTN_TILE keys from +0 and folds the
- * tiles in ascending order, acc ← fma(acc, corr, part), where it was one chain over all the
- * query's keys (acc ← acc·corr, then fma(P_c, v_c, acc) key by key). Checked against that single
- * chain, written out here with the kernel's own trees (lanes.h) and exponentials:
- *   - a query that sees at most ATTN_TILE keys has the single chain's bits (so every golden
- *     digest, at most 24 tokens a sequence, is unchanged), and a later query does not;
+ * tiles in ascending order, acc ← fma(acc, corr, part) (acc = part on the first tile), where it
+ * was one chain over all the query's keys (acc ← acc·corr, then fma(P_c, v_c, acc) key by key).
+ * Checked against that single chain, written out here with the kernel's own trees (lanes.h) and
+ * exponentials:
+ *   - a query whose keys lie in the first tile has the single chain's bits, the sign of a zero
+ *     included (so every golden digest, at most 24 tokens a sequence, is unchanged), and a
+ *     later query does not;
  *   - at T = 2048 the output is closer to the float64 kernel's than the single chain's is
  *     (relative L2 over every output; measured: 0.73 of the single chain's error).
  * gemm.c's way: attention.c is compiled here a second time in float32 with its names renamed;
@@ -25,6 +27,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* the float64 kernel (real = double in the test build's kernel objects) */
 size_t attention_workspace(int HD);
@@ -97,9 +100,10 @@ START_TEST(per_tile_output) {
     const size_t first = (size_t)W * NH * HD; /* the outputs of queries 0 .. W − 1 */
     size_t differ = 0;
     for (size_t x = 0; x < nq; x++) {
-        if (x < first)
-            ck_assert_msg(o[x] == ref[x], "query %zu, element %zu: %a, the single chain %a",
-                          x / (NH * HD), x % (NH * HD), (double)o[x], (double)ref[x]);
+        if (x < first) /* bit for bit, the sign of a zero included */
+            ck_assert_msg(!memcmp(&o[x], &ref[x], sizeof o[x]),
+                          "query %zu, element %zu: %a, the single chain %a", x / (NH * HD),
+                          x % (NH * HD), (double)o[x], (double)ref[x]);
         differ += o[x] != ref[x];
     }
     ck_assert_msg(differ > 0, "no output differs from the single chain's at T = %d", T);

@@ -11,11 +11,12 @@
  *   m'   = max(m, m_t),  corr = exp(m − m'),  P_c = exp(S_c − m')
  *   l    = l·corr + Σ_c P_c                    the lane tree over W
  *   part_d ← fma(P_c, v_{j0+c,d}, part_d)      a chain from +0 over c = lo .. n−1
- *   acc_d = fma(acc_d, corr, part_d)           the tiles folded in ascending order
+ *   acc_d = part_d on the query's first tile with a visible key, then fma(acc_d, corr, part_d)
  * and at the end O = acc / l, lse = m + log l (a query with no visible key: O = 0, lse = +inf).
  * The output sums per tile, not in one chain over all the query's keys, so that its rounding
- * error grows with the number of tiles, not of keys (docs/numerics.md §6); a query's first
- * tile gives acc = fma(+0, corr, part) = part exactly, so up to W keys nothing changed.
+ * error grows with the number of tiles, not of keys (docs/numerics.md §6); the first tile is
+ * the single chain this replaced, bit for bit, so a query whose keys lie in one tile (every
+ * golden case) computes what it did before.
  * Backward, with P_c = exp(S_c − lse), D = Σ_d dO_d·O_d (one chain), dP_c = Σ_d dO_d·v_{c,d},
  * dS_c = P_c·(dP_c − D) and dS'_c = dS_c·scale:
  *   dV_{j,d} ← fma(P, dO_{i,h,d}, dV_{j,d}),  dK_{j,d} ← fma(dS', q_{i,h,d}, dK_{j,d})
@@ -153,7 +154,9 @@ void attention_forward(real *o, real *lse, real *ws, const real *q, const real *
                     for (int d = 0; d < HD; d++) part[d] = rfma(S[c], v_c[d], part[d]);
                 }
                 real *acc_r = acc + (size_t)r * HD;
-                for (int d = 0; d < HD; d++) acc_r[d] = rfma(acc_r[d], corr, part[d]);
+                const int opening = m[r] == -INFINITY; /* no earlier tile: acc is part */
+                for (int d = 0; d < HD; d++)
+                    acc_r[d] = opening ? part[d] : rfma(acc_r[d], corr, part[d]);
                 m[r] = mnew;
             }
         }
