@@ -183,16 +183,30 @@ void dist_report(sbp_comm *c, const char *cmd, int64_t peak) {
     mine[3] = peak;
     if (all && !sbp_comm_allgather(c, all, mine, sizeof mine, "the counters", &err) &&
         sbp_comm_rank(c) == 0) {
-        fprintf(stderr, "streambp %s: %d processes; sent per rank (bytes/messages, s waited):", cmd,
-                N);
+        /* the report in one write: stderr is unbuffered, so written piece by piece the line
+         * could be split by another rank's output in between (tests/mpi_ranks.sh parses it,
+         * and once, under load, found it without its entries) */
+        const size_t cap = 256 + strlen(cmd) * 2 + (size_t)N * 64;
+        char *line = malloc(cap);
+        size_t len = line ? (size_t)snprintf(line, cap,
+                                             "streambp %s: %d processes; sent per rank "
+                                             "(bytes/messages, s waited):",
+                                             cmd, N)
+                          : cap;
         int64_t most = 0;
         for (int r = 0; r < N; r++) {
-            fprintf(stderr, " %lld/%lld %.3f", (long long)all[4 * r], (long long)all[4 * r + 1],
-                    all[4 * r + 2] * 1e-6);
+            if (len < cap)
+                len += (size_t)snprintf(line + len, cap - len, " %lld/%lld %.3f",
+                                        (long long)all[4 * r], (long long)all[4 * r + 1],
+                                        all[4 * r + 2] * 1e-6);
             if (all[4 * r + 3] > most) most = all[4 * r + 3];
         }
-        fprintf(stderr, "\nstreambp %s: ledger peak of the rank holding the most: %lld bytes\n",
-                cmd, (long long)most);
+        if (len < cap)
+            snprintf(line + len, cap - len,
+                     "\nstreambp %s: ledger peak of the rank holding the most: %lld bytes\n", cmd,
+                     (long long)most);
+        if (line) fputs(line, stderr);
+        free(line);
     }
     free(all);
 }
