@@ -116,6 +116,21 @@ int tu_first_diff(const sbp_model *m, const void *a, const void *b) {
     return -1;
 }
 
+void tu_assert_same_grads(const sbp_model *m, const sbp_params *ps, const sbp_grad_result *ref,
+                          const sbp_grad_result *r, const char *what) {
+    if (!ps) ps = &m->params;
+    const size_t esz = m->prec == SBP_FP64 ? sizeof(double) : sizeof(float);
+    for (int i = 0; i < ps->n; i++) {
+        const sbp_param *p = &ps->p[i];
+        const size_t off = esz * (size_t)p->offset, n = esz * (size_t)p->numel;
+        ck_assert_msg(!memcmp((const char *)ref->grads + off, (const char *)r->grads + off, n),
+                      "%s: gradient of %s differs from the reference run's", what, p->name);
+    }
+    ck_assert_msg(memcmp(&ref->loss, &r->loss, sizeof r->loss) == 0,
+                  "%s: loss %.17g differs from the reference run's %.17g", what, r->loss,
+                  ref->loss);
+}
+
 const char *tu_bin(void) {
     return getenv("STREAMBP") ? getenv("STREAMBP") : "build/streambp";
 }

@@ -112,11 +112,15 @@ void tu_fd_check(const sbp_params *ps, const double *w /* (total) */, const doub
                  tu_loss_fn f, void *ctx, double h, double atol, double rtol, int k, uint64_t seed,
                  const char *what);
 
-/* Runs the suite with Check's default runner; returns the process exit status. */
 /* Fails unless the planner's ledger equals the measured one to the byte: the peak, each category's
  * peak and its share at the total peak, and the number of allocations; what names the case. */
 void tu_assert_same_ledger(const sbp_ledger *plan, const sbp_ledger *real, const char *what);
+/* Fails unless r's gradient (over the tensors of ps: an adapter's, or NULL for the model's) and
+ * loss have ref's bits, naming the first tensor that differs; what names the case. */
+void tu_assert_same_grads(const sbp_model *m, const sbp_params *ps, const sbp_grad_result *ref,
+                          const sbp_grad_result *r, const char *what);
 
+/* Runs the suite with Check's default runner; returns the process exit status. */
 int tu_run_suite(Suite *s);
 /* The same, after making data/models/<model>.json's seed-1 model (tu_model(model, 1)) before Check
  * forks, so that every test finds it made; name is the suite's, for the error message. */
