@@ -215,8 +215,10 @@ portable-builds:
 # x86 with AVX2, an AVX-512 one included: the tree built for x86-64-v3 into build-avx2 (checked
 # to hold no AVX-512 instruction), then the suites that pin its bits: the golden digests (the
 # same as every other build's), the schedules, the kernels and the product against the scalar
-# chains (test_pgemm, and the fast mode's folded product, test_pgemmfold), and the portable
-# attention's per-tile output (test_attnout). Part of CI (.ci/run).
+# chains (test_pgemm, and the fast mode's folded product, test_pgemmfold), the portable
+# attention's per-tile output (test_attnout), and the fast mode's gradients against a float64
+# truth within their bounds (test_accuracy: the AVX2 products and key-tile transposes computing
+# the right thing, which bitwise agreement between schedules alone would not show). Part of CI.
 AVX2_BUILD := build-avx2
 test-avx2:
 	@if ! grep -qw avx2 /proc/cpuinfo || ! grep -qw fma /proc/cpuinfo; then \
@@ -225,7 +227,7 @@ test-avx2:
 	if objdump -d $(AVX2_BUILD)/streambp | grep -q zmm; then \
 	  echo "test-avx2: $(AVX2_BUILD)/streambp holds AVX-512 instructions"; exit 1; fi && \
 	$(MAKE) --no-print-directory BUILD=$(AVX2_BUILD) ARCH=x86-64-v3 test \
-	  SUITES="golden schedules kernels pgemm pgemmfold attnout"
+	  SUITES="golden schedules kernels pgemm pgemmfold attnout accuracy"
 
 golden: all
 	@$(MAKE) --no-print-directory $(BUILD)/tests/test_golden
