@@ -32,8 +32,8 @@ case $free_mib in '' | *[!0-9]*) echo "gpu-check: nvidia-smi gave no free memory
 # ---- the time estimate, before anything runs ------------------------------------------------
 # A bench step at T costs about 8·P·T (forward, backward, one recompute) plus 12·L·T²·q_dim for
 # attention (forward, backward and the recompute of its scores); the tiny-model stages are bound
-# by launches and CUDA start-up, about a second per process (90 golden runs, 5 verify runs and
-# the sanitizer's three runs at ~40× a plain run).
+# by launches and CUDA start-up, about a second per process (90 golden runs, 5 verify runs, the
+# 20 runs of the long-sequence stage and the sanitizer's three runs at ~40× a plain run).
 params=$("$BIN" plan --config "$CONFIG" --seq 512 --json | sed -n 's/^[[:space:]]*"parameters":[[:space:]]*\([0-9]*\).*/\1/p')
 layers=$(sed -n 's/.*"num_hidden_layers":[[:space:]]*\([0-9]*\).*/\1/p' "$CONFIG")
 qdim=$(($(sed -n 's/.*"num_attention_heads":[[:space:]]*\([0-9]*\).*/\1/p' "$CONFIG") *
@@ -42,7 +42,7 @@ step_s() { # seconds of one step at T, at TFLOPS
     awk -v p="$params" -v l="$layers" -v q="$qdim" -v t="$1" -v r="$TFLOPS" \
         'BEGIN { printf "%.0f", (8 * p * t + 12 * l * t * t * q) / (r * 1e12) }'
 }
-small_s=$((90 + 5 + 3 * 40))
+small_s=$((90 + 5 + 20 + 3 * 40))
 if [ "$mode" = short ]; then
     bench_T=4096
     bench_s=$((2 * $(step_s 4096)))           # full and stream, one step each
@@ -67,7 +67,34 @@ for f in $FAMILIES; do
     tail -n 3 "$OUT/gpu-verify-$f.txt"
 done
 
-# ---- 3. compute-sanitizer over one small run ---------------------------------------------------
+# ---- 3. long sequences, bitwise against the CPU ---------------------------------------------------
+# The goldens are T <= 40 and V <= 512: one key tile, one token block, one vocabulary block. Here
+# T = 700 (11 key tiles of the attention output's fold, 2 token blocks) on V = 1300 (3 vocabulary
+# blocks of the head's dx, copy_cols), tied and untied, fp32 and fp64: every schedule on the GPU,
+# a ragged chunk and logits chunk too, must give the portable CPU full run's bits.
+for m in qwen3-vocab3 qwen2-vocab3; do
+    rm -rf "$OUT/gpu-$m"
+    "$BIN" init --config "data/models/$m.json" --seed 3 --out "$OUT/gpu-$m" >/dev/null
+    for p in fp32 fp64; do
+        long=(--model "$OUT/gpu-$m" --batch data/batches/sft-t700.safetensors --numerics portable
+            --precision "$p")
+        "$BIN" grad "${long[@]}" --device cpu --schedule full --out "$OUT/gpu-long-cpu.safetensors" \
+            >"$OUT/gpu-long.txt"
+        for s in "full" "ckpt" "stream --chunk 512" "stream --chunk 333 --logit-chunk 77"; do
+            # shellcheck disable=SC2086 # $s is the schedule and its options
+            SBP_CUDA_SYNC=1 "$BIN" grad "${long[@]}" --device cuda --schedule $s \
+                --out "$OUT/gpu-long-cuda.safetensors" >"$OUT/gpu-long.txt"
+            "$BIN" verify diff --bitwise "$OUT/gpu-long-cuda.safetensors" \
+                "$OUT/gpu-long-cpu.safetensors" >"$OUT/gpu-long-diff.txt" ||
+                { echo "== $m $p --schedule $s: the GPU differs from the CPU"
+                  tail -n 20 "$OUT/gpu-long-diff.txt"; exit 1; }
+        done
+    done
+    echo "== T = 700, V = 1300, $m: full, ckpt, stream (chunks 512 and 333/77) on the GPU, fp32" \
+        "and fp64, bit for bit the portable CPU run"
+done
+
+# ---- 4. compute-sanitizer over one small run ---------------------------------------------------
 SAN=$(command -v compute-sanitizer || true)
 [ -n "$SAN" ] || for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer; do
     [ -x "$d/compute-sanitizer" ] && SAN=$d/compute-sanitizer && break
@@ -88,7 +115,7 @@ else
     done
 fi
 
-# ---- 4. the benchmark ---------------------------------------------------------------------------
+# ---- 5. the benchmark ---------------------------------------------------------------------------
 echo "== bench on $CONFIG, --device cuda, T = $bench_T"
 seqs=()
 for t in $bench_T; do seqs+=(--seq "$t"); done

@@ -230,6 +230,17 @@ def more(g):
           [custom(u, 20, "pppvvvvvvvvvvvvvvvvv"), custom(u, 20, "ppppppvvvvvvvvvvvvvv"),
            custom(u, 20, "vvvvvvvvvvvvvvvvvvvv")], "I64")
     gemma3()
+    gpu_long()
+
+
+def gpu_long():
+    """cuda/gpu-check.sh's long-sequence stage: T = 700 is 11 key tiles of the portable
+    attention and two token blocks of 512, so a GPU run is compared with the CPU on the folds
+    the tiny goldens (T <= 40) never reach; a right-padded row and a left-padded one. Its own
+    generator, so the fixtures above keep their bytes."""
+    u = lcg(700)
+    write("data/batches/sft-t700.safetensors",
+          [row(u, 700, 0, 23, 50), row(u, 700, 37, 0, 80)], "I32")
 
 
 def gemma3():
