@@ -108,9 +108,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: pgemm_rates [THREADS [ROUNDS (1-64) [T [pgemm|tiles|sgemm]]]]\n");
         return 2;
     }
+    /* The tiles are serial calls inside OpenMP loops. OpenBLAS's OpenMP build sets OpenMP's
+     * thread count too in openblas_set_num_threads, so it comes first: the other way round ran
+     * every "2-thread" product on one thread. */
+    openblas_set_num_threads(1);
     omp_set_num_threads(threads);
     if (threads == 1) clock_id = CLOCK_PROCESS_CPUTIME_ID;
-    openblas_set_num_threads(1); /* the tiles are serial calls inside OpenMP loops */
     /* (N, K) and how many a step issues: q and o, k and v, gate and up, down, the head */
     static const int shape[NSHAPE][3] = {{512, 512, 2 * LAYERS},
                                          {256, 512, 2 * LAYERS},
