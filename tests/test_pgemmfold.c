@@ -9,18 +9,28 @@
  * dx operand layout of linear_backward_blocked; the result must not depend on the thread count
  * or on how the rows are split between calls (the schedules' bitwise promise). Last, the error:
  * a sum over 65536 terms (the LM head's dx over a vocabulary) must be at least 4 times closer to
- * the float64 sum folded than as one chain (pgemm); it is ~15 times here. */
+ * the float64 sum folded than as one chain (pgemm); it is ~15 times here. And
+ * linear_backward_blocked's dW (linear.c, compiled here too) against its definition: per token
+ * block a chain from +0, folded in ascending order, on both of its paths. */
 #undef SBP_REAL_F64
 #define pgemm                 fold_pgemm_f32
 #define pgemm_set             fold_pgemm_set_f32
 #define pgemm_fold            fold_pgemm_fold_f32
 #define pgemm_workspace       fold_pgemm_workspace_f32
+#define pgemm_kblock          fold_pgemm_kblock_f32
 #define sbp_portable_gemm_f32 fold_portable_gemm_f32
 #include "../src/kernels/gemm.c"
+#define linear_forward           fold_linear_forward_f32
+#define linear_backward          fold_linear_backward_f32
+#define linear_backward_blocked  fold_linear_backward_blocked_f32
+#define linear_bias_blocked      fold_linear_bias_blocked_f32
+#define linear_blocked_workspace fold_linear_blocked_workspace_f32
+#include "../src/kernels/linear.c"
 #undef pgemm
 #undef pgemm_set
 #undef pgemm_fold
 #undef pgemm_workspace
+#undef pgemm_kblock
 #undef sbp_portable_gemm_f32
 
 #include "testutil.h"
@@ -124,12 +134,73 @@ START_TEST(fold_error) {
 }
 END_TEST
 
+/* linear_backward_blocked's dW (the fast mode, docs/numerics.md §10): per global token block
+ * [kB, (k+1)B) ∩ [s, e) a chain from +0 over its rows, added to dW in ascending block order,
+ * whether B = KC (pgemm_fold straight into dW) or not (a product per panel of LINEAR_PANEL rows
+ * into part, then added); from a block boundary or inside a block; on 1 and 3 threads; and two
+ * calls split at a block boundary give one call's bits. */
+START_TEST(blocked_dw) {
+    enum { N = LINEAR_PANEL + 21, K = 37, T = 1200 };
+    static const int cases[][3] = {
+        {0, T, KC}, {300, T, KC}, {600, 700, KC}, {0, 1100, 200}, {130, 900, 200}};
+    uint64_t seed = 13;
+    float *dy = malloc(sizeof(float) * T * N), *x = malloc(sizeof(float) * T * K);
+    float *dw0 = malloc(sizeof(float) * N * K), *dw = malloc(sizeof(float) * N * K);
+    float *dw2 = malloc(sizeof(float) * N * K);
+    float *part = malloc(sizeof(float) * fold_linear_blocked_workspace_f32(K));
+    for (int i = 0; i < T * N; i++) dy[i] = value(&seed);
+    for (int i = 0; i < T * K; i++) x[i] = value(&seed);
+    for (int i = 0; i < N * K; i++) dw0[i] = value(&seed);
+    for (int c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
+        const int s = cases[c][0], e = cases[c][1], blk = cases[c][2];
+        for (int th = 1; th <= 3; th += 2) {
+            omp_set_num_threads(th);
+            float *ws = malloc(sizeof(float) * fold_pgemm_workspace_f32(K, N > blk ? N : blk));
+            memcpy(dw, dw0, sizeof(float) * N * K);
+            fold_linear_backward_blocked_f32(NULL, dw, NULL, ws, part, dy + (size_t)s * N,
+                                             x + (size_t)s * K, NULL, s, e, N, K, blk);
+            for (int n = 0; n < N; n++)
+                for (int k = 0; k < K; k++) {
+                    float want = dw0[n * K + k];
+                    for (int b0 = s, b1; b0 < e; b0 = b1) {
+                        b1 = (b0 / blk + 1) * blk < e ? (b0 / blk + 1) * blk : e;
+                        float acc = 0;
+                        for (int t = b0; t < b1; t++)
+                            acc = fmaf(dy[(size_t)t * N + n], x[(size_t)t * K + k], acc);
+                        want = want + acc;
+                    }
+                    const float got = dw[n * K + k];
+                    ck_assert_msg(!memcmp(&want, &got, sizeof got),
+                                  "rows [%d, %d), block %d, %d threads: dw[%d][%d] = %a, the "
+                                  "block sums folded %a",
+                                  s, e, blk, th, n, k, (double)got, (double)want);
+                }
+            /* split at the first block boundary past s: the same bits */
+            const int m = (s / blk + 1) * blk;
+            if (m < e) {
+                memcpy(dw2, dw0, sizeof(float) * N * K);
+                fold_linear_backward_blocked_f32(NULL, dw2, NULL, ws, part, dy + (size_t)s * N,
+                                                 x + (size_t)s * K, NULL, s, m, N, K, blk);
+                fold_linear_backward_blocked_f32(NULL, dw2, NULL, ws, part, dy + (size_t)m * N,
+                                                 x + (size_t)m * K, NULL, m, e, N, K, blk);
+                ck_assert_msg(!memcmp(dw, dw2, sizeof(float) * N * K),
+                              "rows [%d, %d) split at %d, block %d: a bit changed", s, e, m, blk);
+            }
+            free(ws);
+        }
+    }
+    omp_set_num_threads(2);
+    free(dy), free(x), free(dw0), free(dw), free(dw2), free(part);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("pgemmfold");
     TCase *tc = tcase_create("pgemmfold");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, fold_chains);
     tcase_add_test(tc, fold_error);
+    tcase_add_test(tc, blocked_dw);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -39,17 +39,18 @@
  * product wider than 2048 in the bench model): its packed B block is 4 MB instead of 8.5, which
  * is the fast mode's whole product workspace, and its forward read 84–90 GFLOP/s against 80–84
  * (2048 × 32000 × 512, alternated). AVX2 + FMA (16 ymm registers): a 6 × 16 float tile (12
- * accumulators, two B vectors and a broadcast); KC 256 / MC 96 measured against OpenBLAS's
- * Haswell kernels at the same shapes (x86-64-v3 build on a Zen 4 with 32 KB L1d / 1 MB L2, 1
- * thread, CPU time of alternated runs, bench/pgemm_rates.c): a step's products 1.05 of
- * OpenBLAS's tile grid of 512-token blocks, 0.98–0.99 of whole-sequence cblas_sgemm (the
- * transposing packs: +2.5%); KC 384 and 512, MC 48, 144 and 192 were within ±3% of it, and KC 256
- * keeps a B panel (16 KB) in half of any x86's L1d and the A block (96 KB) in the 256 KB L2 of a
- * Haswell. Plain C keeps the earlier, unmeasured sizes. */
+ * accumulators, two B vectors and a broadcast), MC 96. KC 512 everywhere: it is the engine's
+ * default token block, so the fast dW sums its blocks inside pgemm_fold (linear.c) instead of
+ * one product per 192-row panel per block and an extra pass; and one k block covers the bench
+ * model's K = 512. AVX2 (x86-64-v3 build, OpenBLAS Haswell kernels, Zen 4, bench/pgemm_rates.c
+ * at T = 2048, 2026-12-04): a step's products 0.78–0.80 of OpenBLAS's tile grid on 2 threads with
+ * KC 256, 0.95–0.99 with KC 512 (dW 0.59–0.69 → 0.78–1.01), and 1.00 → 1.03–1.04 on 1 thread
+ * (CPU time); KC 256 had been chosen on 1 thread alone, where KC 384 and 512, MC 48, 144 and 192
+ * were within ±3% of it. Plain C keeps the earlier, unmeasured sizes. */
 enum {
     NR = 2 * VEC_BYTES / (int)sizeof(real), /* two vectors of outputs per row of the tile */
     MR = VEC_BYTES == 64 ? 12 : 6,          /* rows: MR·2 accumulators + B + broadcast fit */
-    KC = VEC_BYTES == 64 ? 512 : 256,
+    KC = 512,
     MC = VEC_BYTES == 64 ? 48 : 96,
     NC = 2048,
     NCHUNK = 256,   /* columns per task: the unit of work handed to a thread */
@@ -277,6 +278,10 @@ static size_t a_block(int K) {
     return (size_t)(K < KC ? K : KC) * (MC + MR);
 }
 
+int pgemm_kblock(void) {
+    return KC;
+}
+
 size_t pgemm_workspace(int N, int K) {
     if (N <= 0 || K <= 0) return 0;
     return b_block(N, K) + (size_t)omp_get_max_threads() * a_block(K);
@@ -300,7 +305,12 @@ static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_
             const int kc = K - pc < KC ? K - pc : KC, zero = fold || (set && pc == 0);
             const int add = fold && !(set && pc == 0);
             pack_b(bpack, B, rsb, csb, pc, kc, jc, nc);
-            const int nrow = (M + MC - 1) / MC, ncol = (nc + NCHUNK - 1) / NCHUNK;
+            /* Tasks: row blocks across all nc columns where there are enough for every thread
+             * (each A block is then packed once; split by columns too, two threads packed every
+             * A block twice, the LM head's dlogits included), else (row block, NCHUNK columns). */
+            const int nrow = (M + MC - 1) / MC;
+            const int ncol = nrow >= 4 * omp_get_max_threads() ? 1 : (nc + NCHUNK - 1) / NCHUNK;
+            const int cw = ncol == 1 ? nc : NCHUNK;
 #pragma omp parallel
             {
                 real *apack = ws + bsize + (size_t)omp_get_thread_num() * asize;
@@ -308,7 +318,7 @@ static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_
 #pragma omp for schedule(dynamic, 1)
                 for (int task = 0; task < nrow * ncol; task++) {
                     const int ic = task / ncol * MC, mc = M - ic < MC ? M - ic : MC;
-                    const int j0 = task % ncol * NCHUNK, j1 = j0 + NCHUNK < nc ? j0 + NCHUNK : nc;
+                    const int j0 = task % ncol * cw, j1 = j0 + cw < nc ? j0 + cw : nc;
                     if (ic != packed_ic) pack_a(apack, A, rsa, csa, ic, mc, pc, kc);
                     packed_ic = ic;
                     for (int jr = j0; jr < j1; jr += NR) {

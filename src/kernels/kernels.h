@@ -63,13 +63,17 @@ void pgemm(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const re
 void pgemm_set(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
                size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K);
 /* The fast mode's C += A·B (linear_backward_blocked's dx): every element's sum over k cut at
- * gemm.c's k blocks (KC: 512 with AVX-512, 256 with AVX2), each block's chain from +0 and added
+ * gemm.c's k blocks (KC: 512), each block's chain from +0 and added
  * to C in ascending block order, as a BLAS call with beta = 1 sums. A sum over k terms then
  * grows its error with KC + k/KC instead of k: the LM head's dx sums over the vocabulary
  * (~150k terms). The blocks are fixed by k alone: the bits still do not depend on the rows,
  * the row split or the threads, only on KC (the machine), as the fast mode allows. */
 void pgemm_fold(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
                 size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K);
+/* KC, pgemm_fold's k block on this machine: where a caller's token blocks are KC long and the
+ * k range starts on one, pgemm_fold's per-block chains and folds are the caller's per-block sums
+ * (linear_backward_blocked's dW). */
+int pgemm_kblock(void);
 
 /* ---- linear layers: y = x·Wᵀ + b, rows [s, e) -------------------------------------------------
  */
@@ -95,13 +99,14 @@ void linear_backward(real *dx,       /* (e-s, K) or NULL */
 
 /* fast, where PGEMM_TUNED (linear.c): dx += dy·W by pgemm_fold; dw and db summed per global token
  * block [kB, (k+1)B) ∩ [s, e): each block's part from +0 (dw: LINEAR_PANEL output rows at a
- * time into part, then added; db: in double, one rounding per fold), folded in ascending block
- * order. Calls over consecutive row ranges that end on block boundaries give the bits of one call
- * over their union. */
+ * time into part, then added, or where B = pgemm_kblock() pgemm_fold straight into dw, the same
+ * chains and folds; db: in double, one rounding per fold), folded in ascending block order. Calls
+ * over consecutive row ranges that end on block boundaries give the bits of one call over their
+ * union. */
 enum { LINEAR_PANEL = 192 };
 /* db (N) += Σ_rows dy (e-s, N), per global token block of blk rows as above (also OpenBLAS's) */
 void linear_bias_blocked(real *db, const real *dy, int s, int e, int N, int blk);
-size_t linear_blocked_workspace(int width); /* reals of part, for every K <= width */
+size_t linear_blocked_workspace(int width);  /* reals of part, for every K <= width */
 void linear_backward_blocked(real *dx,       /* (e-s, K) or NULL */
                              real *dw,       /* (N, K) */
                              real *db,       /* (N) or NULL */
@@ -144,8 +149,8 @@ void rmsnorm_backward(real *dx,         /* (M, C) += */
  * rounding). Every fast-mode call starts on a token block boundary when the chunks are block
  * multiples (and a row of q_norm's M·NH rows at token s is row s·NH, a multiple of blk too), so
  * the blocks are the same global ones in every schedule. */
-void rmsnorm_backward_blocked(real *dx, real *dw, const real *dout, const real *x,
-                              const real *rstd, const real *w, int M, int C, int blk);
+void rmsnorm_backward_blocked(real *dx, real *dw, const real *dout, const real *x, const real *rstd,
+                              const real *w, int M, int C, int blk);
 
 /* ---- RoPE, rotate-half: (a, b) = (x[i], x[i+HD/2]) -> (a·cos − b·sin, b·cos + a·sin) -------- */
 

@@ -71,19 +71,31 @@ void linear_backward_blocked(real *dx, real *dw, real *db, real *ws, real *part,
     /* dx += dy·W, the sum over N per k block of the product (pgemm_fold): the LM head's over
      * the vocabulary was one chain of V terms (docs/accuracy.md) */
     if (dx) pgemm_fold(dx, (size_t)K, ws, dy, (size_t)N, 1, w, (size_t)K, 1, M, K, N);
-    for (int b0 = s, b1; b0 < e; b0 = b1) {
-        b1 = block_end_(b0, e, blk);
-        const real *dy_b = dy + (size_t)(b0 - s) * N, *x_b = x + (size_t)(b0 - s) * K;
-        for (int n0 = 0; dw && n0 < N; n0 += LINEAR_PANEL) {
-            const int np = N - n0 < LINEAR_PANEL ? N - n0 : LINEAR_PANEL;
-            /* part(n, k) = Σ_{t in the block} dy(t, n0 + n)·x(t, k), a chain from +0 */
-            pgemm_set(part, (size_t)K, ws, dy_b + n0, 1, (size_t)N, x_b, (size_t)K, 1, np, K,
-                      b1 - b0);
-            real *dw_p = dw + (size_t)n0 * K;
-            const size_t n = (size_t)np * K;
+    if (dw && blk == pgemm_kblock()) {
+        /* pgemm_fold's k blocks are the token blocks once its k range starts on one: each
+         * block's dW chains from +0, added to dw in ascending order, as the panel loop below
+         * computes them, without part, its extra pass or a product per panel. A ragged first
+         * block (s inside a block) is a call of its own. */
+        const int b1 = block_end_(s, e, blk), first = s % blk ? b1 : s;
+        if (first > s)
+            pgemm_fold(dw, (size_t)K, ws, dy, 1, (size_t)N, x, (size_t)K, 1, N, K, first - s);
+        if (first < e)
+            pgemm_fold(dw, (size_t)K, ws, dy + (size_t)(first - s) * N, 1, (size_t)N,
+                       x + (size_t)(first - s) * K, (size_t)K, 1, N, K, e - first);
+    } else
+        for (int b0 = s, b1; dw && b0 < e; b0 = b1) {
+            b1 = block_end_(b0, e, blk);
+            const real *dy_b = dy + (size_t)(b0 - s) * N, *x_b = x + (size_t)(b0 - s) * K;
+            for (int n0 = 0; n0 < N; n0 += LINEAR_PANEL) {
+                const int np = N - n0 < LINEAR_PANEL ? N - n0 : LINEAR_PANEL;
+                /* part(n, k) = Σ_{t in the block} dy(t, n0 + n)·x(t, k), a chain from +0 */
+                pgemm_set(part, (size_t)K, ws, dy_b + n0, 1, (size_t)N, x_b, (size_t)K, 1, np, K,
+                          b1 - b0);
+                real *dw_p = dw + (size_t)n0 * K;
+                const size_t n = (size_t)np * K;
 #pragma omp parallel for schedule(static)
-            for (size_t i = 0; i < n; i++) dw_p[i] = dw_p[i] + part[i];
+                for (size_t i = 0; i < n; i++) dw_p[i] = dw_p[i] + part[i];
+            }
         }
-    }
     if (db) linear_bias_blocked(db, dy, s, e, N, blk);
 }
