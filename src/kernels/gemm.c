@@ -46,7 +46,7 @@
  * at T = 2048, 2026-12-04): a step's products 0.78–0.80 of OpenBLAS's tile grid on 2 threads with
  * KC 256, 0.95–0.99 with KC 512 (dW 0.59–0.69 → 0.78–1.01), and 1.00 → 1.03–1.04 on 1 thread
  * (CPU time); KC 256 had been chosen on 1 thread alone, where KC 384 and 512, MC 48, 144 and 192
- * were within ±3% of it. Plain C keeps the earlier, unmeasured sizes. */
+ * were within ±3% of it. Plain C keeps its earlier, unmeasured MC. */
 enum {
     NR = 2 * VEC_BYTES / (int)sizeof(real), /* two vectors of outputs per row of the tile */
     MR = VEC_BYTES == 64 ? 12 : 6,          /* rows: MR·2 accumulators + B + broadcast fit */
