@@ -42,6 +42,7 @@
  * scores of one query against the W keys form W independent chains over d that vectorize. */
 #include "kernels.h"
 #include "lanes.h"
+#include "vexp.h"
 
 #include <omp.h>
 #include <string.h>
@@ -146,7 +147,7 @@ void attention_forward(real *o, real *lse, real *ws, const real *q, const real *
                 const real mt = lanes_max(S, W);
                 if (mt == -INFINITY) continue; /* no visible key in this tile */
                 const real mnew = m[r] > mt ? m[r] : mt, corr = rexp(m[r] - mnew);
-                for (int c = 0; c < W; c++) S[c] = rexp(S[c] - mnew);
+                exp_shift(S, S, W, mnew, 1);
                 l[r] = l[r] * corr + lanes_sum(S, W);
                 for (int d = 0; d < HD; d++) part[d] = 0;
                 for (int c = lo; c < n; c++) {
@@ -181,10 +182,8 @@ static void tile_grads(real *P, real *dSs, const real *q_i, const real *do_i, co
     real *dP = dSs; /* dP is consumed where dS' is written */
     scores(P, q_i, kt, kmask, i, j0, win, HD, scale);
     dot_row(dP, do_i, vt, HD);
-    for (int c = 0; c < W; c++) {
-        P[c] = rexp(P[c] - L); /* invisible: exp(−inf) = 0; no visible key: L = +inf, P = 0 */
-        dSs[c] = (P[c] * (dP[c] - D)) * scale;
-    }
+    exp_shift(P, P, W, L, 1); /* invisible: exp(−inf) = 0; no visible key: L = +inf, P = 0 */
+    for (int c = 0; c < W; c++) dSs[c] = (P[c] * (dP[c] - D)) * scale;
 }
 
 void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, const real *dout,

@@ -14,8 +14,9 @@
 #define SBP_LANES_H
 
 #include "real.h"
+#include "vexp.h"
 
-enum { LANES = 32 };
+enum { LANES = 32 }; /* vexp_lane_sums (vexp.h) fills 32 lanes */
 
 static inline real lanes_tree_sum(real s[LANES]) {
     for (int w = LANES / 2; w; w /= 2)
@@ -65,10 +66,14 @@ static inline real lanes_sum(const real *x, int n) {
 /* Σ_c exp(x[c] − shift), the exps in the working precision, the sum in double */
 static inline double lanes_exp_sum_d(const real *x, int n, real shift) {
     double s[LANES] = {0};
+#ifdef SBP_VEXP /* the same lanes in SIMD registers (vexp.h) */
+    vexp_lane_sums(s, x, n, shift);
+#else
     int c = 0;
     for (; c + LANES <= n; c += LANES)
         for (int k = 0; k < LANES; k++) s[k] = s[k] + (double)rexp(x[c + k] - shift);
     for (int k = 0; c + k < n; k++) s[k] = s[k] + (double)rexp(x[c + k] - shift);
+#endif
     return lanes_tree_sum_d(s);
 }
 

@@ -3,6 +3,7 @@
  * up to ~150k terms, and the float build should lose no more than the logits themselves carry. */
 #include "kernels.h"
 #include "lanes.h"
+#include "vexp.h"
 
 void logprob_forward(double *logp, double *lse, const real *logits, const int32_t *target, int M,
                      int V) {
@@ -30,7 +31,7 @@ void logprob_backward(real *logits, const double *coef, const double *lse, const
         }
         /* dL/dz_v = coef · (δ_vy − softmax_v) */
         const real c = (real)coef[r], l = (real)lse[r], zy = z[target[r]];
-        for (int v = 0; v < V; v++) z[v] = -c * rexp(z[v] - l);
+        exp_shift(z, z, V, l, -c); /* z[v] = −c · exp(z[v] − l) */
         z[target[r]] = c * (1 - rexp(zy - l));
     }
 }

@@ -35,6 +35,7 @@
 #include "../lanes.h"
 #include "blas.h"
 #include "../transpose.h"
+#include "../vexp.h"
 
 #include <omp.h>
 #include <string.h>
@@ -156,7 +157,7 @@ void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, co
                         continue;
                     }
                     const real mnew = m_h[r] > mt ? m_h[r] : mt, corr = rexp(m_h[r] - mnew);
-                    for (int c = 0; c < nk; c++) S_r[c] = rexp(S_r[c] - mnew);
+                    exp_shift(S_r, S_r, nk, mnew, 1);
                     l_h[r] = l_h[r] * corr + lanes_sum(S_r, nk);
                     for (int d = 0; d < HD; d++) acc_h[(size_t)r * HD + d] *= corr;
                     m_h[r] = mnew;
@@ -205,11 +206,10 @@ static void tile_grads(const bwd_args *a, real *P, real *dS, real *dP, const rea
     for (int r = 0; r < nq; r++) {
         const size_t ro = (size_t)(i0 - s + r) * NH + h;
         const real L = a->lse[ro], D = a->dsum[ro];
-        for (int c = 0; c < nk; c++) {
-            const size_t x = (size_t)r * W + c;
-            P[x] = rexp(P[x] - L); /* masked: exp(−inf) = 0; no visible key: L = +inf, P = 0 */
-            dS[x] = P[x] * (dP[x] - D);
-        }
+        real *P_r = P + (size_t)r * W, *dS_r = dS + (size_t)r * W;
+        const real *dP_r = dP + (size_t)r * W;
+        exp_shift(P_r, P_r, nk, L, 1); /* masked: exp(−inf) = 0; no visible key: L = +inf, P = 0 */
+        for (int c = 0; c < nk; c++) dS_r[c] = P_r[c] * (dP_r[c] - D);
     }
 }
 

@@ -1,0 +1,175 @@
+/* test_vexp.c — the vectorized exponential of src/kernels/vexp.h against rexp (pmath.h's
+ * sbp_pexpf), bit for bit.
+ *
+ * exp_shift and lanes_exp_sum_d replace scalar rexp loops in the softmax of both attentions and
+ * of the vocabulary, in both numerics modes; the portable golden digests and the CUDA kernels
+ * stay valid only if every result is the float rexp gives. With AVX-512 the loops run vexp16
+ * (vscalefps for 2^n), with AVX2 + FMA vexp8 (test-avx2 runs this suite too); elsewhere they are
+ * the scalar loop, and this test then checks the scalar loop against itself. Checked: a sample of
+ * every exponent (each 4099th bit pattern), every float in the regions around the thresholds (−104
+ * where results flush to 0, ≈ −87.3 where they turn subnormal, ≈ −69.3 where sbp_pexpf's tiny path
+ * begins, 88.7 where they overflow, and near 0), infinities and NaNs of both signs and several
+ * payloads; SBP_VEXP_EXHAUSTIVE=1 runs all 2^32 floats instead (about 30 s). Then the row forms: a
+ * shift and a scale, lengths across the 16-lane tails, in place, nothing written past n; and the
+ * 32-lane double sum. */
+#undef SBP_REAL_F64
+#include "../src/kernels/lanes.h"
+#include "../src/kernels/vexp.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { BATCH = 4096 };
+
+static float from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint32_t to_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* exp_shift (shift 0, scale 1) on n inputs against rexp one by one; returns the mismatches,
+ * the first few reported */
+static long check_batch(const float *x, int n) {
+    float y[BATCH];
+    /* shift 0 read at run time on both sides, as the kernels' shifts are: x − 0 is then a real
+     * subtraction, which quiets a signalling NaN (a constant 0 lets the compiler drop it) */
+    volatile float zero = 0.0f;
+    exp_shift(y, x, n, zero, 1.0f);
+    long bad = 0;
+    for (int i = 0; i < n; i++) {
+        const float want = rexp(x[i] - zero);
+        if (to_bits(want) != to_bits(y[i]) && bad++ < 5)
+            fprintf(stderr, "exp(%a = 0x%08x): rexp %a (0x%08x), exp_shift %a (0x%08x)\n",
+                    (double)x[i], to_bits(x[i]), (double)want, to_bits(want), (double)y[i],
+                    to_bits(y[i]));
+    }
+    return bad;
+}
+
+/* every bit pattern in [lo, hi] step `step`, in batches */
+static long check_range(uint64_t lo, uint64_t hi, uint64_t step) {
+    float x[BATCH];
+    long bad = 0;
+    int n = 0;
+    for (uint64_t u = lo; u <= hi; u += step) {
+        x[n++] = from_bits((uint32_t)u);
+        if (n == BATCH) bad += check_batch(x, n), n = 0;
+    }
+    return bad + check_batch(x, n);
+}
+
+/* every float between a and b (same sign, |a| ≤ |b|) */
+static long check_floats(float a, float b) {
+    return check_range(to_bits(a), to_bits(b), 1);
+}
+
+START_TEST(vexp_bits) {
+    long bad = 0;
+    if (getenv("SBP_VEXP_EXHAUSTIVE") && atoi(getenv("SBP_VEXP_EXHAUSTIVE"))) {
+        bad = check_range(0, 0xffffffffu, 1);
+        ck_assert_msg(bad == 0, "%ld of 2^32 floats differ from rexp", bad);
+        return;
+    }
+    bad += check_range(0, 0xffffffffu, 4099);  /* every exponent, both signs */
+    bad += check_floats(-103.0f, -105.0f);     /* flush to 0 below −104 */
+    bad += check_floats(-86.5f, -88.5f);       /* normal → subnormal results */
+    bad += check_floats(-68.5f, -70.5f);       /* sbp_pexpf's tiny path: n < −100 */
+    bad += check_floats(88.0f, 89.5f);         /* overflow past 88.7 */
+    bad += check_range(0, to_bits(1.0f), 997); /* towards 0, both signs */
+    bad += check_range(0x80000000u, to_bits(-1.0f), 997);
+    const float special[] = {INFINITY,
+                             -INFINITY,
+                             NAN,
+                             -NAN,
+                             from_bits(0x7f800001u),
+                             from_bits(0xff800001u),
+                             from_bits(0x7fc12345u),
+                             from_bits(0xffc54321u),
+                             0x1p-149f,
+                             -0x1p-149f,
+                             3.4028235e38f,
+                             -3.4028235e38f};
+    bad += check_batch(special, (int)(sizeof special / sizeof special[0]));
+    ck_assert_msg(bad == 0, "%ld inputs differ from rexp", bad);
+}
+END_TEST
+
+/* y = scale · rexp(x − shift) for lengths across the tails, out of place and in place; the
+ * guards past n untouched */
+START_TEST(vexp_rows) {
+    enum { N = 70, G = 20 };
+    float x[N + G], y[N + G], want[N];
+    uint64_t s = 7;
+    const float shifts[] = {0.0f, 3.25f, -2.5f, INFINITY, -INFINITY};
+    const float scales[] = {1.0f, -0.375f, 2.0f};
+    for (int n = 0; n <= N; n++)
+        for (size_t a = 0; a < sizeof shifts / sizeof shifts[0]; a++)
+            for (size_t c = 0; c < sizeof scales / sizeof scales[0]; c++) {
+                for (int i = 0; i < N + G; i++) {
+                    s = s * 6364136223846793005ull + 1442695040888963407ull;
+                    x[i] = ((float)(s >> 40) / (float)(1u << 24) - 0.75f) * 40.0f;
+                    y[i] = -9.0f;
+                }
+                if (n > 3) x[1] = -INFINITY, x[2] = NAN;
+                for (int i = 0; i < n; i++) want[i] = scales[c] * rexp(x[i] - shifts[a]);
+                exp_shift(y, x, n, shifts[a], scales[c]);
+                ck_assert_msg(!memcmp(y, want, sizeof(float) * (size_t)n),
+                              "n %d shift %g scale %g: differs", n, (double)shifts[a],
+                              (double)scales[c]);
+                for (int i = n; i < N + G; i++)
+                    ck_assert_msg(y[i] == -9.0f, "wrote past n = %d", n);
+                exp_shift(x, x, n, shifts[a], scales[c]); /* in place */
+                ck_assert_msg(!memcmp(x, want, sizeof(float) * (size_t)n),
+                              "n %d, in place: differs", n);
+            }
+}
+END_TEST
+
+/* lanes_exp_sum_d against its lanes written out: lane k the elements ≡ k (mod 32) in ascending
+ * order, each exp in float widened to double, then the halving tree */
+START_TEST(vexp_sum_lanes) {
+    const int lens[] = {0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 64, 100, 1300, 32000, 32003};
+    float *x = malloc(sizeof(float) * 32003);
+    ck_assert_ptr_nonnull(x);
+    uint64_t s = 11;
+    for (int i = 0; i < 32003; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = ((float)(s >> 40) / (float)(1u << 24)) * 30.0f - 20.0f;
+    }
+    for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++)
+        for (int shift_i = 0; shift_i < 2; shift_i++) {
+            const int n = lens[t];
+            const float shift = shift_i ? lanes_max(x, n) : 1.5f;
+            double lane[LANES] = {0};
+            for (int i = 0; i < n; i++)
+                lane[i % LANES] = lane[i % LANES] + (double)rexp(x[i] - shift);
+            const double want = lanes_tree_sum_d(lane), got = lanes_exp_sum_d(x, n, shift);
+            ck_assert_msg(!memcmp(&want, &got, sizeof want), "n %d: %a, want %a", n, got, want);
+        }
+    free(x);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("vexp");
+    TCase *tc = tcase_create("bits");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, vexp_bits);
+    tcase_add_test(tc, vexp_rows);
+    tcase_add_test(tc, vexp_sum_lanes);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run_suite(suite());
+}
