@@ -106,12 +106,13 @@ void linear_backward(real *dx,       /* (e-s, K) or NULL */
 enum { LINEAR_PANEL = 192 };
 /* db (N) += Σ_rows dy (e-s, N), per global token block of blk rows as above (also OpenBLAS's) */
 void linear_bias_blocked(real *db, const real *dy, int s, int e, int N, int blk);
-size_t linear_blocked_workspace(int width);  /* reals of part, for every K <= width */
+/* reals of part, for every K <= width; 0 where blk = pgemm_kblock(), the path without part */
+size_t linear_blocked_workspace(int width, int blk);
 void linear_backward_blocked(real *dx,       /* (e-s, K) or NULL */
                              real *dw,       /* (N, K) */
                              real *db,       /* (N) or NULL */
                              real *ws,       /* (pgemm_workspace(K, max(N, blk))) */
-                             real *part,     /* (linear_blocked_workspace(K)) */
+                             real *part,     /* (linear_blocked_workspace(K, blk)) */
                              const real *dy, /* (e-s, N) */
                              const real *x,  /* (e-s, K) */
                              const real *w,  /* (N, K) */

@@ -33,7 +33,8 @@ void linear_backward(real *dx, real *dw, real *db, real *ws, const real *dy, con
         for (int n = 0; n < N; n++) db[n] = db[n] + dy[(size_t)r * N + n];
 }
 
-size_t linear_blocked_workspace(int width) {
+size_t linear_blocked_workspace(int width, int blk) {
+    if (blk == pgemm_kblock()) return 0;
     return (size_t)LINEAR_PANEL * (size_t)(width > 0 ? width : 0);
 }
 

@@ -82,7 +82,7 @@ static size_t fast_gemm_ws(const eng *e) {
 static size_t fast_workspace(const eng *e) {
     const size_t attn = blas_attention_workspace(e->blk, e->NH, e->NKV, e->HD);
     const size_t gemm =
-        PGEMM_TUNED ? fast_gemm_ws(e) + linear_blocked_workspace(layer_width(e)) : 0;
+        PGEMM_TUNED ? fast_gemm_ws(e) + linear_blocked_workspace(layer_width(e), e->blk) : 0;
     return max2(max2(attn, gemm), unattended_ws(e));
 }
 
