@@ -66,7 +66,11 @@ static inline __m512 vexp_row16(const float *x, int n, __m512 shift) {
 
 static inline void exp_shift(real *y, const real *x, int n, real shift, real scale) {
     const __m512 sh = _mm512_set1_ps(shift), sc = _mm512_set1_ps(scale);
-    for (int i = 0; i < n; i += 16)
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i,
+                         _mm512_mul_ps(sc, vexp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), sh))));
+    if (i < n) /* the tail, masked */
         _mm512_mask_storeu_ps(y + i, vexp_mask16(n - i),
                               _mm512_mul_ps(sc, vexp_row16(x + i, n - i, sh)));
 }
@@ -82,7 +86,12 @@ static inline void vexp_acc16(__m512d *a, __m512d *b, __m512 e) {
 static inline void vexp_lane_sums(double s[32], const real *x, int n, real shift) {
     const __m512 sh = _mm512_set1_ps(shift);
     __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
-    for (int c = 0; c < n; c += 32) {
+    int c = 0;
+    for (; c + 32 <= n; c += 32) {
+        vexp_acc16(&a0, &a1, vexp16(_mm512_sub_ps(_mm512_loadu_ps(x + c), sh)));
+        vexp_acc16(&a2, &a3, vexp16(_mm512_sub_ps(_mm512_loadu_ps(x + c + 16), sh)));
+    }
+    if (c < n) { /* the tail, masked */
         vexp_acc16(&a0, &a1, vexp_row16(x + c, n - c, sh));
         vexp_acc16(&a2, &a3, vexp_row16(x + c + 16, n - c - 16, sh));
     }
@@ -134,9 +143,15 @@ static inline __m256 vexp_row8(const float *x, int n, __m256 shift) {
                          vexp8(_mm256_sub_ps(_mm256_maskload_ps(x, k), shift)));
 }
 
+/* masked loads and stores (vmaskmovps) in the tail only: on Zen 4 a loop of them ran a row
+ * slower than GCC's vectorized scalar code (0.95 against 0.78 ns an element) */
 static inline void exp_shift(real *y, const real *x, int n, real shift, real scale) {
     const __m256 sh = _mm256_set1_ps(shift), sc = _mm256_set1_ps(scale);
-    for (int i = 0; i < n; i += 8)
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i,
+                         _mm256_mul_ps(sc, vexp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh))));
+    if (i < n)
         _mm256_maskstore_ps(y + i, vexp_mask8(n - i),
                             _mm256_mul_ps(sc, vexp_row8(x + i, n - i, sh)));
 }
@@ -152,8 +167,13 @@ static inline void vexp_lane_sums(double s[32], const real *x, int n, real shift
     const __m256 sh = _mm256_set1_ps(shift);
     __m256d a[8];
     for (int v = 0; v < 8; v++) a[v] = _mm256_setzero_pd();
-    for (int c = 0; c < n; c += 32)
+    int c = 0;
+    for (; c + 32 <= n; c += 32)
         for (int q = 0; q < 4; q++) /* lanes 8q .. 8q + 7 */
+            vexp_acc8(&a[2 * q], &a[2 * q + 1],
+                      vexp8(_mm256_sub_ps(_mm256_loadu_ps(x + c + 8 * q), sh)));
+    if (c < n) /* the tail, masked */
+        for (int q = 0; q < 4; q++)
             vexp_acc8(&a[2 * q], &a[2 * q + 1], vexp_row8(x + c + 8 * q, n - c - 8 * q, sh));
     for (int v = 0; v < 8; v++) _mm256_storeu_pd(s + 4 * v, a[v]);
 }
