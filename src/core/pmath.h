@@ -35,15 +35,24 @@
 
 /* ---- exp ------------------------------------------------------------------------------------ */
 
+/* sbp_pexpf's constants, shared with its SIMD forms (src/kernels/vexp.h) */
+#define SBP_EXPF_LO     (-104.0f)            /* below: +0 */
+#define SBP_EXPF_HI     88.7f                /* above: +inf */
+#define SBP_EXPF_ROUND  12582912.0f          /* 1.5·2^23: (y + it) − it = round(y) */
+#define SBP_EXPF_LOG2E  1.44269504088896341f /* 1 / ln 2 */
+#define SBP_EXPF_LN2_HI 0.693145751953125f   /* ln 2 = HI + LO, n·HI exact */
+#define SBP_EXPF_LN2_LO 1.42860682030941723212e-6f
+#define SBP_EXPF_TINY_N (-100) /* n below it: 2^n assembled as 2^(n+64)·2^−64 */
+
 /* The result 2^n·exp(r) is assembled as (exp(r)·2^(n−1))·2, or for very small results as
  * (exp(r)·2^(n+64))·2^−64, so that a subnormal result is rounded once, correctly. */
 static inline SBP_HD float sbp_pexpf(float x) {
-    float xc = x < -104.0f ? -104.0f : x;
-    xc = xc > 88.7f ? 88.7f : xc;
+    float xc = x < SBP_EXPF_LO ? SBP_EXPF_LO : x;
+    xc = xc > SBP_EXPF_HI ? SBP_EXPF_HI : xc;
     xc = xc == xc ? xc : 0.0f; /* NaN: computed on 0, replaced below */
-    float n = fmaf(xc, 1.44269504088896341f, 12582912.0f) - 12582912.0f; /* round(x / ln 2) */
-    float r = fmaf(n, -0.693145751953125f, xc);
-    r = fmaf(n, -1.42860682030941723212e-6f, r);
+    float n = fmaf(xc, SBP_EXPF_LOG2E, SBP_EXPF_ROUND) - SBP_EXPF_ROUND; /* round(x / ln 2) */
+    float r = fmaf(n, -SBP_EXPF_LN2_HI, xc);
+    r = fmaf(n, -SBP_EXPF_LN2_LO, r);
     float p = 1.0f / 5040;
     p = fmaf(p, r, 1.0f / 720);
     p = fmaf(p, r, 1.0f / 120);
@@ -52,14 +61,14 @@ static inline SBP_HD float sbp_pexpf(float x) {
     p = fmaf(p, r, 0.5f);
     p = fmaf(p, r, 1.0f);
     p = fmaf(p, r, 1.0f);
-    const int32_t ni = (int32_t)n, tiny = ni < -100;
+    const int32_t ni = (int32_t)n, tiny = ni < SBP_EXPF_TINY_N;
     union {
         int32_t i;
         float f;
     } s = {.i = ((tiny ? ni + 64 : ni - 1) + 127) << 23};
     float y = (p * s.f) * (tiny ? 0x1p-64f : 2.0f);
-    y = x < -104.0f ? 0.0f : y;
-    y = x > 88.7f ? INFINITY : y;
+    y = x < SBP_EXPF_LO ? 0.0f : y;
+    y = x > SBP_EXPF_HI ? INFINITY : y;
     return x == x ? y : x;
 }
 

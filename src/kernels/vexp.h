@@ -30,15 +30,15 @@
 #if defined(SBP_VEXP) && defined(__AVX512F__)
 /* rexp of each lane: sbp_pexpf's clamps, reduction and polynomial, then 2^n by vscalefps */
 static inline __m512 vexp16(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-104.0f), hi = _mm512_set1_ps(88.7f);
-    const __m512 shifter = _mm512_set1_ps(12582912.0f);
+    const __m512 lo = _mm512_set1_ps(SBP_EXPF_LO), hi = _mm512_set1_ps(SBP_EXPF_HI);
+    const __m512 shifter = _mm512_set1_ps(SBP_EXPF_ROUND);
     const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     /* max and min return their second operand for a NaN first: NaN lanes compute on −104 */
     const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
     const __m512 n =
-        _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), shifter), shifter);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), xc);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.42860682030941723212e-6f), r);
+        _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(SBP_EXPF_LOG2E), shifter), shifter);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-SBP_EXPF_LN2_HI), xc);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-SBP_EXPF_LN2_LO), r);
     __m512 p = _mm512_set1_ps(1.0f / 5040);
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
@@ -101,14 +101,14 @@ static inline void vexp_lane_sums(double s[32], const real *x, int n, real shift
 #elif defined(SBP_VEXP)
 /* AVX2 + FMA: the same steps in 8 lanes, 2^n assembled as sbp_pexpf does */
 static inline __m256 vexp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-104.0f), hi = _mm256_set1_ps(88.7f);
-    const __m256 shifter = _mm256_set1_ps(12582912.0f);
+    const __m256 lo = _mm256_set1_ps(SBP_EXPF_LO), hi = _mm256_set1_ps(SBP_EXPF_HI);
+    const __m256 shifter = _mm256_set1_ps(SBP_EXPF_ROUND);
     const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
     const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi); /* NaN lanes compute on −104 */
     const __m256 n =
-        _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), shifter), shifter);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), xc);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.42860682030941723212e-6f), r);
+        _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(SBP_EXPF_LOG2E), shifter), shifter);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-SBP_EXPF_LN2_HI), xc);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-SBP_EXPF_LN2_LO), r);
     __m256 p = _mm256_set1_ps(1.0f / 5040);
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
@@ -117,9 +117,9 @@ static inline __m256 vexp8(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    /* (p · 2^(n−1)) · 2, or for n < −100 (p · 2^(n+64)) · 2^−64: n is integral, so exact */
+    /* (p · 2^(n−1)) · 2, or for n < SBP_EXPF_TINY_N (p · 2^(n+64)) · 2^−64: n integral, exact */
     const __m256i ni = _mm256_cvtps_epi32(n);
-    const __m256i tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(-100), ni);
+    const __m256i tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(SBP_EXPF_TINY_N), ni);
     const __m256i bias =
         _mm256_blendv_epi8(_mm256_set1_epi32(127 - 1), _mm256_set1_epi32(127 + 64), tiny);
     const __m256 s = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ni, bias), 23));
