@@ -176,9 +176,12 @@ $(BUILD)/tests/test_%: $(BUILD)/tests/test_%.o $(BUILD)/tests/testutil.o $(F64_O
 RUN_TESTS = $(if $(SUITES),$(filter $(addprefix %/test_,$(SUITES)),$(TESTS)),$(TESTS))
 # tests/mpi_ranks.sh (mpirun): with every suite, or SUITES naming dist (test_dist, the protocol, too)
 RUN_DIST  = $(if $(SUITES),$(filter dist,$(SUITES)),1)
+# With every suite the C bench program outside `all` (bench/pgemm_rates.c) is built too: it links
+# against kernel internals, and an interface change had broken it unseen.
 
 test: deps $(if $(SUITES),,linkcheck)
-	@$(MAKE) --no-print-directory $(BIN) $(RUN_TESTS) $(if $(filter %/test_plant,$(RUN_TESTS)),plants)
+	@$(MAKE) --no-print-directory $(BIN) $(RUN_TESTS) $(if $(filter %/test_plant,$(RUN_TESTS)),plants) \
+	  $(if $(SUITES),,$(BUILD)/bench/pgemm_rates)
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(RUN_TESTS)
 	@if [ -n "$(RUN_DIST)" ]; then if [ "$(MPI)" = 1 ]; then echo "== tests/mpi_ranks.sh (mpirun)"; \
 	  STREAMBP=$(BIN) tests/mpi_ranks.sh; else echo "== tests/mpi_ranks.sh: skipped (no MPI)"; fi; fi

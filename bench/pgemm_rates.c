@@ -133,7 +133,7 @@ int main(int argc, char **argv) {
         wsn = d > wsn ? d : wsn;
         wsn = a > wsn ? a : wsn, wsn = b > wsn ? b : wsn, wsn = c > wsn ? c : wsn;
     }
-    float *ws = operand(wsn, 7), *part = operand(linear_blocked_workspace((int)maxk), 8);
+    float *ws = operand(wsn, 7), *part = operand(linear_blocked_workspace((int)maxk, BLK), 8);
 
     static double sec[NSHAPE][NPROD][NWAY][MAXROUNDS];
     for (int r = -1; r < rounds; r++) /* round -1 warms up */
