@@ -10,8 +10,10 @@
  * where results flush to 0, ≈ −87.3 where they turn subnormal, ≈ −69.3 where sbp_pexpf's tiny path
  * begins, 88.7 where they overflow, and near 0), infinities and NaNs of both signs and several
  * payloads; SBP_VEXP_EXHAUSTIVE=1 runs all 2^32 floats instead (about 30 s). Then the row forms: a
- * shift and a scale, lengths across the 16-lane tails, in place, nothing written past n; and the
- * 32-lane double sum. */
+ * shift and a scale, lengths across the 16-lane tails, in place, nothing written past n; exp_neg
+ * (rexp(−x), SwiGLU's) the same way and on the same sample of bit patterns; and the 32-lane
+ * double sum. The rows mix lanes inside the fast range of vexp16_row / vexp8_row with lanes
+ * outside it, so that both of their paths run. */
 #undef SBP_REAL_F64
 #include "../src/kernels/lanes.h"
 #include "../src/kernels/vexp.h"
@@ -36,21 +38,24 @@ static uint32_t to_bits(float f) {
     return u;
 }
 
-/* exp_shift (shift 0, scale 1) on n inputs against rexp one by one; returns the mismatches,
- * the first few reported */
-static long check_batch(const float *x, int n) {
+/* exp_shift (shift 0, scale 1), or exp_neg (neg), on n inputs against rexp one by one; returns
+ * the mismatches, the first few reported */
+static long check_batch(const float *x, int n, int neg) {
     float y[BATCH];
     /* shift 0 read at run time on both sides, as the kernels' shifts are: x − 0 is then a real
      * subtraction, which quiets a signalling NaN (a constant 0 lets the compiler drop it) */
     volatile float zero = 0.0f;
-    exp_shift(y, x, n, zero, 1.0f);
+    if (neg)
+        exp_neg(y, x, n);
+    else
+        exp_shift(y, x, n, zero, 1.0f);
     long bad = 0;
     for (int i = 0; i < n; i++) {
-        const float want = rexp(x[i] - zero);
+        const float want = neg ? rexp(-x[i]) : rexp(x[i] - zero);
         if (to_bits(want) != to_bits(y[i]) && bad++ < 5)
-            fprintf(stderr, "exp(%a = 0x%08x): rexp %a (0x%08x), exp_shift %a (0x%08x)\n",
-                    (double)x[i], to_bits(x[i]), (double)want, to_bits(want), (double)y[i],
-                    to_bits(y[i]));
+            fprintf(stderr, "exp(%s%a = 0x%08x): rexp %a (0x%08x), %s %a (0x%08x)\n",
+                    neg ? "-" : "", (double)x[i], to_bits(x[i]), (double)want, to_bits(want),
+                    neg ? "exp_neg" : "exp_shift", (double)y[i], to_bits(y[i]));
     }
     return bad;
 }
@@ -62,9 +67,9 @@ static long check_range(uint64_t lo, uint64_t hi, uint64_t step) {
     int n = 0;
     for (uint64_t u = lo; u <= hi; u += step) {
         x[n++] = from_bits((uint32_t)u);
-        if (n == BATCH) bad += check_batch(x, n), n = 0;
+        if (n == BATCH) bad += check_batch(x, n, 0) + check_batch(x, n, 1), n = 0;
     }
-    return bad + check_batch(x, n);
+    return bad + check_batch(x, n, 0) + check_batch(x, n, 1);
 }
 
 /* every float between a and b (same sign, |a| ≤ |b|) */
@@ -76,7 +81,7 @@ START_TEST(vexp_bits) {
     long bad = 0;
     if (getenv("SBP_VEXP_EXHAUSTIVE") && atoi(getenv("SBP_VEXP_EXHAUSTIVE"))) {
         bad = check_range(0, 0xffffffffu, 1);
-        ck_assert_msg(bad == 0, "%ld of 2^32 floats differ from rexp", bad);
+        ck_assert_msg(bad == 0, "%ld of 2^32 floats (exp_shift and exp_neg) differ from rexp", bad);
         return;
     }
     bad += check_range(0, 0xffffffffu, 4099);  /* every exponent, both signs */
@@ -98,7 +103,8 @@ START_TEST(vexp_bits) {
                              -0x1p-149f,
                              3.4028235e38f,
                              -3.4028235e38f};
-    bad += check_batch(special, (int)(sizeof special / sizeof special[0]));
+    const int nspecial = (int)(sizeof special / sizeof special[0]);
+    bad += check_batch(special, nspecial, 0) + check_batch(special, nspecial, 1);
     ck_assert_msg(bad == 0, "%ld inputs differ from rexp", bad);
 }
 END_TEST
@@ -134,6 +140,33 @@ START_TEST(vexp_rows) {
 }
 END_TEST
 
+/* y = rexp(−x) for lengths across the tails, out of place and in place; vectors with a lane
+ * outside the fast range (−inf, NaN, the tiny path) among ordinary ones; nothing past n */
+START_TEST(vexp_neg_rows) {
+    enum { N = 70, G = 20 };
+    float x[N + G], y[N + G], want[N];
+    uint64_t s = 5;
+    for (int n = 0; n <= N; n++)
+        for (int odd = 0; odd < 4; odd++) {
+            for (int i = 0; i < N + G; i++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                x[i] = ((float)(s >> 40) / (float)(1u << 24) - 0.25f) * 40.0f;
+                y[i] = -9.0f;
+            }
+            const float outside[] = {INFINITY, NAN, 69.2f, 104.5f};
+            if (n > 0) x[(n * 7 + odd) % n] = outside[odd];
+            for (int i = 0; i < n; i++) want[i] = rexp(-x[i]);
+            exp_neg(y, x, n);
+            for (int i = 0; i < n; i++)
+                ck_assert_msg(to_bits(y[i]) == to_bits(want[i]), "n %d, x[%d] = %a: %a, want %a",
+                              n, i, (double)x[i], (double)y[i], (double)want[i]);
+            for (int i = n; i < N + G; i++) ck_assert_msg(y[i] == -9.0f, "wrote past n = %d", n);
+            exp_neg(x, x, n); /* in place */
+            ck_assert_msg(!memcmp(x, want, sizeof(float) * (size_t)n), "n %d, in place", n);
+        }
+}
+END_TEST
+
 /* lanes_exp_sum_d against its lanes written out: lane k the elements ≡ k (mod 32) in ascending
  * order, each exp in float widened to double, then the halving tree */
 START_TEST(vexp_sum_lanes) {
@@ -165,6 +198,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, vexp_bits);
     tcase_add_test(tc, vexp_rows);
+    tcase_add_test(tc, vexp_neg_rows);
     tcase_add_test(tc, vexp_sum_lanes);
     suite_add_tcase(s, tc);
     return s;
