@@ -12,7 +12,8 @@
  * paths are checked with every operand layout the linear layers use — not only the public
  * C = A·Bᵀ entry. The shapes are chosen against every tile size in gemm.c: M and N not multiples
  * of any MR or NR (6, 12; 8, 16, 32), K across one and two k blocks (KC ≤ 512) and the
- * transposing packs' 8- or 16-step blocks, M across row blocks (MC ≤ 96), N across a column
+ * transposing packs' 8- or 16-step blocks, M across row blocks (MC ≤ 96) and, with enough of
+ * them for whole-row tasks (M > 4·MC per thread), across the half blocks at the end, N across a column
  * block (NC = 2048); operands with row strides wider than their rows; special values (±0,
  * subnormals, ±Inf, NaN, overflow). Last, the attention tiles' product (blas/tile_mm.c) on every
  * remainder of its row blocks. */
@@ -51,7 +52,7 @@ void pgemm_set(double *C, size_t ldc, double *ws, const double *A, size_t rsa, s
 static const int shapes[][3] = {{1, 1, 1},     {5, 7, 3},     {6, 16, 8},    {7, 17, 9},
                                 {11, 15, 33},  {13, 31, 255}, {25, 47, 257}, {97, 33, 100},
                                 {61, 45, 513}, {19, 9, 1100}, {3, 2100, 20}, {0, 5, 5},
-                                {5, 0, 5},     {4, 6, 0}};
+                                {5, 0, 5},     {4, 6, 0},     {301, 40, 70}, {800, 20, 30}};
 enum { NSHAPES = sizeof shapes / sizeof shapes[0] };
 
 static uint64_t lcg(uint64_t *s) {

@@ -269,6 +269,8 @@ static void pack_a(real *dst, const real *A, size_t rsa, size_t csa, int ic, int
     }
 }
 
+_Static_assert(MC / 2 % MR == 0, "gemm's half row blocks are whole register tiles");
+
 /* The packed B block (kc, nc + NR) and one packed A block (kc, MC + MR) per thread. */
 static size_t b_block(int N, int K) {
     return (size_t)(K < KC ? K : KC) * ((N < NC ? N : NC) + NR);
@@ -308,17 +310,26 @@ static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_
             /* Tasks: row blocks across all nc columns where there are enough for every thread
              * (each A block is then packed once; split by columns too, two threads packed every
              * A block twice, the LM head's dlogits included), else (row block, NCHUNK columns). */
-            const int nrow = (M + MC - 1) / MC;
-            const int ncol = nrow >= 4 * omp_get_max_threads() ? 1 : (nc + NCHUNK - 1) / NCHUNK;
+            const int nth = omp_get_max_threads(), nrow = (M + MC - 1) / MC;
+            const int ncol = nrow >= 4 * nth ? 1 : (nc + NCHUNK - 1) / NCHUNK;
             const int cw = ncol == 1 ? nc : NCHUNK;
+            /* Row blocks of MC, the last nth·MC rows or more in blocks of MC/2 where the tasks are
+             * whole row blocks: the threads' last tasks are then short and end closer together
+             * (dynamic scheduling leaves one thread idle for up to a task at the end) */
+            const int nbig = ncol == 1 ? (M - nth * MC > 0 ? (M - nth * MC) / MC : 0) : nrow;
+            const int nsmall = ncol == 1 ? (M - nbig * MC + MC / 2 - 1) / (MC / 2) : 0;
+            const int ntask = nbig * ncol + nsmall;
 #pragma omp parallel
             {
                 real *apack = ws + bsize + (size_t)omp_get_thread_num() * asize;
                 int packed_ic = -1;
 #pragma omp for schedule(dynamic, 1)
-                for (int task = 0; task < nrow * ncol; task++) {
-                    const int ic = task / ncol * MC, mc = M - ic < MC ? M - ic : MC;
-                    const int j0 = task % ncol * cw, j1 = j0 + cw < nc ? j0 + cw : nc;
+                for (int task = 0; task < ntask; task++) {
+                    const int big = task < nbig * ncol, rows = big ? MC : MC / 2;
+                    const int ic = big ? task / ncol * MC : nbig * MC + (task - nbig) * rows;
+                    const int mc = M - ic < rows ? M - ic : rows;
+                    const int j0 = big ? task % ncol * cw : 0;
+                    const int j1 = big && j0 + cw < nc ? j0 + cw : nc;
                     if (ic != packed_ic) pack_a(apack, A, rsa, csa, ic, mc, pc, kc);
                     packed_ic = ic;
                     for (int jr = j0; jr < j1; jr += NR) {
