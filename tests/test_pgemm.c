@@ -13,8 +13,8 @@
  * C = A·Bᵀ entry. The shapes are chosen against every tile size in gemm.c: M and N not multiples
  * of any MR or NR (6, 12; 8, 16, 32), K across one and two k blocks (KC ≤ 512) and the
  * transposing packs' 8- or 16-step blocks, M across row blocks (MC ≤ 96) and, with enough of
- * them for whole-row tasks (M > 4·MC per thread), across the half blocks at the end, N across a column
- * block (NC = 2048); operands with row strides wider than their rows; special values (±0,
+ * them for whole-row tasks (M > 4·MC per thread), across the half blocks at the end, N across a
+ * column block (NC = 2048); operands with row strides wider than their rows; special values (±0,
  * subnormals, ±Inf, NaN, overflow). Last, the attention tiles' product (blas/tile_mm.c) on every
  * remainder of its row blocks. */
 #undef SBP_REAL_F64

@@ -158,8 +158,8 @@ START_TEST(vexp_neg_rows) {
             for (int i = 0; i < n; i++) want[i] = rexp(-x[i]);
             exp_neg(y, x, n);
             for (int i = 0; i < n; i++)
-                ck_assert_msg(to_bits(y[i]) == to_bits(want[i]), "n %d, x[%d] = %a: %a, want %a",
-                              n, i, (double)x[i], (double)y[i], (double)want[i]);
+                ck_assert_msg(to_bits(y[i]) == to_bits(want[i]), "n %d, x[%d] = %a: %a, want %a", n,
+                              i, (double)x[i], (double)y[i], (double)want[i]);
             for (int i = n; i < N + G; i++) ck_assert_msg(y[i] == -9.0f, "wrote past n = %d", n);
             exp_neg(x, x, n); /* in place */
             ck_assert_msg(!memcmp(x, want, sizeof(float) * (size_t)n), "n %d, in place", n);
