@@ -17,7 +17,14 @@
 #undef SBP_REAL_F64
 #include "../src/kernels/lanes.h"
 #include "../src/kernels/vexp.h"
+/* swiglu.c in float, compiled here a second time under its own names (the engine's copies are
+ * hidden inside its object), for its blocks of exp_neg */
+#define swiglu_forward  test_swiglu_forward_f32
+#define swiglu_backward test_swiglu_backward_f32
+#include "../src/kernels/swiglu.c"
 #include "testutil.h"
+
+#include <omp.h>
 
 #include <math.h>
 #include <stdint.h>
@@ -167,6 +174,57 @@ START_TEST(vexp_neg_rows) {
 }
 END_TEST
 
+/* the same bits, or both NaN: which of two NaN operands an x86 operation passes on depends on
+ * the operand order the compiler picked, not on the values */
+static int same(float a, float b) {
+    return to_bits(a) == to_bits(b) || (isnan(a) && isnan(b));
+}
+
+/* swiglu_forward / _backward in float against the element-by-element formulas with rexp, bit
+ * for bit (a NaN as any NaN): lengths across its 512-element blocks and exp_neg's tails, 1 and 2
+ * threads, special inputs (±inf, NaN, saturating ±100, ±0) among ordinary ones */
+START_TEST(vexp_swiglu_blocks) {
+    const size_t lens[] = {0, 1, 7, 9, 511, 512, 513, 1024 + 37, 3 * 512 + 15};
+    enum { NMAX = 3 * 512 + 15 };
+    float *g = malloc(sizeof(float) * NMAX * 7), *u = g + NMAX, *dh = u + NMAX, *h = dh + NMAX;
+    float *dg = h + NMAX, *du = dg + NMAX, *want = du + NMAX;
+    ck_assert_ptr_nonnull(g);
+    uint64_t s = 17;
+    for (int i = 0; i < NMAX; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        g[i] = ((float)(s >> 40) / (float)(1u << 24) - 0.5f) * 24.0f;
+        u[i] = (float)(s >> 20 & 0xffff) / 65536.0f - 0.5f, dh[i] = 0.25f - u[i] * u[i];
+    }
+    const float special[] = {INFINITY, -INFINITY, NAN, 100.0f, -100.0f, 0.0f, -0.0f};
+    for (int k = 0; k < 7; k++) g[(k * 211 + 3) % NMAX] = special[k];
+    for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++)
+        for (int th = 1; th <= 2; th++) {
+            const size_t n = lens[t];
+            omp_set_num_threads(th);
+            test_swiglu_forward_f32(h, g, u, n);
+            for (size_t i = 0; i < n; i++) {
+                const float sg = 1 / (1 + rexp(-g[i]));
+                want[i] = (g[i] * sg) * u[i];
+            }
+            for (size_t i = 0; i < n; i++)
+                ck_assert_msg(same(h[i], want[i]), "forward, n %zu, %d threads, element %zu", n, th,
+                              i);
+            for (size_t i = 0; i < n; i++) dg[i] = 0.5f, du[i] = -0.5f;
+            test_swiglu_backward_f32(dg, du, dh, g, u, n);
+            for (size_t i = 0; i < n; i++) {
+                const float sg = 1 / (1 + rexp(-g[i]));
+                const float wg = 0.5f + (dh[i] * u[i]) * (sg * (1 + g[i] * (1 - sg)));
+                const float wu = -0.5f + dh[i] * (g[i] * sg);
+                ck_assert_msg(same(dg[i], wg) && same(du[i], wu),
+                              "backward, n %zu, %d threads, element %zu (g = %a)", n, th, i,
+                              (double)g[i]);
+            }
+        }
+    omp_set_num_threads(1);
+    free(g);
+}
+END_TEST
+
 /* lanes_exp_sum_d against its lanes written out: lane k the elements ≡ k (mod 32) in ascending
  * order, each exp in float widened to double, then the halving tree */
 START_TEST(vexp_sum_lanes) {
@@ -199,6 +257,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, vexp_bits);
     tcase_add_test(tc, vexp_rows);
     tcase_add_test(tc, vexp_neg_rows);
+    tcase_add_test(tc, vexp_swiglu_blocks);
     tcase_add_test(tc, vexp_sum_lanes);
     suite_add_tcase(s, tc);
     return s;

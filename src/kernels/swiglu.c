@@ -9,18 +9,20 @@
 
 enum { SWB = 512 }; /* elements per block */
 
-static int block_len(size_t b, size_t n) {
-    return n - b * SWB < SWB ? (int)(n - b * SWB) : SWB;
+/* e = rexp(−g) over block b of n elements; returns the block's length */
+static int block_exps(real e[SWB], const real *g, size_t b, size_t n) {
+    const int m = n - b * SWB < SWB ? (int)(n - b * SWB) : SWB;
+    exp_neg(e, g + b * SWB, m);
+    return m;
 }
 
 void swiglu_forward(real *h, const real *g, const real *u, size_t n) {
     const size_t nb = (n + SWB - 1) / SWB;
 #pragma omp parallel for schedule(static)
     for (size_t b = 0; b < nb; b++) {
+        real e[SWB];
         const size_t i0 = b * SWB;
-        const int m = block_len(b, n);
-        real e[SWB]; /* rexp(−g) */
-        exp_neg(e, g + i0, m);
+        const int m = block_exps(e, g, b, n);
         for (int j = 0; j < m; j++) {
             const real sg = 1 / (1 + e[j]);
             h[i0 + j] = (g[i0 + j] * sg) * u[i0 + j];
@@ -33,10 +35,9 @@ void swiglu_backward(real *dg, real *du, const real *dh, const real *g, const re
     const size_t nb = (n + SWB - 1) / SWB;
 #pragma omp parallel for schedule(static)
     for (size_t b = 0; b < nb; b++) {
+        real e[SWB];
         const size_t i0 = b * SWB;
-        const int m = block_len(b, n);
-        real e[SWB]; /* rexp(−g) */
-        exp_neg(e, g + i0, m);
+        const int m = block_exps(e, g, b, n);
         for (int j = 0; j < m; j++) {
             const size_t i = i0 + (size_t)j;
             const real sg = 1 / (1 + e[j]);
