@@ -9,11 +9,11 @@
  * every exponent (each 4099th bit pattern), every float in the regions around the thresholds (−104
  * where results flush to 0, ≈ −87.3 where they turn subnormal, ≈ −69.3 where sbp_pexpf's tiny path
  * begins, 88.7 where they overflow, and near 0), infinities and NaNs of both signs and several
- * payloads; SBP_VEXP_EXHAUSTIVE=1 runs all 2^32 floats instead (about 30 s). Then the row forms: a
- * shift and a scale, lengths across the 16-lane tails, in place, nothing written past n; exp_neg
- * (rexp(−x), SwiGLU's) the same way and on the same sample of bit patterns; and the 32-lane
+ * payloads; SBP_VEXP_EXHAUSTIVE=1 runs all 2^32 floats instead (about a minute). Then the row
+ * forms: a shift and a scale, lengths across the 16-lane tails, in place, nothing written past n;
+ * exp_neg (rexp(−x), SwiGLU's) the same way and on the same sample of bit patterns; and the 32-lane
  * double sum. The rows mix lanes inside the fast range of vexp16_row / vexp8_row with lanes
- * outside it, so that both of their paths run. */
+ * outside it, so that both of their paths run. Last, swiglu.c's float blocks of exp_neg. */
 #undef SBP_REAL_F64
 #include "../src/kernels/lanes.h"
 #include "../src/kernels/vexp.h"
