@@ -64,7 +64,7 @@ DIST_SRC := $(filter-out src/dist/mpi.c src/dist/none.c,$(wildcard src/dist/*.c)
             src/dist/$(if $(filter 1,$(MPI)),mpi,none).c
 
 COMMON_SRC := $(wildcard src/core/*.c src/io/*.c src/api/*.c src/train/*.c src/bench/*.c) $(DIST_SRC)
-NUM_SRC    := $(wildcard src/kernels/*.c src/kernels/blas/*.c src/engine/*.c src/engine/*/*.c)
+NUM_SRC    := $(wildcard src/kernels/*.c src/kernels/fast/*.c src/engine/*.c src/engine/*/*.c)
 CLI_SRC    := $(wildcard src/cli/*.c)
 VERIFY_SRC := $(wildcard verify/*.c)
 REF_SRC    := $(wildcard ref/*.c)
@@ -375,7 +375,7 @@ ISA_FLAG = $(if $(shell $(CC) -march=$(ARCH) -dM -E -x c /dev/null 2>/dev/null |
 # The portable product against OpenBLAS at the products of a fast-mode step, in this build's
 # instruction set (bench/pgemm_rates.c; decides PGEMM_TUNED in src/kernels/kernels.h):
 #   make bench-pgemm [BUILD=build-avx2 ARCH=x86-64-v3] [THREADS=1] [ROUNDS=7]
-PGEMM_RATES_OBJ := $(addprefix $(BUILD)/f32/src/kernels/,gemm.o linear.o blas/linear.o)
+PGEMM_RATES_OBJ := $(addprefix $(BUILD)/f32/src/kernels/,gemm.o linear.o fast/linear.o)
 bench-pgemm: $(BUILD)/bench/pgemm_rates
 	OMP_WAIT_POLICY=PASSIVE OPENBLAS_CORETYPE=$${OPENBLAS_CORETYPE:-$(if $(ISA_FLAG),Haswell)} \
 	  $(BUILD)/bench/pgemm_rates $(or $(THREADS),1) $(or $(ROUNDS),7)
@@ -552,7 +552,8 @@ fuzz: deps
 
 # ---- housekeeping -------------------------------------------------------------------------------
 
-FORMAT_SRC := $(shell find src ref tests verify bench cuda -name '*.[ch]' 2>/dev/null)
+# tests/accuracy_bounds.h is a table that test_accuracy prints (SBP_ACC_PRINT=1): one row a line
+FORMAT_SRC := $(filter-out tests/accuracy_bounds.h,$(shell find src ref tests verify bench cuda -name '*.[ch]' 2>/dev/null))
 format:
 	clang-format -i $(FORMAT_SRC)
 

@@ -2,7 +2,7 @@
  *
  * Built once per library (`make bench-blas` links it against OpenBLAS, BLIS and MKL where each
  * is found) and run at 1 and 2 threads. It issues the fast mode's calls as the engine does
- * (src/kernels/blas/linear.c): per block of B = 256 tokens, y = x·Wᵀ (beta 0), dW += dyᵀ·x and
+ * (src/kernels/fast/linear.c): per block of B = 256 tokens, y = x·Wᵀ (beta 0), dW += dyᵀ·x and
  * dx += dy·W (beta 1), for the seven projections of every layer and for the lm_head, and reports
  * their GFLOP/s beside one whole-sequence call per projection shape (what `streambp bench` calls
  * the sgemm rate) and a square 2048³ product.

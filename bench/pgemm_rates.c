@@ -7,7 +7,7 @@
  *   pgemm  — linear_forward, linear_backward's dX and linear_backward_blocked's dW
  *            (src/kernels/linear.c): pgemm over all T rows, dW a part per token block folded
  *            in, what the fast mode runs where PGEMM_TUNED is 1;
- *   tiles  — blas_linear_forward / _backward (src/kernels/blas/linear.c): OpenBLAS on the fixed
+ *   tiles  — blas_linear_forward / _backward (src/kernels/fast/linear.c): OpenBLAS on the fixed
  *            token-block grid (blocks of 512, the engine's default), what the fast mode runs
  *            where PGEMM_TUNED is 0;
  *   sgemm  — one cblas_sgemm over all T rows (the rate `streambp bench` calls the sgemm rate).
@@ -20,7 +20,7 @@
  * nothing: for a profiler (perf record) or a counter (perf stat) where the machine has them.
  *
  * Usage: pgemm_rates [THREADS [ROUNDS [T [WAY]]]]   (default 1 thread, 7 rounds, T = 2048) */
-#include "../src/kernels/blas/blas.h"
+#include "../src/kernels/fast/fast.h"
 
 #include <omp.h>
 #include <stdio.h>

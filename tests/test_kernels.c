@@ -22,7 +22,7 @@
 #include "testutil.h"
 #include "../src/core/rng.h"
 #include "../src/io/safetensors.h"
-#include "../src/kernels/blas/blas.h"
+#include "../src/kernels/fast/fast.h"
 #include "../src/kernels/kernels.h"
 
 #include <float.h>
@@ -576,7 +576,7 @@ static void attn_init(attn_prob *p, attn_cfg c, uint64_t seed, int portable) {
     p->dsum = zeros(T * c.NH);
     p->portable = portable;
     p->scratch = zeros(portable ? attention_workspace(c.HD)
-                                : blas_attention_workspace(c.blk, c.NH, c.NKV, c.HD));
+                                : tiled_attention_workspace(c.blk, c.NH, c.NKV, c.HD));
     p->kmask = make_mask(c.T, c.pad);
 }
 
@@ -604,8 +604,8 @@ static void attn_fwd_range(attn_prob *p, double *o, double *lse, int s, int e) {
         attention_forward(o + (size_t)s * p->Q, lse + (size_t)s * c.NH, p->scratch,
                           p->q + (size_t)s * p->Q, p->k, p->v, p->kmask, &d);
     else
-        blas_attention_forward(o + (size_t)s * p->Q, lse + (size_t)s * c.NH, p->scratch,
-                               p->q + (size_t)s * p->Q, p->k, p->v, p->kmask, &d);
+        tiled_attention_forward(o + (size_t)s * p->Q, lse + (size_t)s * c.NH, p->scratch,
+                                p->q + (size_t)s * p->Q, p->k, p->v, p->kmask, &d);
 }
 
 /* Backward over queries [s, e), with dO = r and the saved o, lse of those rows. */
@@ -617,8 +617,8 @@ static void attn_bwd_range(attn_prob *p, double *dq, double *dk, double *dv, int
         attention_backward(dq + so, dk, dv, p->dsum + sl, p->scratch, p->r + so, p->o + so,
                            p->lse + sl, p->q + so, p->k, p->v, p->kmask, &d);
     else
-        blas_attention_backward(dq + so, dk, dv, p->dsum + sl, p->scratch, p->r + so, p->o + so,
-                                p->lse + sl, p->q + so, p->k, p->v, p->kmask, &d);
+        tiled_attention_backward(dq + so, dk, dv, p->dsum + sl, p->scratch, p->r + so, p->o + so,
+                                 p->lse + sl, p->q + so, p->k, p->v, p->kmask, &d);
 }
 
 static void attn_fwd(void *p_, double *o) {
@@ -1174,7 +1174,7 @@ START_TEST(pgemm_f32_chains) {
 END_TEST
 
 /* ---------------------------------------------------------------------------------------------
- * The attention tiles' product (blas/tile_mm.c): bit for bit alpha·(one fma chain from 0, p
+ * The attention tiles' product (fast/tile_mm.c): bit for bit alpha·(one fma chain from 0, p
  * ascending), added to C when beta, for every element — whether it falls in a full register
  * block, a single-row block, a one-vector column block or the scalar tail — with A plain or
  * read transposed in place, C and B rows with gaps. The shapes are those of the tiles (128 ×

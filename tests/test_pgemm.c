@@ -15,7 +15,7 @@
  * transposing packs' 8- or 16-step blocks, M across row blocks (MC ≤ 96) and, with enough of
  * them for whole-row tasks (M > 4·MC per thread), across the half blocks at the end, N across a
  * column block (NC = 2048); operands with row strides wider than their rows; special values (±0,
- * subnormals, ±Inf, NaN, overflow). Last, the attention tiles' product (blas/tile_mm.c) on every
+ * subnormals, ±Inf, NaN, overflow). Last, the attention tiles' product (fast/tile_mm.c) on every
  * remainder of its row blocks. */
 #undef SBP_REAL_F64
 #define pgemm                 test_pgemm_f32
@@ -182,7 +182,7 @@ START_TEST(f32_row_split) {
 }
 END_TEST
 
-/* The attention tiles' product (src/kernels/blas/tile_mm.c, float64 objects): every row count
+/* The attention tiles' product (src/kernels/fast/tile_mm.c, float64 objects): every row count
  * 1..13 (full blocks of MR = 6 rows, then each remainder block of 1 to 5 rows), column counts
  * across its vector blocks and scalar tail, A plain or read transposed, beta 0 or 1: each element
  * alpha·(its fma chain from 0), added to C when beta. */

@@ -96,7 +96,7 @@ START_TEST(bitwise_demo_blocks) {
 END_TEST
 
 /* qwen3-wide: qwen3-tiny with V = 8300, so the LM head's products run on several feature panels
- * of the fast mode's tile grid (blas/linear.c), the last one ragged, and sum over a K that is no
+ * of the fast mode's tile grid (fast/linear.c), the last one ragged, and sum over a K that is no
  * multiple of 32; the embedding tied. _i: fp32, fp64. */
 START_TEST(bitwise_wide_vocab) {
     check_family("qwen3-wide", _i ? SBP_FP64 : SBP_FP32, "data/batches/sft-tiny.safetensors", 4,
@@ -124,7 +124,7 @@ END_TEST
 
 /* 1 vs 2 and 3 threads, each schedule, both precisions (_i % 2), qwen3-tiny and qwen3-wide (the
  * LM head on several feature panels). Both have 2 kv heads: at 1 and 2 threads the attention
- * backward takes its one-pass form, at 3 its two-pass form (src/kernels/blas/attention.c), which
+ * backward takes its one-pass form, at 3 its two-pass form (src/kernels/fast/attention.c), which
  * must give the same bits. */
 START_TEST(thread_count_invariance) {
     sbp_precision prec = _i % 2 ? SBP_FP64 : SBP_FP32;

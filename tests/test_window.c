@@ -140,7 +140,7 @@ static void prob_init(prob *p, wcfg c, int portable, int mode, double scale, uin
     p->q = randu(T * p->Q, seed), p->k = randu(T * p->KV, seed + 1);
     p->v = randu(T * p->KV, seed + 2), p->r = randu(T * p->Q, seed + 3);
     size_t ws =
-        portable ? attention_workspace(c.HD) : blas_attention_workspace(c.blk, c.NH, c.NKV, c.HD);
+        portable ? attention_workspace(c.HD) : tiled_attention_workspace(c.blk, c.NH, c.NKV, c.HD);
     if (unattended_workspace(c.T) > ws) ws = unattended_workspace(c.T);
     p->ws = zeros(ws);
     p->kmask = make_mask(c.T, c.pad);
@@ -158,7 +158,7 @@ static void fwd(prob *p, double *o, double *lse, const double *k, const double *
     if (p->portable)
         attention_forward(o_s, l_s, p->ws, q_s, k, v, p->kmask, &d);
     else
-        blas_attention_forward(o_s, l_s, p->ws, q_s, k, v, p->kmask, &d);
+        tiled_attention_forward(o_s, l_s, p->ws, q_s, k, v, p->kmask, &d);
     unattended_forward(o_s, p->ws, q_s, k, v, p->kmask, &d, p->mode);
 }
 
@@ -174,8 +174,8 @@ static void bwd(prob *p, double *dq, double *dk, double *dv, const double *o, co
         attention_backward(dq + so, dk, dv, dsum, p->ws, p->r + so, o + so, lse + sl, p->q + so, k,
                            v, p->kmask, &d);
     else
-        blas_attention_backward(dq + so, dk, dv, dsum, p->ws, p->r + so, o + so, lse + sl,
-                                p->q + so, k, v, p->kmask, &d);
+        tiled_attention_backward(dq + so, dk, dv, dsum, p->ws, p->r + so, o + so, lse + sl,
+                                 p->q + so, k, v, p->kmask, &d);
     free(dsum);
 }
 

@@ -5,7 +5,7 @@
  * H = 2·C·V per token and attention on W-wide tiles (each (query tile, key tile) pair at or
  * below the diagonal costs per head 4·wq·wk·HD in the forward and, in the backward, 10 in one
  * pass or 8 in pass 1 and 6 in pass 2 — one pass when the kv heads divide among the threads
- * (sbp_set_threads; src/kernels/blas/attention.c)):
+ * (sbp_set_threads; src/kernels/fast/attention.c)):
  *   full   = L·(3P + A_fwd + A_bwd) + 3H·T               (forward, then dX and dW)
  *   ckpt   = full + L·(P − 2·F·C + A_fwd)                (the recompute skips the down projection;
  *                                                         Gemma-3's does not: its post-norm needs
@@ -13,7 +13,7 @@
  *   stream = ckpt                                        (K and V are projected once per layer)
  *   DPO adds H·T for its forward-only first pass over the head.
  * A sliding-window layer (Gemma-3's local layers, window Wn) meets for query tile i0 only the key
- * tiles from the one holding key i0 − Wn + 1 (blas/attention.c): its pairs grow as T·Wn, not T²;
+ * tiles from the one holding key i0 − Wn + 1 (fast/attention.c): its pairs grow as T·Wn, not T²;
  * A_fwd and A_bwd are summed over the layers with each layer's pairs.
  * With a LoRA adapter (o->lora) the base is frozen: no weight-gradient products, so the backward
  * of the projections costs P and of the head H (dX only), and each adapted projection (in K, out

@@ -1,6 +1,6 @@
 /* tiles.c — the fast attention's tile width and the form of its backward, shared by both
  * precisions of the kernels and by the FLOP count. Tiles must divide the token block, so that
- * chunks that are multiples of the block consist of whole tiles (src/kernels/blas/attention.c
+ * chunks that are multiples of the block consist of whole tiles (src/kernels/fast/attention.c
  * says why). */
 #ifdef _OPENMP
 #include <omp.h>

@@ -1,5 +1,5 @@
 /* tiles.h — the fast attention's tile width and the form of its backward (tiles.c): compiled
- * once, for both precisions of the kernels (src/kernels/blas/attention.c) and the FLOP count
+ * once, for both precisions of the kernels (src/kernels/fast/attention.c) and the FLOP count
  * (flops.c), so it lives in core, below both. */
 #ifndef SBP_TILES_H
 #define SBP_TILES_H

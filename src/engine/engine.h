@@ -55,8 +55,8 @@ struct eng {
     int unattended; /* sbp_unattended: attention rows that see no key */
     /* the softmax scale of every layer's scores (sbp_attn_dims.scale) */
     double attn_scale;
-    int lora_r;     /* the adapters' rank; 0: no adapter */
-    real lora_s;    /* their scaling, alpha/r or alpha/√r */
+    int lora_r;  /* the adapters' rank; 0: no adapter */
+    real lora_s; /* their scaling, alpha/r or alpha/√r */
     sbp_ledger *lg;
     void *backend; /* the backend's state of this run (CUDA: its allocations and errors) */
     int oom;       /* set when an allocation fails; oom_what names the buffer */
@@ -210,10 +210,10 @@ enum { VOCAB_BLOCK = 512 };
  * call of the same sequence; allocated only in the portable numerics when T > SUM_BLOCK (else
  * every token is in the first block and nothing is carried). */
 typedef struct {
-    layer_p p;      /* the layer's gradients' partial sums (NULL where the layer has no gradient) */
-    real *dgin;     /* (C) kv_work's dgin's (a local layer's K/V-path chain of its own) */
-    real *dk, *dv;  /* (rows, KV) each, rows as kv_work's: dK, dV over a block of queries */
-    real *slab;     /* the one allocation holding them */
+    layer_p p;     /* the layer's gradients' partial sums (NULL where the layer has no gradient) */
+    real *dgin;    /* (C) kv_work's dgin's (a local layer's K/V-path chain of its own) */
+    real *dk, *dv; /* (rows, KV) each, rows as kv_work's: dK, dV over a block of queries */
+    real *slab;    /* the one allocation holding them */
 } pend_work;
 
 /* rows: the K/V side's (kv_work_alloc's) */

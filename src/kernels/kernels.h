@@ -12,10 +12,10 @@
  *    outputs only. Their bits depend on the inputs alone: not on the machine, the compiler, the
  *    thread count, or how the rows are split between calls. The CUDA kernels of cuda/ compute
  *    the same chains.
- *  - the kernels of blas/ are the fast mode's products: the linear layers on OpenBLAS (where
+ *  - the kernels of fast/ are the fast mode's products: the linear layers on OpenBLAS (where
  *    PGEMM_TUNED is 0; otherwise the fast mode uses linear.c's, whose bits do not depend on the
  *    row split) and the attention tiles on a register-blocked product of our own
- *    (blas/tile_mm.c, the machine's vector fma), issued over fixed global token blocks
+ *    (fast/tile_mm.c, the machine's vector fma), issued over fixed global token blocks
  *    [kB, (k+1)B) so that full BP, checkpointing and StreamBP make the same calls whenever their
  *    chunks are multiples of B.
  * The elementwise and row kernels (RMSNorm, RoPE, SwiGLU, embedding, log-prob) are the portable
@@ -118,7 +118,7 @@ void linear_backward_blocked(real *dx,       /* (e-s, K) or NULL */
                              const real *w,  /* (N, K) */
                              int s, int e, int N, int K, int blk);
 
-/* fast (blas/linear.c): the same on OpenBLAS, one single-threaded call per tile of a fixed grid
+/* fast (fast/linear.c): the same on OpenBLAS, one single-threaded call per tile of a fixed grid
  * (global token blocks of blk rows, panels of BLAS_LINEAR_N_PANEL output features, of
  * BLAS_LINEAR_K_PANEL input features for dW and of BLAS_LINEAR_DX_K_PANEL for dx), the tiles
  * shared among the OpenMP threads */
@@ -212,15 +212,15 @@ void attention_backward(real *dq,             /* (M, NH·HD) += */
                         const uint8_t *kmask, /* (T) */
                         const sbp_attn_dims *d);
 
-/* fast (blas/attention.c): tiles of attention_tile(d->blk) on the global grid, products in
- * registers (blas/tile_mm.c); the arguments and shapes are the portable kernels' */
+/* fast (fast/attention.c): tiles of attention_tile(d->blk) on the global grid, products in
+ * registers (fast/tile_mm.c); the arguments and shapes are the portable kernels' */
 /* attention_tile and attention_one_pass: src/core/tiles.h */
-size_t blas_attention_workspace(int blk, int NH, int NKV, int HD); /* reals */
-void blas_attention_forward(real *o, real *lse, real *ws, const real *q, const real *k,
-                            const real *v, const uint8_t *kmask, const sbp_attn_dims *d);
-void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, const real *dout,
-                             const real *o, const real *lse, const real *q, const real *k,
+size_t tiled_attention_workspace(int blk, int NH, int NKV, int HD); /* reals */
+void tiled_attention_forward(real *o, real *lse, real *ws, const real *q, const real *k,
                              const real *v, const uint8_t *kmask, const sbp_attn_dims *d);
+void tiled_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, const real *dout,
+                              const real *o, const real *lse, const real *q, const real *k,
+                              const real *v, const uint8_t *kmask, const sbp_attn_dims *d);
 
 /* Rows with no visible key (unattended.c): mode is an sbp_unattended. The attention kernels
  * leave such rows at O = 0, lse = +inf and add nothing for them in the backward; these give the

@@ -1,5 +1,5 @@
 /* transpose.h — float transposes in registers, 16 × 16 with AVX-512 and 8 × 8 with AVX2, for the
- * operand packs of gemm.c and the key tiles of the fast attention (blas/attention.c). Copies, so
+ * operand packs of gemm.c and the key tiles of the fast attention (fast/attention.c). Copies, so
  * no bit depends on them. Defined only where they are used: real = float, AVX-512 or AVX2 + FMA
  * (the instruction sets gemm.c has kernels for). */
 #ifndef SBP_TRANSPOSE_H

@@ -1,5 +1,5 @@
 /* cpu.c — the CPU op tables: fast (linear products on gemm.c where the CPU has AVX-512, else on
- * OpenBLAS tiles; attention tiles on blas/tile_mm.c; docs/numerics.md §10) and portable (every
+ * OpenBLAS tiles; attention tiles on fast/tile_mm.c; docs/numerics.md §10) and portable (every
  * operation by the contract of docs/numerics.md §2 to §8). They share everything but those two
  * kernels; the backend's memory is the host's, so mirroring is the identity and up/downloads are
  * copies at most.
@@ -80,7 +80,7 @@ static size_t fast_gemm_ws(const eng *e) {
 }
 
 static size_t fast_workspace(const eng *e) {
-    const size_t attn = blas_attention_workspace(e->blk, e->NH, e->NKV, e->HD);
+    const size_t attn = tiled_attention_workspace(e->blk, e->NH, e->NKV, e->HD);
     const size_t gemm =
         PGEMM_TUNED ? fast_gemm_ws(e) + linear_blocked_workspace(layer_width(e), e->blk) : 0;
     return max2(max2(attn, gemm), unattended_ws(e));
@@ -230,7 +230,7 @@ static void cpu_rope_backward(const eng *e, real *dx, int s, int M, int H) {
 
 static void fast_attention_forward(const eng *e, real *o, real *lse, const real *q, const real *k,
                                    const real *v, const uint8_t *kmask, const sbp_attn_dims *d) {
-    blas_attention_forward(o, lse, e->ws, q, k, v, kmask, d);
+    tiled_attention_forward(o, lse, e->ws, q, k, v, kmask, d);
     unattended_forward(o, e->ws, q, k, v, kmask, d, e->unattended);
     store(e, o, (size_t)d->M * e->Q);
 }
@@ -250,7 +250,7 @@ static void fast_attention_backward(const eng *e, real *dq, real *dk, real *dv, 
                                     const real *k, const real *v, const uint8_t *kmask,
                                     const sbp_attn_dims *d) {
     unattended_backward(dq, dk, dv, e->ws, dout, o, q, k, v, kmask, d, e->unattended);
-    blas_attention_backward(dq, dk, dv, dsum, e->ws, dout, o, lse, q, k, v, kmask, d);
+    tiled_attention_backward(dq, dk, dv, dsum, e->ws, dout, o, lse, q, k, v, kmask, d);
     store(e, dq, (size_t)d->M * e->Q);
 }
 

@@ -1,4 +1,4 @@
-/* blas/attention.c — causal grouped-query attention, tiled with an online softmax (FlashAttention's
+/* fast/attention.c — causal grouped-query attention, tiled with an online softmax (FlashAttention's
  * scheme), with the tile products in registers (tile_mm.c).
  *
  * Queries and keys are cut into tiles of W rows on fixed global boundaries (multiples of W).
@@ -33,7 +33,7 @@
  * block reads them again (measured: 80-110 GFLOP/s in place, 96-155 copied, bench model's
  * shapes). A copy changes no value, so no bit. The workspace does not grow with T. */
 #include "../lanes.h"
-#include "blas.h"
+#include "fast.h"
 #include "../transpose.h"
 #include "../vexp.h"
 
@@ -48,7 +48,7 @@ static size_t per_thread_ws(int W, int HD, int rep) {
     return 3 * (size_t)W * W + 2 * tile + (fwd > 3 * tile ? fwd : 3 * tile);
 }
 
-size_t blas_attention_workspace(int blk, int NH, int NKV, int HD) {
+size_t tiled_attention_workspace(int blk, int NH, int NKV, int HD) {
     return (size_t)omp_get_max_threads() * per_thread_ws(attention_tile(blk), HD, NH / NKV);
 }
 
@@ -117,8 +117,8 @@ static void mask_tile(real *S, int i0, int nq, int j0, int nk, int ldS, const ui
     }
 }
 
-void blas_attention_forward(real *o, real *lse, real *scratch, const real *q, const real *k,
-                            const real *v, const uint8_t *kmask, const sbp_attn_dims *dm) {
+void tiled_attention_forward(real *o, real *lse, real *scratch, const real *q, const real *k,
+                             const real *v, const uint8_t *kmask, const sbp_attn_dims *dm) {
     const int s = dm->s, NH = dm->NH, NKV = dm->NKV, HD = dm->HD, win = dm->window;
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(dm->blk);
     const int e = s + dm->M;
@@ -244,10 +244,10 @@ static void key_tile(const bwd_args *a, int g, int j0, int with_dq) {
     }
 }
 
-void blas_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scratch,
-                             const real *dout, const real *o, const real *lse, const real *q,
-                             const real *k, const real *v, const uint8_t *kmask,
-                             const sbp_attn_dims *dm) {
+void tiled_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *scratch,
+                              const real *dout, const real *o, const real *lse, const real *q,
+                              const real *k, const real *v, const uint8_t *kmask,
+                              const sbp_attn_dims *dm) {
     const int s = dm->s, M = dm->M, NH = dm->NH, NKV = dm->NKV, HD = dm->HD, win = dm->window;
     const int rep = NH / NKV, Q = NH * HD, KV = NKV * HD, W = attention_tile(dm->blk);
     const int e = s + M;

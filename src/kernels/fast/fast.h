@@ -1,7 +1,7 @@
-/* blas.h — the fast mode's products: the BLAS product of the working precision (linear layers)
+/* fast.h — the fast mode's products: the BLAS product of the working precision (linear layers)
  * and the attention tiles' own (tile_mm.c). */
-#ifndef SBP_BLAS_H
-#define SBP_BLAS_H
+#ifndef SBP_FAST_H
+#define SBP_FAST_H
 
 #include "../kernels.h"
 

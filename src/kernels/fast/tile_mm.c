@@ -1,4 +1,4 @@
-/* blas/tile_mm.c — the attention tiles' matrix product, register-blocked, without packing.
+/* fast/tile_mm.c — the attention tiles' matrix product, register-blocked, without packing.
  *
  *   C[i][j] = (beta ? C[i][j] : 0) + alpha · acc[i][j],
  *   acc[i][j] = fma(A(i,k−1), B[k−1][j], … fma(A(i,1), B[1][j], fma(A(i,0), B[0][j], 0)))
@@ -13,7 +13,7 @@
  * Q, K, V and their gradients; a BLAS call packs both operands for every tile and its packing
  * took a fifth of the step at these shapes (perf, bench model). Here B's rows are streamed
  * as vectors and A is broadcast an element at a time: no copy at all. */
-#include "blas.h"
+#include "fast.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>

@@ -1,4 +1,4 @@
-/* blas/linear.c — y = x·Wᵀ + b and its backward on BLAS (the fast mode): every product is cut
+/* fast/linear.c — y = x·Wᵀ + b and its backward on BLAS (the fast mode): every product is cut
  * into tiles on a fixed grid, and each tile is one single-threaded BLAS call.
  *
  * The grid: rows of tokens in the global blocks [kB, (k+1)B) ∩ [s, e), columns of features in
@@ -24,7 +24,7 @@
  * dW tiles share one loop, so that a call of one block still has work for every thread.
  *
  * Shapes: x (e−s, K), w (N, K), y (e−s, N), dy (e−s, N), dx (e−s, K), dw (N, K). */
-#include "blas.h"
+#include "fast.h"
 
 enum { NP = BLAS_LINEAR_N_PANEL, KP = BLAS_LINEAR_K_PANEL, XKP = BLAS_LINEAR_DX_K_PANEL };
 
