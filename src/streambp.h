@@ -425,6 +425,27 @@ int sbp_device_built(sbp_device d);
  * chunk's default is one block. */
 #define SBP_DEFAULT_CHUNK(block) (2 * (block))
 
+/* Where a step's time goes: each operation of the engine's table (src/engine/ops.h) that the
+ * step called, with its calls and wall seconds, the matrix products by shape
+ * (docs/performance.md#where-a-step-spends-its-time). Give one in sbp_grad_opts.profile (CPU
+ * only); every step it is given to adds to it, so zero it first. Timing costs two clock reads
+ * per call and changes no bit. */
+enum { SBP_PROFILE_ROWS = 64 };
+typedef struct {
+    char op[24]; /* the operation's name in the table: "linear_forward", "attention_backward" */
+    int n, k;    /* a product's output and input features (N, K); 0 for the other operations */
+    int64_t calls;
+    double seconds; /* wall time inside the calls */
+    double flop;    /* the products' floating-point operations (2·M·N·K each); 0 elsewhere */
+} sbp_profile_row;
+typedef struct {
+    sbp_profile_row rows[SBP_PROFILE_ROWS]; /* in the order of their first call */
+    int n_rows;
+    int64_t lost;   /* calls of a kind that found every row taken: counted in no row */
+    int64_t steps;  /* engine runs added (one per step, one per micro-batch) */
+    double seconds; /* their wall time: the rows' sum and what the driver does between calls */
+} sbp_profile;
+
 typedef struct {
     sbp_schedule schedule;
     int block;               /* token block of every token reduction; 0 = SBP_DEFAULT_BLOCK */
@@ -449,6 +470,8 @@ typedef struct {
      * grad under mpirun), each ends with its share only, the 4096-element blocks it owns packed
      * in ascending order (res->numel elements; src/dist, docs/distributed.md §7) */
     int sharded;
+    /* NULL, or where each operation's calls and time are added (sbp_profile; CPU only) */
+    sbp_profile *profile;
 } sbp_grad_opts;
 
 typedef struct {

@@ -32,6 +32,8 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
                         sbp_device_name(opts->device));
     if (opts->device != SBP_DEVICE_CPU && opts->emulate_bf16)
         return sbp_fail(err, SBP_EUSAGE, "bf16 storage runs on the CPU only");
+    if (opts->device != SBP_DEVICE_CPU && opts->profile) /* its calls return before the work */
+        return sbp_fail(err, SBP_EUSAGE, "the operations' profile times the CPU backend only");
     if (!sbp_device_built(opts->device))
         return sbp_fail(err, SBP_EUSAGE,
                         "this build has no %s backend (nvcc was not found when it was built)",
@@ -42,6 +44,7 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
     eo->unattended = opts->unattended;
     eo->lora = opts->lora;
     eo->emulate_bf16 = opts->emulate_bf16;
+    eo->profile = opts->profile;
     eo->block = opts->block ? opts->block : SBP_DEFAULT_BLOCK;
     eo->chunk = clamp(opts->chunk ? opts->chunk : SBP_DEFAULT_CHUNK(eo->block), T);
     eo->materialise = opts->schedule != SBP_STREAM && !opts->chunked_logits;

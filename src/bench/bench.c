@@ -43,6 +43,7 @@ typedef struct {
     double loss;
     sbp_ledger lg;
     long long rss;
+    sbp_profile prof[N_CFG]; /* with a profile: each configuration's, over the timed rounds */
 } child_result;
 
 /* Runs fn in a child process; its result comes back through a pipe. */
@@ -209,6 +210,7 @@ typedef struct {
     int T, reps, warmup, threads, n;
     int train;            /* whole training steps: gradient, clipping, AdamW (n = 1) */
     int sgemm;            /* time the sgemm products after every round (fast numerics, CPU) */
+    int profile;          /* add each timed step's operations to the result's profiles */
     sbp_lora_config lora; /* r > 0: the training step trains an adapter of this config */
     sbp_grad_opts g[N_CFG];
 } step_arg;
@@ -252,12 +254,14 @@ static int step_rounds(child_result *r, const step_arg *a, sbp_model *m, sbp_lor
         for (int k = 0; ok && k < a->n; k++) {
             sbp_grad_result res;
             sbp_step_result sr;
+            sbp_grad_opts g = a->g[k];
+            if (a->profile && i >= a->warmup) g.profile = &r->prof[k];
             double t0 = now_seconds();
             if (a->train)
-                ok = sbp_train_step(&sr, m, a->lora.r ? ad : NULL, opt, b, 1, &a->g[k], 5e-5, 1.0,
-                                    &r->lg, err) == 0;
+                ok = sbp_train_step(&sr, m, a->lora.r ? ad : NULL, opt, b, 1, &g, 5e-5, 1.0, &r->lg,
+                                    err) == 0;
             else
-                ok = sbp_grad(&res, m, b, &a->g[k], &r->lg, err) == 0;
+                ok = sbp_grad(&res, m, b, &g, &r->lg, err) == 0;
             if (!ok) break;
             if (i >= a->warmup) r->times[k][i - a->warmup] = now_seconds() - t0;
             r->loss = a->train ? sr.loss : res.loss;
@@ -380,6 +384,8 @@ sbp_status sbp_bench_check(const sbp_bench_opts *o, sbp_err *err) {
                         o->warmup);
     if (o->block < 1 || o->chunk < 1 || o->logit_chunk < 1)
         return sbp_fail(err, SBP_EUSAGE, "--block, --chunk and --logit-chunk must be positive");
+    if (o->profile && o->device != SBP_DEVICE_CPU)
+        return sbp_fail(err, SBP_EUSAGE, "--profile times the CPU backend only");
     if (o->largest < 0 || (o->largest && !o->largest_T))
         return sbp_fail(err, SBP_EUSAGE, "--largest needs a budget and the planner's search");
     return SBP_OK;
@@ -410,7 +416,8 @@ static void say(const run_ctx *b, sbp_bench_note kind, const char *fmt, ...) {
  * the rounds of the step's rate over the sgemm rate timed in the same round (NaN: against the
  * run's sgemm rate instead). */
 static void put_row(const run_ctx *b, const char *name, int T, const sbp_grad_opts *g, double t,
-                    int nt, double of_sgemm, const child_result *r, const sbp_ledger *plan) {
+                    int nt, double of_sgemm, const child_result *r, const sbp_ledger *plan,
+                    const sbp_profile *prof) {
     const double flop = sbp_step_flops(&b->o->model->cfg, 1, T, g), gfs = flop / t / 1e9;
     const sbp_bench_row row = {.T = T,
                                .name = name,
@@ -424,7 +431,8 @@ static void put_row(const run_ctx *b, const char *name, int T, const sbp_grad_op
                                .lg = r->lg,
                                .planned_peak = plan->peak_total,
                                .rss = r->rss,
-                               .loss = r->loss};
+                               .loss = r->loss,
+                               .profile = b->o->profile ? prof : NULL};
     if (b->sink && b->sink->row) b->sink->row(b->sink->ctx, &row);
 }
 
@@ -454,7 +462,8 @@ static void t_setup(const run_ctx *b, t_rows *t, int T) {
                            .warmup = o->largest       ? 0
                                      : o->warmup >= 0 ? o->warmup
                                                       : T <= 4096,
-                           .sgemm = o->device == SBP_DEVICE_CPU};
+                           .sgemm = o->device == SBP_DEVICE_CPU,
+                           .profile = o->profile};
     t->nums = o->device != SBP_DEVICE_CPU ? 1 << SBP_NUMERICS_PORTABLE
               : o->numerics               ? o->numerics
               : T <= 4096 && !o->largest  ? 3
@@ -503,8 +512,13 @@ static void t_memory(run_ctx *b, t_rows *t) {
             if (sbp_plan(&t->plan[q], cfg, &po, &err)) memset(&t->plan[q], 0, sizeof t->plan[q]);
         }
         t->Ts[q] = T;
-        step_arg a = {
-            .model = o->model->dir, .T = T, .threads = o->threads, .reps = 1, .n = 1, .g = {g}};
+        step_arg a = {.model = o->model->dir,
+                      .T = T,
+                      .threads = o->threads,
+                      .reps = 1,
+                      .n = 1,
+                      .profile = o->profile,
+                      .g = {g}};
         if (!t->solo) {
             say(b, SBP_BENCH_PROGRESS, "  T = %d, %s, %s numerics: memory...", T, sc->name,
                 sbp_numerics_name(g.numerics));
@@ -573,7 +587,7 @@ static void t_rows_put(const run_ctx *b, t_rows *t, double solo_sgemm) {
             of_sgemm = median(ratio, nt);
         }
         put_row(b, b->o->schedules[q % NS].name, t->Ts[q], &g, median(tv, nt), nt, of_sgemm,
-                &t->mem[q], &t->plan[q]);
+                &t->mem[q], &t->plan[q], t->timed ? &t->tr.prof[t->kidx[q]] : &t->mem[q].prof[0]);
     }
 }
 
@@ -594,6 +608,7 @@ static void t_train_rows(run_ctx *b, const t_rows *t) {
                       .warmup = t->timing.warmup,
                       .n = 1,
                       .train = 1,
+                      .profile = o->profile,
                       .g = {g}};
         sbp_plan_opts po = {.grad = g, .B = 1, .T = t->T, .storage_bytes = 4, .optimizer = 1};
         if (lo) a.lora = po.lora = lc;
@@ -613,7 +628,7 @@ static void t_train_rows(run_ctx *b, const t_rows *t) {
         sbp_lora flops_view = {.cfg = lc}; /* the FLOP count reads the adapter's config */
         if (lo) g.lora = &flops_view;
         put_row(b, lo ? "train-stream-lora" : "train-stream", t->T, &g,
-                median(r.times[0], r.n_times), r.n_times, NAN, &r, &tplan);
+                median(r.times[0], r.n_times), r.n_times, NAN, &r, &tplan, &r.prof[0]);
     }
 }
 

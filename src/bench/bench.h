@@ -71,6 +71,7 @@ typedef struct {
     sbp_device device; /* on a CUDA device the portable numerics run */
     int train;         /* the training-step rows: train-stream and, up to T = 4096,
                         * train-stream-lora (r 32, alpha 128, all-linear) */
+    int profile;       /* each row with its steps' operations timed (sbp_profile; CPU only) */
 } sbp_bench_opts;
 
 /* One measured step: a schedule (or a training step) at T. */
@@ -89,6 +90,8 @@ typedef struct {
     int64_t planned_peak; /* the planner's peak for the same step */
     long long rss;        /* the measuring process's peak RSS */
     double loss;
+    const sbp_profile *profile; /* with opts.profile: the operations of the timed steps
+                                 * (profile->steps engine runs), else NULL */
 } sbp_bench_row;
 
 /* What a run reports as it goes: each row as soon as it is measured, and lines of text

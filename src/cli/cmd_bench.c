@@ -48,7 +48,11 @@ static const char usage[] =
     "                     to T = 4096, train-stream-lora (the same for a LoRA adapter, r 32,\n"
     "                     alpha 128, all-linear, as the StreamBP paper's scripts; the base\n"
     "                     frozen)\n"
-    "  --csv | --json     machine-readable output\n";
+    "  --profile          under each row, where its timed steps spent their time: each\n"
+    "                     operation of the engine's table (the products by shape, with their\n"
+    "                     GFLOP/s), its calls and milliseconds per step, and the time between\n"
+    "                     the operations (CPU only; two clock reads a call, no bit changes)\n"
+    "  --csv | --json     machine-readable output (--profile: text and JSON)\n";
 
 /* The command's options: what the bench module measures (o) and how it is shown. */
 typedef struct {
@@ -106,6 +110,7 @@ static int parse_option(bench_args *a, int c, const char *arg) {
         return 1;
     }
     case 'X': o->train = 0; return 1;
+    case 'P': o->profile = 1; return 1;
     case 'v': a->csv = 1; return 1;
     }
     return -1;
@@ -126,6 +131,7 @@ static int parse(bench_args *a, int argc, char **argv) {
                                          {"largest", required_argument, 0, 'L'},
                                          {"numerics", required_argument, 0, 'N'},
                                          {"no-train", no_argument, 0, 'X'},
+                                         {"profile", no_argument, 0, 'P'},
                                          OPTION_DEVICE,
                                          {"csv", no_argument, 0, 'v'},
                                          OPTION_JSON,
@@ -159,6 +165,10 @@ static int parse(bench_args *a, int argc, char **argv) {
         const int ok = common_opt_code(c) ? common_opt(&co, c, optarg) : parse_option(a, c, optarg);
         if (ok < 0) fputs(usage, stderr);
         if (ok <= 0) return EXIT_USAGE;
+    }
+    if (a->o.profile && a->csv) {
+        fprintf(stderr, "streambp bench: --profile prints in the text and JSON forms, not CSV\n");
+        return EXIT_USAGE;
     }
     if (optind < argc || (a->model && a->config)) {
         fprintf(stderr, "streambp bench: give at most one of --model and --config\n%s", usage);
@@ -195,6 +205,64 @@ typedef struct {
     cJSON *rows;
 } row_out;
 
+/* p's rows by time, the longest first: idx (p->n_rows) */
+static void by_time(int *idx, const sbp_profile *p) {
+    for (int i = 0; i < p->n_rows; i++) {
+        int j = i;
+        for (; j > 0 && p->rows[idx[j - 1]].seconds < p->rows[i].seconds; j--) idx[j] = idx[j - 1];
+        idx[j] = i;
+    }
+}
+
+/* Under a row: where its timed steps' time went, per step (sbp_profile). */
+static void print_profile(const sbp_profile *p, double step_median) {
+    if (!p->steps) return;
+    int idx[SBP_PROFILE_ROWS];
+    by_time(idx, p);
+    const double per = 1.0 / (double)p->steps;
+    double in_ops = 0;
+    for (int i = 0; i < p->n_rows; i++) in_ops += p->rows[i].seconds;
+    printf("        %-22s %12s %8s %9s %7s %8s\n", "operation", "N x K", "calls", "ms/step",
+           "share", "GFLOP/s");
+    for (int i = 0; i < p->n_rows; i++) {
+        const sbp_profile_row *r = &p->rows[idx[i]];
+        char shape[32] = "", rate[16] = "";
+        if (r->n) snprintf(shape, sizeof shape, "%d x %d", r->n, r->k);
+        if (r->flop > 0 && r->seconds > 0)
+            snprintf(rate, sizeof rate, "%.1f", r->flop / r->seconds / 1e9);
+        printf("        %-22s %12s %8.1f %9.2f %6.1f%% %8s\n", r->op, shape, (double)r->calls * per,
+               1e3 * r->seconds * per, 100 * r->seconds / p->seconds, rate);
+    }
+    printf("        %-22s %12s %8s %9.2f %6.1f%%\n", "between the operations", "", "",
+           1e3 * (p->seconds - in_ops) * per, 100 * (p->seconds - in_ops) / p->seconds);
+    printf("        the engine's run: %.2f ms per step (mean of %lld), the step's median %.2f ms "
+           "(the rest: the gradient slab's allocation and zeroing, the objective's setup)\n",
+           1e3 * p->seconds * per, (long long)p->steps, 1e3 * step_median);
+    if (p->lost)
+        printf("        (%lld calls of kinds past the first %d not counted)\n", (long long)p->lost,
+               SBP_PROFILE_ROWS);
+}
+
+/* p as JSON: totals over p->steps engine runs */
+static cJSON *profile_json(const sbp_profile *p) {
+    cJSON *j = cJSON_CreateObject(), *ops = cJSON_CreateArray();
+    cJSON_AddNumberToObject(j, "engine_runs", (double)p->steps);
+    cJSON_AddNumberToObject(j, "engine_seconds", p->seconds);
+    cJSON_AddNumberToObject(j, "calls_not_counted", (double)p->lost);
+    for (int i = 0; i < p->n_rows; i++) {
+        const sbp_profile_row *r = &p->rows[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "op", r->op);
+        if (r->n) cJSON_AddNumberToObject(o, "n", r->n), cJSON_AddNumberToObject(o, "k", r->k);
+        cJSON_AddNumberToObject(o, "calls", (double)r->calls);
+        cJSON_AddNumberToObject(o, "seconds", r->seconds);
+        if (r->flop > 0) cJSON_AddNumberToObject(o, "flop", r->flop);
+        cJSON_AddItemToArray(ops, o);
+    }
+    cJSON_AddItemToObject(j, "operations", ops);
+    return j;
+}
+
 /* One row of the table (sbp_bench_sink.row). */
 static void emit(void *ctx, const sbp_bench_row *r) {
     row_out *o = ctx;
@@ -220,6 +288,7 @@ static void emit(void *ctx, const sbp_bench_row *r) {
         cJSON_AddItemToObject(j, "memory", ledger_json(&r->lg));
         cJSON_AddNumberToObject(j, "planned_peak_bytes", (double)r->planned_peak);
         cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)r->rss);
+        if (r->profile) cJSON_AddItemToObject(j, "profile", profile_json(r->profile));
         cJSON_AddItemToArray(o->rows, j);
     } else {
         char label[48], pct[16] = "      -";
@@ -229,6 +298,7 @@ static void emit(void *ctx, const sbp_bench_row *r) {
         printf("%7d %-22s %4d %9.3f %9.1f %8.1f %s %9.0f %10.1f %10.1f %9.1f %8.2f\n", r->T, label,
                r->runs, r->seconds, r->gflop, r->gflops, pct, r->tokens_per_s,
                mib(r->lg.peak_total), mib(r->planned_peak), mib(r->rss), r->rss / peak);
+        if (r->profile) print_profile(r->profile, r->seconds);
     }
     fflush(stdout);
 }

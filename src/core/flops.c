@@ -22,15 +22,19 @@
 #include "../streambp.h"
 #include "tiles.h"
 
-/* Σ wq·wk over the (query tile, key tile) pairs of one layer of window win (0: causal). */
-static double tile_pairs(int T, int W, int win) {
+double attention_tile_pairs(int s, int e, int W, int win) {
     double pairs = 0;
-    for (int i0 = 0; i0 < T; i0 += W) {
-        const int wq = T - i0 < W ? T - i0 : W, lo = win ? i0 - win + 1 : 0;
-        for (int j0 = lo > 0 ? lo / W * W : 0; j0 < i0 + wq; j0 += W)
-            pairs += (double)wq * (j0 + W < i0 + wq ? W : i0 + wq - j0);
+    for (int i0 = s; i0 < e; i0 = (i0 / W + 1) * W) {
+        const int i1 = (i0 / W + 1) * W < e ? (i0 / W + 1) * W : e, wq = i1 - i0;
+        const int lo = win ? i0 / W * W - win + 1 : 0;
+        for (int j0 = lo > 0 ? lo / W * W : 0; j0 < i1; j0 += W)
+            pairs += (double)wq * (j0 + W < i1 ? W : i1 - j0);
     }
     return pairs;
+}
+
+static double tile_pairs(int T, int W, int win) {
+    return attention_tile_pairs(0, T, W, win);
 }
 
 double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o) {

@@ -45,6 +45,11 @@ typedef struct {
 /* Everything a run needs that does not change while it runs. */
 struct eng {
     const sbp_ops *ops;
+    /* with a profile: ops is the timing table (ops/profile.c), which calls inner's operations
+     * and adds their calls and time to prof */
+    const sbp_ops *inner;
+    sbp_profile *prof;
+    double prof_start; /* when the run began (the timing table's begin) */
     const sbp_config *cfg;
     int C, Q, KV, F, V, NH, NKV, HD, L;
     int blk;        /* token block (the fast mode's products run per block) */

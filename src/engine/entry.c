@@ -195,7 +195,10 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
                                       const sbp_batch *b, const sbp_engine_opts *o, sbp_ledger *lg,
                                       sbp_err *err) {
     const sbp_config *c = &m->cfg;
-    eng e = {.ops = table_of(o),
+    const int profiled = o->profile && !o->plan;
+    eng e = {.ops = profiled ? &sbp_ops_profiled : table_of(o),
+             .inner = table_of(o),
+             .prof = profiled ? o->profile : NULL,
              .cfg = c,
              .C = c->hidden,
              .Q = c->heads * c->head_dim,
@@ -231,9 +234,11 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
     const size_t wslab = (size_t)e.elem_bytes * (size_t)m->params.total;
     char msg[640] = "";
     e.gemma = c->family == SBP_GEMMA3;
-    if (e.gemma && !op->geglu_forward)
-        return sbp_fail(err, SBP_EUSAGE, "%s: Gemma-3 does not run on this backend yet", op->name);
-    if (!op->begin(&e, msg, sizeof msg)) return sbp_fail(err, SBP_EUSAGE, "%s: %s", op->name, msg);
+    if (e.gemma && !e.inner->geglu_forward) /* the timing table has every operation */
+        return sbp_fail(err, SBP_EUSAGE, "%s: Gemma-3 does not run on this backend yet",
+                        e.inner->name);
+    if (!op->begin(&e, msg, sizeof msg))
+        return sbp_fail(err, SBP_EUSAGE, "%s: %s", e.inner->name, msg);
     int32_t *h_tgt = targets(b);
     /* the model, the gradients and the batch on the backend */
     real *w = op->mirror(&e, SBP_MEM_WEIGHTS, m->w, wslab, "weights");
@@ -295,7 +300,7 @@ out:
     if (aw) op->unmirror(&e, aw, o->lora->w);
     if (w) op->unmirror(&e, w, m->w);
     free(h_tgt);
-    if (!op->end(&e, msg, sizeof msg)) return sbp_fail(err, SBP_EIO, "%s: %s", op->name, msg);
+    if (!op->end(&e, msg, sizeof msg)) return sbp_fail(err, SBP_EIO, "%s: %s", e.inner->name, msg);
     if (hook_failed) return sbp_fail(err, SBP_EIO, "a gradient bucket could not be handed on");
     if (!ok)
         return sbp_fail(err, SBP_ENOMEM, "out of memory allocating the %s (%s schedule, T = %d)",

@@ -31,6 +31,7 @@ typedef struct {
      * the hook instead of the fold; 0 from the hook fails the run (SBP_EIO) */
     int (*bucket_hook)(void *ctx, int64_t off, int64_t n, const void *g /* (n) */);
     void *hook_ctx;
+    sbp_profile *profile; /* NULL, or the operations' times are added there (ops/profile.c) */
 } sbp_engine_opts;
 
 /* loss: added to (the objective's loss); grads: (params.total) reals of the model's precision,

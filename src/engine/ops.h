@@ -101,8 +101,9 @@ typedef struct sbp_ops {
                              const int32_t *target, int M);
 } sbp_ops;
 
-/* The tables of this precision (ops/cpu.c, ops/ledger_ops.c). */
-extern const sbp_ops sbp_ops_cpu_fast, sbp_ops_cpu_portable, sbp_ops_plan;
+/* The tables of this precision (ops/cpu.c, ops/ledger_ops.c), and the timing table that wraps
+ * another, e->inner, adding each call's time to e->prof (ops/profile.c). */
+extern const sbp_ops sbp_ops_cpu_fast, sbp_ops_cpu_portable, sbp_ops_plan, sbp_ops_profiled;
 
 /* The CPU's run and memory, shared by the CPU and planning tables (ops/cpu.c). */
 int sbp_cpu_begin(eng *e, char *msg, size_t n);
