@@ -12,8 +12,9 @@
  * payloads; SBP_VEXP_EXHAUSTIVE=1 runs all 2^32 floats instead (about a minute). Then the row
  * forms: a shift and a scale, lengths across the 16-lane tails, in place, nothing written past n;
  * exp_neg (rexp(−x), SwiGLU's) the same way and on the same sample of bit patterns; and the 32-lane
- * double sum. The rows mix lanes inside the fast range of vexp16_row / vexp8_row with lanes
- * outside it, so that both of their paths run. Last, swiglu.c's float blocks of exp_neg. */
+ * double sum, and lanes_max and lanes_sum, whose lanes and tree run in registers there. The rows
+ * mix lanes inside the fast range of vexp16_row / vexp8_row with lanes outside it, so that both of
+ * their paths run. Last, swiglu.c's float blocks of exp_neg. */
 #undef SBP_REAL_F64
 #include "../src/kernels/lanes.h"
 #include "../src/kernels/vexp.h"
@@ -250,6 +251,49 @@ START_TEST(vexp_sum_lanes) {
 }
 END_TEST
 
+/* lanes_max and lanes_sum (in registers with AVX-512 and AVX2: lanes.h) against their lanes
+ * written out: lane k the elements ≡ k (mod 32) in ascending order from −inf or +0, then the
+ * halving tree; bit for bit (a NaN sum as a NaN), over lengths across the 32-lane tails, with
+ * ±0, ±inf and NaNs among the values (max skips a NaN element; a sum keeps it) */
+START_TEST(lanes_reductions) {
+    const int lens[] = {0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 1000};
+    enum { N = 1000 };
+    float x[N];
+    uint64_t s = 5;
+    for (int pass = 0; pass < 3; pass++) {
+        for (int i = 0; i < N; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            const uint32_t r = (uint32_t)(s >> 32);
+            x[i] = ((float)(r >> 8) / (float)(1u << 24)) * 20.0f - 10.0f;
+            /* pass 1: zeros of both signs and infinities; pass 2: NaNs too */
+            if (pass >= 1 && r % 7 == 0) x[i] = r % 2 ? 0.0f : -0.0f;
+            if (pass >= 1 && r % 11 == 0) x[i] = r % 2 ? INFINITY : -INFINITY;
+            if (pass == 2 && r % 13 == 0) x[i] = from_bits(0x7fc00000u | (r & 0xff));
+        }
+        for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++) {
+            const int n = lens[t];
+            float mx[LANES], sm[LANES];
+            for (int k = 0; k < LANES; k++) mx[k] = -INFINITY, sm[k] = 0;
+            for (int i = 0; i < n; i++) {
+                const int k = i % LANES;
+                mx[k] = x[i] > mx[k] ? x[i] : mx[k];
+                sm[k] = sm[k] + x[i];
+            }
+            for (int w = LANES / 2; w; w /= 2)
+                for (int k = 0; k < w; k++) mx[k] = mx[k + w] > mx[k] ? mx[k + w] : mx[k];
+            const float want_max = mx[0], want_sum = lanes_tree_sum(sm);
+            const float got_max = lanes_max(x, n), got_sum = lanes_sum(x, n);
+            ck_assert_msg(!memcmp(&want_max, &got_max, 4), "pass %d n %d: max %a, want %a", pass, n,
+                          got_max, want_max);
+            /* a NaN as a NaN: which of two NaNs' payloads a sum keeps is the order of its
+             * operands, and C lets the compiler swap them */
+            ck_assert_msg(!memcmp(&want_sum, &got_sum, 4) || (isnan(want_sum) && isnan(got_sum)),
+                          "pass %d n %d: sum %a, want %a", pass, n, got_sum, want_sum);
+        }
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("vexp");
     TCase *tc = tcase_create("bits");
@@ -259,6 +303,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, vexp_neg_rows);
     tcase_add_test(tc, vexp_swiglu_blocks);
     tcase_add_test(tc, vexp_sum_lanes);
+    tcase_add_test(tc, lanes_reductions);
     suite_add_tcase(s, tc);
     return s;
 }

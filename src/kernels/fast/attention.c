@@ -156,8 +156,13 @@ void tiled_attention_forward(real *o, real *lse, real *scratch, const real *q, c
                         for (int c = 0; c < nk; c++) S_r[c] = 0;
                         continue;
                     }
-                    const real mnew = m_h[r] > mt ? m_h[r] : mt, corr = rexp(m_h[r] - mnew);
+                    const real mnew = m_h[r] > mt ? m_h[r] : mt;
                     exp_shift(S_r, S_r, nk, mnew, 1);
+                    if (mnew == m_h[r]) { /* corr = exp(0) = 1: l·1 and acc·1 change no bit */
+                        l_h[r] = l_h[r] + lanes_sum(S_r, nk);
+                        continue;
+                    }
+                    const real corr = rexp(m_h[r] - mnew);
                     l_h[r] = l_h[r] * corr + lanes_sum(S_r, nk);
                     for (int d = 0; d < HD; d++) acc_h[(size_t)r * HD + d] *= corr;
                     m_h[r] = mnew;
