@@ -95,6 +95,16 @@ START_TEST(bitwise_demo_blocks) {
 }
 END_TEST
 
+/* sft-demo with blocks of 4: attention tiles of 4, so the fast backward of a whole sequence (full
+ * BP, ckpt) runs in three passes of 8 tiles (32 queries, fast/attention.c) while stream's chunks
+ * start and end inside and across them; every chunking gives full BP's bits. _i: fp32, fp64. */
+START_TEST(bitwise_attention_passes) {
+    static const int chunks[] = {4, 12, 36, 44};
+    check_family("llama3-tiny", _i ? SBP_FP64 : SBP_FP32, "data/batches/sft-demo.safetensors", 4,
+                 chunks, 4);
+}
+END_TEST
+
 /* qwen3-wide: qwen3-tiny with V = 8300, so the LM head's products run on several feature panels
  * of the fast mode's tile grid (fast/linear.c), the last one ragged, and sum over a K that is no
  * multiple of 32; the embedding tied. _i: fp32, fp64. */
@@ -280,6 +290,7 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, bitwise_fp32, 0, 3);
     tcase_add_loop_test(tc, bitwise_fp64, 0, 3);
     tcase_add_loop_test(tc, bitwise_demo_blocks, 0, 2);
+    tcase_add_loop_test(tc, bitwise_attention_passes, 0, 2);
     tcase_add_test(tc, bitwise_defaults);
     tcase_add_loop_test(tc, bitwise_wide_vocab, 0, 2);
     tcase_add_loop_test(tc, thread_count_invariance, 0, 4);
