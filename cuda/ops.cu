@@ -88,7 +88,8 @@ static void *dev_alloc(eng *e, sbp_mem_cat cat, size_t bytes, const char *what) 
         if (!nb) goto oom;
         d->blocks = (device_block *)nb, d->cap = cap;
     }
-    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+    bytes = bytes ? bytes : 1; /* what is allocated is charged, as on the CPU (ops/cpu.c) */
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
         cudaGetLastError(); /* an allocation failure is not sticky */
         goto oom;
     }

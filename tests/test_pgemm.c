@@ -124,7 +124,7 @@ static layout make_layout(int M, int N, int K, int tr, int pad) {
                     memcpy(c, C, sizeof(T) * l.nc), memcpy(s, S, sizeof(T) * l.nc);                \
                     GEMM(c, l.ldc, ws, A, l.rsa, l.csa, B, l.rsb, l.csb, M, N, K);                 \
                     GEMM_SET(s, l.ldc, ws, A, l.rsa, l.csa, B, l.rsb, l.csb, M, N, K);             \
-                    /* one assertion per product: Check logs every passing one */                \
+                    /* one assertion per product: Check logs every passing one */                  \
                     size_t i = 0, j = 0;                                                           \
                     while (i < l.nc && SAME(c[i], R[i])) i++;                                      \
                     while (j < l.nc && SAME(s[j], RS[j])) j++;                                     \

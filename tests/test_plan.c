@@ -16,19 +16,25 @@
 #define SBP_TEST_HAS_ASAN 0
 #endif
 
-/* _i: family (_i % 3), schedule (_i / 3 % 3), numerics (_i / 9): every row of the driver's
- * table, in both numerics (their workspaces differ). */
+/* _i: family (_i % 3), schedule (_i / 3 % 3), numerics (_i / 9 % 2): every row of the driver's
+ * table, in both numerics (their workspaces differ); _i >= 18: the CUDA kernels in the SIMT
+ * emulator (portable numerics), whose device ledger the plan for that device must equal (its
+ * workspace is the device table's, not the CPU's). */
 START_TEST(plan_equals_measured) {
     static const char *families[] = {"qwen3-tiny", "qwen2-tiny", "llama3-tiny"};
     const char *family = families[_i % 3];
     sbp_schedule s = (sbp_schedule)(_i / 3 % 3);
-    sbp_numerics num = (sbp_numerics)(_i / 9);
+    const sbp_device dev = _i >= 18 ? SBP_DEVICE_CUDA_EMU : SBP_DEVICE_CPU;
+    sbp_numerics num = dev != SBP_DEVICE_CPU ? SBP_NUMERICS_PORTABLE : (sbp_numerics)(_i / 9 % 2);
+    if (!sbp_device_built(dev)) return;
     for (int chunked = 0; chunked <= (s == SBP_STREAM ? 0 : 1); chunked++) {
         sbp_ledger real = {0}, plan;
+        /* on a device the ledger records the device's memory only (as streambp bench's) */
+        sbp_ledger *host = dev == SBP_DEVICE_CPU ? &real : NULL;
         sbp_model m;
         sbp_batch b;
         sbp_err err = {0};
-        if (sbp_model_load(&m, tu_model(family, 1), SBP_FP32, &real, &err))
+        if (sbp_model_load(&m, tu_model(family, 1), SBP_FP32, host, &err))
             ck_abort_msg("%s", err.msg);
         if (sbp_batch_load(&b, "data/batches/sft-demo.safetensors", &m.cfg, &err))
             ck_abort_msg("%s", err.msg);
@@ -37,20 +43,21 @@ START_TEST(plan_equals_measured) {
                            .chunk = 32,
                            .logit_chunk = 16,
                            .chunked_logits = chunked,
-                           .numerics = num};
+                           .numerics = num,
+                           .device = dev};
         sbp_grad_result r;
         if (sbp_grad(&r, &m, &b, &o, &real, &err)) ck_abort_msg("%s", err.msg);
         sbp_plan_opts po = {.grad = o, .B = b.B, .T = b.T, .storage_bytes = 4};
         if (sbp_plan(&plan, &m.cfg, &po, &err)) ck_abort_msg("plan: %s", err.msg);
         char what[96];
-        snprintf(what, sizeof what, "%s %s%s, %s numerics", family, sbp_schedule_name(s),
-                 chunked ? " chunked logits" : "", sbp_numerics_name(num));
+        snprintf(what, sizeof what, "%s %s%s, %s numerics, %s", family, sbp_schedule_name(s),
+                 chunked ? " chunked logits" : "", sbp_numerics_name(num), sbp_device_name(dev));
         /* the real ledger still holds weights and grads; the planner has freed everything */
         ck_assert_int_eq(plan.cur_total, 0);
         tu_assert_same_ledger(&plan, &real, what);
         sbp_grad_result_free(&r, &real);
         sbp_batch_free(&b);
-        sbp_model_free(&m, &real);
+        sbp_model_free(&m, host);
         ck_assert_int_eq(real.cur_total, 0);
     }
 }
@@ -573,7 +580,7 @@ static Suite *suite(void) {
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("plan");
     tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, plan_equals_measured, 0, 18);
+    tcase_add_loop_test(tc, plan_equals_measured, 0, 27);
     tcase_add_loop_test(tc, plan_equals_measured_objectives_lora, 0, 18);
     tcase_add_test(tc, ledger_pool);
     tcase_add_test(tc, ledger_pool_carves);

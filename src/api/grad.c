@@ -82,9 +82,6 @@ int sbp_unattended_parse(const char *s, sbp_unattended *out) {
     return 0;
 }
 
-/* The op table of a CUDA device (cuda/registry.cc). */
-const void *sbp_cuda_ops(sbp_device d, sbp_precision p);
-
 static sbp_status engine(double *loss, void *grads, const sbp_model *m, const sbp_batch *b,
                          sbp_engine_opts *eo, sbp_device device, sbp_ledger *lg, sbp_err *err) {
     eo->device_ops = device == SBP_DEVICE_CPU ? NULL : sbp_cuda_ops(device, m->prec);

@@ -101,6 +101,9 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
     if (st) return st;
     eo.plan = 1;
     eo.elem_bytes = sb;
+    /* a device's own workspace (resolve has refused a device this build lacks) */
+    eo.device_ops =
+        g.device == SBP_DEVICE_CPU ? NULL : sbp_cuda_ops(g.device, sb == 8 ? SBP_FP64 : SBP_FP32);
     /* the later micro-batches' runs, the step's largest; every run of a distributed step */
     eo.fold = o->micro_batches > 1 || o->ranks > 1;
     sbp_model m = {.cfg = *cfg, .prec = SBP_FP32};
@@ -148,7 +151,8 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
         /* every micro-batch is held while the step runs (sbp_grad_batches), all of this shape */
         const int ranks = o->ranks > 1 ? o->ranks : 1;
         const int n = o->micro_batches > 1 ? o->micro_batches : ranks;
-        const int64_t batch_bytes = sbp_batch_bytes(&b) * n;
+        /* host memory, which a device's ledger does not record (its copies: ledger_ops.c) */
+        const int64_t batch_bytes = g.device == SBP_DEVICE_CPU ? sbp_batch_bytes(&b) * n : 0;
         sbp_ledger_charge(lg, SBP_MEM_BATCH, batch_bytes);
         double loss = 0;
         eo.ev = &ev;

@@ -49,6 +49,8 @@ struct eng {
      * and adds their calls and time to prof */
     const sbp_ops *inner;
     sbp_profile *prof;
+    /* with the planning table: the table the planned run would use (the workspace it sizes) */
+    const sbp_ops *planned;
     double prof_start; /* when the run began (the timing table's begin) */
     const sbp_config *cfg;
     int C, Q, KV, F, V, NH, NKV, HD, L;

@@ -148,10 +148,14 @@ static void fold_end(eng *e, struct grad_fold *f) {
     e->fold = NULL;
 }
 
-static const sbp_ops *table_of(const sbp_engine_opts *o) {
-    if (o->plan) return &sbp_ops_plan;
+/* The table a run computes with: a device's, or the CPU's of its numerics. */
+static const sbp_ops *run_table(const sbp_engine_opts *o) {
     if (o->device_ops) return o->device_ops;
     return o->numerics == SBP_NUMERICS_PORTABLE ? &sbp_ops_cpu_portable : &sbp_ops_cpu_fast;
+}
+
+static const sbp_ops *table_of(const sbp_engine_opts *o) {
+    return o->plan ? &sbp_ops_plan : run_table(o);
 }
 
 /* tgt[b·T + t] = labels[b][t+1] (HF shifts inside the loss), −1 where nothing is predicted. */
@@ -198,6 +202,7 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
     const int profiled = o->profile && !o->plan;
     eng e = {.ops = profiled ? &sbp_ops_profiled : table_of(o),
              .inner = table_of(o),
+             .planned = o->plan ? run_table(o) : NULL,
              .prof = profiled ? o->profile : NULL,
              .cfg = c,
              .C = c->hidden,

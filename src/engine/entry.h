@@ -34,6 +34,10 @@ typedef struct {
     sbp_profile *profile; /* NULL, or the operations' times are added there (ops/profile.c) */
 } sbp_engine_opts;
 
+/* The op table of a CUDA device in precision p (cuda/registry.cc), or NULL where this build has
+ * none: a run's table, and the one a plan for that device charges the workspace of. */
+const void *sbp_cuda_ops(sbp_device d, sbp_precision p);
+
 /* loss: added to (the objective's loss); grads: (params.total) reals of the model's precision,
  * added to (zeroed by the caller for a fresh step). */
 sbp_status sbp_engine_grad_f32(double *loss, void *grads, const sbp_model *m, const sbp_batch *b,

@@ -112,7 +112,5 @@ void *sbp_cpu_alloc(eng *e, sbp_mem_cat cat, size_t bytes, const char *what);
 void sbp_cpu_free(eng *e, void *p);
 void *sbp_cpu_mirror(eng *e, sbp_mem_cat cat, const void *host, size_t bytes, const char *what);
 void sbp_cpu_unmirror(eng *e, void *dev, const void *host);
-/* the workspace of the CPU table of e->portable's numerics */
-size_t sbp_cpu_workspace(const eng *e);
 
 #endif

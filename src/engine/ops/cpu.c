@@ -337,7 +337,3 @@ const sbp_ops sbp_ops_cpu_portable = {
     .attention_forward = portable_attention_forward,
     .attention_backward = portable_attention_backward,
 };
-
-size_t sbp_cpu_workspace(const eng *e) {
-    return e->portable ? portable_workspace(e) : fast_workspace(e);
-}

@@ -4,6 +4,27 @@
  * with the same allocations and frees in the same order, in milliseconds for any model and T. */
 #include "../engine.h"
 
+/* The planned run's table sizes the workspace: a device's differs from the CPU's. */
+static size_t planned_workspace(const eng *e) {
+    return e->planned->workspace(e);
+}
+
+/* A device run copies the host arrays it reads into device memory, which its ledger records
+ * (only the device's memory: the host arrays are not in it). The weights and gradients the
+ * planner holds (sbp_plan) stand for their device copies, the same bytes in the same
+ * categories; the rest — the batch's ids, mask and targets — is charged here as the device
+ * charges it. */
+static void *planned_mirror(eng *e, sbp_mem_cat cat, const void *host, size_t bytes,
+                            const char *what) {
+    if (e->planned->mirror == sbp_cpu_mirror || cat == SBP_MEM_WEIGHTS || cat == SBP_MEM_GRADS)
+        return (void *)host;
+    return sbp_cpu_alloc(e, cat, bytes, what);
+}
+
+static void planned_unmirror(eng *e, void *dev, const void *host) {
+    if (dev != host) sbp_cpu_free(e, dev);
+}
+
 static void no_move(const eng *e, void *dst, const void *src, size_t bytes) {}
 static void no_x(const eng *e, real *x, size_t n) {}
 static void no_copy(const eng *e, real *y, const real *x, size_t n) {}
@@ -44,11 +65,11 @@ const sbp_ops sbp_ops_plan = {
     .end = sbp_cpu_end,
     .alloc = sbp_cpu_alloc,
     .free = sbp_cpu_free,
-    .mirror = sbp_cpu_mirror,
-    .unmirror = sbp_cpu_unmirror,
+    .mirror = planned_mirror,
+    .unmirror = planned_unmirror,
     .download = no_move,
     .upload = no_move,
-    .workspace = sbp_cpu_workspace,
+    .workspace = planned_workspace,
     .zero = no_x,
     .copy = no_copy,
     .copy_cols = no_copy_cols,
