@@ -66,8 +66,10 @@ END_TEST
 /* The same for LoRA adapters, DPO and GRPO, and a whole training step: _i: family (_i % 3),
  * objective (_i / 3 % 3), full weights or an adapter (_i / 9 % 2). Every schedule and chunked
  * logits; the training step (AdamW's moments, the gradient freed inside the step) on odd _i,
- * portable numerics on _i >= 9. The measured side is the library as a user runs it: the model and
- * the adapter loaded from directories, the batch from its file, sbp_grad or sbp_train_step. */
+ * portable numerics on _i >= 9. _i >= 18: the gradient (no training step: AdamW runs on the host)
+ * on the emulated CUDA device, whose ledger holds the device's memory only, an adapter on odd _i.
+ * The measured side is the library as a user runs it: the model and the adapter loaded from
+ * directories, the batch from its file, sbp_grad or sbp_train_step. */
 START_TEST(plan_equals_measured_objectives_lora) {
     static const char *families[] = {"qwen3-tiny", "qwen2-tiny", "llama3-tiny"};
     static const char *batches[] = {"data/batches/sft-demo.safetensors",
@@ -76,8 +78,11 @@ START_TEST(plan_equals_measured_objectives_lora) {
     static const char *targets[] = {"all-linear", "q_proj,v_proj", "k_proj,o_proj,down_proj"};
     const char *family = families[_i % 3];
     const sbp_objective_kind kind = (sbp_objective_kind)(_i / 3 % 3);
-    const int lora = _i / 9 % 2, train = _i % 2;
+    const sbp_device dev = _i >= 18 ? SBP_DEVICE_CUDA_EMU : SBP_DEVICE_CPU;
+    const int lora = dev != SBP_DEVICE_CPU ? _i % 2 : _i / 9 % 2;
+    const int train = dev == SBP_DEVICE_CPU && _i % 2;
     const sbp_numerics num = _i >= 9 ? SBP_NUMERICS_PORTABLE : SBP_NUMERICS_FAST;
+    if (!sbp_device_built(dev)) return;
     const char *adir = tu_path("plan-adapter-%d", _i);
     if (lora)
         ck_assert_msg(tu_sh("%s lora init --model %s --out %s --r %d --alpha 8 --targets %s",
@@ -94,9 +99,10 @@ START_TEST(plan_equals_measured_objectives_lora) {
         sbp_batch b;
         sbp_lora a = {0};
         sbp_err err = {0};
-        if (sbp_model_load(&m, tu_model(family, 1), SBP_FP32, &real, &err))
+        sbp_ledger *host = dev == SBP_DEVICE_CPU ? &real : NULL; /* a device's: its memory only */
+        if (sbp_model_load(&m, tu_model(family, 1), SBP_FP32, host, &err))
             ck_abort_msg("%s", err.msg);
-        if (lora && sbp_lora_load(&a, adir, &m.cfg, SBP_FP32, &real, &err))
+        if (lora && sbp_lora_load(&a, adir, &m.cfg, SBP_FP32, host, &err))
             ck_abort_msg("%s", err.msg);
         if (sbp_batch_load_as(&b, batches[kind], &m.cfg, kind, 1, &err))
             ck_abort_msg("%s", err.msg);
@@ -107,7 +113,8 @@ START_TEST(plan_equals_measured_objectives_lora) {
                            .chunked_logits = k == 3,
                            .numerics = num,
                            .objective = obj,
-                           .lora = lora ? &a : NULL};
+                           .lora = lora ? &a : NULL,
+                           .device = dev};
         sbp_adamw opt = {0};
         const sbp_adamw_opts ao = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
         if (train) {
@@ -132,21 +139,23 @@ START_TEST(plan_equals_measured_objectives_lora) {
         if (lora) po.lora = (sbp_lora_config){.r = a.cfg.r, .targets = a.cfg.targets};
         if (sbp_plan(&plan, &m.cfg, &po, &err)) ck_abort_msg("plan: %s", err.msg);
         char what[160];
-        snprintf(what, sizeof what, "%s %s %s%s%s%s, %s numerics", family,
+        snprintf(what, sizeof what, "%s %s %s%s%s%s, %s numerics, %s", family,
                  kind == SBP_OBJ_SFT   ? "sft"
                  : kind == SBP_OBJ_DPO ? "dpo"
                                        : "grpo",
                  sbp_schedule_name(s), k == 3 ? " chunked logits" : "", lora ? ", LoRA" : "",
-                 train ? ", training step" : "", sbp_numerics_name(num));
+                 train ? ", training step" : "", sbp_numerics_name(num), sbp_device_name(dev));
         ck_assert_int_eq(plan.cur_total, 0);
-        ck_assert_int_gt(plan.peak[SBP_MEM_BATCH], 0);
+        /* the batch's host arrays are in a CPU plan only */
+        ck_assert(dev == SBP_DEVICE_CPU ? plan.peak[SBP_MEM_BATCH] > 0
+                                        : plan.peak[SBP_MEM_BATCH] == 0);
         /* a frozen base has no gradient: only the adapter's */
         if (lora) ck_assert_int_eq(plan.peak[SBP_MEM_GRADS], 4 * a.params.total);
         tu_assert_same_ledger(&plan, &real, what);
         sbp_adamw_free(&opt, &real);
         sbp_batch_free(&b);
-        sbp_lora_free(&a, &real);
-        sbp_model_free(&m, &real);
+        sbp_lora_free(&a, host);
+        sbp_model_free(&m, host);
         ck_assert_int_eq(real.cur_total, 0);
     }
 }
@@ -581,7 +590,7 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("plan");
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, plan_equals_measured, 0, 27);
-    tcase_add_loop_test(tc, plan_equals_measured_objectives_lora, 0, 18);
+    tcase_add_loop_test(tc, plan_equals_measured_objectives_lora, 0, 27);
     tcase_add_test(tc, ledger_pool);
     tcase_add_test(tc, ledger_pool_carves);
     tcase_add_test(tc, ledger_pool_steps);
