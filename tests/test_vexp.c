@@ -12,7 +12,8 @@
  * payloads; SBP_VEXP_EXHAUSTIVE=1 runs all 2^32 floats instead (about a minute). Then the row
  * forms: a shift and a scale, lengths across the 16-lane tails, in place, nothing written past n;
  * exp_neg (rexp(−x), SwiGLU's) the same way and on the same sample of bit patterns; and the 32-lane
- * double sum, and lanes_max and lanes_sum, whose lanes and tree run in registers there. The rows
+ * double sum, and lanes_max and lanes_sum, whose lanes and tree run in registers there, and
+ * lanes_exp_sum, exp_shift and lanes_sum in one pass. The rows
  * mix lanes inside the fast range of vexp16_row / vexp8_row with lanes outside it, so that both of
  * their paths run. Last, swiglu.c's float blocks of exp_neg. */
 #undef SBP_REAL_F64
@@ -294,6 +295,43 @@ START_TEST(lanes_reductions) {
 }
 END_TEST
 
+/* lanes_exp_sum (the attention softmaxes' row, both numerics) against exp_shift then lanes_sum,
+ * bit for bit: the row written and the sum, over lengths across the 32-lane and vector tails, in
+ * place and not, with masked (−inf) and underflowing entries, so that both paths of
+ * vexp16_row / vexp8_row run; nothing written past n */
+START_TEST(lanes_exp_sum_rows) {
+    const int lens[] = {0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 300};
+    enum { N = 300, GUARD = 8 };
+    float x[N], want[N], got[N + GUARD];
+    uint64_t s = 17;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < N; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            const uint32_t r = (uint32_t)(s >> 32);
+            x[i] = ((float)(r >> 8) / (float)(1u << 24)) * 40.0f - 30.0f;
+            if (pass == 1 && r % 5 == 0) x[i] = -INFINITY; /* a masked score */
+            if (pass == 1 && r % 7 == 0) x[i] = -120.0f;   /* its exp underflows to 0 */
+        }
+        for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++)
+            for (int inplace = 0; inplace < 2; inplace++) {
+                const int n = lens[t];
+                const float shift = n ? lanes_max(x, n) : 0.0f;
+                exp_shift(want, x, n, shift, 1);
+                const float want_sum = lanes_sum(want, n);
+                for (int i = 0; i < N + GUARD; i++) got[i] = 7.0f;
+                memcpy(got, x, sizeof(float) * (size_t)n);
+                const float got_sum = lanes_exp_sum(got, inplace ? got : x, n, shift);
+                ck_assert_msg(!memcmp(&got_sum, &want_sum, 4), "pass %d n %d: sum %a, want %a",
+                              pass, n, got_sum, want_sum);
+                ck_assert_msg(!memcmp(got, want, sizeof(float) * (size_t)n), "pass %d n %d: row",
+                              pass, n);
+                for (int i = n; i < N + GUARD; i++)
+                    ck_assert_msg(got[i] == 7.0f, "pass %d n %d: wrote past n at %d", pass, n, i);
+            }
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("vexp");
     TCase *tc = tcase_create("bits");
@@ -304,6 +342,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, vexp_swiglu_blocks);
     tcase_add_test(tc, vexp_sum_lanes);
     tcase_add_test(tc, lanes_reductions);
+    tcase_add_test(tc, lanes_exp_sum_rows);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -147,8 +147,7 @@ void attention_forward(real *o, real *lse, real *ws, const real *q, const real *
                 const real mt = lanes_max(S, W);
                 if (mt == -INFINITY) continue; /* no visible key in this tile */
                 const real mnew = m[r] > mt ? m[r] : mt, corr = rexp(m[r] - mnew);
-                exp_shift(S, S, W, mnew, 1);
-                l[r] = l[r] * corr + lanes_sum(S, W);
+                l[r] = l[r] * corr + lanes_exp_sum(S, S, W, mnew);
                 for (int d = 0; d < HD; d++) part[d] = 0;
                 for (int c = lo; c < n; c++) {
                     const real *v_c = v + (size_t)(j0 + c) * KV + (size_t)g * HD;

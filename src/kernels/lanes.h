@@ -54,6 +54,8 @@ enum { LANE_VECS = 2, LANE_VL = 16 };
 #define lv_set1  _mm512_set1_ps
 #define lv_add   _mm512_add_ps
 #define lv_max   _mm512_max_ps /* max(a, b) = a > b ? a : b, b for a NaN a */
+#define lv_sub   _mm512_sub_ps
+#define lv_exp   vexp16_row /* rexp of each lane (vexp.h) */
 static inline __m128 lanes_tree4(lanes_v v[LANE_VECS], int is_max) {
     const __m512 a = is_max ? _mm512_max_ps(v[1], v[0]) : _mm512_add_ps(v[0], v[1]); /* w = 16 */
     const __m256 a0 = _mm512_castps512_ps256(a),
@@ -70,6 +72,8 @@ enum { LANE_VECS = 4, LANE_VL = 8 };
 #define lv_set1  _mm256_set1_ps
 #define lv_add   _mm256_add_ps
 #define lv_max   _mm256_max_ps
+#define lv_sub   _mm256_sub_ps
+#define lv_exp   vexp8_row
 static inline __m128 lanes_tree4(lanes_v v[LANE_VECS], int is_max) {
     /* w = 16: lanes 0–7 with 16–23, 8–15 with 24–31; w = 8: then 0–7 with 8–15 */
     const __m256 a0 = is_max ? _mm256_max_ps(v[2], v[0]) : _mm256_add_ps(v[0], v[2]);
@@ -121,6 +125,30 @@ static inline real lanes_max(const real *x, int n) {
 static inline real lanes_sum(const real *x, int n) {
     return lanes_reduce(x, n, 0);
 }
+
+/* y[c] = rexp(x[c] − shift), and Σ_c y[c] as lanes_sum(y, n) adds it: exp_shift(y, x, n, shift,
+ * 1) and lanes_sum in one pass over the row, the same operations on every lane, so the same bits
+ * (y may be x). The softmaxes' rows are read once instead of twice. */
+static inline real lanes_exp_sum(real *y, const real *x, int n, real shift) {
+    const lanes_v sh = lv_set1(shift);
+    lanes_v v[LANE_VECS];
+    for (int j = 0; j < LANE_VECS; j++) v[j] = lv_set1(0);
+    int c = 0;
+    for (; c + LANES <= n; c += LANES)
+        for (int j = 0; j < LANE_VECS; j++) {
+            const lanes_v e = lv_exp(lv_sub(lv_load(x + c + j * LANE_VL), sh));
+            lv_store(y + c + j * LANE_VL, e);
+            v[j] = lv_add(v[j], e);
+        }
+    if (c < n) { /* the tail as lanes_reduce's, after exp_shift's */
+        exp_shift(y + c, x + c, n - c, shift, 1);
+        real s[LANES];
+        for (int j = 0; j < LANE_VECS; j++) lv_store(s + j * LANE_VL, v[j]);
+        for (int k = 0; c + k < n; k++) s[k] = s[k] + y[c + k];
+        for (int j = 0; j < LANE_VECS; j++) v[j] = lv_load(s + j * LANE_VL);
+    }
+    return lanes_tree_last(lanes_tree4(v, 0), 0);
+}
 #else
 /* max_c x[c] (−inf for n = 0); a NaN element is skipped, as by `x > m ? x : m` */
 static inline real lanes_max(const real *x, int n) {
@@ -143,6 +171,11 @@ static inline real lanes_sum(const real *x, int n) {
         for (int k = 0; k < LANES; k++) s[k] = s[k] + x[c + k];
     for (int k = 0; c + k < n; k++) s[k] = s[k] + x[c + k];
     return lanes_tree_sum(s);
+}
+
+static inline real lanes_exp_sum(real *y, const real *x, int n, real shift) {
+    exp_shift(y, x, n, shift, 1);
+    return lanes_sum(y, n);
 }
 
 #endif

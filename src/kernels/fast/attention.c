@@ -157,13 +157,13 @@ void tiled_attention_forward(real *o, real *lse, real *scratch, const real *q, c
                         continue;
                     }
                     const real mnew = m_h[r] > mt ? m_h[r] : mt;
-                    exp_shift(S_r, S_r, nk, mnew, 1);
+                    const real sum = lanes_exp_sum(S_r, S_r, nk, mnew);
                     if (mnew == m_h[r]) { /* corr = exp(0) = 1: l·1 and acc·1 change no bit */
-                        l_h[r] = l_h[r] + lanes_sum(S_r, nk);
+                        l_h[r] = l_h[r] + sum;
                         continue;
                     }
                     const real corr = rexp(m_h[r] - mnew);
-                    l_h[r] = l_h[r] * corr + lanes_sum(S_r, nk);
+                    l_h[r] = l_h[r] * corr + sum;
                     for (int d = 0; d < HD; d++) acc_h[(size_t)r * HD + d] *= corr;
                     m_h[r] = mnew;
                 }
