@@ -208,6 +208,45 @@ START_TEST(plan_large_model) {
 }
 END_TEST
 
+/* A plan for a device equals that device's ledger, and no training step runs on a device: a plan
+ * for one with the optimizer's moments is refused, naming the device; the same plan for the CPU,
+ * and the device's plan of the gradient step, are made. */
+START_TEST(plan_device_without_optimizer) {
+    sbp_config c = {.family = SBP_LLAMA,
+                    .model_type = "llama",
+                    .vocab = 1000,
+                    .hidden = 64,
+                    .ffn = 128,
+                    .layers = 2,
+                    .heads = 4,
+                    .kv_heads = 2,
+                    .head_dim = 16,
+                    .eps = 1e-5,
+                    .rope_theta = 1e4};
+    sbp_ledger lg;
+    sbp_err err = {0};
+    sbp_plan_opts o = {.grad = {.schedule = SBP_STREAM,
+                                .block = 16,
+                                .chunk = 32,
+                                .logit_chunk = 16,
+                                .device = SBP_DEVICE_CUDA_EMU,
+                                .numerics = SBP_NUMERICS_PORTABLE},
+                       .B = 1,
+                       .T = 64,
+                       .storage_bytes = 4,
+                       .optimizer = 1};
+    ck_assert_int_eq(sbp_plan(&lg, &c, &o, &err), SBP_EUSAGE);
+    ck_assert_msg(strstr(err.msg, "cuda-emu") && strstr(err.msg, "optimizer"), "%s", err.msg);
+    o.grad.device = SBP_DEVICE_CPU;
+    if (sbp_plan(&lg, &c, &o, &err)) ck_abort_msg("%s", err.msg);
+    ck_assert_int_gt(lg.peak[SBP_MEM_OPTIMIZER], 0);
+    if (!sbp_device_built(SBP_DEVICE_CUDA_EMU)) return;
+    o.grad.device = SBP_DEVICE_CUDA_EMU, o.optimizer = 0;
+    if (sbp_plan(&lg, &c, &o, &err)) ck_abort_msg("%s", err.msg);
+    ck_assert_int_eq(lg.peak[SBP_MEM_OPTIMIZER], 0);
+}
+END_TEST
+
 /* What full BP keeps, to the byte: the L + 1 hidden states, and per layer K and V, the queries,
  * the attention output and its row log-sum-exp, the attention residual x2, the gate and up
  * projections (Qwen3: also q and k before their norms and those norms' rstd). Not the outputs of
@@ -610,6 +649,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, ledger_pool_drop_in_use);
     tcase_add_test(tc, ledger_pool_engine_steps);
     tcase_add_test(tc, plan_large_model);
+    tcase_add_test(tc, plan_device_without_optimizer);
     tcase_add_loop_test(tc, full_keeps_no_formed_rows, 0, 2);
     tcase_add_loop_test(tc, categories_sum_to_total, 0, 6);
     tcase_add_loop_test(tc, budget_finds_the_boundary, 0, 3);

@@ -12,7 +12,9 @@
  * moments, when asked for, at 4 bytes each per trainable parameter (with ranks > 1 the gradient
  * and the moments of one rank's blocks only, ZeRO-2, and the distributed step's own buffers, for
  * the rank holding the most: sbp_dist_plan_rank); the batch's host arrays
- * (sbp_batch_bytes), which sbp_grad charges for the duration of a step. */
+ * (sbp_batch_bytes), which sbp_grad charges for the duration of a step. A plan for a device
+ * (grad.device) equals that device's ledger: its own workspace and copies of the batch, no host
+ * arrays, and no optimizer (training runs on the CPU). */
 #include "../core/objective.h"
 #include "../engine/entry.h"
 #include "resolve.h"
@@ -94,6 +96,13 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
                         SBP_PLAN_MAX_TOKENS, (long long)(rows * o->T), (long long)rows, o->T);
     if ((unsigned)o->grad.objective.kind > SBP_OBJ_GRPO)
         return sbp_fail(err, SBP_EUSAGE, "unknown objective %d", (int)o->grad.objective.kind);
+    /* A device plan equals the device's ledger, and no training step runs on a device (train
+     * and AdamW are the CPU's): its moments would be charged to a ledger that never holds them */
+    if (o->optimizer && o->grad.device != SBP_DEVICE_CPU)
+        return sbp_fail(err, SBP_EUSAGE,
+                        "a plan for %s covers a gradient step only: training (AdamW and its "
+                        "moments) runs on the CPU, so leave out the optimizer or plan for the CPU",
+                        sbp_device_name(o->grad.device));
     sbp_grad_opts g = o->grad;
     g.lora = NULL;
     sbp_engine_opts eo;
