@@ -212,19 +212,10 @@ END_TEST
  * for one with the optimizer's moments is refused, naming the device; the same plan for the CPU,
  * and the device's plan of the gradient step, are made. */
 START_TEST(plan_device_without_optimizer) {
-    sbp_config c = {.family = SBP_LLAMA,
-                    .model_type = "llama",
-                    .vocab = 1000,
-                    .hidden = 64,
-                    .ffn = 128,
-                    .layers = 2,
-                    .heads = 4,
-                    .kv_heads = 2,
-                    .head_dim = 16,
-                    .eps = 1e-5,
-                    .rope_theta = 1e4};
-    sbp_ledger lg;
+    sbp_config c;
     sbp_err err = {0};
+    if (sbp_config_load(&c, "data/models/llama3-tiny.json", &err)) ck_abort_msg("%s", err.msg);
+    sbp_ledger lg;
     sbp_plan_opts o = {.grad = {.schedule = SBP_STREAM,
                                 .block = 16,
                                 .chunk = 32,
