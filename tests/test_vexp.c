@@ -41,6 +41,12 @@ static float from_bits(uint32_t u) {
     return f;
 }
 
+/* the tests' inputs: a 64-bit linear congruential generator (Knuth's MMIX constants), its new
+ * state */
+static uint64_t lcg_next(uint64_t *s) {
+    return *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+}
+
 static uint32_t to_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -130,7 +136,7 @@ START_TEST(vexp_rows) {
         for (size_t a = 0; a < sizeof shifts / sizeof shifts[0]; a++)
             for (size_t c = 0; c < sizeof scales / sizeof scales[0]; c++) {
                 for (int i = 0; i < N + G; i++) {
-                    s = s * 6364136223846793005ull + 1442695040888963407ull;
+                    lcg_next(&s);
                     x[i] = ((float)(s >> 40) / (float)(1u << 24) - 0.75f) * 40.0f;
                     y[i] = -9.0f;
                 }
@@ -158,7 +164,7 @@ START_TEST(vexp_neg_rows) {
     for (int n = 0; n <= N; n++)
         for (int odd = 0; odd < 4; odd++) {
             for (int i = 0; i < N + G; i++) {
-                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                lcg_next(&s);
                 x[i] = ((float)(s >> 40) / (float)(1u << 24) - 0.25f) * 40.0f;
                 y[i] = -9.0f;
             }
@@ -193,7 +199,7 @@ START_TEST(vexp_swiglu_blocks) {
     ck_assert_ptr_nonnull(g);
     uint64_t s = 17;
     for (int i = 0; i < NMAX; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        lcg_next(&s);
         g[i] = ((float)(s >> 40) / (float)(1u << 24) - 0.5f) * 24.0f;
         u[i] = (float)(s >> 20 & 0xffff) / 65536.0f - 0.5f, dh[i] = 0.25f - u[i] * u[i];
     }
@@ -235,7 +241,7 @@ START_TEST(vexp_sum_lanes) {
     ck_assert_ptr_nonnull(x);
     uint64_t s = 11;
     for (int i = 0; i < 32003; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        lcg_next(&s);
         x[i] = ((float)(s >> 40) / (float)(1u << 24)) * 30.0f - 20.0f;
     }
     for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++)
@@ -263,7 +269,7 @@ START_TEST(lanes_reductions) {
     uint64_t s = 5;
     for (int pass = 0; pass < 3; pass++) {
         for (int i = 0; i < N; i++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            lcg_next(&s);
             const uint32_t r = (uint32_t)(s >> 32);
             x[i] = ((float)(r >> 8) / (float)(1u << 24)) * 20.0f - 10.0f;
             /* pass 1: zeros of both signs and infinities; pass 2: NaNs too */
@@ -306,7 +312,7 @@ START_TEST(lanes_exp_sum_rows) {
     uint64_t s = 17;
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < N; i++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            lcg_next(&s);
             const uint32_t r = (uint32_t)(s >> 32);
             x[i] = ((float)(r >> 8) / (float)(1u << 24)) * 40.0f - 30.0f;
             if (pass == 1 && r % 5 == 0) x[i] = -INFINITY; /* a masked score */
