@@ -20,68 +20,6 @@ void sbp_set_threads(int n) {
     openblas_set_num_threads(n);
 }
 
-const char *sbp_schedule_name(sbp_schedule s) {
-    return s == SBP_FULL ? "full" : s == SBP_CKPT ? "ckpt" : s == SBP_STREAM ? "stream" : "?";
-}
-
-int sbp_schedule_parse(const char *s, sbp_schedule *out) {
-    if (strcmp(s, "full") == 0)
-        *out = SBP_FULL;
-    else if (strcmp(s, "ckpt") == 0)
-        *out = SBP_CKPT;
-    else if (strcmp(s, "stream") == 0)
-        *out = SBP_STREAM;
-    else
-        return 0;
-    return 1;
-}
-
-const char *sbp_numerics_name(sbp_numerics n) {
-    return n == SBP_NUMERICS_FAST ? "fast" : n == SBP_NUMERICS_PORTABLE ? "portable" : "?";
-}
-
-int sbp_numerics_parse(const char *s, sbp_numerics *out) {
-    if (strcmp(s, "fast") == 0)
-        *out = SBP_NUMERICS_FAST;
-    else if (strcmp(s, "portable") == 0)
-        *out = SBP_NUMERICS_PORTABLE;
-    else
-        return 0;
-    return 1;
-}
-
-const char *sbp_device_name(sbp_device d) {
-    return d == SBP_DEVICE_CPU        ? "cpu"
-           : d == SBP_DEVICE_CUDA     ? "cuda"
-           : d == SBP_DEVICE_CUDA_EMU ? "cuda-emu"
-                                      : "?";
-}
-
-int sbp_device_parse(const char *s, sbp_device *out) {
-    for (int d = SBP_DEVICE_CPU; d <= SBP_DEVICE_CUDA_EMU; d++)
-        if (strcmp(s, sbp_device_name((sbp_device)d)) == 0) {
-            *out = (sbp_device)d;
-            return 1;
-        }
-    return 0;
-}
-
-const char *sbp_unattended_name(sbp_unattended u) {
-    return u == SBP_UNATTENDED_ZERO       ? "zero"
-           : u == SBP_UNATTENDED_HF_EAGER ? "hf-eager"
-           : u == SBP_UNATTENDED_HF_SDPA  ? "hf-sdpa"
-                                          : "?";
-}
-
-int sbp_unattended_parse(const char *s, sbp_unattended *out) {
-    for (int u = SBP_UNATTENDED_ZERO; u <= SBP_UNATTENDED_HF_SDPA; u++)
-        if (strcmp(s, sbp_unattended_name((sbp_unattended)u)) == 0) {
-            *out = (sbp_unattended)u;
-            return 1;
-        }
-    return 0;
-}
-
 static sbp_status engine(double *loss, void *grads, const sbp_model *m, const sbp_batch *b,
                          sbp_engine_opts *eo, sbp_device device, sbp_ledger *lg, sbp_err *err) {
     eo->device_ops = device == SBP_DEVICE_CPU ? NULL : sbp_cuda_ops(device, m->prec);

@@ -199,17 +199,6 @@ static int parse_gemma3(const cJSON *t, sbp_config *c, const char *what, sbp_err
     return 1;
 }
 
-int sbp_layer_window(const sbp_config *c, int layer) {
-    if (c->family != SBP_GEMMA3 || c->sliding_window_pattern < 1) return 0;
-    /* Gemma3Attention.is_sliding = bool((layer_idx + 1) % config.sliding_window_pattern) */
-    return (layer + 1) % c->sliding_window_pattern != 0 ? c->sliding_window : 0;
-}
-
-double sbp_attn_scale(const sbp_config *c) {
-    const double d = c->family == SBP_GEMMA3 ? c->query_pre_attn_scalar : (double)c->head_dim;
-    return 1.0 / sqrt(d);
-}
-
 static int check_unsupported(const cJSON *o, const sbp_config *c, const char *what, sbp_err *err) {
     int flag;
     const char *act = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "hidden_act"));
