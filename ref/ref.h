@@ -102,7 +102,9 @@ typedef struct {
 #define REF_NET(cfg_, ps_, w_) (&(const ref_net){.cfg = (cfg_), .ps = (ps_), .w = (w_)})
 
 /* The length of net's gradient slab: the adapter's with one, else the base model's. */
-int64_t ref_grad_total(const ref_net *net);
+static inline int64_t ref_grad_total(const ref_net *net) {
+    return net->lora ? net->lora->ps.total : net->ps->total;
+}
 
 /* Replaces b's reference log-probs by those of the reference model m, computed by the oracle:
  * DPO the per-row sum of target log-probs (the mean for ipo), GRPO per target at the objective's
