@@ -12,28 +12,6 @@
 
 namespace SBP_CUDA_NS {
 
-static device_state *state(const eng *e) {
-    return (device_state *)e->backend;
-}
-
-static void fail(const eng *e, const char *fmt, const char *a, const char *b) {
-    device_state *d = state(e);
-    if (d->failed) return;
-    d->failed = 1;
-    snprintf(d->msg, sizeof d->msg, fmt, a, b);
-}
-
-void check(const eng *e, const char *what) {
-    if (state(e)->sync) {
-        const cudaError_t serr = cudaDeviceSynchronize();
-        if (serr != cudaSuccess)
-            fail(e, "%s (SBP_CUDA_SYNC=1: at the synchronize after it): %s", what,
-                 cudaGetErrorString(serr));
-    }
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) fail(e, "%s: %s", what, cudaGetErrorString(err));
-}
-
 /* ---- the run --------------------------------------------------------------------------------- */
 
 static int dev_begin(eng *e, char *msg, size_t n) {
@@ -60,7 +38,7 @@ static int dev_begin(eng *e, char *msg, size_t n) {
 }
 
 static int dev_end(eng *e, char *msg, size_t n) {
-    device_state *d = state(e);
+    device_state *d = device_of(e);
     if (!d) return 1;
     for (int i = 0; i < d->n; i++) { /* what a failed run left behind */
         cudaFree(d->blocks[i].p);
@@ -80,7 +58,7 @@ static int dev_end(eng *e, char *msg, size_t n) {
 /* ---- memory ---------------------------------------------------------------------------------- */
 
 static void *dev_alloc(eng *e, sbp_mem_cat cat, size_t bytes, const char *what) {
-    device_state *d = state(e);
+    device_state *d = device_of(e);
     void *p = NULL;
     if (d->n == d->cap) {
         const int cap = d->cap ? 2 * d->cap : 64;
@@ -102,7 +80,7 @@ oom:
 }
 
 static void dev_free(eng *e, void *p) {
-    device_state *d = state(e);
+    device_state *d = device_of(e);
     for (int i = 0; i < d->n; i++)
         if (d->blocks[i].p == p) {
             sbp_ledger_charge(e->lg, (sbp_mem_cat)d->blocks[i].cat, -(int64_t)d->blocks[i].bytes);
