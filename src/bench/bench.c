@@ -6,6 +6,7 @@
  * and nothing of the caller's process (its stdio buffers, its atexit handlers) may run twice. */
 #include "bench.h"
 
+#include "../core/clock.h"
 #include "../core/err.h"
 
 #include <cblas.h>
@@ -14,24 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 enum { N_CFG = 2 * SBP_BENCH_MAX_SCHEDULES }; /* schedules × numerics (fast, portable) */
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static long long peak_rss_bytes(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (long long)ru.ru_maxrss * 1024;
-}
 
 /* What a measuring process sends back. */
 typedef struct {
@@ -58,7 +45,7 @@ static int in_child(child_result *r, void (*fn)(child_result *, const void *), c
         close(fd[0]);
         child_result c = {0};
         fn(&c, arg);
-        c.rss = peak_rss_bytes();
+        c.rss = sbp_peak_rss_bytes();
         ssize_t w = write(fd[1], &c, sizeof c);
         _exit(w == (ssize_t)sizeof c ? 0 : 1);
     }
@@ -111,13 +98,13 @@ static void sgemm_set_free(sgemm_set *g) {
 /* GFLOP/s of one product s, on OpenBLAS or on our portable product */
 static double sgemm_once(const sgemm_set *g, int s, int portable) {
     const int M = g->M, K = g->K[s], N = g->N[s];
-    double t0 = now_seconds();
+    double t0 = sbp_now_seconds();
     if (portable)
         sbp_portable_gemm_f32(g->C, g->A, g->B, M, N, K);
     else
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, g->A, K, g->B, K, 0, g->C,
                     N);
-    return 2.0 * M * N * K / (now_seconds() - t0) / 1e9;
+    return 2.0 * M * N * K / (sbp_now_seconds() - t0) / 1e9;
 }
 
 /* The median of three readings, each the mean of the three products' rates timed once: the
@@ -256,14 +243,14 @@ static int step_rounds(child_result *r, const step_arg *a, sbp_model *m, sbp_lor
             sbp_step_result sr;
             sbp_grad_opts g = a->g[k];
             if (a->profile && i >= a->warmup) g.profile = &r->prof[k];
-            double t0 = now_seconds();
+            double t0 = sbp_now_seconds();
             if (a->train)
                 ok = sbp_train_step(&sr, m, a->lora.r ? ad : NULL, opt, b, 1, &g, 5e-5, 1.0, &r->lg,
                                     err) == 0;
             else
                 ok = sbp_grad(&res, m, b, &g, &r->lg, err) == 0;
             if (!ok) break;
-            if (i >= a->warmup) r->times[k][i - a->warmup] = now_seconds() - t0;
+            if (i >= a->warmup) r->times[k][i - a->warmup] = sbp_now_seconds() - t0;
             r->loss = a->train ? sr.loss : res.loss;
             if (!a->train) sbp_grad_result_free(&res, &r->lg);
         }

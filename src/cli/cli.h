@@ -4,6 +4,7 @@
 #ifndef SBP_CLI_H
 #define SBP_CLI_H
 
+#include "../core/clock.h" /* sbp_now_seconds, sbp_peak_rss_bytes: the reports' times */
 #include "../streambp.h"
 
 #include <cJSON.h>
@@ -83,8 +84,6 @@ int out_dir_ready(const char *cmd, const char *dir, const char *const *ours, int
  * files go to d->tmp, and sbp_outdir_commit renames the finished directory into place. */
 sbp_status out_dir_open(sbp_outdir *d, const char *dir, sbp_err *err);
 
-double now_seconds(void);
-long long peak_rss_bytes(void);
 void print_ledger(FILE *f, const sbp_ledger *lg, const char *indent);
 cJSON *ledger_json(const sbp_ledger *lg);
 /* Prints o as indented JSON on stdout and deletes it. */

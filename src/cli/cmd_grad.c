@@ -242,7 +242,7 @@ static void print_text(const grad_args *a, const sbp_model *m, const sbp_batch *
     printf("time      %.3f s\n", secs);
     print_ledger(stdout, lg, "  ");
     printf("  peak RSS %.1f MiB (the whole process: binary, libraries, batch, buffers)\n",
-           peak_rss_bytes() / 1048576.0);
+           sbp_peak_rss_bytes() / 1048576.0);
     if (a->out)
         printf("wrote     %s (%d tensors)\n", a->out,
                a->g.lora ? a->g.lora->params.n : m->params.n);
@@ -279,7 +279,7 @@ static void print_result_json(const grad_args *a, const sbp_model *m, const sbp_
     cJSON_AddRawToObject(o, "loss", loss);
     cJSON_AddNumberToObject(o, "seconds", secs);
     cJSON_AddItemToObject(o, "memory", ledger_json(lg));
-    cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)peak_rss_bytes());
+    cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)sbp_peak_rss_bytes());
     if (a->out) cJSON_AddStringToObject(o, "out", a->out);
     print_json(o);
 }
@@ -442,9 +442,9 @@ int cmd_grad(int argc, char **argv) {
     if (!st && a.lora && !(st = sbp_lora_load(&adapter, a.lora, &m.cfg, a.prec, host_lg, &err)))
         a.g.lora = &adapter;
     if (!st) st = obj_reference(&a.obj, b, a.n_batches, &m.cfg, a.prec, &a.g, &lg, &err);
-    double t0 = now_seconds();
+    double t0 = sbp_now_seconds();
     if (!st) st = sbp_grad_batches(&r, &m, b, a.n_batches, &a.g, &lg, &err);
-    double secs = now_seconds() - t0;
+    double secs = sbp_now_seconds() - t0;
     /* under mpirun every process takes part: each holds its share of the gradient */
     if (!st && a.out && (rank == 0 || sbp_comm_size(comm) > 1)) st = save(&a, &m, b, &r, &lg, &err);
     if (!st && rank == 0) {

@@ -448,12 +448,12 @@ static sbp_status run_steps(const train_args *a, sbp_train_run *r, sbp_run_logs 
                             double *last_loss, sbp_ledger *lg, sbp_err *err) {
     const int64_t start = r->rs.step;
     const sbp_lora *lora = r->has_lora ? &r->lora : NULL;
-    const double t_start = now_seconds();
+    const double t_start = sbp_now_seconds();
     sbp_status st = SBP_OK;
     for (int64_t step = start; step < stop && !st; step++) {
         int64_t step_tokens = 0;
         if ((st = sbp_train_run_batches(r, &a->o, &step_tokens, lg, err))) break;
-        const double lr = sbp_lr_at(&a->o.sched, step), t0 = now_seconds();
+        const double lr = sbp_lr_at(&a->o.sched, step), t0 = sbp_now_seconds();
         sbp_step_result res;
         st = sbp_train_step(&res, &r->m, r->has_lora ? &r->lora : NULL, &r->opt, r->mb,
                             a->o.grad_accum, &a->o.g, lr, a->o.max_grad_norm, lg, err);
@@ -461,7 +461,7 @@ static sbp_status run_steps(const train_args *a, sbp_train_run *r, sbp_run_logs 
             sbp_fail_prefix(err, "step %lld: ", (long long)step + 1);
             break;
         }
-        const double secs = now_seconds() - t0;
+        const double secs = sbp_now_seconds() - t0;
         r->rs.step = step + 1;
         r->rs.tokens += step_tokens;
         *last_loss = res.loss;
@@ -472,15 +472,15 @@ static sbp_status run_steps(const train_args *a, sbp_train_run *r, sbp_run_logs 
                  epoch, res.loss, res.lr, res.grad_norm, (long long)res.n_targets,
                  (long long)r->rs.tokens);
         snprintf(trow, sizeof trow, "%lld,%.6f,%.1f,%lld,%lld\n", (long long)r->rs.step, secs,
-                 step_tokens / secs, (long long)lg->peak_total, peak_rss_bytes());
+                 step_tokens / secs, (long long)lg->peak_total, sbp_peak_rss_bytes());
         if ((st = sbp_rundir_log(logs, &r->rs, row, trow, err))) break;
         const int talk = sbp_comm_rank(a->o.g.comm) == 0; /* rank 0 speaks for all */
         if (talk && (r->rs.step % a->log_every == 0 || r->rs.step == stop)) {
-            double elapsed = now_seconds() - t_start;
+            double elapsed = sbp_now_seconds() - t_start;
             double eta = elapsed / (double)(r->rs.step - start) * (double)(stop - r->rs.step);
             char peak[32], rss[32], et[32];
             fmt_bytes(peak, sizeof peak, (double)lg->peak_total);
-            fmt_bytes(rss, sizeof rss, (double)peak_rss_bytes());
+            fmt_bytes(rss, sizeof rss, (double)sbp_peak_rss_bytes());
             fmt_duration(et, sizeof et, eta);
             fprintf(stderr,
                     "step %lld/%d  loss %.6f  lr %.3e  grad_norm %.4f  %.0f tokens/s  peak %s "
@@ -520,7 +520,7 @@ static void print_summary(const train_args *a, const sbp_train_run *r, int64_t s
         cJSON_AddNumberToObject(o, "seconds", secs);
         cJSON_AddNumberToObject(o, "tokens", (double)r->rs.tokens);
         cJSON_AddItemToObject(o, "memory", ledger_json(lg));
-        cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)peak_rss_bytes());
+        cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)sbp_peak_rss_bytes());
         print_json(o);
         return;
     }
@@ -529,7 +529,7 @@ static void print_summary(const train_args *a, const sbp_train_run *r, int64_t s
            (long long)(r->rs.step - start), secs);
     printf("loss      %.6f at step 1, %.6f at step %lld\n", l0, last_loss, (long long)r->rs.step);
     print_ledger(stdout, lg, "  ");
-    printf("  peak RSS %.1f MiB\n", peak_rss_bytes() / 1048576.0);
+    printf("  peak RSS %.1f MiB\n", sbp_peak_rss_bytes() / 1048576.0);
     if (finished)
         printf("wrote     %s/%s, %s/loss.csv\n", a->out,
                r->has_lora ? "adapter_model.safetensors" : "model.safetensors", a->out);
@@ -586,10 +586,10 @@ int cmd_train(int argc, char **argv) {
     sbp_ledger_keep_blocks(&lg); /* every step after the first reuses the first one's buffers */
     const int64_t start = r.rs.step, stop = a.stop_at ? a.stop_at : a.o.steps;
     if (talk) print_start(&a, &r, &lg, begin.ckpt); /* the data loader's notes among them */
-    const double t_start = now_seconds();
+    const double t_start = sbp_now_seconds();
     double last_loss = NAN;
     st = run_steps(&a, &r, &logs, stop, &last_loss, &lg, &err);
-    const double secs = now_seconds() - t_start;
+    const double secs = sbp_now_seconds() - t_start;
     const int finished = !st && r.rs.step == a.o.steps;
     if (finished) /* the final weights or adapter, in the run directory, as HF's save_model */
         st = sbp_train_save_trained(a.out, a.o.model, &r.m, r.has_lora ? &r.lora : NULL,

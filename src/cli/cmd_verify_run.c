@@ -354,9 +354,9 @@ int verify_run(int argc, char **argv) {
     for (int d = SBP_DEVICE_CUDA; d <= SBP_DEVICE_CUDA_EMU; d++)
         if (o.devices & (1 << d)) gdev[n_gdev++] = sbp_device_name((sbp_device)d);
     sbp_verify_report rep;
-    double t0 = now_seconds();
+    double t0 = sbp_now_seconds();
     sbp_status st = sbp_verify_run(&rep, &o, &err);
-    double secs = now_seconds() - t0;
+    double secs = sbp_now_seconds() - t0;
     const char *model = def.dir[0] ? "bundled Qwen3-tiny, seed 1" : o.model;
     sbp_default_inputs_free(&def);
     if (st) return report_error("verify", &err);

@@ -79,7 +79,7 @@ int verify_suite(int argc, char **argv) {
     }
     cJSON *jcases = cJSON_CreateArray();
     int failed = 0, ran = 0, rc = 0;
-    double t_all = now_seconds();
+    double t_all = sbp_now_seconds();
     if (!json)
         printf("%-26s %-12s %-36s %5s %6s  %s\n", "case", "model", "batch", "runs", "time",
                "verdict");
@@ -87,12 +87,12 @@ int verify_suite(int argc, char **argv) {
         if (only >= 0 && i != only) continue;
         const sbp_suite_case *k = sbp_suite_case_at(i);
         sbp_verify_report rep;
-        double t0 = now_seconds();
+        double t0 = sbp_now_seconds();
         if (sbp_suite_run(&rep, i, data, workdir, &err)) {
             rc = report_error("verify --suite", &err);
             break;
         }
-        double secs = now_seconds() - t0;
+        double secs = sbp_now_seconds() - t0;
         ran++;
         failed += rep.failed > 0;
         char why[400] = "";
@@ -143,7 +143,7 @@ int verify_suite(int argc, char **argv) {
         cJSON_Delete(jcases);
         printf("%d cases, %d failed, %.1f s (streambp verify --model DIR --batch FILE shows the "
                "per-tensor tables of any case)\n%s\n",
-               ran, failed, now_seconds() - t_all, failed ? "FAIL" : "PASS");
+               ran, failed, sbp_now_seconds() - t_all, failed ? "FAIL" : "PASS");
     }
     return failed ? EXIT_MISMATCH : 0;
 }

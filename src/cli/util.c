@@ -13,7 +13,6 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 /* Options with a limit of their own (streambp.h says why); every other one stops at 2^30. */
@@ -135,18 +134,6 @@ int report_error(const char *cmd, const sbp_err *err) {
     return err->status == SBP_ENUMERIC ? EXIT_MISMATCH
            : err->status == SBP_EPEER  ? EXIT_PEER
                                        : EXIT_USAGE;
-}
-
-double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-long long peak_rss_bytes(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (long long)ru.ru_maxrss * 1024;
 }
 
 static void human(char *buf, size_t n, long long bytes) {
