@@ -160,6 +160,14 @@ $(LIB): $(COMMON_OBJ) $(BUILD)/engine_f32.o $(BUILD)/engine_f64.o
 $(BIN): $(CLI_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS)
 
+# The distributed failure tests' build of the command (tests/faults.c, tests/mpi_ranks.sh): the
+# linker routes every call of the library to an engine entry point through tests/faults.c, which
+# plants a dead, silent or non-finite rank where SBP_FAULT says. The library has no test hook.
+FAULTS_BIN := $(BUILD)/tests/streambp-faults
+$(FAULTS_BIN): $(CLI_OBJ) $(LIB) $(BUILD)/tests/faults.o
+	$(CC) $(LDFLAGS) -Wl,--wrap=sbp_engine_grad_f32,--wrap=sbp_engine_grad_f64 -o $@ \
+	  $(CLI_OBJ) $(BUILD)/tests/faults.o $(LIB) $(LDLIBS)
+
 # ---- tests --------------------------------------------------------------------------------------
 # Kernel tests link the float64 kernel objects directly (they are internal); the others use the
 # library and the binary like any user would.
@@ -181,10 +189,10 @@ RUN_DIST  = $(if $(SUITES),$(filter dist,$(SUITES)),1)
 
 test: deps $(if $(SUITES),,linkcheck)
 	@$(MAKE) --no-print-directory $(BIN) $(RUN_TESTS) $(if $(filter %/test_plant,$(RUN_TESTS)),plants) \
-	  $(if $(SUITES),,$(BUILD)/bench/pgemm_rates)
+	  $(if $(SUITES),,$(BUILD)/bench/pgemm_rates) $(if $(and $(RUN_DIST),$(filter 1,$(MPI))),$(FAULTS_BIN))
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(RUN_TESTS)
 	@if [ -n "$(RUN_DIST)" ]; then if [ "$(MPI)" = 1 ]; then echo "== tests/mpi_ranks.sh (mpirun)"; \
-	  STREAMBP=$(BIN) tests/mpi_ranks.sh; else echo "== tests/mpi_ranks.sh: skipped (no MPI)"; fi; fi
+	  STREAMBP=$(BIN) FAULTS=$(FAULTS_BIN) tests/mpi_ranks.sh; else echo "== tests/mpi_ranks.sh: skipped (no MPI)"; fi; fi
 ifeq ($(SAN)$(SUITES),0)
 	@echo "== golden digests on the CUDA kernels in the SIMT emulator, shuffled thread order"
 	@SBP_GOLDEN_DEVICE=cuda-emu SBP_EMU_ORDER=shuffle:7 STREAMBP=$(BIN) \

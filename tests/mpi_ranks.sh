@@ -3,9 +3,13 @@
 # of `mpirun -np N streambp grad` with 12 micro-batches is the same bytes (the loss in its metadata
 # included) as one process without a launcher, for N = 1..4, across schedules, tied and untied
 # heads, DPO, GRPO, LoRA, bf16 storage and fp64; N not dividing the micro-batches exits 2 on every
-# rank; a build without MPI under `mpirun -np 2` exits 2 (NOMPI=path of such a binary, optional).
+# rank; a build without MPI under `mpirun -np 2` exits 2 (NOMPI=path of such a binary, optional);
+# a rank killed or stopped at the first, a middle or the last bucket ends the job with the first
+# error (exit 3 naming a silent peer), for every family under grad and train, with the faults
+# build of tests/faults.c (FAULTS, default beside STREAMBP: tests/streambp-faults).
 #
-#   STREAMBP=build/streambp [NOMPI=build-nompi/streambp] tests/mpi_ranks.sh
+#   STREAMBP=build/streambp FAULTS=build/tests/streambp-faults [NOMPI=build-nompi/streambp] \
+#       tests/mpi_ranks.sh
 #
 # Run by `make test` when the build has MPI. Every mpirun runs under timeout; one test = one line.
 cd "$(dirname "$0")/.." || exit 2
@@ -223,32 +227,65 @@ fi
 left=$(find "$TMPDIR" -maxdepth 1 -name 'streambp-rank-*' 2>/dev/null | wc -l)
 [ "$left" = 0 ] && ok "no rank's private directory left" || bad "$left private rank directories left"
 
-# failures: a killed rank, a stopped rank, a non-finite gradient on one rank, and processes given
-# different settings; each ends within its deadline with no process left
-FT="--model $Q --jsonl data/train/counting.jsonl --seq 32 --batch-size 1 --grad-accum 4 --steps 4 --threads 1"
+# failures: a killed rank, a stopped rank, a non-finite gradient on one rank, planted by the
+# faults build (tests/faults.c, SBP_FAULT=what:rank:run:bucket); each ends within its deadline,
+# with no process left and the first error reported: for every family (tied and untied heads),
+# under grad and train, a dead and a silent peer at the first, a middle and the last bucket of
+# its micro-batch
+FAULTS=$(realpath "${FAULTS:-$(dirname "$BIN")/tests/streambp-faults}")
 leftover() { # processes of this test (their command line names its private directory) still alive
     local p pids
     pids=$(pgrep -f "$TMP/fail-") || return 0
     for p in $pids; do kill -9 "$p" 2>/dev/null; done
     echo " (processes left: $pids)"
 }
-t0=$(date +%s)
-SBP_DIST_TEST_DIE=1:2 "${MPIRUN[@]}" -np 2 "$BIN" train $FT --out "$TMP/fail-die" >"$TMP/log" 2>&1
-rc=$? secs=$(($(date +%s) - t0)) left=$(leftover)
-[ $rc != 0 ] && [ $secs -le 10 ] && [ -z "$left" ] && ok "rank 1 killed at step 2: exit $rc in ${secs} s" ||
-    bad "rank 1 killed at step 2: exit $rc in ${secs} s$left"
-t0=$(date +%s)
-SBP_DIST_TEST_STOP=1:2 "${MPIRUN[@]}" -np 2 "$BIN" train $FT --out "$TMP/fail-stop" --comm-timeout 3 \
-    >"$TMP/log" 2>&1
-rc=$? secs=$(($(date +%s) - t0)) left=$(leftover)
-[ $rc = 3 ] && [ $secs -le 8 ] && [ -z "$left" ] && grep -q "nothing from rank 1" "$TMP/log" &&
-    ok "rank 1 stopped at step 2, --comm-timeout 3: exit 3 in ${secs} s, rank 1 named" ||
-    bad "rank 1 stopped at step 2: exit $rc in ${secs} s$left ($(grep -m1 'streambp train: rank' "$TMP/log"))"
-SBP_DIST_TEST_NAN=2 "${MPIRUN[@]}" -np 2 "$BIN" train $FT --out "$TMP/fail-nan" >"$TMP/log" 2>&1
-rc=$?
-[ $rc = 1 ] && [ "$(grep -c 'gradient of "model.norm.weight" is not finite' "$TMP/log")" = 2 ] &&
-    ! grep -q MPI_ABORT "$TMP/log" && ok "a NaN in micro-batch 2 (rank 0): every rank exits 1, naming it" ||
-    bad "a NaN in micro-batch 2: exit $rc ($(grep -m1 'streambp train: rank' "$TMP/log"))"
+# fault FAMILY grad|train kill|stop BUCKET: rank 1 dies or goes silent in its second micro-batch
+fault() {
+    local fam=$1 cmd=$2 what=$3 at=$4 m args t0 rc secs left name verb=killed
+    m=$(model "$fam")
+    [ "$what" = stop ] && verb=stopped
+    name="$fam $cmd: rank 1 $verb at the $at bucket"
+    if [ "$cmd" = grad ]; then
+        args="--model $m --batch data/batches/sft-tiny.safetensors --batch data/batches/sft-tiny.safetensors"
+        args="$args --batch data/batches/sft-tiny.safetensors --batch data/batches/sft-tiny.safetensors"
+        args="$args --out $TMP/fail-$fam-$what-$at.st"
+    else
+        args="--model $m --jsonl data/train/counting.jsonl --seq 32 --batch-size 1 --grad-accum 4"
+        args="$args --steps 2 --out $TMP/fail-$fam-$what-$at"
+    fi
+    t0=$(date +%s)
+    SBP_FAULT=$what:1:2:$at "${MPIRUN[@]}" -np 2 "$FAULTS" $cmd $args --threads 1 --comm-timeout 3 \
+        >"$TMP/log" 2>&1
+    rc=$? secs=$(($(date +%s) - t0)) left=$(leftover)
+    if grep -q "internal:" "$TMP/log"; then
+        bad "$name: a later error reported: $(grep -m1 internal: "$TMP/log")"
+    elif [ "$what" = kill ]; then
+        [ $rc != 0 ] && [ $secs -le 10 ] && [ -z "$left" ] && ok "$name: exit $rc in $secs s" ||
+            bad "$name: exit $rc in $secs s$left ($(grep -m1 'streambp' "$TMP/log"))"
+    else
+        [ $rc = 3 ] && [ $secs -le 8 ] && [ -z "$left" ] && grep -q "nothing from rank 1" "$TMP/log" &&
+            ok "$name: exit 3 in $secs s, rank 1 named" ||
+            bad "$name: exit $rc in $secs s$left ($(grep -m1 'streambp.*rank' "$TMP/log"))"
+    fi
+}
+if [ ! -x "$FAULTS" ]; then
+    bad "no faults build at $FAULTS (make $FAULTS)"
+else
+    for fam in qwen3-tiny llama3-tiny qwen2-tiny gemma3-tiny; do
+        fault $fam grad kill first
+        fault $fam train kill middle
+        fault $fam grad kill last
+        fault $fam train stop first
+        fault $fam grad stop middle
+        fault $fam train stop last
+    done
+    FT="--model $Q --jsonl data/train/counting.jsonl --seq 32 --batch-size 1 --grad-accum 4 --steps 4 --threads 1"
+    SBP_FAULT=nan:0:2:first "${MPIRUN[@]}" -np 2 "$FAULTS" train $FT --out "$TMP/fail-nan" >"$TMP/log" 2>&1
+    rc=$?
+    [ $rc = 1 ] && [ "$(grep -c 'gradient of "model.norm.weight" is not finite' "$TMP/log")" = 2 ] &&
+        ! grep -q MPI_ABORT "$TMP/log" && ok "a NaN in micro-batch 2 (rank 0): every rank exits 1, naming it" ||
+        bad "a NaN in micro-batch 2: exit $rc ($(grep -m1 'streambp train: rank' "$TMP/log"))"
+fi
 cp data/train/counting.jsonl "$TMP/a.jsonl" && cp "$TMP/a.jsonl" "$TMP/b.jsonl" && echo '{"text": "x"}' >>"$TMP/b.jsonl"
 MT="--model $Q --seq 32 --batch-size 1 --steps 2 --threads 1 --out $TMP/fail-mm"
 mismatch() { # what-is-named rank0-args : rank1-args

@@ -5,8 +5,11 @@
  * one-batch steps folded by hand: untied and tied heads, LoRA, fp32/fp64, bf16 storage (each
  * fold result rounded), every schedule. Also: the memory it costs (one largest-bucket scratch,
  * plus the embedding's with a tied head) in the ledger and in the planner, and the committed
- * golden digest of an accumulated step (data/golden-accum/, SBP_GOLDEN_UPDATE=1 rewrites). */
+ * golden digest of an accumulated step (data/golden-accum/, SBP_GOLDEN_UPDATE=1 rewrites); and
+ * the first error standing when the hook that takes the buckets refuses one. */
 #include "../src/dist/dist.h"
+#include "../src/api/resolve.h"
+#include "../src/engine/entry.h"
 #include "testutil.h"
 
 #include <stdio.h>
@@ -263,6 +266,54 @@ START_TEST(golden_accumulated) {
 }
 END_TEST
 
+/* A bucket hook that refuses bucket number `at` of the run (0: the first) and counts its calls. */
+typedef struct {
+    int calls, at;
+} refusing;
+
+static int refuse(void *ctx, int64_t off, int64_t n, const void *g) {
+    refusing *r = ctx;
+    return r->calls++ != r->at;
+}
+
+/* The first error stands (docs/development.md, "Errors"): a hook that refuses a bucket — a peer
+ * that died or went silent while the bucket travelled — is not called again, the run stops there
+ * and reports the hook's failure, at the first, a middle and the last bucket, tied and untied.
+ * (The distributed step's own test of the rule, a stopped rank at each of those buckets giving
+ * exit 3 for every family, is tests/mpi_ranks.sh's.) */
+START_TEST(refused_bucket_stops_the_run) {
+    const char *model = _i < 3 ? "llama3-tiny" : "qwen3-tiny"; /* untied, tied */
+    sbp_model m;
+    sbp_batch b;
+    sbp_err err = {0};
+    tu_load(&m, NULL, tu_model(model, 1), NULL, SBP_FP32);
+    if (sbp_batch_load_as(&b, sft_batches[0], &m.cfg, SBP_OBJ_SFT, 1, &err))
+        ck_abort_msg("%s", err.msg);
+    sbp_bucket bk[64];
+    const int nb = sbp_grad_buckets(bk, 64, &m.params);
+    ck_assert_int_gt(nb, 2);
+    refusing r = {0, _i % 3 == 0 ? 0 : _i % 3 == 1 ? nb / 2 : nb - 1};
+    const sbp_grad_opts o = {.schedule = SBP_STREAM, .block = 4, .chunk = 7};
+    const sbp_objective so = {.kind = SBP_OBJ_SFT, .num_items = b.n_targets};
+    sbp_engine_opts eo;
+    sbp_obj_eval ev;
+    if (sbp_engine_resolve(&eo, &o, b.T, &err) || sbp_obj_begin(&ev, &so, &b, &err))
+        ck_abort_msg("%s", err.msg);
+    eo.ev = &ev, eo.fold = 1, eo.bucket_hook = refuse, eo.hook_ctx = &r;
+    double loss = 0;
+    sbp_ledger lg = {0};
+    const sbp_status st = sbp_engine_grad_f32(&loss, NULL, &m, &b, &eo, &lg, &err);
+    sbp_obj_end(&ev);
+    ck_assert_int_eq(st, SBP_EIO);
+    ck_assert_msg(strstr(err.msg, "could not be handed on"), "%s", err.msg);
+    ck_assert_msg(r.calls == r.at + 1, "%s: the hook refused bucket %d of %d and was called %d times",
+                  model, r.at, nb, r.calls);
+    ck_assert_int_eq(lg.cur_total, 0); /* what the run had allocated is freed */
+    sbp_batch_free(&b);
+    sbp_model_free(&m, NULL);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("fold");
     TCase *tc = tcase_create("fold");
@@ -271,6 +322,7 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, fold_memory, 0, 2);
     tcase_add_loop_test(tc, plan_counts_fold, 0, 4);
     tcase_add_loop_test(tc, golden_accumulated, 0, 2);
+    tcase_add_loop_test(tc, refused_bucket_stops_the_run, 0, 6);
     suite_add_tcase(s, tc);
     return s;
 }

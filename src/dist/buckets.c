@@ -1,7 +1,7 @@
 /* buckets.c — the gradient slab cut into buckets, the units the backward completes one at a time
  * and the distributed step sends (docs/distributed.md): the head (final norm and an untied
  * lm_head), each layer (or, with LoRA, each layer's adapters), the embedding. */
-#include "dist.h"
+#include "buckets.h"
 
 /* The bucket a tensor belongs to: its layer, or the embedding, or the head. */
 static int bucket_of(const sbp_param *p) {

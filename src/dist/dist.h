@@ -1,38 +1,30 @@
-/* dist.h — data parallel over processes (docs/distributed.md), internal.
+/* dist.h — data parallel over processes (docs/distributed.md): the interface src/dist gives the
+ * layers above it (src/api's distributed step, src/train's ZeRO-2 optimizer and checkpoints,
+ * the command line's launcher handling). Not part of the public API (src/streambp.h); the engine
+ * sees only buckets.h.
  *
- * Three parts:
- *   buckets.c  the gradient slab cut into buckets, in the order the backward completes them;
- *   owners.c   which rank owns which 4096-element block of the slab (the grid the clip norm and
- *              AdamW already use), and the ordered fold of micro-batch gradients;
- *   mpi.c      the transport over Open MPI, linked when the build found mpicc; none.c otherwise
- *              (one process, every collective the identity), so no #ifdef reaches the engine.
+ *   buckets.c   the gradient slab cut into buckets, in the order the backward completes them
+ *               (buckets.h: shared with src/engine/fold.c, which forms a bucket at a time);
+ *   owners.c    which rank owns which 4096-element block of the slab (the grid the clip norm and
+ *               AdamW already use), and the pieces a bucket is cut into;
+ *   exchange.c  one step: the buckets' pieces sent to their owners as the backward completes
+ *               them, and the ordered fold of the micro-batches' gradients (sbp_dist_grad);
+ *   gather.c    a sharded slab gathered to rank 0 a tensor at a time, for the files;
+ *   netmodel.c  the network model: the bytes, messages and exposed time of a step;
+ *   mpi.c       the transport over Open MPI, linked when the build found mpicc; none.c otherwise
+ *               (one process, every collective the identity), so no #ifdef reaches the engine.
  * Floating-point sums never go through an MPI reduction: collectives carry exact data only
  * (integers, copies), and every float sum is folded here in a fixed order. */
 #ifndef SBP_DIST_H
 #define SBP_DIST_H
 
 #include "../streambp.h"
+#include "buckets.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- buckets (buckets.c) ----------------------------------------------------------------------
- */
-
 typedef struct sbp_comm sbp_comm; /* the transport (below) */
-
-enum { SBP_BUCKET_HEAD = -1, SBP_BUCKET_EMBED = -2 }; /* else a layer index */
-
-typedef struct {
-    int id;         /* a layer, SBP_BUCKET_HEAD or SBP_BUCKET_EMBED */
-    int64_t off, n; /* elements [off, off + n) of the gradient slab */
-} sbp_bucket;
-
-/* The buckets of a gradient slab (model or adapter table) in completion order: the head, layers
- * L−1 … 0, the embedding (those that have tensors). Returns their count, or −1 when there are
- * more than cap or a bucket's tensors are not contiguous. */
-int sbp_grad_buckets(sbp_bucket *out /* (cap) */, int cap, const sbp_params *ps);
-const sbp_bucket *sbp_bucket_find(const sbp_bucket *b, int n, int id);
 
 /* ---- owners (owners.c) ------------------------------------------------------------------------
  */
@@ -102,7 +94,6 @@ sbp_status sbp_dist_net(sbp_net_time *out, const sbp_config *cfg, const sbp_para
  * result rounded to bfloat16 (as the engine's add under bf16 storage). */
 void sbp_dist_fold(void *s, const void *g, int64_t n, int esz, int bf16);
 
-typedef int (*sbp_bucket_hook)(void *ctx, int64_t off, int64_t n, const void *g);
 /* Runs micro-batch k of the step, handing each completed bucket to hook(hook_ctx, ...) instead
  * of folding it; *loss_k = its loss from zero. */
 typedef sbp_status (*sbp_dist_run_fn)(void *ctx, int k, sbp_bucket_hook hook, void *hook_ctx,
@@ -201,8 +192,6 @@ sbp_status sbp_comm_max_u64(sbp_comm *c, uint64_t *v, int n, const char *what, s
 typedef int (*sbp_comm_poll)(void *ctx, int *progress, int *peer);
 sbp_status sbp_comm_wait_poll(sbp_comm *c, sbp_comm_poll poll, void *ctx, const char *what,
                               sbp_err *err);
-/* Called as each distributed step begins: the failure tests' hooks (mpi.c). */
-void sbp_comm_step_begins(sbp_comm *c);
 /* Seconds this process has spent waiting on the others (requests and collectives). */
 double sbp_comm_waited(const sbp_comm *c);
 /* Bytes and messages this process has sent (the network model's counters). */

@@ -5,11 +5,11 @@
  * thread calls MPI, OpenMP runs as in one process. Errors return (MPI_ERRORS_RETURN); every wait
  * is a test loop with a deadline, so a dead or stopped peer ends the run with SBP_EPEER instead of
  * a hang. Only exact data moves: bytes, and a MAX over unsigned integers. */
+#include "../core/clock.h"
 #include "../core/err.h"
 #include "dist.h"
 
 #include <limits.h>
-#include <signal.h>
 #include <stdio.h>
 #include <mpi.h>
 #include <stdlib.h>
@@ -26,7 +26,6 @@ struct sbp_comm {
     int *peer;        /* (nreq) the other end of each */
     int nreq;
     int64_t bytes, messages;
-    int steps;     /* distributed steps begun (the test hooks count them) */
     double waited; /* seconds spent waiting for requests and collectives */
 };
 
@@ -34,12 +33,6 @@ static sbp_comm single = {.size = 1};
 
 int sbp_comm_built(void) {
     return 1;
-}
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static sbp_status mpi_fail(sbp_comm *c, int code, const char *what, sbp_err *err) {
@@ -128,7 +121,7 @@ int sbp_comm_irecv(sbp_comm *c, void *buf, size_t bytes, int from, int tag, sbp_
 /* Tests requests [0, n) of r until all are done or nothing completed for the timeout. */
 static sbp_status wait_all(sbp_comm *c, MPI_Request *r, const int *peer, int n, const char *what,
                            sbp_err *err) {
-    double last = now(), t0 = last;
+    double last = sbp_now_seconds(), t0 = last;
     int left = 0; /* requests already completed by sbp_comm_test are null */
     for (int i = 0; i < n; i++) left += r[i] != MPI_REQUEST_NULL;
     while (left > 0) {
@@ -141,8 +134,8 @@ static sbp_status wait_all(sbp_comm *c, MPI_Request *r, const int *peer, int n, 
             if (done) left--, progress = 1;
         }
         if (progress)
-            last = now();
-        else if (now() - last > c->timeout) {
+            last = sbp_now_seconds();
+        else if (sbp_now_seconds() - last > c->timeout) {
             int p = -1;
             for (int i = 0; i < n && p < 0; i++)
                 if (r[i] != MPI_REQUEST_NULL) p = peer ? peer[i] : -1;
@@ -153,26 +146,26 @@ static sbp_status wait_all(sbp_comm *c, MPI_Request *r, const int *peer, int n, 
             nanosleep(&ts, NULL);
         }
     }
-    c->waited += now() - t0;
+    c->waited += sbp_now_seconds() - t0;
     return SBP_OK;
 }
 
 sbp_status sbp_comm_wait_poll(sbp_comm *c, sbp_comm_poll poll, void *ctx, const char *what,
                               sbp_err *err) {
-    double last = now(), t0 = last;
+    double last = sbp_now_seconds(), t0 = last;
     int rc, progress = 0, peer = -1;
     while ((rc = poll(ctx, &progress, &peer)) > 0) {
         if (progress) {
-            last = now(), progress = 0;
+            last = sbp_now_seconds(), progress = 0;
             continue;
         }
-        if (now() - last > c->timeout)
+        if (sbp_now_seconds() - last > c->timeout)
             return sbp_fail(err, SBP_EPEER, "nothing from rank %s%d for %s in %g s",
                             peer < 0 ? "(any) " : "", peer < 0 ? 0 : peer, what, c->timeout);
         struct timespec ts = {0, 50000}; /* as wait_all: leave the core to oversubscribed ranks */
         nanosleep(&ts, NULL);
     }
-    c->waited += now() - t0;
+    c->waited += sbp_now_seconds() - t0;
     return rc < 0 ? err->status : SBP_OK;
 }
 
@@ -246,20 +239,6 @@ sbp_status sbp_comm_max_u64(sbp_comm *c, uint64_t *v, int n, const char *what, s
 
 void sbp_comm_counters(const sbp_comm *c, int64_t *bytes, int64_t *messages) {
     *bytes = c ? c->bytes : 0, *messages = c ? c->messages : 0;
-}
-
-/* The failure tests' hooks (tests/mpi_ranks.sh): SBP_DIST_TEST_DIE=r:s kills rank r (SIGKILL) as
- * its step s begins, SBP_DIST_TEST_STOP=r:s stops it (SIGSTOP): a dead and a hung peer. */
-void sbp_comm_step_begins(sbp_comm *c) {
-    if (!c || !c->mpi) return;
-    c->steps++;
-    static const char *const vars[2] = {"SBP_DIST_TEST_DIE", "SBP_DIST_TEST_STOP"};
-    for (int i = 0; i < 2; i++) {
-        const char *v = getenv(vars[i]);
-        int r, s;
-        if (v && sscanf(v, "%d:%d", &r, &s) == 2 && r == c->rank && s == c->steps)
-            raise(i ? SIGSTOP : SIGKILL);
-    }
 }
 
 double sbp_comm_waited(const sbp_comm *c) {

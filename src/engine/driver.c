@@ -30,13 +30,14 @@
  *     and freed when it ends, so nothing of a layer lives while the head runs;
  *   - the hidden-state gradient lives from the head to the embedding backward. */
 #include "engine.h"
+#include "fold.h"
 
 #include <stdlib.h>
 
 static const sched_row rows[] = {
-    [SBP_FULL] = {"full", .keep_all = 1, .chunked = 0, .chunk_logits = 0},
-    [SBP_CKPT] = {"ckpt", .keep_all = 0, .chunked = 0, .chunk_logits = 0},
-    [SBP_STREAM] = {"stream", .keep_all = 0, .chunked = 1, .chunk_logits = 1},
+    [SBP_FULL] = {.keep_all = 1, .chunked = 0, .chunk_logits = 0},
+    [SBP_CKPT] = {.keep_all = 0, .chunked = 0, .chunk_logits = 0},
+    [SBP_STREAM] = {.keep_all = 0, .chunked = 1, .chunk_logits = 1},
 };
 
 const sched_row *sched_row_of(sbp_schedule s) {
@@ -114,19 +115,27 @@ static void pass_end(eng *e, run_bufs *r, const sched_row *row) {
     pend_work_free(e, &r->pd);
 }
 
-/* Layer l of sequence bi. */
-static layer_run layer_at(eng *e, run_bufs *r, const sched_row *row, const sbp_batch *b, int l,
-                          int bi) {
-    const size_t TC = (size_t)e->T * e->C, BTC = (size_t)b->B * TC;
-    const size_t k = row->keep_all ? (size_t)l * b->B + bi : 0;
+/* Where layer l of sequence bi keeps its activations: its own slot when every activation is
+ * kept, else the one slot the pass reuses. */
+static size_t kept_slot(const sched_row *row, int l, int B, int bi) {
+    return row->keep_all ? (size_t)l * B + bi : 0;
+}
+
+/* The run of layer l on sequence bi: its input and output in xs and ys, (B, T, C) slabs (ys NULL
+ * in a backward), the hidden-state gradient g (B, T, C) or NULL, and the kept buffers' slot k
+ * (l·B + bi when every activation is kept, else 0). The one place a layer_run is built. */
+static layer_run layer_at(eng *e, run_bufs *r, int l, int bi, size_t k, real *xs, real *ys,
+                          real *g) {
+    const size_t TC = (size_t)e->T * e->C;
+    const int W = sbp_layer_window(e->cfg, l);
     layer_run lr = {.w = &e->w[l],
                     .g = &e->g[l],
-                    .x = r->xs + (size_t)l * BTC + bi * TC,
-                    .y = (l + 1 < e->L ? r->xs + (size_t)(l + 1) * BTC : r->xL) + bi * TC,
-                    .dx = r->g ? r->g + bi * TC : NULL,
+                    .x = xs + bi * TC,
+                    .y = ys ? ys + bi * TC : NULL,
+                    .dx = g ? g + bi * TC : NULL,
                     .kmask = e->mask + (size_t)bi * e->T,
-                    .window = sbp_layer_window(e->cfg, l),
-                    .kvwin = r->kvwin && sbp_layer_window(e->cfg, l) > 0,
+                    .window = W,
+                    .kvwin = r->kvwin && W > 0,
                     .kv = &r->kv[k],
                     .acts = &r->ca[k],
                     .fm = &r->fm,
@@ -136,6 +145,15 @@ static layer_run layer_at(eng *e, run_bufs *r, const sched_row *row, const sbp_b
                     .lw = &r->lw,
                     .pd = r->pd.slab ? &r->pd : NULL};
     return lr;
+}
+
+/* Layer l's input and output slabs in the driver's layer inputs: x_l, and x_{l+1} or the last
+ * layer's output. */
+static real *input_of(const run_bufs *r, int l, size_t BTC) {
+    return r->xs + (size_t)l * BTC;
+}
+static real *output_of(const eng *e, const run_bufs *r, int l, size_t BTC) {
+    return l + 1 < e->L ? r->xs + (size_t)(l + 1) * BTC : r->xL;
 }
 
 static void free_bufs(eng *e, run_bufs *r) {
@@ -224,7 +242,8 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
     if (!pass_begin(e, &r, row, fc, 0)) goto out;
     for (int l = 0; l < L; l++)
         for (int bi = 0; bi < B; bi++) {
-            layer_run lr = layer_at(e, &r, row, b, l, bi);
+            layer_run lr = layer_at(e, &r, l, bi, kept_slot(row, l, B, bi), input_of(&r, l, BTC),
+                                    output_of(e, &r, l, BTC), NULL);
             if (row->keep_all && (!kv_acts_alloc(e, lr.kv, T, SBP_MEM_ACTIVATIONS) ||
                                   !chunk_acts_alloc(e, lr.acts, T, SBP_MEM_ACTIVATIONS)))
                 goto out;
@@ -236,9 +255,8 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
     r.g = ealloc(e, SBP_MEM_LAYER, BTC, "hidden-state gradient");
     if (e->oom) goto out;
     e->ops->zero(e, r.g, BTC); /* the head adds dH into it */
-    bucket_begin(e, BUCKET_HEAD);
-    if (!head_step(e, loss, r.g, r.xL, b, h)) goto out;
-    bucket_end(e, BUCKET_HEAD);
+    bucket_begin(e, SBP_BUCKET_HEAD);
+    if (!head_step(e, loss, r.g, r.xL, b, h) || !bucket_end(e, SBP_BUCKET_HEAD)) goto out;
     efree(e, r.xL);
     r.xL = NULL;
 
@@ -247,20 +265,20 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
     for (int l = L - 1; l >= 0; l--) {
         bucket_begin(e, l);
         for (int bi = 0; bi < B; bi++) {
-            layer_run lr = layer_at(e, &r, row, b, l, bi);
-            lr.y = NULL;
+            layer_run lr =
+                layer_at(e, &r, l, bi, kept_slot(row, l, B, bi), input_of(&r, l, BTC), NULL, r.g);
             layer_backward(e, &lr, c, !row->keep_all);
             if (row->keep_all) kv_acts_free(e, lr.kv), chunk_acts_free(e, lr.acts);
         }
-        bucket_end(e, l); /* the layer's gradient is complete: one fold or send per bucket */
+        /* the layer's gradient is complete: one fold or send per bucket */
+        if (!bucket_end(e, l)) goto out;
     }
     pass_end(e, &r, row);
-    bucket_begin(e, BUCKET_EMBED);
+    bucket_begin(e, SBP_BUCKET_EMBED);
     for (int bi = 0; bi < B && e->gemb; bi++) /* no gradient for a frozen embedding */
         embed_backward(e, r.g + bi * (size_t)T * e->C, e->ids + (size_t)bi * T,
                        b->ids + (size_t)bi * T, T);
-    bucket_end(e, BUCKET_EMBED);
-    ok = 1;
+    ok = bucket_end(e, SBP_BUCKET_EMBED);
 out:
     free_bufs(e, &r);
     return ok && !e->oom;
@@ -284,17 +302,7 @@ int drive_logprobs(eng *e, double *logp, const sbp_batch *b, int chunk, const he
     if (!pass_begin(e, &r, row, chunk, 0)) goto out;
     for (int l = 0; l < L; l++) {
         for (int bi = 0; bi < B; bi++) {
-            layer_run lr = {.w = &e->w[l],
-                            .x = x + bi * TC,
-                            .y = y + bi * TC,
-                            .kmask = e->mask + (size_t)bi * T,
-                            .window = sbp_layer_window(e->cfg, l),
-                            .kvwin = r.kvwin && sbp_layer_window(e->cfg, l) > 0,
-                            .kv = &kv,
-                            .acts = &ca,
-                            .fm = &r.fm,
-                            .nb = &r.nb,
-                            .lw = &r.lw};
+            layer_run lr = layer_at(e, &r, l, bi, 0, x, y, NULL);
             layer_forward(e, &lr, chunk);
         }
         real *t = x;

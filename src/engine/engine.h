@@ -78,7 +78,7 @@ struct eng {
     const uint8_t *mask;   /* (B, T) attention mask */
     const int32_t *tgt;    /* (B, T) the target predicted at t: labels[b][t+1], or −1 */
     /* NULL: the gradient views point into the slab (added to); else into a bucket scratch,
-     * folded or handed on per bucket (entry.c) */
+     * folded or handed on per bucket (fold.h) */
     struct grad_fold *fold;
 
     /* Gemma-3 (gemma.c); gemma 0 and the rest unused in the other families */
@@ -88,14 +88,12 @@ struct eng {
     real *norm1p;              /* the norm weights as used, 1 + w (w: the model's), one slab */
 };
 
-/* The gradient buckets, in the order the backward completes them (docs/distributed.md): the head
- * (final norm and an untied lm_head), layers L−1 … 0, the embedding. bucket_begin points the
- * bucket's gradient views at zeroed scratch; bucket_end rounds it (store) and folds it into the
- * slab, S ← S + g (one add per element), or hands it to the caller's hook. Both do nothing when
- * e->fold is NULL. With a tied head the embedding bucket begins with the head's. */
-enum { BUCKET_HEAD = -1, BUCKET_EMBED = -2 }; /* else a layer index */
-void bucket_begin(eng *e, int id);
-void bucket_end(eng *e, int id);
+/* The tensors of a parameter slab (views.c): slab holds the slab's elements from base on (0, or
+ * a bucket's scratch holding [base, base + n)); NULL when the family has no such tensor or there
+ * is no slab (a forward-only run has no gradients). */
+real *slab_view(real *slab, int64_t base, const sbp_params *ps, sbp_param_kind kind, int layer);
+void layer_views(layer_p *lp, real *slab, int64_t base, const sbp_params *ps, int l);
+void adapter_views(layer_p *lp, real *slab, int64_t base, const sbp_params *ps, int l);
 
 /* n reals (ealloc) or bytes charged to cat through the table, uninitialised; NULL when out of
  * memory (e->oom set). */
@@ -342,7 +340,6 @@ int head_logprobs(eng *e, double *logp, const real *hL /* (B, T, C) */, const sb
 
 /* What distinguishes the schedules, and nothing else (driver.c has the table). */
 typedef struct {
-    const char *name;
     int keep_all;     /* the forward keeps every activation (else only the layer inputs) */
     int chunked;      /* the layer runs in chunks of the user's size (else one chunk of T) */
     int chunk_logits; /* the logits run in passes of rows (else B·T·V materialised) */

@@ -3,150 +3,14 @@
  * RoPE tables, workspace), runs the driver and brings the gradients back. Compiled twice;
  * SBP_ENTRY gives the float and double copies distinct names. */
 #include "../core/err.h"
-#include "../dist/dist.h"
 #include "engine.h"
 #include "entry.h"
+#include "fold.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* A tensor of the slab; NULL when the family has none, or when there is no slab (a forward-only
- * run has no gradients). slab holds the slab's elements from base on (0, or a bucket's scratch
- * holding [base, base + n)). */
-static real *view(real *slab, int64_t base, const sbp_params *ps, sbp_param_kind kind, int layer) {
-    int64_t off = sbp_params_offset(ps, kind, layer);
-    return off < 0 || !slab ? NULL : slab + (off - base);
-}
-
-/* The adapter of projection kind in layer l (lora_A, lora_B views), from an adapter table. */
-static lora_ab adapter(real *slab, int64_t base, const sbp_params *ps, sbp_param_kind kind, int l) {
-    lora_ab ab = {NULL, NULL};
-    if (!slab || !ps) return ab;
-    const int64_t a = sbp_params_offset_lora(ps, kind, l, 1),
-                  b = sbp_params_offset_lora(ps, kind, l, 2);
-    if (a >= 0 && b >= 0) ab.A = slab + (a - base), ab.B = slab + (b - base);
-    return ab;
-}
-
-static void adapter_views(layer_p *lp, real *slab, int64_t base, const sbp_params *ps, int l) {
-    lp->aq = adapter(slab, base, ps, SBP_P_Q, l), lp->ak = adapter(slab, base, ps, SBP_P_K, l);
-    lp->av = adapter(slab, base, ps, SBP_P_V, l), lp->ao = adapter(slab, base, ps, SBP_P_O, l);
-    lp->ag = adapter(slab, base, ps, SBP_P_GATE, l), lp->au = adapter(slab, base, ps, SBP_P_UP, l);
-    lp->ad = adapter(slab, base, ps, SBP_P_DOWN, l);
-}
-
-static void layer_views(layer_p *lp, real *slab, int64_t base, const sbp_params *ps, int l) {
-    lp->wq = view(slab, base, ps, SBP_P_Q, l), lp->bq = view(slab, base, ps, SBP_P_QB, l);
-    lp->wk = view(slab, base, ps, SBP_P_K, l), lp->bk = view(slab, base, ps, SBP_P_KB, l);
-    lp->wv = view(slab, base, ps, SBP_P_V, l), lp->bv = view(slab, base, ps, SBP_P_VB, l);
-    lp->wo = view(slab, base, ps, SBP_P_O, l);
-    lp->q_norm = view(slab, base, ps, SBP_P_QNORM, l);
-    lp->k_norm = view(slab, base, ps, SBP_P_KNORM, l);
-    lp->wg = view(slab, base, ps, SBP_P_GATE, l), lp->wu = view(slab, base, ps, SBP_P_UP, l);
-    lp->wd = view(slab, base, ps, SBP_P_DOWN, l);
-    lp->in_norm = view(slab, base, ps, SBP_P_IN_NORM, l);
-    lp->post_norm = view(slab, base, ps, SBP_P_POST_NORM, l);
-    lp->pre_ff_norm = view(slab, base, ps, SBP_P_PRE_FF_NORM, l);
-    lp->post_ff_norm = view(slab, base, ps, SBP_P_POST_FF_NORM, l);
-}
-
-/* ---- the fold (sbp_engine_opts.fold) --------------------------------------------------------- */
-
-/* Where a micro-batch's gradient forms when it is folded: one bucket at a time in scratch, the
- * whole step's sum S in the slab. A tied embedding is written by the head and by the lookup, so
- * its bucket lives from the head to the end in a scratch of its own. */
-struct grad_fold {
-    real *S;                  /* (P) the slab on the backend */
-    real *scratch, *escratch; /* (largest other bucket), (V·C) with a tied head */
-    sbp_bucket *b;            /* (nb) completion order */
-    int nb, tied, failed;
-    const sbp_params *mps, *lps; /* the model's table; the adapter's or NULL */
-    const sbp_engine_opts *o;
-};
-
-/* Points bucket id's gradient views at buf, which holds the slab's elements [off, off + n). */
-static void point(eng *e, struct grad_fold *f, int id, real *buf, int64_t off) {
-    if (id >= 0 && f->lps)
-        adapter_views(&e->g[id], buf, off, f->lps, id);
-    else if (id >= 0)
-        layer_views(&e->g[id], buf, off, f->mps, id);
-    else if (id == BUCKET_HEAD) {
-        e->gfnorm = view(buf, off, f->mps, SBP_P_FINAL_NORM, -1);
-        if (!f->tied) e->ghead = view(buf, off, f->mps, SBP_P_LM_HEAD, -1);
-    } else {
-        e->gemb = view(buf, off, f->mps, SBP_P_EMBED, -1);
-        if (f->tied) e->ghead = e->gemb;
-    }
-}
-
-static real *buffer_of(struct grad_fold *f, int id) {
-    return id == BUCKET_EMBED && f->tied ? f->escratch : f->scratch;
-}
-
-/* Bucket id's gradient from zero in its scratch. */
-static void open_bucket(eng *e, struct grad_fold *f, int id) {
-    const sbp_bucket *bk = sbp_bucket_find(f->b, f->nb, id);
-    if (!bk) return; /* nothing trained there (LoRA: only the layers) */
-    real *buf = buffer_of(f, id);
-    e->ops->zero(e, buf, (size_t)bk->n);
-    point(e, f, id, buf, bk->off);
-}
-
-void bucket_begin(eng *e, int id) {
-    struct grad_fold *f = e->fold;
-    if (!f || (id == BUCKET_EMBED && f->tied)) return; /* a tied embedding began with the head */
-    open_bucket(e, f, id);
-    if (id == BUCKET_HEAD && f->tied) open_bucket(e, f, BUCKET_EMBED);
-}
-
-void bucket_end(eng *e, int id) {
-    struct grad_fold *f = e->fold;
-    if (!f) return;
-    const sbp_bucket *bk = sbp_bucket_find(f->b, f->nb, id);
-    if (!bk) return;
-    real *buf = buffer_of(f, id);
-    e->ops->store(e, buf, (size_t)bk->n); /* rounded as a whole step's gradient is */
-    if (f->o->bucket_hook) {
-        if (!f->o->bucket_hook(f->o->hook_ctx, bk->off, bk->n, buf)) f->failed = 1;
-    } else {
-        e->ops->add(e, f->S + bk->off, f->S + bk->off, buf, (size_t)bk->n); /* S ← S + g */
-    }
-}
-
-/* The fold's buckets and scratch; 0 when out of memory (e->oom set). */
-static int fold_begin(eng *e, struct grad_fold *f, const sbp_engine_opts *o, const sbp_model *m,
-                      real *S) {
-    const sbp_params *gps = o->lora ? &o->lora->params : &m->params;
-    *f = (struct grad_fold){.S = S,
-                            .tied = m->cfg.tied && !o->lora,
-                            .mps = &m->params,
-                            .lps = o->lora ? &o->lora->params : NULL,
-                            .o = o};
-    e->fold = f; /* fold_end frees what this allocated, whatever fails */
-    const int cap = m->cfg.layers + 2;
-    f->b = malloc(sizeof *f->b * (size_t)cap);
-    if (!f->b || (f->nb = sbp_grad_buckets(f->b, cap, gps)) < 0) {
-        snprintf(e->oom_what, sizeof e->oom_what, "gradient buckets");
-        return e->oom = 1, 0;
-    }
-    int64_t most = 0, emb = 0;
-    for (int i = 0; i < f->nb; i++)
-        if (f->tied && f->b[i].id == BUCKET_EMBED)
-            emb = f->b[i].n;
-        else if (f->b[i].n > most)
-            most = f->b[i].n;
-    f->scratch = ealloc(e, SBP_MEM_GRADS, (size_t)most, "bucket scratch of the fold");
-    if (emb) f->escratch = ealloc(e, SBP_MEM_GRADS, (size_t)emb, "embedding scratch of the fold");
-    return !e->oom;
-}
-
-static void fold_end(eng *e, struct grad_fold *f) {
-    efree(e, f->escratch), efree(e, f->scratch);
-    free(f->b);
-    e->fold = NULL;
-}
 
 /* The table a run computes with: a device's, or the CPU's of its numerics. */
 static const sbp_ops *run_table(const sbp_engine_opts *o) {
@@ -184,12 +48,12 @@ static void point_views(eng *e, layer_p *lw, layer_p *lgv, /* (L) each */
         }
     }
     e->w = lw, e->g = lgv;
-    e->emb = view(w, 0, &m->params, SBP_P_EMBED, -1);
-    e->gemb = view(gbase, 0, &m->params, SBP_P_EMBED, -1);
-    e->fnorm = view(w, 0, &m->params, SBP_P_FINAL_NORM, -1);
-    e->gfnorm = view(gbase, 0, &m->params, SBP_P_FINAL_NORM, -1);
-    e->head = m->cfg.tied ? e->emb : view(w, 0, &m->params, SBP_P_LM_HEAD, -1);
-    e->ghead = m->cfg.tied ? e->gemb : view(gbase, 0, &m->params, SBP_P_LM_HEAD, -1);
+    e->emb = slab_view(w, 0, &m->params, SBP_P_EMBED, -1);
+    e->gemb = slab_view(gbase, 0, &m->params, SBP_P_EMBED, -1);
+    e->fnorm = slab_view(w, 0, &m->params, SBP_P_FINAL_NORM, -1);
+    e->gfnorm = slab_view(gbase, 0, &m->params, SBP_P_FINAL_NORM, -1);
+    e->head = m->cfg.tied ? e->emb : slab_view(w, 0, &m->params, SBP_P_LM_HEAD, -1);
+    e->ghead = m->cfg.tied ? e->gemb : slab_view(gbase, 0, &m->params, SBP_P_LM_HEAD, -1);
 }
 
 /* SBP_ENTRY (src/kernels/real.h) names the two definitions, one per build of this file:
@@ -263,11 +127,13 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
     if (!h_tgt || !lw || !lgv) e.oom = 1;
     if (e.oom) goto out;
     /* with adapters the base model is frozen: its gradient views stay NULL; in a fold they are
-     * pointed at the scratch bucket by bucket (bucket_begin) */
+     * pointed at the scratch bucket by bucket (fold.h) */
     real *gbase = o->lora || o->fold ? NULL : g, *gad = o->fold ? NULL : g;
     point_views(&e, lw, lgv, w, aw, gbase, gad, m, o->lora);
     /* with a bucket hook there may be no slab: every bucket goes to the hook */
-    if (o->fold && (g || o->bucket_hook) && !fold_begin(&e, &fold, o, m, g)) goto out;
+    if (o->fold && (g || o->bucket_hook) &&
+        !fold_begin(&e, &fold, m, o->lora, g, o->bucket_hook, o->hook_ctx))
+        goto out;
 
     e.ws = ealloc(&e, SBP_MEM_LAYER, op->workspace(&e), "product workspace");
     const size_t half = (size_t)b->T * (c->head_dim / 2);
@@ -286,7 +152,7 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
         if (ok) op->download(&e, o->logp_out, logp, sizeof(double) * BT);
     } else {
         ok = drive(&e, loss, b, sched_row_of(o->schedule), o->chunk, &h);
-        if (ok && fold.failed) hook_failed = 1, ok = 0;
+        if (fold.failed) hook_failed = 1, ok = 0; /* the hook's failure comes first */
         if (ok && g) {
             op->store(&e, g, n_params); /* bf16 .grad tensors */
             op->download(&e, grads, g, slab);

@@ -4,6 +4,7 @@
 #define SBP_ENTRY_H
 
 #include "../core/objective.h"
+#include "../dist/buckets.h"
 #include "../streambp.h"
 
 /* One engine run's options, filled from the user's sbp_grad_opts by sbp_engine_resolve
@@ -28,8 +29,9 @@ typedef struct {
      * docs/distributed.md). 0: the gradients are added into grads as they form. */
     int fold;
     /* with fold, on the CPU: each completed bucket's gradient (rounded to the storage) goes to
-     * the hook instead of the fold; 0 from the hook fails the run (SBP_EIO) */
-    int (*bucket_hook)(void *ctx, int64_t off, int64_t n, const void *g /* (n) */);
+     * the hook instead of the fold; 0 from the hook stops the run (SBP_EIO, unless the hook's
+     * caller reports its own error) */
+    sbp_bucket_hook bucket_hook;
     void *hook_ctx;
     sbp_profile *profile; /* NULL, or the operations' times are added there (ops/profile.c) */
 } sbp_engine_opts;
