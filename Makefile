@@ -195,8 +195,9 @@ ifeq ($(SAN)$(SUITES),0)
 endif
 
 # Every relative markdown link and every docs/<page>.md §N or docs/<page>.md#anchor citation
-# in the tree resolves, and nothing cites a document outside the repository (tests/linkcheck.py;
-# docs/README.md says how § numbers map to headings). Python 3 standard library only. Part of
+# in the tree resolves, nothing cites a document outside the repository, and each fact of
+# tests/facts.txt is spelled out only in its home (tests/linkcheck.py; docs/README.md says how §
+# numbers map to headings). Python 3 standard library only. Part of
 # the whole `make test` (not of `make test SUITES=...`).
 linkcheck:
 	@python3 tests/linkcheck.py
