@@ -17,7 +17,7 @@ Markers: HTML comments on lines of their own (invisible on the rendered page).
     <!-- doctest: if: SHELL-TEST -->     skipped, the reason printed, unless SHELL-TEST succeeds
                                          (e.g. /usr/bin/python3 -c "import torch")
     <!-- doctest: exit N -->             the block must exit with status N (default 0)
-    <!-- doctest: timeout S -->          seconds the block may take (default 120)
+    <!-- doctest: timeout S -->          seconds the block may take (default 300)
   Anywhere:
     <!-- doctest: run: COMMAND -->       a block not shown on the page (one line), for numbers the
                                          page quotes from a command it does not show
@@ -48,9 +48,13 @@ import tempfile
 import time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-DEFAULT_TIMEOUT = 120
-# the blocks run as a user's shell would: not inside the make that may have started this script
+DEFAULT_TIMEOUT = 300
+# The blocks run as a user's shell would: not inside the make that may have started this script.
+# As in tests/run.sh, OpenMP threads wait passively unless told otherwise: spinning threads steal
+# the cores from the other processes of a loaded machine (a tiny train block took minutes), and
+# the wait policy changes no result.
 ENV = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+ENV.setdefault("OMP_WAIT_POLICY", "passive")
 MARKER = re.compile(r"^\s*<!--\s*doctest:\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)(.*)$")
 # a number: thousands separated by commas or not, a decimal part; not inside a longer number or
