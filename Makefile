@@ -84,7 +84,7 @@ LIB        := $(BUILD)/libstreambp.a
 BIN        := $(BUILD)/streambp
 
 .PHONY: all deps demo train-demo test format clean check-deps bench bench-torch bench-blas plots bench-compare \
-        portable-builds golden plants fuzz linkcheck test-avx2 bench-pgemm
+        portable-builds golden plants fuzz linkcheck doctest test-avx2 bench-pgemm
 all: deps
 	@$(MAKE) --no-print-directory $(BIN) $(LIB)
 
@@ -200,14 +200,26 @@ ifeq ($(SAN)$(SUITES),0)
 	@$(MAKE) --no-print-directory portable-builds
 	@for b in $(PORTABLE_BUILDS); do \
 	  STREAMBP=$$b/streambp tests/run.sh $(BUILD)/tests/test_golden || exit 1; done
+	@$(MAKE) --no-print-directory doctest
 endif
 
 # Every relative markdown link and every docs/<page>.md §N or docs/<page>.md#anchor citation
-# in the tree resolves, and nothing cites a document outside the repository (tests/linkcheck.py;
-# docs/README.md says how § numbers map to headings). Python 3 standard library only. Part of
+# in the tree resolves, nothing cites a document outside the repository, and each fact of
+# tests/facts.txt is spelled out only in its home (tests/linkcheck.py; docs/README.md says how §
+# numbers map to headings). Python 3 standard library only. Part of
 # the whole `make test` (not of `make test SUITES=...`).
 linkcheck:
 	@python3 tests/linkcheck.py
+
+# Every ```sh block of README.md and docs/*.md runs as written (from the repository root, each
+# page in a scratch directory that stands for /tmp/), and the numbers the pages quote from a
+# command are the ones it prints (tests/doctest.py; its markers skip blocks that need torch, a
+# GPU or minutes, with the reason printed). Blocks name build/streambp, so it checks the plain
+# build; part of the whole `make test` without SAN (not of `make test SUITES=...`).
+doctest:
+	@$(MAKE) --no-print-directory BUILD=build build/streambp
+	@echo "== tests/doctest.py (README.md, docs/*.md)"
+	@python3 tests/doctest.py
 
 # ---- portable numerics: the same digests from other compilers and instruction sets --------------
 # The sources built a second time with clang and a third time for baseline x86-64 (SSE2 only:

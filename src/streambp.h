@@ -382,10 +382,9 @@ const char *sbp_schedule_name(sbp_schedule s);
 int sbp_schedule_parse(const char *s, sbp_schedule *out); /* 1 on success */
 
 /* How the arithmetic is done (docs/numerics.md §1, §10):
- *   FAST      linear products on the portable product where the CPU has AVX-512, else on
- *             OpenBLAS, one single-threaded call per tile; attention tiles on our own: the
- *             three schedules agree bit for bit for chunks that are multiples of the block, at
- *             any thread count; the bits depend on the machine;
+ *   FAST      faster products, chosen by the instruction set of the build (which ones:
+ *             docs/numerics.md §10): the three schedules agree bit for bit for chunks that are
+ *             multiples of the block, at any thread count; the bits depend on the machine;
  *   PORTABLE  every operation by the portable arithmetic contract: the bits of every gradient
  *             and of the loss depend on (model, batch, objective, precision) only — not on the
  *             schedule, the chunk sizes, the thread count, the machine or the compiler. */

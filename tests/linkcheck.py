@@ -13,7 +13,13 @@ Checked, each failure printed as FILE:LINE: what is wrong:
        docs/x.md#anchor          docs/x.md exists and has that heading anchor
        dir/name.md               any other repository path of a markdown file exists
        README "Heading"          README.md has a heading of that title (help texts cite these)
-     and no file cites DESIGN.md or "DESIGN §N", a document that is not in the repository.
+     and no file cites DESIGN.md or "DESIGN §N", a document that is not in the repository;
+  3. each fact is defined once: tests/facts.txt (under ROOT; no file, no check) lists facts that
+     had been restated, and gone stale, in several places; each names its home file and a
+     pattern (a Python regular expression over a file's whole text) that a restatement of the
+     fact matches. The pattern must match in the home (else the rule guards nothing) and in no
+     other text file but those the entry allows (the dated history of docs/performance-log.md):
+     everywhere else the fact is cited, not spelled out.
 How § numbers map to headings: a section of a docs page is cited as §N when the page numbers its
 headings "## N. Title" (subsections "### N.M Title"); docs/numerics.md does. Other pages are cited
 by anchor.
@@ -30,8 +36,9 @@ import unicodedata
 
 TEXT_EXT = {".c", ".h", ".cu", ".cuh", ".cc", ".py", ".sh", ".md", ".toml", ".gp", ".txt", ".yml"}
 TEXT_NAMES = {"Makefile", "run"}  # .ci/run
-# the checker and its test: they spell out the forms, broken ones included
-SELF = {"tests/linkcheck.py", "tests/test_linkcheck.c"}
+# the checker, its test and its list of facts: they spell out the forms, broken ones included
+SELF = {"tests/linkcheck.py", "tests/test_linkcheck.c", "tests/facts.txt"}
+FACTS = "tests/facts.txt"
 
 
 def repo_files(root):
@@ -205,12 +212,80 @@ class Checker:
                 self.fail(path, text, m.start(), 'cites README "%s": no such heading' % m.group(1))
 
 
+def read_facts(root):
+    """[(name, home, compiled pattern, allowed paths)] from ROOT/tests/facts.txt, or [] when there
+    is none. Entries are blocks of "key: value" lines (fact, home, pattern, allow...), separated
+    by blank lines; '#' starts a comment line. A malformed entry is an error, not a skipped rule."""
+    text = read(root, FACTS)
+    if text is None:
+        return [], []
+    facts, errors, entry, start = [], [], {}, 0
+
+    def close(entry, line):
+        if not entry:
+            return
+        miss = [k for k in ("fact", "home", "pattern") if k not in entry]
+        if miss:
+            errors.append("%s:%d: entry without %s" % (FACTS, line, ", ".join(miss)))
+            return
+        try:
+            rx = re.compile(entry["pattern"])
+        except re.error as e:
+            errors.append("%s:%d: bad pattern: %s" % (FACTS, line, e))
+            return
+        facts.append((entry["fact"], entry["home"], rx, set(entry.get("allow", []))))
+
+    for i, line in enumerate(text.split("\n") + [""], 1):
+        if line.startswith("#"):
+            continue
+        if not line.strip():
+            close(entry, start)
+            entry = {}
+            continue
+        key, sep, value = line.partition(":")
+        key = key.strip()
+        if not sep or key not in ("fact", "home", "pattern", "allow"):
+            errors.append("%s:%d: expected fact:, home:, pattern: or allow:" % (FACTS, i))
+            continue
+        if not entry:
+            start = i
+        if key == "allow":
+            entry.setdefault("allow", []).append(value.strip())
+        else:
+            entry[key] = value.strip()
+    return facts, errors
+
+
+def check_facts(root, files, errors):
+    """Each fact's pattern matches in its home and nowhere else but where the entry allows."""
+    facts, errs = read_facts(root)
+    errors.extend(errs)
+    texts = {}
+    for f in files:
+        if is_text(f) and f not in SELF:
+            text = read(root, f)
+            if text is not None:
+                texts[f] = text
+    for name, home, rx, allow in facts:
+        if home not in texts or not rx.search(texts[home]):
+            errors.append("%s: the fact \"%s\" is not stated in its home %s (move the rule with "
+                          "the text)" % (FACTS, name, home))
+        for f, text in sorted(texts.items()):
+            if f == home or f in allow:
+                continue
+            m = rx.search(text)
+            if m:
+                errors.append("%s:%d: restates \"%s\", defined in %s: cite it there instead" %
+                              (f, text.count("\n", 0, m.start()) + 1, name, home))
+
+
 def main():
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
                            os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     c = Checker(root)
     n = 0
-    for f in repo_files(root):
+    files = repo_files(root)
+    for f in files:
         if not is_text(f) or f in SELF:
             continue
         text = read(root, f)
@@ -220,6 +295,7 @@ def main():
         if f.endswith(".md"):
             c.check_markdown(f, text)
         c.check_citations(f, text)
+    check_facts(root, files, c.errors)
     for e in c.errors:
         print(e)
     print("linkcheck: %d files, %s" % (n, "%d broken" % len(c.errors) if c.errors else "all resolve"),

@@ -3,9 +3,11 @@
  * citations all resolve passes, and each planted fault fails naming its file and line: a link to
  * a missing file, an anchor no heading has, a § number no heading has, a citation of a missing
  * docs page, a citation of DESIGN (not in the repository), a README section that does not exist.
- * A link inside a code block is not a link. The trees are built in the suite's temporary
- * directory (not a git work tree, so every file under it is checked); the script runs under
- * `timeout`. */
+ * A link inside a code block is not a link. Each fact of tests/facts.txt is stated in its home
+ * and nowhere else but where its entry allows: a restatement elsewhere fails naming the file,
+ * line and home, and so does a home that no longer states it or a malformed entry. The trees are
+ * built in the suite's temporary directory (not a git work tree, so every file under it is
+ * checked); the script runs under `timeout`. */
 #include "testutil.h"
 
 #include <stdio.h>
@@ -21,14 +23,20 @@ static const char *good_tree(const char *name) {
            "```sh\n[not a link](nowhere.md)\n```\n\nand `[code](nowhere.md)` neither.\n");
     tu_put(root, "data/p.png", "png");
     tu_put(root, "docs/numerics.md",
-           "# Numerics\n\n## 1. Promise\n\ntext\n\n## 2. Chains\n\n### 2.1 Products\n\n"
-           "Back to [the front page](../README.md#exactness).\n");
+           "# Numerics\n\n## 1. Promise\n\nThe default block is 512.\n\n## 2. Chains\n\n"
+           "### 2.1 Products\n\nBack to [the front page](../README.md#exactness).\n");
     tu_put(root, "docs/commands.md", "# Commands\n\n## Limits and bad input\n\ntext\n");
     tu_put(root, "src/kernels/gemm.c",
            "/* one chain per element (docs/numerics.md §2, §2.1); rules in\n"
            " * docs/numerics.md\n * §1; bad input: docs/commands.md#limits-and-bad-input;\n"
            " * README \"Exactness\" */\n");
     tu_put(root, "Makefile", "# docs/numerics.md §1\nall:\n");
+    /* one fact, stated in its home and in the history its entry allows; cited elsewhere */
+    tu_put(root, "tests/facts.txt",
+           "# a comment\n\nfact: the default block\nhome: docs/numerics.md\n"
+           "pattern: default block (?:is )?\\d+\nallow: docs/log.md\n");
+    tu_put(root, "docs/log.md", "# Log\n\nOn 12-01 the default block 256 became 512.\n");
+    tu_put(root, "src/kernels/linear.c", "/* the block: docs/numerics.md §1 */\n");
     return root;
 }
 
@@ -106,6 +114,31 @@ START_TEST(test_readme_section_fails) {
 }
 END_TEST
 
+START_TEST(test_restated_fact_fails) {
+    const char *root = good_tree("fact");
+    tu_put(root, "src/kernels/linear.c", "/* blocks of tokens:\n * the default block is 512 */\n");
+    expect_fail(root, "src/kernels/linear.c:2:",
+                "restates \"the default block\", defined in docs/numerics.md");
+}
+END_TEST
+
+START_TEST(test_fact_gone_from_home_fails) {
+    const char *root = good_tree("facthome");
+    tu_put(root, "docs/numerics.md",
+           "# Numerics\n\n## 1. Promise\n\ntext\n\n## 2. Chains\n\n### 2.1 Products\n\n"
+           "Back to [the front page](../README.md#exactness).\n");
+    expect_fail(root, "tests/facts.txt:",
+                "\"the default block\" is not stated in its home docs/numerics.md");
+}
+END_TEST
+
+START_TEST(test_bad_fact_entry_fails) {
+    const char *root = good_tree("factentry");
+    tu_put(root, "tests/facts.txt", "fact: a rule without a home\npattern: x\n");
+    expect_fail(root, "tests/facts.txt:1:", "entry without home");
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("linkcheck");
     TCase *tc = tcase_create("linkcheck");
@@ -119,6 +152,9 @@ int main(void) {
     tcase_add_test(tc, test_design_citation_fails);
     tcase_add_test(tc, test_outside_document_fails);
     tcase_add_test(tc, test_readme_section_fails);
+    tcase_add_test(tc, test_restated_fact_fails);
+    tcase_add_test(tc, test_fact_gone_from_home_fails);
+    tcase_add_test(tc, test_bad_fact_entry_fails);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

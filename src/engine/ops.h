@@ -3,8 +3,8 @@
  *
  * The schedule driver (driver.c) and the steps (steps/) never call a kernel, a BLAS routine or
  * memcpy by name: they call through e->ops. One table per backend and precision:
- *   cpu-fast      the fast mode: linear products on gemm.c (AVX-512) or OpenBLAS tiles,
- *                 attention tiles on fast/tile_mm.c (ops/cpu.c; docs/numerics.md §10)
+ *   cpu-fast      the fast mode: its faster products, chosen by the build's instruction set
+ *                 (ops/cpu.c; which ones: docs/numerics.md §10)
  *   cpu-portable  the portable mode: every product and reduction by docs/numerics.md §4, §5
  *                 (ops/cpu.c)
  *   plan          allocation only: the buffers are reserved by a planning ledger, every

@@ -12,12 +12,12 @@
  *    outputs only. Their bits depend on the inputs alone: not on the machine, the compiler, the
  *    thread count, or how the rows are split between calls. The CUDA kernels of cuda/ compute
  *    the same chains.
- *  - the kernels of fast/ are the fast mode's products: the linear layers on OpenBLAS (where
- *    PGEMM_TUNED is 0; otherwise the fast mode uses linear.c's, whose bits do not depend on the
- *    row split) and the attention tiles on a register-blocked product of our own
- *    (fast/tile_mm.c, the machine's vector fma), issued over fixed global token blocks
- *    [kB, (k+1)B) so that full BP, checkpointing and StreamBP make the same calls whenever their
- *    chunks are multiples of B.
+ *  - the kernels of fast/ are the fast mode's products (which runs where: docs/numerics.md
+ *    §10): the linear layers on OpenBLAS (where PGEMM_TUNED is 0; otherwise the fast mode uses
+ *    linear.c's, whose bits do not depend on the row split) and the attention tiles on a
+ *    register-blocked product of our own (fast/tile_mm.c, the machine's vector fma), issued
+ *    over fixed global token blocks [kB, (k+1)B) so that full BP, checkpointing and StreamBP
+ *    make the same calls whenever their chunks are multiples of B.
  * The elementwise and row kernels (RMSNorm, RoPE, SwiGLU, embedding, log-prob) are the portable
  * ones in both modes.
  * Row ranges are given as global token positions [s, e) within one sequence; pointers point at
@@ -34,14 +34,10 @@
 
 /* ---- the portable matrix product (gemm.c) ---------------------------------------------------- */
 
-/* 1 where gemm.c's micro-kernel is in intrinsics, tuned against OpenBLAS: the AVX-512 one
- * (0.86–1.06 of its rate at the bench model's layer and LM-head shapes, 1 thread, 2026-12-03,
- * since the packs stream) and the AVX2 + FMA one (an x86-64-v3 build against OpenBLAS's Haswell
- * kernels on a Zen 4, 1 thread, 2026-12-04, bench/pgemm_rates.c: a step's products at 1.01 of
- * the rate of OpenBLAS's tile grid and 0.96 of whole-sequence cblas_sgemm calls, with dW per
- * token block as the fast mode sums it; 1.05 and 0.98–0.99 with one dW call); the fast mode then
- * runs every linear product, the LM head's included, on it. 0 where it is plain C (unmeasured
- * against OpenBLAS). */
+/* 1 where gemm.c's micro-kernel is in intrinsics (AVX-512, or AVX2 + FMA), tuned against
+ * OpenBLAS: the fast mode then runs every linear product, the LM head's included, on it; 0 where
+ * it is plain C (docs/numerics.md §10; the rates that chose this: docs/performance.md, "The AVX2
+ * path"). */
 /* make OPT="-O3 -DPGEMM_TUNED=0": OpenBLAS's tiles in the fast mode, to time the two builds */
 #ifndef PGEMM_TUNED
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))

@@ -6,12 +6,12 @@
  *                                       i ascending (lanes.h's lanes_exp_sum_d before its tree)
  *
  * The exponentials of attention's softmax (T²/2 per head and layer, forward and backward) and of
- * the vocabulary's log-softmax (T·V, twice) are the step's largest elementwise work: at
- * T = 8192 about 6% of a full-BP step (perf, bench model, 1 thread, Zen 4). GCC vectorizes
- * sbp_pexpf's scalar code as written, selects and all; written in intrinsics it runs 1.9×
- * (AVX-512) and 1.7× (AVX2) as fast on rows of 128: with AVX-512, vscalefps computes p·2^n with
- * one correct rounding, subnormals included, which is what sbp_pexpf spells out in two exact
- * products and a rounded one; with AVX2 those steps stay, in integer lanes. The result is the
+ * the vocabulary's log-softmax (T·V, twice) are the step's largest elementwise work. GCC
+ * vectorizes sbp_pexpf's scalar code as written, selects and all; written in intrinsics it runs
+ * faster (the dated rates: docs/performance-log.md, "The softmaxes' exponentials"): with
+ * AVX-512, vscalefps computes p·2^n with one correct rounding, subnormals included, which is
+ * what sbp_pexpf spells out in two exact products and a rounded one; with AVX2 those steps
+ * stay, in integer lanes. The result is the
  * same float as rexp's for every one of the 2^32 inputs (tests/test_vexp.c: a sample of every
  * exponent and every float around each threshold in CI, all 2^32 with SBP_VEXP_EXHAUSTIVE=1),
  * so no bit of either numerics mode changes, the portable ones included, and the CUDA kernels

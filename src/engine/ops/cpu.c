@@ -1,8 +1,7 @@
-/* cpu.c — the CPU op tables: fast (linear products on gemm.c where the CPU has AVX-512, else on
- * OpenBLAS tiles; attention tiles on fast/tile_mm.c; docs/numerics.md §10) and portable (every
- * operation by the contract of docs/numerics.md §2 to §8). They share everything but those two
- * kernels; the backend's memory is the host's, so mirroring is the identity and up/downloads are
- * copies at most.
+/* cpu.c — the CPU op tables: fast (the products the build's instruction set picks,
+ * docs/numerics.md §10) and portable (every operation by the contract of docs/numerics.md §2 to
+ * §8). They share everything but those two kernels; the backend's memory is the host's, so
+ * mirroring is the identity and up/downloads are copies at most.
  *
  * The bf16 storage mode (e->bf16) lives here: each operation rounds what it produces. */
 #include "../../kernels/kernels.h"
@@ -170,8 +169,8 @@ static void cpu_rope_table(const eng *e, real *cos, real *sin) {
  * layers moved first (a full-BP step of the bench model at T = 2048 took 0.91x the time on 2
  * threads); the head followed once pgemm's packs streamed (gemm.c: its whole-range products
  * read 0.86-1.06 of cblas_sgemm at 2048 x 32000 x 512 and its two backward shapes, and a
- * full-BP step 0.91x the time on 1 thread; docs/performance-log.md). Elsewhere every product
- * stays on OpenBLAS's tiles. */
+ * full-BP step 0.91x the time on 1 thread; docs/performance-log.md). Where it is not tuned,
+ * OpenBLAS's tiles (docs/numerics.md §10). */
 static void fast_linear_forward(const eng *e, real *y, const real *x, const real *w, const real *b,
                                 int s, int end, int N, int K) {
     if (PGEMM_TUNED)
