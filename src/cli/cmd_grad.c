@@ -432,6 +432,8 @@ int cmd_grad(int argc, char **argv) {
     for (int i = 0; i < a.n_batches && !st; i++)
         st = sbp_batch_load_as(&b[i], a.batch[i], &cfg, a.g.objective.kind, a.obj.scale_rewards,
                                &err);
+    for (int i = 0; i < a.n_batches && !st && rank == 0; i++)
+        if (note_fast_chunks("grad", &a.g, b[i].T)) break;
     /* host memory: a GPU's own memory is the CUDA runtime's to refuse */
     if (!st && !a.force && a.g.device != SBP_DEVICE_CUDA) st = check_memory(&a, &cfg, b, &err);
     /* on a device the ledger records the device's memory only */

@@ -31,8 +31,8 @@ static void fix_openblas_core(char **argv) {
 static const char usage[] =
     "usage: streambp <command> [options]\n"
     "\n"
-    "Exact gradients of Hugging Face decoders (Qwen3, Qwen2.5, Llama-3) with full BP, gradient\n"
-    "checkpointing and StreamBP, bit-identical across schedules.\n"
+    "Exact gradients of Hugging Face decoders (Qwen3, Qwen2.5, Llama-3, Gemma-3) with full BP,\n"
+    "gradient checkpointing and StreamBP, bit-identical across schedules.\n"
     "\n"
     "commands:\n"
     "  grad      compute the gradient of one step and write it (safetensors, HF names)\n"
@@ -46,7 +46,8 @@ static const char usage[] =
     "  version   print the version\n"
     "\n"
     "Run `streambp <command> --help` for the options of a command.\n"
-    "Exit status: 0 success, 1 a check failed (mismatch, NaN/Inf), 2 usage or input error.\n";
+    "Exit status: 0 success, 1 a check failed (mismatch, NaN/Inf), 2 usage or input error,\n"
+    "3 a peer process failed or went silent (under mpirun).\n";
 
 int main(int argc, char **argv) {
     fix_openblas_core(argv);

@@ -85,4 +85,10 @@ int common_opt_code(int c);
  * field in o). */
 int common_opt(common_opts *o, int c, const char *arg);
 
+/* The fast numerics keep full = ckpt = stream bit for bit only when the layer chunk (stream) and
+ * the logits chunk (stream, or --chunked-logits) are multiples of the block or hold all T tokens
+ * (docs/numerics.md §1). When g's chunks give that up at T (T <= 0: a length not known yet, any)
+ * this says so on stderr, naming the option, and returns 1. */
+int note_fast_chunks(const char *cmd, const sbp_grad_opts *g, int T);
+
 #endif
