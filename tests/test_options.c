@@ -3,8 +3,9 @@
  * command printed it before the parsing moved into one place; and the values reach the command
  * (a plan's heading shows the block and chunks given, --json gives JSON). Every case runs the
  * binary under `timeout`. Also what issue 56 found a user tripping on: a budget no step fits, the
- * option a command misses or does not know, one range for a LoRA rank, and the note when chunks
- * give up the fast numerics' bitwise promise (the last three on a tiny model). */
+ * option a command misses or does not know, one range for a LoRA rank, the thread count's one
+ * rule and passive waiting, and the note when chunks give up the fast numerics' bitwise promise
+ * (the last three on a tiny model). */
 #include "testutil.h"
 
 #include <stdio.h>
@@ -109,6 +110,62 @@ START_TEST(test_budget_some_schedules_fit) {
 }
 END_TEST
 
+/* OpenMP threads wait passively unless the user chose a policy: the runtime's spin count, as
+ * libgomp reports it (OMP_DISPLAY_ENV=verbose, the last report: the process's own after it ran
+ * itself again), is 0. Spinning threads made a loaded machine 10-100x slower (issue 56). */
+START_TEST(test_passive_waiting_by_default) {
+    const char *env = "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_DISPLAY_ENV=verbose";
+    int rc = tu_sh("%s %s version 2>&1 | grep GOMP_SPINCOUNT | tail -1", env, tu_bin());
+    if (rc != 0 || !strstr(tu_last_output(), "GOMP_SPINCOUNT")) {
+        printf("test_passive_waiting_by_default: not GCC's libgomp; skipped\n");
+        return;
+    }
+    ck_assert_msg(strstr(tu_last_output(), "GOMP_SPINCOUNT = '0'"), "%s", tu_last_output());
+    /* the user's choice stands */
+    tu_sh("%s OMP_WAIT_POLICY=active %s version 2>&1 | grep GOMP_SPINCOUNT | tail -1", env,
+          tu_bin());
+    ck_assert_msg(!strstr(tu_last_output(), "'0'"), "%s", tu_last_output());
+    tu_sh("%s GOMP_SPINCOUNT=1234 %s version 2>&1 | grep GOMP_SPINCOUNT | tail -1", env, tu_bin());
+    ck_assert_msg(strstr(tu_last_output(), "'1234'"), "%s", tu_last_output());
+}
+END_TEST
+
+/* One default thread count for grad, train and bench: OMP_NUM_THREADS when set (grad and train
+ * took every core whatever it said, bench 2), --threads over it. */
+START_TEST(test_one_thread_rule) {
+    const char *m = tu_model("qwen3-tiny", 1);
+    const char *grad = "grad --batch data/batches/sft-tiny.safetensors --json --model";
+    char with_two[700];
+    snprintf(with_two, sizeof with_two, "%s --threads 2", m);
+    const char *bench = "bench --config data/models/qwen3-tiny.json --seq 16 --schedules stream "
+                        "--numerics fast --no-train --reps 1 --warmup 0 --json";
+    struct {
+        const char *env, *args, *arg2, *want;
+    } runs[] = {
+        {"OMP_NUM_THREADS=1", grad, m, "\"threads\":\t1,"},
+        {"OMP_NUM_THREADS=3", grad, m, "\"threads\":\t3,"},
+        {"OMP_NUM_THREADS=1", grad, with_two, "\"threads\":\t2,"},
+        {"OMP_NUM_THREADS=1", bench, "", "\"threads\":\t1,"},
+        {"OMP_NUM_THREADS=3", bench, "", "\"threads\":\t3,"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        int rc = tu_sh("%s timeout 120 %s %s %s 2>/dev/null", runs[i].env, tu_bin(), runs[i].args,
+                       runs[i].arg2);
+        ck_assert_msg(rc == 0 && strstr(tu_last_output(), runs[i].want),
+                      "`%s streambp %s %s` exited %d, not %s:\n%s", runs[i].env, runs[i].args,
+                      runs[i].arg2, rc, runs[i].want, tu_last_output());
+    }
+    /* train records it in trainer_state.json's "run" */
+    const char *run = tu_path("run-threads");
+    int rc = tu_sh("OMP_NUM_THREADS=1 timeout 120 %s train --model %s --jsonl "
+                   "data/train/counting.jsonl --seq 16 --steps 1 --save-every 1 --out %s",
+                   tu_bin(), m, run);
+    ck_assert_msg(rc == 0, "%s", tu_last_output());
+    rc = tu_sh("grep -h '\"threads\"' %s/checkpoint-1/trainer_state.json", run);
+    ck_assert_msg(rc == 0 && strstr(tu_last_output(), "\"threads\":\t1,"), "%s", tu_last_output());
+}
+END_TEST
+
 /* The fast numerics' bitwise promise needs chunks that are block multiples: giving it up is said
  * on stderr (it was silent), and only then. */
 START_TEST(test_chunk_note) {
@@ -155,6 +212,8 @@ int main(void) {
     tcase_add_test(tc, test_bad_values_name_command_and_option);
     tcase_add_test(tc, test_values_reach_the_command);
     tcase_add_test(tc, test_budget_some_schedules_fit);
+    tcase_add_test(tc, test_passive_waiting_by_default);
+    tcase_add_test(tc, test_one_thread_rule);
     tcase_add_test(tc, test_chunk_note);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);

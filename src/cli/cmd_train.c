@@ -33,7 +33,6 @@
 
 #include <getopt.h>
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,9 +77,7 @@ static const char usage[] =
     "engine (these may change when resuming)\n"
     "  --schedule S         full | ckpt | stream (default stream)\n"
     "  --block N            token block (default 512); the gradient's bits depend on it\n"
-    "  --chunk N, --logit-chunk N, --chunked-logits   as for grad\n"
-    "  --threads N          OpenMP/OpenBLAS threads (default: all cores)\n"
-    "output\n"
+    "  --chunk N, --logit-chunk N, --chunked-logits   as for grad\n" THREADS_USAGE "output\n"
     "  --out DIR            run directory (created; must not hold another run)\n"
     "  --save-every N       write OUT/checkpoint-N every N steps (default 0: none)\n"
     "  --resume PATH        continue from a checkpoint directory, or from the newest\n"
@@ -311,7 +308,7 @@ static int parse(train_args *a, int argc, char **argv) {
     o->adam = (sbp_adamw_opts){.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0};
     o->max_grad_norm = 1.0;
     o->g.schedule = SBP_STREAM;
-    o->threads = omp_get_num_procs();
+    o->threads = default_threads();
     common_opts co = {.cmd = "train",
                       .model = &o->model,
                       .block = &o->g.block,

@@ -2,6 +2,7 @@
 #include "options.h"
 #include "cli.h"
 
+#include <omp.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -61,6 +62,11 @@ int common_opt(common_opts *o, int c, const char *arg) {
     }
     fprintf(stderr, "streambp %s: option code %d is not a shared option\n", cmd, c);
     return 0;
+}
+
+int default_threads(void) {
+    int n = omp_get_max_threads(); /* before any omp_set_num_threads of this process */
+    return n < 1 ? 1 : n > SBP_MAX_THREADS ? SBP_MAX_THREADS : n;
 }
 
 /* A chunk of n tokens (0: the default, default_n) that splits a token block of a T-token row. */
