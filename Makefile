@@ -181,6 +181,8 @@ $(BUILD)/tests/test_%: $(BUILD)/tests/test_%.o $(BUILD)/tests/testutil.o $(F64_O
 
 # make test SUITES="io train emu": only those suites (tests/test_<name>.c, emu = the emulator's own
 # test); every suite otherwise. The golden digests of the other builds run with the full set only.
+# tests/run.sh then runs the Python helper's tests (python/tests, with Debian's python3-torch and
+# python3-pytest when installed); the reruns of test_golden with other binaries leave them out.
 RUN_TESTS = $(if $(SUITES),$(filter $(addprefix %/test_,$(SUITES)),$(TESTS)),$(TESTS))
 # tests/mpi_ranks.sh (mpirun): with every suite, or SUITES naming dist (test_dist, the protocol, too)
 RUN_DIST  = $(if $(SUITES),$(filter dist,$(SUITES)),1)
@@ -195,11 +197,11 @@ test: deps $(if $(SUITES),,linkcheck)
 	  STREAMBP=$(BIN) FAULTS=$(FAULTS_BIN) tests/mpi_ranks.sh; else echo "== tests/mpi_ranks.sh: skipped (no MPI)"; fi; fi
 ifeq ($(SAN)$(SUITES),0)
 	@echo "== golden digests on the CUDA kernels in the SIMT emulator, shuffled thread order"
-	@SBP_GOLDEN_DEVICE=cuda-emu SBP_EMU_ORDER=shuffle:7 STREAMBP=$(BIN) \
+	@SBP_GOLDEN_DEVICE=cuda-emu SBP_EMU_ORDER=shuffle:7 STREAMBP=$(BIN) SBP_PYTHON_TESTS=0 \
 	  tests/run.sh $(BUILD)/tests/test_golden
 	@$(MAKE) --no-print-directory portable-builds
 	@for b in $(PORTABLE_BUILDS); do \
-	  STREAMBP=$$b/streambp tests/run.sh $(BUILD)/tests/test_golden || exit 1; done
+	  STREAMBP=$$b/streambp SBP_PYTHON_TESTS=0 tests/run.sh $(BUILD)/tests/test_golden || exit 1; done
 	@$(MAKE) --no-print-directory doctest
 endif
 
@@ -242,6 +244,7 @@ portable-builds:
 # attention's per-tile output (test_attnout), and the fast mode's gradients against a float64
 # truth within their bounds (test_accuracy: the AVX2 products and key-tile transposes computing
 # the right thing, which bitwise agreement between schedules alone would not show). Part of CI.
+# The Python helper's tests ran with the main build's binary; not again here (SBP_PYTHON_TESTS=0).
 AVX2_BUILD := build-avx2
 test-avx2:
 	@if ! grep -qw avx2 /proc/cpuinfo || ! grep -qw fma /proc/cpuinfo; then \
@@ -249,7 +252,7 @@ test-avx2:
 	$(MAKE) --no-print-directory BUILD=$(AVX2_BUILD) ARCH=x86-64-v3 $(AVX2_BUILD)/streambp && \
 	if objdump -d $(AVX2_BUILD)/streambp | grep -q zmm; then \
 	  echo "test-avx2: $(AVX2_BUILD)/streambp holds AVX-512 instructions"; exit 1; fi && \
-	$(MAKE) --no-print-directory BUILD=$(AVX2_BUILD) ARCH=x86-64-v3 test \
+	SBP_PYTHON_TESTS=0 $(MAKE) --no-print-directory BUILD=$(AVX2_BUILD) ARCH=x86-64-v3 test \
 	  SUITES="golden schedules kernels pgemm pgemmfold attnout accuracy vexp"
 
 golden: all

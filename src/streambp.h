@@ -107,6 +107,7 @@ double sbp_attn_scale(const sbp_config *cfg);
 #define SBP_MAX_PARAMS   (1LL << 42) /* parameters: 4.4e12, 16 TiB in float32 */
 #define SBP_MAX_BLOCK    (1 << 20)   /* sbp_grad_opts.block: a token block of 1M tokens */
 #define SBP_MAX_THREADS  4096        /* sbp_set_threads */
+#define SBP_MAX_LORA_R   65536       /* a LoRA adapter's rank r */
 
 /* Reads and validates a config.json. */
 sbp_status sbp_config_load(sbp_config *cfg, const char *path, sbp_err *err);

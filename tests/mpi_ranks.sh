@@ -3,10 +3,11 @@
 # of `mpirun -np N streambp grad` with 12 micro-batches is the same bytes (the loss in its metadata
 # included) as one process without a launcher, for N = 1..4, across schedules, tied and untied
 # heads, DPO, GRPO, LoRA, bf16 storage and fp64; N not dividing the micro-batches exits 2 on every
-# rank; a build without MPI under `mpirun -np 2` exits 2 (NOMPI=path of such a binary, optional);
-# a rank killed or stopped at the first, a middle or the last bucket ends the job with the first
-# error (exit 3 naming a silent peer), for every family under grad and train, with the faults
-# build of tests/faults.c (FAULTS, default beside STREAMBP: tests/streambp-faults).
+# rank (train: before its run directory is begun); a build without MPI under `mpirun -np 2` exits 2
+# (NOMPI=path of such a binary, optional); a rank killed or stopped at the first, a middle or the
+# last bucket ends the job with the first error (exit 3 naming a silent peer), for every family
+# under grad and train, with the faults build of tests/faults.c (FAULTS, default beside STREAMBP:
+# tests/streambp-faults).
 #
 #   STREAMBP=build/streambp FAULTS=build/tests/streambp-faults [NOMPI=build-nompi/streambp] \
 #       tests/mpi_ranks.sh
@@ -308,6 +309,17 @@ if [ $rc = 2 ] && grep -q "12 micro-batches cannot be shared by 5 processes" "$T
     ok "N=5 with 12 micro-batches: exit 2, named"
 else
     bad "N=5 with 12 micro-batches: exit $rc ($(tail -1 "$TMP/log"))"
+fi
+
+# ... and train refuses it before it writes anything: no run directory (loss.csv, timing.csv)
+"${MPIRUN[@]}" -np 2 "$BIN" train --model "$L" --jsonl data/train/counting.jsonl --seq 16 \
+    --steps 2 --grad-accum 3 --threads 1 --out "$TMP/fail-n" >"$TMP/log" 2>&1
+rc=$?
+if [ $rc = 2 ] && grep -q "3 micro-batches a step (--grad-accum) cannot be shared by 2 processes" \
+    "$TMP/log" && [ ! -e "$TMP/fail-n" ]; then
+    ok "train N=2 with --grad-accum 3: exit 2, named, nothing written"
+else
+    bad "train N=2 with --grad-accum 3: exit $rc, $(ls "$TMP/fail-n" 2>/dev/null | tr '\n' ' ')($(grep -m1 'streambp' "$TMP/log"))"
 fi
 
 # a build without MPI under a launcher with more than one process exits 2

@@ -4,6 +4,8 @@
  * differences in float64 and full = ckpt = stream bit for bit. */
 #include "testutil.h"
 
+#include <cJSON.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,6 +121,63 @@ START_TEST(config_refused) {
     sbp_err err;
     ck_assert_msg(!parse(&c, "{\"model_type\": \"gemma3_text\", \"hidden_act\": \"gelu\"}", &err),
                   "%s", err.msg);
+}
+END_TEST
+
+/* layer_types and use_bidirectional_attention (tests/gemma3_layer_types.json; what HF makes of the
+ * same configs: python/tests/test_gemma3_config_hf.py): accepted where layer_types is the
+ * pattern's layout, with those layers local; refused, named, where HF would compute another
+ * model than the pattern's, which ref/ and the torch cross-check read. */
+START_TEST(config_layer_types) {
+    size_t n;
+    char *text = tu_slurp("tests/gemma3_layer_types.json", &n);
+    cJSON *doc = cJSON_ParseWithLength(text, n);
+    free(text);
+    const cJSON *cases = cJSON_GetObjectItemCaseSensitive(doc, "cases"), *k;
+    ck_assert_msg(cJSON_GetArraySize(cases) >= 7, "tests/gemma3_layer_types.json: no cases");
+    cJSON_ArrayForEach(k, cases) {
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(k, "name"));
+        char *json = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(k, "config"));
+        const cJSON *local = cJSON_GetObjectItemCaseSensitive(k, "local");
+        const char *why = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(k, "refused"));
+        sbp_config c;
+        sbp_err err;
+        sbp_status st = parse(&c, json, &err);
+        if (why) {
+            ck_assert_msg(st == SBP_EINPUT, "%s: accepted", name);
+            ck_assert_msg(strstr(err.msg, why), "%s: the message does not say \"%s\": %s", name,
+                          why, err.msg);
+        } else {
+            ck_assert_msg(!st, "%s: %s", name, err.msg);
+            ck_assert_int_eq(cJSON_GetArraySize(local), c.layers);
+            for (int l = 0; l < c.layers; l++)
+                ck_assert_msg((sbp_layer_window(&c, l) > 0) ==
+                                  (int)cJSON_GetNumberValue(cJSON_GetArrayItem(local, l)),
+                              "%s: layer %d", name, l);
+        }
+        cJSON_free(json);
+    }
+    cJSON_Delete(doc);
+    /* the other families' layers are all full attention */
+    static const char *llama =
+        "{\"model_type\": \"llama\", \"vocab_size\": 10, \"hidden_size\": 8, "
+        "\"intermediate_size\": 8, \"num_hidden_layers\": 2, "
+        "\"num_attention_heads\": 2, \"rms_norm_eps\": 1e-5, \"layer_types\": ";
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s[\"full_attention\", \"full_attention\"]}", llama);
+    sbp_config c;
+    sbp_err err;
+    ck_assert_msg(!parse(&c, buf, &err), "%s", err.msg);
+    snprintf(buf, sizeof buf, "%s[\"full_attention\", \"sliding_attention\"]}", llama);
+    refused(buf, "layer_types[1] is not \"full_attention\"");
+    refused("{\"model_type\": \"gemma3_text\", \"num_hidden_layers\": 2, \"layer_types\": "
+            "[\"sliding_attention\"]}",
+            "layer_types must be a list of 2");
+    refused("{\"model_type\": \"gemma3_text\", \"num_hidden_layers\": 2, \"layer_types\": "
+            "[\"sliding_attention\", \"chunked_attention\"]}",
+            "layer_types[1] is not");
+    refused("{\"model_type\": \"gemma3_text\", \"use_bidirectional_attention\": \"yes\"}",
+            "use_bidirectional_attention");
 }
 END_TEST
 
@@ -680,6 +739,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, config_defaults);
     tcase_add_test(tc, config_wrapper);
     tcase_add_test(tc, config_refused);
+    tcase_add_test(tc, config_layer_types);
     tcase_add_test(tc, config_pad);
     tcase_add_test(tc, config_save);
     tcase_add_test(tc, params_table);

@@ -167,6 +167,14 @@ static void bad_values(const char *cmd_args, const char *opt) {
     }
 }
 
+/* The same for a seed, whose range is [0, 2^64): 2^63 is a seed (it passed as a bad value only
+ * because the usage printed after a missing option named --seed). */
+static void bad_seeds(const char *cmd_args) {
+    static const char *const bad[] = {"1e30", "-1", "18446744073709551616", "12abc", "", " -1"};
+    for (int i = 0; i < 6; i++)
+        check_run(run_cli("%s --seed '%s'", cmd_args, bad[i]), 2, "--seed must be");
+}
+
 START_TEST(int_options) {
     static const char *const train[] = {"batch-size",
                                         "block",
@@ -176,7 +184,6 @@ START_TEST(int_options) {
                                         "logit-chunk",
                                         "max-completion-length",
                                         "save-every",
-                                        "seed",
                                         "seq",
                                         "steps",
                                         "stop-at",
@@ -192,9 +199,10 @@ START_TEST(int_options) {
     static const char *const bench[] = {"block", "chunk",   "logit-chunk", "reps",
                                         "seq",   "threads", "warmup"};
     for (size_t i = 0; i < sizeof bench / sizeof *bench; i++) bad_values("bench", bench[i]);
-    bad_values("init", "seed");
+    bad_seeds("train");
+    bad_seeds("init");
     bad_values("lora init", "r");
-    bad_values("lora init", "seed");
+    bad_seeds("lora init");
     static const char *const verify[] = {"block", "chunks", "threads", "max-completion-length"};
     for (size_t i = 0; i < sizeof verify / sizeof *verify; i++) bad_values("verify", verify[i]);
     /* seeds take the whole of [0, 2^64) and nothing past it */

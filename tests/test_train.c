@@ -550,7 +550,7 @@ START_TEST(bad_options_and_data) {
     expect_usage("--lr-scheduler must be", "--model %s %s --steps 5 --lr-scheduler exp --out %s", m,
                  base, out);
     expect_usage("fp32 or fp64", "--model %s %s --steps 5 --precision bf16 --out %s", m, base, out);
-    expect_usage("--steps are required", "--model %s %s --out %s", m, base, out);
+    expect_usage("missing --steps N", "--model %s %s --out %s", m, base, out);
     expect_usage("--jsonl needs --seq",
                  "--model %s --jsonl data/train/counting.jsonl --steps 5 "
                  "--out %s",

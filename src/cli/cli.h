@@ -27,7 +27,8 @@ int parse_int_opt(const char *cmd, const char *opt, const char *text, int64_t lo
                   int64_t *out);
 /* A seed: any integer in [0, 2^64). */
 int parse_seed_opt(const char *cmd, const char *opt, const char *text, unsigned long long *out);
-/* parse_int_opt in [1, 2^30] (--block and --threads: their own limits in streambp.h). */
+/* parse_int_opt in [1, 2^30] (--block, --threads and a LoRA rank: their own limits in
+ * streambp.h). */
 int parse_pos_int(const char *cmd, const char *opt, const char *text, int *out);
 int parse_precision(const char *cmd, const char *text, sbp_precision *out);
 int parse_numerics(const char *cmd, const char *text, sbp_numerics *out);

@@ -29,7 +29,7 @@ static const char usage[] =
     "  --schedules LIST   of full, ckpt, ckpt-chunked, stream (default full,ckpt,stream)\n"
     "  --numerics LIST    of fast, portable (default: both up to T = 4096, fast above); the\n"
     "                     portable product's rate is measured beside sgemm's at the same shapes\n"
-    "  --threads N        default 2\n"
+    "  --threads N        default: OMP_NUM_THREADS, else every core this process may use\n"
     "  --reps N           timed rounds per T (default 3 up to T = 4096, then 1); a round runs\n"
     "                     every schedule once, in one process, after the warm-up rounds;\n"
     "                     memory is measured by one step per schedule, each in a process of\n"
@@ -141,7 +141,7 @@ static int parse(bench_args *a, int argc, char **argv) {
     a->sched = "full,ckpt,stream";
     /* chunk, logit_chunk 0: the engine's defaults for the block, set after the options; reps 0
      * and warmup -1: the defaults by T; numerics 0: the default */
-    a->o = (sbp_bench_opts){.threads = 2,
+    a->o = (sbp_bench_opts){.threads = default_threads(),
                             .warmup = -1,
                             .block = SBP_DEFAULT_BLOCK,
                             .device = SBP_DEVICE_CPU,

@@ -8,7 +8,6 @@
 #include "../core/err.h"
 
 #include <getopt.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,8 +41,7 @@ static const char usage[] =
     "                       compute the portable numerics, bit for bit the CPU's\n"
     "  --lora DIR           a LoRA adapter (peft's layout: `streambp lora init`, or peft's\n"
     "                       save_pretrained): the base model frozen, the gradient is the\n"
-    "                       adapter's, written under peft's names\n" UNATTENDED_USAGE
-    "  --threads N          OpenMP/OpenBLAS threads (default: all cores; at most 4096)\n"
+    "                       adapter's, written under peft's names\n" UNATTENDED_USAGE THREADS_USAGE
     "  --json               print a JSON object instead of the text report\n"
     "  --mem-limit SIZE     memory the step may use, e.g. 8G (default: what is available: the\n"
     "                       least of MemAvailable, ulimit -v/-d and the cgroup's memory.max)\n"
@@ -110,7 +108,7 @@ static int parse(grad_args *a, int argc, char **argv) {
                       .json = &a->json};
     obj_args_init(&a->obj);
     a->g.schedule = SBP_STREAM;
-    a->threads = omp_get_num_procs();
+    a->threads = default_threads();
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -432,6 +430,8 @@ int cmd_grad(int argc, char **argv) {
     for (int i = 0; i < a.n_batches && !st; i++)
         st = sbp_batch_load_as(&b[i], a.batch[i], &cfg, a.g.objective.kind, a.obj.scale_rewards,
                                &err);
+    for (int i = 0; i < a.n_batches && !st && rank == 0; i++)
+        if (note_fast_chunks("grad", &a.g, b[i].T)) break;
     /* host memory: a GPU's own memory is the CUDA runtime's to refuse */
     if (!st && !a.force && a.g.device != SBP_DEVICE_CUDA) st = check_memory(&a, &cfg, b, &err);
     /* on a device the ledger records the device's memory only */

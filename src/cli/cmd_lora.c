@@ -20,7 +20,7 @@ static const char usage[] =
     "  --out DIR            the adapter directory to write; written in a temporary directory\n"
     "                       beside it and renamed into place (never a mix of two adapters)\n"
     "  --force              replace an adapter already in DIR (refused without it)\n"
-    "  --r N                rank (default 8)\n"
+    "  --r N                rank, 1 to 65536 (default 8)\n"
     "  --alpha X            lora_alpha (default 16); the scaling is alpha/r\n"
     "  --rslora             use_rslora: the scaling is alpha/sqrt(r)\n"
     "  --targets LIST       q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all-linear\n"

@@ -655,6 +655,61 @@ static void print_plan_json(const plan_args *a, const char *path, int64_t nparam
     print_json(o);
 }
 
+/* --budget: whether the shortest step (T = 1, a DPO row 2) of some schedule in use[] fits. A
+ * schedule that does not would show T = 0 and a row of zeros: with none fitting this says what
+ * the budget cannot hold (the weights alone, or the step's least) and returns EXIT_USAGE; one
+ * that does not beside others that do gets a note. 0 when some schedule fits. */
+static int budget_holds_a_step(const plan_args *a, const int use[PLAN_N_SCHEDULES]) {
+    const plan_setup *s = &a->s;
+    const int T_min = s->obj.kind == SBP_OBJ_DPO ? 2 : 1;
+    int64_t need[PLAN_N_SCHEDULES] = {0};
+    sbp_ledger least = {.peak_total = INT64_MAX};
+    int fits = 0, best = -1;
+    for (int k = 0; k < PLAN_N_SCHEDULES; k++) {
+        if (!use[k]) continue;
+        sbp_plan_opts po = plan_opts(s, &all_rows[k]);
+        po.T = T_min;
+        sbp_ledger lg;
+        sbp_err err = {0};
+        if (sbp_plan(&lg, &s->cfg, &po, &err) == SBP_ENOMEM) { /* no address space for it */
+            need[k] = INT64_MAX;
+            continue;
+        }
+        if (err.status) return report_error("plan", &err);
+        need[k] = lg.peak_total;
+        fits |= need[k] <= a->budget;
+        if (need[k] < least.peak_total) least = lg, best = k;
+    }
+    if (fits) {
+        for (int k = 0; k < PLAN_N_SCHEDULES; k++)
+            if (use[k] && need[k] > a->budget)
+                fprintf(stderr,
+                        "streambp plan: note: %s does not fit %.2f GiB even at T = %d (%.2f GiB): "
+                        "its row shows T = 0\n",
+                        all_rows[k].name, gib(a->budget), T_min, gib(need[k]));
+        return 0;
+    }
+    if (best < 0) {
+        fprintf(stderr, "streambp plan: no schedule's shortest step can be planned in this "
+                        "process's address space: no sequence fits the budget\n");
+        return EXIT_USAGE;
+    }
+    const int64_t *at = least.at_peak;
+    if (at[SBP_MEM_WEIGHTS] > a->budget)
+        fprintf(stderr,
+                "streambp plan: the weights alone take %.2f GiB (%s storage), more than the "
+                "budget of %.2f GiB: no sequence fits\n",
+                gib(at[SBP_MEM_WEIGHTS]), s->storage == 2 ? "bf16" : "fp32", gib(a->budget));
+    else
+        fprintf(stderr,
+                "streambp plan: the shortest step (T = %d) needs %.2f GiB with %s, the least of "
+                "the schedules (weights %.2f GiB, gradients %.2f GiB, optimizer %.2f GiB), more "
+                "than the budget of %.2f GiB: no sequence fits\n",
+                T_min, gib(least.peak_total), all_rows[best].name, gib(at[SBP_MEM_WEIGHTS]),
+                gib(at[SBP_MEM_GRADS]), gib(at[SBP_MEM_OPTIMIZER]), gib(a->budget));
+    return EXIT_USAGE;
+}
+
 /* One row per schedule in use[]: its peak at T, or its largest T within the budget; as CSV, into
  * jrows (--json) or as a table row. 0, or the exit status of an error. */
 static int plan_rows(const plan_args *a, const int use[PLAN_N_SCHEDULES], cJSON *jrows) {
@@ -760,6 +815,7 @@ int cmd_plan(int argc, char **argv) {
     sbp_params_free(&ps), sbp_params_free(&lps);
     if (err.status) return report_error("plan", &err);
     const int rows = s->obj.kind == SBP_OBJ_DPO ? 2 * s->B : s->B;
+    if (a.budget && (rc = budget_holds_a_step(&a, use))) return rc;
     if (a.csv) {
         printf("schedule,T");
         for (int k = 0; k < SBP_MEM_NCATS; k++) printf(",%s", sbp_mem_cat_name(k));

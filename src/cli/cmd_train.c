@@ -33,7 +33,6 @@
 
 #include <getopt.h>
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,10 +76,8 @@ static const char usage[] =
     "                       fp32)\n"
     "engine (these may change when resuming)\n"
     "  --schedule S         full | ckpt | stream (default stream)\n"
-    "  --chunk N, --logit-chunk N, --chunked-logits   as for grad\n"
     "  --block N            token block (default 512); the gradient's bits depend on it\n"
-    "  --threads N          OpenMP/OpenBLAS threads (default: all cores)\n"
-    "output\n"
+    "  --chunk N, --logit-chunk N, --chunked-logits   as for grad\n" THREADS_USAGE "output\n"
     "  --out DIR            run directory (created; must not hold another run)\n"
     "  --save-every N       write OUT/checkpoint-N every N steps (default 0: none)\n"
     "  --resume PATH        continue from a checkpoint directory, or from the newest\n"
@@ -209,11 +206,19 @@ static int parse_option(train_args *a, int c, const char *arg) {
  * the objective and AdamW; then the library's view of them (a->o). 0, or the exit code. */
 static int check_args(train_args *a) {
     sbp_train_opts *o = &a->o;
-    if (!o->model || !a->out || !o->steps || (!o->n_data && !o->jsonl)) {
+    const char *need[4] = {!o->model ? "--model DIR" : NULL,
+                           !o->n_data && !o->jsonl ? "--data PATH or --jsonl FILE" : NULL,
+                           !a->out ? "--out DIR" : NULL, !o->steps ? "--steps N" : NULL};
+    char missing[128] = "";
+    for (int i = 0; i < 4; i++)
+        if (need[i])
+            snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s",
+                     missing[0] ? ", " : "", need[i]);
+    if (missing[0]) {
         fprintf(stderr,
-                "streambp train: --model, --data or --jsonl, --out and --steps are "
-                "required\n%s",
-                usage);
+                "streambp train: missing %s (--model, --data or --jsonl, --out and --steps are "
+                "required; `streambp train --help` lists the options)\n",
+                missing);
         return EXIT_USAGE;
     }
     const char *paths[MAX_DATA + 6] = {o->model,         a->out,  a->resume,
@@ -303,7 +308,7 @@ static int parse(train_args *a, int argc, char **argv) {
     o->adam = (sbp_adamw_opts){.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0};
     o->max_grad_norm = 1.0;
     o->g.schedule = SBP_STREAM;
-    o->threads = omp_get_num_procs();
+    o->threads = default_threads();
     common_opts co = {.cmd = "train",
                       .model = &o->model,
                       .block = &o->g.block,
@@ -570,6 +575,7 @@ int cmd_train(int argc, char **argv) {
                 "streambp train: note: %s lists no file hashes (written before "
                 "checkpoints recorded them); its files are not verified\n",
                 begin.ckpt);
+    if (talk && !st) note_fast_chunks("train", &a.o.g, a.o.jsonl ? a.o.T : 0);
     if (talk && !st && begin.stale_logs)
         fprintf(stderr,
                 "streambp train: note: %s holds the logs of a run that ended before its "

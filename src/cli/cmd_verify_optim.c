@@ -47,7 +47,8 @@ int verify_optim(int argc, char **argv) {
         return 0;
     }
     if (argc != 1) {
-        fputs(usage, stderr);
+        fprintf(stderr, "streambp verify optim: takes no %s, got \"%s\"\n%s",
+                argv[1][0] == '-' ? "options (but --help)" : "arguments", argv[1], usage);
         return EXIT_USAGE;
     }
     printf("optimizer steps against the float64 oracle (ref/adamw.c)\n");

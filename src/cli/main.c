@@ -12,27 +12,48 @@ char *openblas_get_corename(void); /* from OpenBLAS; not in every cblas.h */
 /* OpenBLAS 0.3.21 (Debian 12) does not know newer x86 models (e.g. Emerald Rapids, family 6 model
  * 207) and falls back to its generic "Prescott" SSE3 kernels, about 6x slower than the AVX-512
  * ones on the same core. The kernels are chosen when the library loads, from OPENBLAS_CORETYPE;
- * so when that is unset and OpenBLAS picked Prescott on a CPU with AVX-512 or AVX2, the process
- * sets it and runs itself again. Bits of the fast numerics depend on the kernels anyway (the
- * portable numerics do not use OpenBLAS). STREAMBP_NO_CORETYPE=1 keeps OpenBLAS's choice. */
-static void fix_openblas_core(char **argv) {
-    if (getenv("OPENBLAS_CORETYPE") || getenv("STREAMBP_NO_CORETYPE")) return;
-    if (strcmp(openblas_get_corename(), "Prescott") != 0) return;
+ * so when that is unset and OpenBLAS picked Prescott on a CPU with AVX-512 or AVX2, this sets it
+ * (and the caller runs the process again). Bits of the fast numerics depend on the kernels anyway
+ * (the portable numerics do not use OpenBLAS). STREAMBP_NO_CORETYPE=1 keeps OpenBLAS's choice.
+ * 1 when it set the variable. */
+static int fix_openblas_core(void) {
+    if (getenv("OPENBLAS_CORETYPE") || getenv("STREAMBP_NO_CORETYPE")) return 0;
+    if (strcmp(openblas_get_corename(), "Prescott") != 0) return 0;
     __builtin_cpu_init();
     const char *core = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
                            ? "SkylakeX"
                        : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
                                                                                          : NULL;
-    if (!core || setenv("OPENBLAS_CORETYPE", core, 1) != 0) return;
-    execv("/proc/self/exe", argv); /* returns only on failure: then run as we are */
-    unsetenv("OPENBLAS_CORETYPE");
+    return core && setenv("OPENBLAS_CORETYPE", core, 1) == 0;
+}
+
+/* OpenMP threads (ours and OpenBLAS's, one runtime) that wait at a barrier spin first: GCC's
+ * libgomp about 300,000 rounds before it sleeps. Beside other busy processes a spinning thread
+ * holds a core the thread it waits for needs: the tiny demo's step took 1-3 s instead of 0.1 s
+ * (docs/performance.md#threads-and-a-busy-machine). Passive waiting cost a calm machine nothing
+ * measurable there, so it is the default unless the user chose a policy
+ * (OMP_WAIT_POLICY, or libgomp's GOMP_SPINCOUNT). libgomp reads the variable when it loads,
+ * before main, so the caller runs the process again. 1 when it set the variable. */
+static int quiet_openmp_wait(void) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return 0;
+    return setenv("OMP_WAIT_POLICY", "passive", 1) == 0;
+}
+
+/* Sets the environment the libraries read when they load, and runs this binary again when that
+ * changed anything. A failed exec runs on as we are, with the libraries' own choices. */
+static void library_environment(char **argv) {
+    int core = fix_openblas_core();
+    int wait = quiet_openmp_wait();
+    if (!core && !wait) return;
+    execv("/proc/self/exe", argv); /* returns only on failure */
+    if (core) unsetenv("OPENBLAS_CORETYPE");
 }
 
 static const char usage[] =
     "usage: streambp <command> [options]\n"
     "\n"
-    "Exact gradients of Hugging Face decoders (Qwen3, Qwen2.5, Llama-3) with full BP, gradient\n"
-    "checkpointing and StreamBP, bit-identical across schedules.\n"
+    "Exact gradients of Hugging Face decoders (Qwen3, Qwen2.5, Llama-3, Gemma-3) with full BP,\n"
+    "gradient checkpointing and StreamBP, bit-identical across schedules.\n"
     "\n"
     "commands:\n"
     "  grad      compute the gradient of one step and write it (safetensors, HF names)\n"
@@ -46,10 +67,13 @@ static const char usage[] =
     "  version   print the version\n"
     "\n"
     "Run `streambp <command> --help` for the options of a command.\n"
-    "Exit status: 0 success, 1 a check failed (mismatch, NaN/Inf), 2 usage or input error.\n";
+    "Exit status: 0 success, 1 a check failed (mismatch, NaN/Inf), 2 usage or input error,\n"
+    "3 a peer process failed or went silent (under mpirun).\n"
+    "Threads: --threads N, else OMP_NUM_THREADS, else every core this process may use; OpenMP\n"
+    "threads wait passively unless OMP_WAIT_POLICY says otherwise (docs/performance.md).\n";
 
 int main(int argc, char **argv) {
-    fix_openblas_core(argv);
+    library_environment(argv);
     if (argc < 2) {
         fputs(usage, stderr);
         return EXIT_USAGE;

@@ -2,7 +2,9 @@
 #include "options.h"
 #include "cli.h"
 
+#include <omp.h>
 #include <stdio.h>
+#include <string.h>
 
 int common_opt_code(int c) {
     return c >= COMMON_OPT_MODEL && c < COMMON_OPT_END_;
@@ -60,4 +62,40 @@ int common_opt(common_opts *o, int c, const char *arg) {
     }
     fprintf(stderr, "streambp %s: option code %d is not a shared option\n", cmd, c);
     return 0;
+}
+
+int default_threads(void) {
+    int n = omp_get_max_threads(); /* before any omp_set_num_threads of this process */
+    return n < 1 ? 1 : n > SBP_MAX_THREADS ? SBP_MAX_THREADS : n;
+}
+
+/* A chunk of n tokens (0: the default, default_n) that splits a token block of a T-token row. */
+static int splits_blocks(int n, int default_n, int block, int T) {
+    n = n ? n : default_n;
+    return n % block && (T <= 0 || n < T);
+}
+
+int note_fast_chunks(const char *cmd, const sbp_grad_opts *g, int T) {
+    if (g->numerics != SBP_NUMERICS_FAST || g->device != SBP_DEVICE_CPU) return 0;
+    const int block = g->block ? g->block : SBP_DEFAULT_BLOCK;
+    const int layer =
+        g->schedule == SBP_STREAM && splits_blocks(g->chunk, SBP_DEFAULT_CHUNK(block), block, T);
+    const int logits = (g->schedule == SBP_STREAM || g->chunked_logits) &&
+                       splits_blocks(g->logit_chunk, block, block, T);
+    if (!layer && !logits) return 0;
+    char what[96];
+    const int chunk = g->chunk ? g->chunk : SBP_DEFAULT_CHUNK(block),
+              logit = g->logit_chunk ? g->logit_chunk : block;
+    if (layer && logits)
+        snprintf(what, sizeof what, "--chunk %d and --logit-chunk %d are not multiples", chunk,
+                 logit);
+    else
+        snprintf(what, sizeof what, "--%s %d is not a multiple", layer ? "chunk" : "logit-chunk",
+                 layer ? chunk : logit);
+    fprintf(stderr,
+            "streambp %s: note: %s of --block %d: in the fast numerics full, ckpt and stream "
+            "then agree to rounding, not bit for bit (docs/numerics.md section 1); give "
+            "multiples of the block%s for the bitwise promise\n",
+            cmd, what, block, strcmp(cmd, "train") ? ", or --numerics portable," : "");
+    return 1;
 }

@@ -85,4 +85,18 @@ int common_opt_code(int c);
  * field in o). */
 int common_opt(common_opts *o, int c, const char *arg);
 
+/* The thread count without --threads, one rule for grad, train and bench: OpenMP's own default
+ * (OMP_NUM_THREADS's first value when set, else the cores this process may run on), at most
+ * SBP_MAX_THREADS. */
+int default_threads(void);
+/* The fast numerics keep full = ckpt = stream bit for bit only when the layer chunk (stream) and
+ * the logits chunk (stream, or --chunked-logits) are multiples of the block or hold all T tokens
+ * (docs/numerics.md §1). When g's chunks give that up at T (T <= 0: a length not known yet, any)
+ * this says so on stderr, naming the option, and returns 1. */
+int note_fast_chunks(const char *cmd, const sbp_grad_opts *g, int T);
+/* The --help line of --threads for the commands that use default_threads. */
+#define THREADS_USAGE                                                                              \
+    "  --threads N          OpenMP/OpenBLAS threads (default: OMP_NUM_THREADS, else every core\n"  \
+    "                       this process may use; at most 4096)\n"
+
 #endif

@@ -19,6 +19,7 @@
 static long max_of(const char *opt) {
     if (strcmp(opt, "block") == 0) return SBP_MAX_BLOCK;
     if (strcmp(opt, "threads") == 0) return SBP_MAX_THREADS;
+    if (strcmp(opt, "r") == 0 || strcmp(opt, "lora-r") == 0) return SBP_MAX_LORA_R;
     return 1L << 30;
 }
 

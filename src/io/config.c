@@ -156,6 +156,75 @@ static int must_be_null(const cJSON *o, const char *key, const char *why, const 
     return 0;
 }
 
+/* The layer kind HF's layer_types names for layer l, given as a string: 1 sliding, 0 full, -1 any
+ * other (HF knows others, e.g. "chunked_attention", that these models do not use). */
+static int layer_kind(const cJSON *v) {
+    const char *s = cJSON_GetStringValue(v);
+    return !s                                    ? -1
+           : strcmp(s, "sliding_attention") == 0 ? 1
+           : strcmp(s, "full_attention") == 0    ? 0
+                                                 : -1;
+}
+
+/* layer_types (transformers 4.53 and later write it): a list of "sliding_attention" and
+ * "full_attention", one per layer, that decides which layers are local, sliding_window_pattern
+ * then being read only when layer_types is absent. The engine knows the pattern's layouts (every
+ * pattern-th layer global: sbp_layer_window), and so do ref/ and verify/torch_grads.py, which
+ * read sliding_window_pattern only; so a layer_types that the pattern (6 when absent, HF's
+ * default) does not give is refused, naming the first layer that differs and the pattern that
+ * would give it when there is one, rather than followed by one reader and not another. Every
+ * other family's layers are all full attention. */
+static int check_layer_types(const cJSON *t, const sbp_config *c, int pattern_given,
+                             const char *what, sbp_err *err) {
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(t, "layer_types");
+    if (!lt || cJSON_IsNull(lt)) return 1;
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->layers) {
+        sbp_fail(err, SBP_EINPUT,
+                 "%s: layer_types must be a list of %d layer kinds (one per layer, "
+                 "num_hidden_layers)",
+                 what, c->layers);
+        return 0;
+    }
+    int first_full = -1; /* the pattern layer_types has: first_full + 1, when it has one */
+    for (int l = 0; l < c->layers; l++) {
+        const int k = layer_kind(cJSON_GetArrayItem(lt, l));
+        if (k < 0 || (k == 1 && c->family != SBP_GEMMA3)) {
+            sbp_fail(err, SBP_EINPUT, "%s: layer_types[%d] is not %s", what, l,
+                     c->family == SBP_GEMMA3 ? "\"sliding_attention\" or \"full_attention\""
+                                             : "\"full_attention\" (sliding-window attention "
+                                               "is Gemma-3's only)");
+            return 0;
+        }
+        if (k == 0 && first_full < 0) first_full = l;
+    }
+    if (c->family != SBP_GEMMA3) return 1;
+    const int implied = first_full < 0 ? c->layers + 1 : first_full + 1;
+    int periodic = 1, differs = -1;
+    for (int l = 0; l < c->layers; l++) {
+        const int k = layer_kind(cJSON_GetArrayItem(lt, l));
+        periodic &= k == ((l + 1) % implied != 0);
+        if (differs < 0 && k != ((l + 1) % c->sliding_window_pattern != 0)) differs = l;
+    }
+    if (differs < 0) return 1;
+    char fix[160];
+    if (periodic)
+        snprintf(fix, sizeof fix,
+                 "give \"sliding_window_pattern\": %d, which makes the same layers "
+                 "local",
+                 implied);
+    else
+        snprintf(fix, sizeof fix,
+                 "its layout is no sliding_window_pattern's (every pattern-th "
+                 "layer global), the only ones streambp computes");
+    sbp_fail(err, SBP_EINPUT,
+             "%s: layer_types[%d] is \"%s_attention\", but sliding_window_pattern %d%s makes "
+             "layer %d %s; HF follows layer_types, streambp reads the pattern: %s",
+             what, differs, layer_kind(cJSON_GetArrayItem(lt, differs)) ? "sliding" : "full",
+             c->sliding_window_pattern, pattern_given ? "" : " (the default)", differs,
+             (differs + 1) % c->sliding_window_pattern ? "local" : "global", fix);
+    return 0;
+}
+
 /* The Gemma-3 fields (Gemma3TextConfig, HF 4.51.3, with its defaults). */
 static int parse_gemma3(const cJSON *t, sbp_config *c, const char *what, sbp_err *err) {
     const char *act =
@@ -191,12 +260,24 @@ static int parse_gemma3(const cJSON *t, sbp_config *c, const char *what, sbp_err
                  what);
         return 0;
     }
+    /* EmbeddingGemma's configs (transformers 4.56 and later): every query sees every key, the
+     * window halved; the engine computes causal decoders */
+    int bidirectional;
+    if (!get_bool(t, "use_bidirectional_attention", 0, &bidirectional, what, err)) return 0;
+    if (bidirectional) {
+        sbp_fail(err, SBP_EINPUT,
+                 "%s: use_bidirectional_attention is true; bidirectional (non-causal) attention "
+                 "is not implemented: streambp computes causal decoders",
+                 what);
+        return 0;
+    }
     if (!(c->rope_local_theta > 0) || !(c->query_pre_attn_scalar > 0)) {
         sbp_fail(err, SBP_EINPUT, "%s: rope_local_base_freq and query_pre_attn_scalar must be > 0",
                  what);
         return 0;
     }
-    return 1;
+    const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(t, "sliding_window_pattern");
+    return check_layer_types(t, c, pattern && !cJSON_IsNull(pattern), what, err);
 }
 
 static int check_unsupported(const cJSON *o, const sbp_config *c, const char *what, sbp_err *err) {
@@ -448,7 +529,9 @@ sbp_status sbp_config_parse(sbp_config *cfg, const char *json, const char *what,
     }
     c.qkv_bias = c.family == SBP_QWEN2;
     c.qk_norm = c.family == SBP_QWEN3 || gem;
-    if (!check_unsupported(t, &c, what, err) || (gem && !parse_gemma3(t, &c, what, err))) goto out;
+    if (!check_unsupported(t, &c, what, err) || (gem && !parse_gemma3(t, &c, what, err)) ||
+        (!gem && !check_layer_types(t, &c, 0, what, err)))
+        goto out;
     if (!get_num(t, "rope_theta", 0, gem ? 1e6 : 10000.0, &c.rope_theta, what, err)) goto out;
     if (!parse_rope(&c, cJSON_GetObjectItemCaseSensitive(t, "rope_scaling"), "rope_scaling", what,
                     err) ||

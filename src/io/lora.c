@@ -73,8 +73,9 @@ static void features(const sbp_config *c, sbp_param_kind k, int64_t *in, int64_t
 }
 
 static sbp_status check_config(const sbp_lora_config *c, sbp_err *err) {
-    if (c->r < 1 || c->r > 65536)
-        return sbp_fail(err, SBP_EUSAGE, "the LoRA rank r must be in [1, 65536] (got %d)", c->r);
+    if (c->r < 1 || c->r > SBP_MAX_LORA_R)
+        return sbp_fail(err, SBP_EUSAGE, "the LoRA rank r must be in [1, %d] (got %d)",
+                        SBP_MAX_LORA_R, c->r);
     if (!(c->alpha > 0) || !isfinite(c->alpha))
         return sbp_fail(err, SBP_EUSAGE, "lora_alpha must be > 0 and finite (got %g)", c->alpha);
     if (!c->targets || (c->targets & ~(unsigned)SBP_LORA_ALL))

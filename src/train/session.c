@@ -4,6 +4,7 @@
 #include "run.h"
 
 #include "../core/err.h"
+#include "../dist/dist.h"
 #include "../io/file.h"
 #include "zero2.h"
 
@@ -98,6 +99,14 @@ static sbp_status resume(sbp_train_run *r, const sbp_train_opts *o, const char *
 sbp_status sbp_train_run_open(sbp_train_run *r, const sbp_train_opts *o, const char *ckpt,
                               sbp_ledger *lg, sbp_err *err) {
     memset(r, 0, sizeof *r);
+    /* before anything is loaded or written: the first step would refuse it (sbp_dist_grad) after
+     * the run directory's logs were begun */
+    const int N = sbp_comm_size(o->g.comm);
+    if (o->grad_accum % N)
+        return sbp_fail(err, SBP_EUSAGE,
+                        "%d micro-batches a step (--grad-accum) cannot be shared by %d processes: "
+                        "the process count must divide them",
+                        o->grad_accum, N);
     sbp_status st = load_inputs(r, o, lg, err);
     if (st) return st;
     int per = sbp_data_items_per_batch(r->data);
