@@ -1,5 +1,5 @@
 /* test_doctest.c — tests/doctest.py, the runner that makes every ```sh block of README.md and
- * docs/*.md run as written and checks the numbers the pages quote against what the commands
+ * docs/<page>.md run as written and checks the numbers the pages quote against what the commands
  * print (issue 56). `make doctest` runs it on the repository; here it runs on planted pages in
  * the suite's temporary directory: a page whose blocks, markers and checks all hold passes and
  * prints each skipped block's reason; each planted fault fails naming the page and line: a
@@ -10,6 +10,7 @@
 #include "testutil.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* A page whose blocks all run as announced and whose numbers are what its commands print. */
