@@ -180,7 +180,7 @@ RUN_DIST  = $(if $(SUITES),$(filter dist,$(SUITES)),1)
 # against kernel internals, and an interface change had broken it unseen.
 
 test: deps $(if $(SUITES),,linkcheck)
-	@$(MAKE) --no-print-directory $(BIN) $(RUN_TESTS) $(if $(filter %/test_plant,$(RUN_TESTS)),plants) \
+	@$(MAKE) --no-print-directory $(BIN) $(RUN_TESTS) $(if $(filter %/test_plant %/test_selftest,$(RUN_TESTS)),plants) \
 	  $(if $(SUITES),,$(BUILD)/bench/pgemm_rates)
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(RUN_TESTS)
 	@if [ -n "$(RUN_DIST)" ]; then if [ "$(MPI)" = 1 ]; then echo "== tests/mpi_ranks.sh (mpirun)"; \
@@ -236,7 +236,8 @@ golden: all
 	@$(MAKE) --no-print-directory $(BUILD)/tests/test_golden
 	SBP_GOLDEN_UPDATE=1 STREAMBP=$(BIN) tests/run.sh $(BUILD)/tests/test_golden
 
-# Binaries with one planted bug each, for tests/test_plant.c (tests/plant.sh lists them).
+# Binaries with one planted bug each, for tests/test_plant.c and tests/test_selftest.c
+# (tests/plant.sh lists them).
 plants: $(BIN)
 	@CC="$(CC)" CFLAGS="$(CFLAGS)" LDFLAGS="$(LDFLAGS)" LDLIBS="$(LDLIBS)" LD="$(LD)" \
 	  BUILD=$(BUILD) OBJS="$(CLI_OBJ) $(COMMON_OBJ) $(BACKEND_OBJ)" F32_OBJ="$(F32_OBJ)" tests/plant.sh

@@ -4,6 +4,7 @@
  * tell the two apart) fails naming the case and the tensor; the default `verify` runs the step. */
 #include "testutil.h"
 
+#include <cJSON.h>
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,12 +57,26 @@ START_TEST(a_changed_digest_fails) {
 END_TEST
 
 START_TEST(default_verify_runs_it) {
-    int rc = tu_sh("timeout 300 '%s' verify", tu_bin());
-    ck_assert_msg(rc == 0 && strstr(tu_last_output(), "golden: "), "exit %d: %s", rc,
+    /* the default run ends with the golden step and the self-test (test_selftest.c) */
+    int rc = tu_sh("timeout 600 '%s' verify", tu_bin());
+    ck_assert_msg(rc == 0 && strstr(tu_last_output(), "case runs on 1 device") &&
+                      strstr(tu_last_output(), "self-test: 11 of 11 planted faults"),
+                  "exit %d: %s", rc, tu_last_output());
+    rc = tu_sh("timeout 600 '%s' verify --no-golden --json", tu_bin());
+    cJSON *doc = cJSON_Parse(tu_last_output());
+    ck_assert_msg(rc == 0 && doc && !cJSON_GetObjectItem(doc, "golden"), "exit %d: %.2000s", rc,
                   tu_last_output());
-    rc = tu_sh("timeout 300 '%s' verify --no-golden", tu_bin());
-    ck_assert_msg(rc == 0 && !strstr(tu_last_output(), "golden: "), "exit %d: %s", rc,
-                  tu_last_output());
+    const cJSON *st = cJSON_GetObjectItem(doc, "self_test");
+    ck_assert_msg(st && cJSON_IsTrue(cJSON_GetObjectItem(st, "pass")) &&
+                      cJSON_GetArraySize(cJSON_GetObjectItem(st, "faults")) == 11,
+                  "%.2000s", tu_last_output());
+    cJSON_Delete(doc);
+    rc = tu_sh("timeout 300 '%s' verify --no-golden --no-self-test --schedules full "
+               "--precisions fp64 --numerics fast --threads 1",
+               tu_bin());
+    ck_assert_msg(rc == 0 && !strstr(tu_last_output(), "case runs on") &&
+                      !strstr(tu_last_output(), "self-test"),
+                  "exit %d: %s", rc, tu_last_output());
     tu_expect_usage("gpu0", "verify golden --devices gpu0");
 }
 END_TEST

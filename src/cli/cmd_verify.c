@@ -14,7 +14,8 @@ static const char usage[] =
     "  digest F    the fingerprint of a gradient file (SHA-256 per tensor, the loss in hex)\n"
     "  golden      the committed golden cases recomputed here, against their digests\n"
     "  optim       optimizer steps (clipping, AdamW, schedule) against a float64 oracle\n"
-    "  --suite     the edge-case fixtures, each through the full check\n";
+    "  --suite     the edge-case fixtures, each through the full check\n"
+    "  --self-test faults planted into the verifier's own inputs, each to be flagged\n";
 
 int verify_main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "diff") == 0) return verify_diff(argc - 1, argv + 1);
@@ -25,6 +26,8 @@ int verify_main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "optim") == 0) return verify_optim(argc - 1, argv + 1);
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--suite") == 0) return verify_suite(argc, argv);
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--self-test") == 0) return verify_selftest(argc, argv);
     if (argc < 2 || argv[1][0] == '-') return verify_run(argc, argv);
     if (strcmp(argv[1], "help") == 0) {
         fputs(usage, stdout);

@@ -8,6 +8,7 @@
  * does (`init --seed 1`, then `grad --numerics portable`) in a private temporary directory, and
  * compares the fingerprint of the gradient file (`verify digest`) line by line. */
 #include "verify/digest.h"
+#include "../core/err.h"
 #include "../io/file.h"
 #include "verify/text.h"
 #include "cli.h"
@@ -112,32 +113,10 @@ static int run_self(const char *log, const char *args) {
 static char *fingerprint(const char *path, sbp_err *err) {
     sbp_file_digest d;
     if (sbp_digest_file(&d, path, err)) return NULL;
-    size_t cap = 64 + (size_t)d.n * (SBP_TEXT_ESCAPED + 96), len = 0;
-    char *s = malloc(cap), name[SBP_TEXT_ESCAPED];
-    if (s) {
-        len += (size_t)snprintf(s + len, cap - len, "loss %s\n", d.loss[0] ? d.loss : "-");
-        for (int i = 0; i < d.n && len < cap; i++)
-            len += (size_t)snprintf(s + len, cap - len, "%s %s %s\n",
-                                    sbp_text_escape(name, sizeof name, d.t[i].name), d.t[i].dtype,
-                                    d.t[i].sha256);
-    }
+    char *s = sbp_digest_text(&d);
     sbp_file_digest_free(&d);
+    if (!s) sbp_fail(err, SBP_ENOMEM, "out of memory");
     return s;
-}
-
-/* The first line where got and want differ, as "line N (<first word of the golden line>)";
- * "" when they are the same. */
-static void first_difference(char *out, size_t n, const char *got, const char *want) {
-    out[0] = '\0';
-    for (int line = 1; *got || *want; line++) {
-        size_t gl = strcspn(got, "\n"), wl = strcspn(want, "\n");
-        if (gl != wl || memcmp(got, want, gl) != 0) {
-            snprintf(out, n, "line %d (%.*s)", line, (int)strcspn(want, " \n"),
-                     *want ? want : "end of the golden file");
-            return;
-        }
-        got += gl + (got[gl] == '\n'), want += wl + (want[wl] == '\n');
-    }
 }
 
 typedef struct {
@@ -191,7 +170,7 @@ static int one_case(char *why, size_t why_n, const char *tmp, const char *family
         return 2;
     }
     char diff[256];
-    first_difference(diff, sizeof diff, got, want);
+    sbp_digest_first_difference(diff, sizeof diff, got, want);
     free(got);
     if (!diff[0]) return 0;
     snprintf(why, why_n, "%s differs from the golden digest", diff);
