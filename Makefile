@@ -130,10 +130,16 @@ $(BUILD)/f64/%.o: %.c | check-deps
 
 # The golden cases built into the binary for `streambp verify golden`: the digests, the configs
 # of the families they name and the tiny batches (src/cli/golden_embed.sh).
+# The long cases (data/golden/long/cases, verify/golden.h) add their manifest, digests, configs and
+# batches.
+GOLDEN_LONG  := $(shell awk -F'|' '!/^ *(\#|$$)/ { gsub(/ /, ""); \
+                  print "data/models/" $$2 ".json"; print "data/batches/" $$3 ".safetensors" }' \
+                  data/golden/long/cases | sort -u)
 GOLDEN_FILES := $(wildcard data/golden/*.txt) \
                 $(sort $(foreach g,$(wildcard data/golden/*.txt),$(wildcard data/models/$(word 1,$(subst -sft-, ,$(subst -dpo-, ,$(subst -grpo-, ,$(notdir $(g)))))).json))) \
                 data/batches/sft-tiny.safetensors data/batches/dpo-tiny.safetensors \
-                data/batches/grpo-tiny.safetensors
+                data/batches/grpo-tiny.safetensors \
+                data/golden/long/cases $(wildcard data/golden/long/*.txt) $(GOLDEN_LONG)
 
 $(BUILD)/gen/golden_data.c: $(GOLDEN_FILES) src/cli/golden_embed.sh
 	@mkdir -p $(dir $@)
