@@ -22,6 +22,8 @@ loose-fp32-budget       verify/matrix.c       -DSBP_PLANT_LOOSE_FP32_BUDGET
 loose-fp64-budget       verify/matrix.c       -DSBP_PLANT_LOOSE_FP64_BUDGET
 bitwise-as-close        verify/matrix.c       -DSBP_PLANT_BITWISE_AS_CLOSE
 golden-line-prefix      verify/digest.c       -DSBP_PLANT_GOLDEN_LINE_PREFIX
+fast-tile-tail          src/kernels/fast/attention.c -DSBP_PLANT_FAST_TILE_TAIL
+fast-window-mask        src/kernels/fast/attention.c -DSBP_PLANT_FAST_WINDOW_MASK
 '
 echo "$plants" | while read -r name src flags; do
     [ -n "$name" ] || continue

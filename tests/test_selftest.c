@@ -118,7 +118,7 @@ START_TEST(planted_verifier_bugs_pass_the_ordinary_check) {
     }
     /* the golden plant: a committed digest with one changed hex digit still "matches" */
     const char *dir = tu_keep(tu_new_dir("golden-prefix"));
-    ck_assert_int_eq(tu_sh("cp data/golden/*.txt '%s'/", dir), 0);
+    ck_assert_int_eq(tu_sh("cp -r data/golden/*.txt data/golden/long '%s'/", dir), 0);
     ck_assert_int_eq(tu_sh("sed -i '/model.layers.1.mlp.down_proj.weight/ s/.$/X/' "
                            "'%s/qwen3-tiny-sft-fp32.txt'",
                            dir),

@@ -73,7 +73,8 @@ START_TEST(a_changed_digest_fails) {
 END_TEST
 
 START_TEST(default_verify_runs_it) {
-    /* the default run ends with the golden step and the self-test (test_selftest.c) */
+    /* the default run goes on with the golden step, the reach step (test_reach.c), the optimizer
+     * check and the self-test (test_selftest.c) */
     int rc = tu_sh("timeout 600 '%s' verify", tu_bin());
     ck_assert_msg(rc == 0 && strstr(tu_last_output(), "case runs on 1 device") &&
                       strstr(tu_last_output(), "self-test: 11 of 11 planted faults"),
@@ -82,16 +83,20 @@ START_TEST(default_verify_runs_it) {
     cJSON *doc = cJSON_Parse(tu_last_output());
     ck_assert_msg(rc == 0 && doc && !cJSON_GetObjectItem(doc, "golden"), "exit %d: %.2000s", rc,
                   tu_last_output());
+    const cJSON *rc_ = cJSON_GetObjectItem(doc, "reach"); /* test_reach.c */
+    ck_assert_msg(rc_ && cJSON_IsTrue(cJSON_GetObjectItem(rc_, "pass")) &&
+                      cJSON_GetArraySize(cJSON_GetObjectItem(rc_, "cases")) == 6,
+                  "%.2000s", tu_last_output());
     const cJSON *st = cJSON_GetObjectItem(doc, "self_test");
     ck_assert_msg(st && cJSON_IsTrue(cJSON_GetObjectItem(st, "pass")) &&
                       cJSON_GetArraySize(cJSON_GetObjectItem(st, "faults")) == 11,
                   "%.2000s", tu_last_output());
     cJSON_Delete(doc);
-    rc = tu_sh("timeout 300 '%s' verify --no-golden --no-self-test --schedules full "
+    rc = tu_sh("timeout 300 '%s' verify --no-golden --no-reach --no-self-test --schedules full "
                "--precisions fp64 --numerics fast --threads 1",
                tu_bin());
     ck_assert_msg(rc == 0 && !strstr(tu_last_output(), "case runs on") &&
-                      !strstr(tu_last_output(), "self-test"),
+                      !strstr(tu_last_output(), "self-test") && !strstr(tu_last_output(), "reach"),
                   "exit %d: %s", rc, tu_last_output());
     tu_expect_usage("gpu0", "verify golden --devices gpu0");
 }

@@ -26,7 +26,8 @@
 typedef struct {
     sbp_schedule schedule;
     int chunk, logit_chunk, chunked_logits;
-    int aligned; /* chunk and logit chunk are multiples of the block */
+    int aligned;  /* chunk and logit chunk are multiples of the block */
+    int profiled; /* through the timing table (bench --profile): the same bits as without */
 } run_cfg;
 
 typedef struct {
@@ -54,11 +55,14 @@ static void label(char *buf, size_t n, sbp_device dev, sbp_numerics num, sbp_pre
                        p == SBP_FP64 ? "fp64" : "fp32", sbp_schedule_name(c->schedule));
     if (c->schedule == SBP_STREAM) len += snprintf(buf + len, n - len, " chunk %d", c->chunk);
     if (c->chunked_logits) len += snprintf(buf + len, n - len, " logit chunk %d", c->logit_chunk);
+    if (c->profiled) len += snprintf(buf + len, n - len, " (profiled)");
     snprintf(buf + len, n - len, ", %d thread%s", threads, threads > 1 ? "s" : "");
 }
 
 static sbp_status run(sbp_grad_result *r, ctx *x, sbp_precision p, const run_cfg *c, sbp_err *err) {
-    sbp_grad_opts g = {.schedule = c->schedule,
+    sbp_profile prof = {0};
+    sbp_grad_opts g = {.profile = c->profiled ? &prof : NULL,
+                       .schedule = c->schedule,
                        .block = x->rep->block,
                        .chunk = c->chunk,
                        .logit_chunk = c->logit_chunk,
@@ -182,7 +186,7 @@ static sbp_status run_precision(ctx *x, sbp_precision p, const run_cfg *cfgs, in
         else if (k >= 0)
             compare(x, SBP_VG_RAGGED, what, a->grads, base.grads, p,
                     p == SBP_FP64 ? RAGGED_TOL_FP64 : RAGGED_TOL_FP32, NULL);
-        for (int t = 1; t < o->n_threads && !st; t++) {
+        for (int t = 1; t < o->n_threads && !st && !c->profiled; t++) {
             sbp_set_threads(o->threads[t]);
             if ((st = run(&rt, x, p, c, err))) break;
             plant(x, rt.grads, p, role | SBP_RUN_THREADS);
@@ -212,6 +216,7 @@ static sbp_status run_device(ctx *x, sbp_precision p, const run_cfg *cfgs, int n
     x->device = dev;
     for (int k = -1; k < n && !st; k++) {
         const run_cfg *c = k < 0 ? &full : &cfgs[k];
+        if (c->profiled) continue; /* the timing table is the CPU's */
         if ((st = run(&r, x, p, c, err))) break;
         plant(x, r.grads, p, SBP_RUN_DEVICE);
         label(what, sizeof what, dev, SBP_NUMERICS_PORTABLE, p, c, x->o->threads[0]);
@@ -341,6 +346,10 @@ static int configs(run_cfg *cfgs, const sbp_verify_opts *o, const sbp_verify_rep
                 (run_cfg){.schedule = SBP_STREAM, .chunk = c, .logit_chunk = c, .aligned = aligned};
     }
     if (sched & (1 << SBP_CKPT)) cfgs[n++] = (run_cfg){.schedule = SBP_CKPT, .aligned = 1};
+    /* full BP through the timing table of `bench --profile` (src/engine/ops/profile.c): it only
+     * times the operations it passes on, so the bits are full BP's */
+    if (sched & (1 << SBP_FULL))
+        cfgs[n++] = (run_cfg){.schedule = SBP_FULL, .aligned = 1, .profiled = 1};
     return n;
 }
 
@@ -441,7 +450,8 @@ static void write_promises(sbp_verify_report *rep, const sbp_verify_opts *o, int
                  "floor %g), at most %g",
                  rep->truth, o->slack, BUDGET_FLOOR, FP32_FULL_TOL);
     snprintf(rep->g[SBP_VG_SCHEDULES].promise, sizeof rep->g[0].promise,
-             "ckpt and stream at block-multiple chunks against full BP: bitwise");
+             "ckpt and stream at block-multiple chunks, and full BP through the profiling table, "
+             "against full BP: bitwise");
     snprintf(rep->g[SBP_VG_THREADS].promise, sizeof rep->g[0].promise,
              "each run at other thread counts against the same run at %d: bitwise", o->threads[0]);
     snprintf(rep->g[SBP_VG_RAGGED].promise, sizeof rep->g[0].promise,
@@ -530,7 +540,7 @@ sbp_status sbp_verify_run(sbp_verify_report *rep, const sbp_verify_opts *o_in, s
     x.budget32 = calloc((size_t)ps->n, sizeof(double));
     x.ta = malloc(sizeof(double) * (size_t)maxn);
     x.tb = malloc(sizeof(double) * (size_t)maxn);
-    run_cfg cfgs[3 * SBP_VERIFY_MAX_CHUNKS + 1];
+    run_cfg cfgs[3 * SBP_VERIFY_MAX_CHUNKS + 2];
     int ncfg = configs(cfgs, &o, rep);
     if (!st && (!x.truth || !x.budget32 || !x.ta || !x.tb))
         st = sbp_fail(err, SBP_ENOMEM, "out of memory");

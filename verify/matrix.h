@@ -21,8 +21,9 @@
  *                      in float32 (ref32) for that tensor, floor 1e-7. (--no-ref: slack × the
  *                      error of float32 full BP, at most 1e-4, which cannot see a float32 slip
  *                      that full BP shares);
- *   schedules          ckpt and stream at chunks that are multiples of the block against full
- *                      BP of the same precision: bitwise;
+ *   schedules          ckpt and stream at chunks that are multiples of the block, and full BP
+ *                      through the timing table of `bench --profile`, against full BP of the
+ *                      same precision: bitwise;
  *   threads            every run at each thread count against the same run at the first
  *                      thread count: bitwise;
  *   ragged chunks      chunks that are not block multiples against full BP of the same

@@ -15,6 +15,11 @@ int verify_digest(int argc, char **argv);
 int verify_golden(int argc, char **argv);
 int verify_optim(int argc, char **argv);
 int verify_selftest(int argc, char **argv); /* --self-test */
+int verify_reach(int argc, char **argv);
+/* The suite's cases (reach 0) or the reach cases (cmd_verify_suite.c), all or case `only`: a
+ * table to f and/or JSON fields of j (each may be NULL); returns 0, EXIT_MISMATCH or EXIT_USAGE.
+ */
+int cases_check(FILE *f, cJSON *j, int reach, int only);
 /* The optimizer check (cmd_verify_optim.c) printed to f; returns 0, EXIT_MISMATCH or EXIT_USAGE. */
 int optim_check(FILE *f);
 /* The golden step (cmd_verify_golden.c) on the devices given ("cpu", "cuda", "cuda-emu"): prints
