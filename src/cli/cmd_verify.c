@@ -19,7 +19,8 @@ static const char usage[] =
     "  reach       the paths the bundled model does not take (fast tiles, windows, T = 300,\n"
     "              V = 1100, rows with no key, reference models, LoRA) against the oracle\n"
     "  --suite     the edge-case fixtures, each through the full check\n"
-    "  --self-test faults planted into the verifier's own inputs, each to be flagged\n";
+    "  --self-test faults planted into the verifier's own inputs, each to be flagged\n"
+    "  --ranks N   under mpirun -np N: the data-parallel step against one process, bitwise\n";
 
 /* The verifier's runs are tiny (models of a few hundred thousand weights, T of 24 to 300), so
  * their OpenMP regions are short, and between two of them the other threads spin-wait (GCC's
@@ -53,6 +54,8 @@ int verify_main(int argc, char **argv) {
         if (strcmp(argv[i], "--suite") == 0) return verify_suite(argc, argv);
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--self-test") == 0) return verify_selftest(argc, argv);
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--ranks") == 0) return verify_ranks(argc, argv);
     if (argc < 2 || argv[1][0] == '-') return verify_run(argc, argv);
     if (strcmp(argv[1], "help") == 0) {
         fputs(usage, stdout);

@@ -16,6 +16,7 @@ int verify_golden(int argc, char **argv);
 int verify_optim(int argc, char **argv);
 int verify_selftest(int argc, char **argv); /* --self-test */
 int verify_reach(int argc, char **argv);
+int verify_ranks(int argc, char **argv); /* --ranks N, under mpirun */
 /* The suite's cases (reach 0) or the reach cases (cmd_verify_suite.c), all or case `only`: a
  * table to f and/or JSON fields of j (each may be NULL); returns 0, EXIT_MISMATCH or EXIT_USAGE.
  */
