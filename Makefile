@@ -548,6 +548,13 @@ coverage: deps
 	@start=$$(date +%s); $(COV_RUN) $(COV_BUILD)/streambp verify > $(COV_BUILD)/verify.txt 2>&1 || \
 	  { tail -40 $(COV_BUILD)/verify.txt; echo "coverage: streambp verify failed"; exit 1; }; \
 	  tail -1 $(COV_BUILD)/verify.txt; echo "   $$(($$(date +%s) - start)) s"
+	@if [ "$(MPI)" = 1 ] && command -v mpirun >/dev/null; then \
+	  echo "== mpirun -np 2 $(COV_BUILD)/streambp verify --ranks 2"; \
+	  $(COV_RUN) OMP_NUM_THREADS=1 timeout 300 mpirun --oversubscribe --allow-run-as-root \
+	    --mca btl self,vader -x LLVM_PROFILE_FILE -x OMP_WAIT_POLICY -x OMP_NUM_THREADS -np 2 \
+	    $(COV_BUILD)/streambp verify --ranks 2 > $(COV_BUILD)/ranks.txt 2>&1 || \
+	  { tail -20 $(COV_BUILD)/ranks.txt; echo "coverage: streambp verify --ranks 2 failed"; exit 1; }; \
+	  tail -2 $(COV_BUILD)/ranks.txt; fi
 	@if [ "$(COV_SUITE)" = 1 ]; then echo "== $(COV_BUILD)/streambp verify --suite"; \
 	  $(COV_RUN) $(COV_BUILD)/streambp verify --suite > $(COV_BUILD)/suite.txt 2>&1 || \
 	  { tail -40 $(COV_BUILD)/suite.txt; echo "coverage: streambp verify --suite failed"; exit 1; }; \
