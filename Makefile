@@ -25,9 +25,10 @@ ifeq ($(origin CC),default)
 CC       := gcc
 endif
 SAN      ?= 0
+COV      ?= 0
 WERROR   ?= 0
 ARCH     ?= native
-BUILD    ?= $(if $(filter 1,$(SAN)),build-san,build)
+BUILD    ?= $(if $(filter 1,$(SAN)),build-san,$(if $(filter 1,$(COV)),build-cov,build))
 
 PKGS     := openblas check libcjson libcrypto
 DEB_PKGS := libopenblas-openmp-dev check libcjson-dev libssl-dev pkg-config g++
@@ -38,7 +39,10 @@ HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
 # not part of -fsanitize=undefined in GCC or clang; both have it, so it is named here.
 SANFLAGS := -fsanitize=address -fsanitize=undefined -fsanitize=float-cast-overflow \
             -fno-sanitize-recover=undefined,float-cast-overflow -fno-omit-frame-pointer
-OPT      := $(if $(filter 1,$(SAN)),-O1 $(SANFLAGS),-O3)
+# COV=1 (make coverage): clang's source-based coverage, whose counters cost the numeric code
+# about 1.7x where gcov's cost 8-12x (docs/verify.md#coverage).
+COVFLAGS := -fprofile-instr-generate -fcoverage-mapping
+OPT      := $(if $(filter 1,$(SAN)),-O1 $(SANFLAGS),-O3 $(if $(filter 1,$(COV)),$(COVFLAGS)))
 VECW     := -mprefer-vector-width=512
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter $(if $(filter 1,$(WERROR)),-Werror)
 CFLAGS   := -std=gnu11 -g -march=$(ARCH) -fopenmp -ffp-contract=off -fno-trapping-math $(VECW) $(OPT) $(WARN) \
@@ -46,7 +50,7 @@ CFLAGS   := -std=gnu11 -g -march=$(ARCH) -fopenmp -ffp-contract=off -fno-trappin
 BLAS_DIR := $(if $(HAVE_PKGS),$(shell pkg-config --variable=libdir openblas))
 LDLIBS   := $(if $(HAVE_PKGS),$(shell pkg-config --libs openblas libcjson libcrypto)) -Wl,-rpath,$(BLAS_DIR) -lm
 CHECK_LIBS := $(if $(HAVE_PKGS),$(shell pkg-config --libs check))
-LDFLAGS  := -fopenmp $(if $(filter 1,$(SAN)),$(SANFLAGS))
+LDFLAGS  := -fopenmp $(if $(filter 1,$(SAN)),$(SANFLAGS)) $(if $(filter 1,$(COV)),$(COVFLAGS))
 
 # MPI (src/dist, docs/distributed.md): found like nvcc: mpicc on the PATH builds src/dist/mpi.c
 # with its flags (only that file), MPI=0 skips it, MPI=1 requires it; without it src/dist/none.c
@@ -130,10 +134,16 @@ $(BUILD)/f64/%.o: %.c | check-deps
 
 # The golden cases built into the binary for `streambp verify golden`: the digests, the configs
 # of the families they name and the tiny batches (src/cli/golden_embed.sh).
+# The long cases (data/golden/long/cases, verify/golden.h) add their manifest, digests, configs and
+# batches.
+GOLDEN_LONG  := $(shell awk -F'|' '!/^ *(\#|$$)/ { gsub(/ /, ""); \
+                  print "data/models/" $$2 ".json"; print "data/batches/" $$3 ".safetensors" }' \
+                  data/golden/long/cases | sort -u)
 GOLDEN_FILES := $(wildcard data/golden/*.txt) \
                 $(sort $(foreach g,$(wildcard data/golden/*.txt),$(wildcard data/models/$(word 1,$(subst -sft-, ,$(subst -dpo-, ,$(subst -grpo-, ,$(notdir $(g)))))).json))) \
                 data/batches/sft-tiny.safetensors data/batches/dpo-tiny.safetensors \
-                data/batches/grpo-tiny.safetensors
+                data/batches/grpo-tiny.safetensors \
+                data/golden/long/cases $(wildcard data/golden/long/*.txt) $(GOLDEN_LONG)
 
 $(BUILD)/gen/golden_data.c: $(GOLDEN_FILES) src/cli/golden_embed.sh
 	@mkdir -p $(dir $@)
@@ -190,7 +200,7 @@ RUN_DIST  = $(if $(SUITES),$(filter dist,$(SUITES)),1)
 # against kernel internals, and an interface change had broken it unseen.
 
 test: deps $(if $(SUITES),,linkcheck)
-	@$(MAKE) --no-print-directory $(BIN) $(RUN_TESTS) $(if $(filter %/test_plant,$(RUN_TESTS)),plants) \
+	@$(MAKE) --no-print-directory $(BIN) $(RUN_TESTS) $(if $(filter %/test_plant %/test_selftest %/test_reach,$(RUN_TESTS)),plants) \
 	  $(if $(SUITES),,$(BUILD)/bench/pgemm_rates) $(if $(and $(RUN_DIST),$(filter 1,$(MPI))),$(FAULTS_BIN))
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(RUN_TESTS)
 	@if [ -n "$(RUN_DIST)" ]; then if [ "$(MPI)" = 1 ]; then echo "== tests/mpi_ranks.sh (mpirun)"; \
@@ -259,7 +269,8 @@ golden: all
 	@$(MAKE) --no-print-directory $(BUILD)/tests/test_golden
 	SBP_GOLDEN_UPDATE=1 STREAMBP=$(BIN) tests/run.sh $(BUILD)/tests/test_golden
 
-# Binaries with one planted bug each, for tests/test_plant.c (tests/plant.sh lists them).
+# Binaries with one planted bug each, for tests/test_plant.c, test_selftest.c and test_reach.c
+# (tests/plant.sh lists them).
 plants: $(BIN)
 	@CC="$(CC)" CFLAGS="$(CFLAGS)" LDFLAGS="$(LDFLAGS)" LDLIBS="$(LDLIBS)" LD="$(LD)" \
 	  BUILD=$(BUILD) OBJS="$(CLI_OBJ) $(COMMON_OBJ) $(BACKEND_OBJ)" F32_OBJ="$(F32_OBJ)" tests/plant.sh
@@ -535,6 +546,48 @@ format-cuda:
 
 -include $(shell find build/nvcc build/nvcc32 build/nvcc64 -name '*.d' 2>/dev/null)
 
+# ---- coverage: the lines `streambp verify` executes (docs/verify.md#coverage) ----------------------
+# make coverage builds the tree with clang's source-based coverage into build-cov (CUDA=0: the CUDA
+# mirror is not measured; MPI as found), runs the default `streambp verify` (with COV_SUITE=1 also
+# `streambp verify --suite`; with MPI, `verify --ranks 2` under mpirun), each process writing its
+# own profile, and prints the lines that ran per file of src/engine, src/kernels and src/dist
+# (tests/coverage.py, llvm-cov). It fails when verify fails, or when the lines of src/engine +
+# src/kernels that ran are fewer than COV_MIN percent (COV_MIN_SUITE with the suite).
+# tests/coverage-exclude.txt names every line the default verify cannot reach, and why.
+COV_MIN       := 97
+COV_MIN_SUITE := 99
+COV_BUILD     := build-cov
+COV_RUN        = LLVM_PROFILE_FILE=$(COV_BUILD)/prof/%p.profraw OMP_WAIT_POLICY=passive
+.PHONY: coverage
+coverage: SHELL := /bin/bash
+coverage: .SHELLFLAGS := -o pipefail -c
+coverage: deps
+	@command -v clang >/dev/null || $(SUDO) apt-get install -y -q --no-install-recommends clang libomp-dev
+	@{ command -v llvm-cov >/dev/null || ls /usr/bin/llvm-cov-* >/dev/null 2>&1 || \
+	  $(SUDO) apt-get install -y -q --no-install-recommends llvm; }
+	@$(MAKE) --no-print-directory COV=1 CC=clang CUDA=0 BUILD=$(COV_BUILD) $(COV_BUILD)/streambp
+	@rm -rf $(COV_BUILD)/prof && mkdir -p $(COV_BUILD)/prof
+	@echo "== $(COV_BUILD)/streambp verify (coverage build; output in $(COV_BUILD)/verify.txt)"
+	@start=$$(date +%s); $(COV_RUN) $(COV_BUILD)/streambp verify > $(COV_BUILD)/verify.txt 2>&1 || \
+	  { tail -40 $(COV_BUILD)/verify.txt; echo "coverage: streambp verify failed"; exit 1; }; \
+	  tail -1 $(COV_BUILD)/verify.txt; echo "   $$(($$(date +%s) - start)) s"
+	@if [ "$(MPI)" = 1 ] && command -v mpirun >/dev/null; then \
+	  echo "== mpirun -np 2 $(COV_BUILD)/streambp verify --ranks 2"; \
+	  $(COV_RUN) OMP_NUM_THREADS=1 timeout 300 mpirun --oversubscribe --allow-run-as-root \
+	    --mca btl self,vader -x LLVM_PROFILE_FILE -x OMP_WAIT_POLICY -x OMP_NUM_THREADS -np 2 \
+	    $(COV_BUILD)/streambp verify --ranks 2 > $(COV_BUILD)/ranks.txt 2>&1 || \
+	  { tail -20 $(COV_BUILD)/ranks.txt; echo "coverage: streambp verify --ranks 2 failed"; exit 1; }; \
+	  tail -2 $(COV_BUILD)/ranks.txt; fi
+	@if [ "$(COV_SUITE)" = 1 ]; then echo "== $(COV_BUILD)/streambp verify --suite"; \
+	  $(COV_RUN) $(COV_BUILD)/streambp verify --suite > $(COV_BUILD)/suite.txt 2>&1 || \
+	  { tail -40 $(COV_BUILD)/suite.txt; echo "coverage: streambp verify --suite failed"; exit 1; }; \
+	  tail -2 $(COV_BUILD)/suite.txt; fi
+	@$$(command -v llvm-profdata || ls /usr/bin/llvm-profdata-* | tail -1) merge -sparse \
+	  $(COV_BUILD)/prof/*.profraw -o $(COV_BUILD)/verify.profdata
+	@python3 tests/coverage.py --bin $(COV_BUILD)/streambp --profdata $(COV_BUILD)/verify.profdata \
+	  --exclude tests/coverage-exclude.txt --json $(COV_BUILD)/coverage.json \
+	  --min $(if $(filter 1,$(COV_SUITE)),$(COV_MIN_SUITE),$(COV_MIN))
+
 # ---- fuzzing (libFuzzer with clang; not part of make test) ---------------------------------------
 # make fuzz builds tests/fuzz/fuzz_<target> against src/core and src/io with ASan and UBSan, and
 # runs each for FUZZ_SECONDS from its committed corpus (tests/fuzz/corpus/<target>); new inputs go
@@ -581,6 +634,6 @@ format:
 	clang-format -i $(FORMAT_SRC)
 
 clean:
-	rm -rf build build-san build-old build-fuzz $(PORTABLE_BUILDS)
+	rm -rf build build-san build-old build-fuzz build-cov $(PORTABLE_BUILDS)
 
 -include $(shell find $(BUILD) build-fuzz -name '*.d' 2>/dev/null)

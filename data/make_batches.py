@@ -231,6 +231,7 @@ def more(g):
            custom(u, 20, "vvvvvvvvvvvvvvvvvvvv")], "I64")
     gemma3()
     gpu_long()
+    golden_long()
 
 
 def gpu_long():
@@ -241,6 +242,26 @@ def gpu_long():
     u = lcg(700)
     write("data/batches/sft-t700.safetensors",
           [row(u, 700, 0, 23, 50), row(u, 700, 37, 0, 80)], "I32")
+
+
+def golden_long():
+    """The long golden cases (data/golden/long/cases): T = 300 spans three token blocks of the
+    portable sums (128), so chunks of 7 and 5 split blocks and leave partial sums pending across
+    calls; ids up to 599 (both long models have V >= 600), so targets fall in the second
+    vocabulary block of 512 as well. A right-padded row with a short prompt and a left-padded one
+    with a long prompt. Its own generator, so the fixtures above keep their bytes."""
+    u = lcg(54)
+    rows = []
+    for T, left, right, prompt in ((300, 0, 17, 23), (300, 11, 0, 140)):
+        ids, labels, mask = [], [], []
+        for t in range(T):
+            pad = t < left or t >= T - right
+            tok = 0 if pad else 1 + next(u) % 599
+            ids.append(tok)
+            mask.append(0 if pad else 1)
+            labels.append(IGNORE if pad or t < left + prompt else tok)
+        rows.append((ids, labels, mask))
+    write("data/batches/sft-long.safetensors", rows, "I32")
 
 
 def gemma3():

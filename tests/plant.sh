@@ -18,6 +18,12 @@ micro-dr-grpo-lmax      src/core/objective.c  -DSBP_PLANT_MICRO_DR_GRPO_LMAX
 clip-one-epsilon        src/core/objective.c  -DSBP_PLANT_CLIP_ONE_EPSILON
 ref-ignores-temperature src/api/reference.c   -DSBP_PLANT_REF_IGNORES_TEMPERATURE
 f32-rope-angle          src/kernels/rope.c    -DSBP_PLANT_F32_ROPE_ANGLE
+loose-fp32-budget       verify/matrix.c       -DSBP_PLANT_LOOSE_FP32_BUDGET
+loose-fp64-budget       verify/matrix.c       -DSBP_PLANT_LOOSE_FP64_BUDGET
+bitwise-as-close        verify/matrix.c       -DSBP_PLANT_BITWISE_AS_CLOSE
+golden-line-prefix      verify/digest.c       -DSBP_PLANT_GOLDEN_LINE_PREFIX
+fast-tile-tail          src/kernels/fast/attention.c -DSBP_PLANT_FAST_TILE_TAIL
+fast-window-mask        src/kernels/fast/attention.c -DSBP_PLANT_FAST_WINDOW_MASK
 '
 echo "$plants" | while read -r name src flags; do
     [ -n "$name" ] || continue

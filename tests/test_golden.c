@@ -13,8 +13,17 @@
  * sets cuda), and the digests must not change. SBP_GOLDEN_UPDATE=1 rewrites the golden files
  * instead
  * (`make golden`): only for a deliberate change of the portable arithmetic, with the reason in
- * the commit message. */
+ * the commit message.
+ *
+ * The long cases (data/golden/long/cases, issue 54) run the same way: T = 300 over three token
+ * blocks of the portable sums, V = 1100 over three vocabulary blocks, a Gemma-3 window crossing
+ * chunks and blocks, bf16 storage (CPU only: skipped on a device) and LoRA adapters. On a device
+ * (SBP_GOLDEN_DEVICE) only the stream configuration runs: it is the one whose bits the golden
+ * file holds, and the emulator takes seconds per run at T = 300; on cuda-emu the float32 cases
+ * only. */
 #include "testutil.h"
+#include "../src/io/file.h"
+#include "../verify/golden.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,11 +123,82 @@ START_TEST(golden_digests) {
 }
 END_TEST
 
+static sbp_golden_case long_cases[SBP_GOLDEN_MAX_CASES];
+static int n_long;
+
+/* The fingerprint of one run of a long case, as text (allocated). */
+static char *long_fingerprint(const sbp_golden_case *c, int run) {
+    const char *device = getenv("SBP_GOLDEN_DEVICE") ? getenv("SBP_GOLDEN_DEVICE") : "cpu";
+    const char *model = model_dir(c->config), *adapter = tu_path("golden-adapter-%s", c->name);
+    if (c->adapter[0] && !tu_exists(adapter) &&
+        tu_sh("'%s' lora init --model '%s' %s --seed 1 --out '%s'", tu_bin(), model, c->adapter,
+              adapter))
+        ck_abort_msg("lora init %s: %s", c->name, tu_last_output());
+    const char *out = tu_path("golden-%s-%d.safetensors", c->name, run);
+    if (tu_sh("'%s' grad --model '%s' %s%s%s --batch data/batches/%s.safetensors %s --numerics "
+              "portable %s --device %s --out '%s'",
+              tu_bin(), model, c->adapter[0] ? "--lora '" : "", c->adapter[0] ? adapter : "",
+              c->adapter[0] ? "'" : "", c->batch, c->options, runs[run], device, out))
+        ck_abort_msg("grad %s (%s): %s", c->name, runs[run], tu_last_output());
+    if (tu_sh("'%s' verify digest '%s'", tu_bin(), out))
+        ck_abort_msg("verify digest: %s", tu_last_output());
+    return strdup(tu_last_output());
+}
+
+START_TEST(long_digests) {
+    const sbp_golden_case *c = &long_cases[_i];
+    const char *device = getenv("SBP_GOLDEN_DEVICE") ? getenv("SBP_GOLDEN_DEVICE") : "cpu";
+    if (c->cpu_only && strcmp(device, "cpu") != 0) {
+        printf("%s: CPU only, skipped on %s\n", c->name, device);
+        return;
+    }
+    /* the emulator takes ~8 s a run of a long case: in make test it runs the float32 ones (the
+     * float64 kernels are the same source; `verify golden --devices cuda-emu` runs them all) */
+    if (strcmp(device, "cuda-emu") == 0 && strstr(c->options, "fp64")) {
+        printf("%s: float64, left to `verify golden --devices cuda-emu`\n", c->name);
+        return;
+    }
+    char golden[256], what[640];
+    snprintf(golden, sizeof golden, "data/golden/long/%s.txt", c->name);
+    char *first = long_fingerprint(c, 0);
+    /* on a device the stream run alone (in the emulator each run of T = 300 takes seconds): the
+     * other two configurations are the CPU's schedule equivalence, checked on the CPU */
+    const int n_runs = strcmp(device, "cpu") == 0 ? 3 : 1;
+    for (int r = 1; r < n_runs; r++) {
+        char *other = long_fingerprint(c, r);
+        snprintf(what, sizeof what, "%s: \"%s\" against \"%s\"", golden, runs[r], runs[0]);
+        assert_same(other, first, what);
+        free(other);
+    }
+    if (getenv("SBP_GOLDEN_UPDATE")) {
+        tu_spit(golden, first, strlen(first));
+        printf("wrote %s\n", golden);
+    } else {
+        snprintf(what, sizeof what, "%s with %s on %s", golden, tu_bin(), device);
+        char *want = tu_slurp(golden, NULL);
+        assert_same(first, want, what);
+        free(want);
+    }
+    free(first);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("golden");
     TCase *tc = tcase_create("portable");
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, golden_digests, 0, 6 * N_FAMILIES);
+    char *text = NULL; /* outside a test: no ck_assert (tu_slurp) */
+    size_t len;
+    sbp_err err = {0};
+    if (sbp_read_text(&text, &len, "data/golden/long/cases", 1 << 20, &err) ||
+        sbp_golden_cases_parse(long_cases, SBP_GOLDEN_MAX_CASES, &n_long, text,
+                               "data/golden/long/cases", &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+    free(text);
+    tcase_add_loop_test(tc, long_digests, 0, n_long);
     suite_add_tcase(s, tc);
     return s;
 }

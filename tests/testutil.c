@@ -15,7 +15,8 @@
 #include <unistd.h>
 
 static char tmpdir[512];
-static char last_out[1 << 16];
+/* a command's output: the default verify's JSON (matrix, golden, reach, self-test) is ~90 KB */
+static char last_out[1 << 18];
 
 static void cleanup(void) {
     if (tmpdir[0] && getpid() == (pid_t)atol(strrchr(tmpdir, '-') + 1)) {

@@ -2,6 +2,7 @@
 #include "digest.h"
 #include "../src/core/err.h"
 #include "../src/io/safetensors.h"
+#include "text.h"
 
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -54,4 +55,33 @@ void sbp_digest_print(FILE *f, const sbp_file_digest *d) {
     fprintf(f, "loss %s\n", d->loss[0] ? d->loss : "-");
     for (int i = 0; i < d->n; i++)
         fprintf(f, "%s %s %s\n", d->t[i].name, d->t[i].dtype, d->t[i].sha256);
+}
+
+char *sbp_digest_text(const sbp_file_digest *d) {
+    size_t cap = 64 + (size_t)d->n * (SBP_TEXT_ESCAPED + 96), len = 0;
+    char *s = malloc(cap), name[SBP_TEXT_ESCAPED];
+    if (!s) return NULL;
+    len += (size_t)snprintf(s + len, cap - len, "loss %s\n", d->loss[0] ? d->loss : "-");
+    for (int i = 0; i < d->n && len < cap; i++)
+        len += (size_t)snprintf(s + len, cap - len, "%s %s %s\n",
+                                sbp_text_escape(name, sizeof name, d->t[i].name), d->t[i].dtype,
+                                d->t[i].sha256);
+    return s;
+}
+
+void sbp_digest_first_difference(char *out, size_t n, const char *got, const char *want) {
+    out[0] = '\0';
+    for (int line = 1; *got || *want; line++) {
+        size_t gl = strcspn(got, "\n"), wl = strcspn(want, "\n");
+#ifdef SBP_PLANT_GOLDEN_LINE_PREFIX /* planted (tests/test_selftest.c): 8 bytes of each line */
+        if (gl != wl || memcmp(got, want, gl < 8 ? gl : 8) != 0) {
+#else
+        if (gl != wl || memcmp(got, want, gl) != 0) {
+#endif
+            snprintf(out, n, "line %d (%.*s)", line, (int)strcspn(want, " \n"),
+                     *want ? want : "end of the golden file");
+            return;
+        }
+        got += gl + (got[gl] == '\n'), want += wl + (want[wl] == '\n');
+    }
 }

@@ -26,4 +26,13 @@ void sbp_file_digest_free(sbp_file_digest *d);
 /* Writes d as text: "loss <hex>" then one "<name> <dtype> <sha256>" line per tensor. */
 void sbp_digest_print(FILE *f, const sbp_file_digest *d);
 
+/* The same text as a string (malloc'd; names escaped as verify/text.h does), or NULL when out of
+ * memory: what `verify golden` compares with a committed digest. */
+char *sbp_digest_text(const sbp_file_digest *d);
+
+/* Where two digest texts part: "" when they are the same, else "line N (<first word of want's
+ * line>)", or "line N (end of the golden file)" when got is longer. The comparison of `verify
+ * golden` (and of its self-test, which changes a line and expects this to name it). */
+void sbp_digest_first_difference(char *out, size_t n, const char *got, const char *want);
+
 #endif

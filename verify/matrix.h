@@ -21,8 +21,9 @@
  *                      in float32 (ref32) for that tensor, floor 1e-7. (--no-ref: slack × the
  *                      error of float32 full BP, at most 1e-4, which cannot see a float32 slip
  *                      that full BP shares);
- *   schedules          ckpt and stream at chunks that are multiples of the block against full
- *                      BP of the same precision: bitwise;
+ *   schedules          ckpt and stream at chunks that are multiples of the block, and full BP
+ *                      through the timing table of `bench --profile`, against full BP of the
+ *                      same precision: bitwise;
  *   threads            every run at each thread count against the same run at the first
  *                      thread count: bitwise;
  *   ragged chunks      chunks that are not block multiples against full BP of the same
@@ -47,6 +48,24 @@
 
 #define SBP_VERIFY_MAX_CHUNKS 16
 
+/* A fault planted into a run's gradient after the run and before any comparison sees it: the
+ * verifier's self-test (selftest.h) uses it to prove that each comparison can fail. Never set in
+ * a real check. role says which run the gradient is, so that a fault can aim at one group: */
+enum {
+    SBP_RUN_BASE = 1,      /* full BP at the first thread count: the bitwise groups' reference */
+    SBP_RUN_ALIGNED = 2,   /* a ckpt or stream run at block-multiple chunks */
+    SBP_RUN_RAGGED = 4,    /* a ckpt or stream run at chunks that are not */
+    SBP_RUN_THREADS = 8,   /* the run at a thread count after the first (with its config's bit) */
+    SBP_RUN_MICRO = 16,    /* the micro-batch step */
+    SBP_RUN_PORTABLE = 32, /* set with the others on a portable run */
+    SBP_RUN_DEVICE = 64,   /* a run on a device of --devices */
+};
+typedef struct {
+    void (*fn)(void *ctx, void *grads /* (params.total), float or double by p */, sbp_precision p,
+               int role);
+    void *ctx;
+} sbp_verify_fault;
+
 typedef struct {
     const char *model, *batch;
     int block;                         /* 0: 16 when T < 1024, else 256 */
@@ -66,6 +85,7 @@ typedef struct {
     const char *lora;        /* an adapter directory (peft's layout): its gradients are checked,
                               * the base model frozen; NULL: the model's own */
     double slack;            /* fp32 budget factor; 0: 4 */
+    const sbp_verify_fault *fault; /* the self-test's planted fault; NULL: none */
 } sbp_verify_opts;
 
 typedef struct {

@@ -128,7 +128,41 @@ static const sbp_suite_case cases[] = {
          "gemma3-tiny", "grpo-tiny", 4, CHUNKS(8, 5),
          .obj = GRPO(0.2, 0.28, 1, .grpo_loss = SBP_GRPO_DAPO, .beta = 0.04)),
 };
+
+/* The reach cases (suite.h): each names the code it is there for. */
+static const sbp_suite_case reach[] = {
+    CASE("fast-ragged-tiles",
+         "fast numerics at the default block 512: key tiles of 128 with a last one of 44 keys (a "
+         "tail shorter than a float vector), one kv head (the two-pass backward at 2 threads), a "
+         "chunk of 7 starting inside the block (the first dW block folded apart); T = 300 over "
+         "three token blocks of the portable sums, V = 1100 over three vocabulary blocks",
+         "qwen3-long", "sft-long", 512, CHUNKS(300, 7), .schedules = 1 << SBP_FULL | 1 << SBP_STREAM),
+    CASE("fast-window-tiles",
+         "Gemma-3 W = 20 across key tiles of 16 and chunks of 48 and 7, T = 300",
+         "gemma3-long", "sft-long", 16, CHUNKS(48, 7), .schedules = 1 << SBP_FULL | 1 << SBP_STREAM),
+    CASE("unattended-hf-sdpa", "rows that see no key, HF sdpa's softmax over all T keys",
+         "qwen3-tiny", "suite-unattended-left-pad", 4, CHUNKS(8, 7),
+         .schedules = 1 << SBP_FULL | 1 << SBP_STREAM, .unattended = SBP_UNATTENDED_HF_SDPA),
+    CASE("unattended-hf-eager-window",
+         "Gemma-3, rows that see no key in HF eager's mode (uniform over T keys): left padding "
+         "longer than the window",
+         "gemma3-tiny", "suite-gemma3-left-pad-window", 4, CHUNKS(8, 7),
+         .schedules = 1 << SBP_FULL | 1 << SBP_STREAM, .unattended = SBP_UNATTENDED_HF_EAGER),
+    CASE("reference-model", "DPO sigmoid, a reference model's log-probs (a streamed forward)",
+         "qwen3-tiny", "dpo-noref", 4, CHUNKS(8, 7), .obj = DPO(),
+         .schedules = 1 << SBP_FULL | 1 << SBP_STREAM, .ref_seed = 2),
+    CASE("lora", "a LoRA adapter of rank 4 on every linear layer, the base frozen", "qwen3-tiny",
+         "sft-tiny", 4, CHUNKS(8, 7), .schedules = 1 << SBP_FULL | 1 << SBP_STREAM, .lora_r = 4),
+};
 /* clang-format on */
+
+int sbp_reach_count(void) {
+    return (int)(sizeof reach / sizeof reach[0]);
+}
+
+const sbp_suite_case *sbp_reach_case_at(int i) {
+    return i >= 0 && i < sbp_reach_count() ? &reach[i] : NULL;
+}
 
 int sbp_suite_count(void) {
     return (int)(sizeof cases / sizeof cases[0]);
@@ -177,15 +211,33 @@ static sbp_status model_dir(char *out, size_t n, const char *data_dir, const cha
     return st ? st : copy_file(dst, cfgpath, err);
 }
 
-sbp_status sbp_suite_run(sbp_verify_report *rep, int i, const char *data_dir, const char *workdir,
-                         sbp_err *err) {
-    const sbp_suite_case *c = sbp_suite_case_at(i);
-    if (!c) return sbp_fail(err, SBP_EUSAGE, "no suite case %d", i);
-    char model[1024], refm[1024], batch[1024];
+/* workdir/<model>-lora<r>: an adapter of rank r on every linear layer of the model in dir. */
+static sbp_status lora_dir(char *out, size_t n, const char *workdir, const char *model_name,
+                           const char *model, int r, sbp_err *err) {
+    snprintf(out, n, "%s/%s-lora%d", workdir, model_name, r);
+    struct stat sb;
+    if (stat(out, &sb) == 0) return SBP_OK;
+    char cfgpath[1100];
+    snprintf(cfgpath, sizeof cfgpath, "%s/config.json", model);
+    sbp_config cfg;
+    sbp_lora a = {0};
+    const sbp_lora_config lc = {.r = r, .alpha = 2.0 * r, .targets = SBP_LORA_ALL};
+    sbp_status st = sbp_config_load(&cfg, cfgpath, err);
+    if (!st) st = sbp_lora_init(&a, &cfg, &lc, 1, 0.02, SBP_FP64, err);
+    if (!st) st = sbp_lora_save(out, &a, model, err);
+    sbp_lora_free(&a, NULL);
+    return st;
+}
+
+sbp_status sbp_suite_run_case(sbp_verify_report *rep, const sbp_suite_case *c, const char *data_dir,
+                              const char *workdir, sbp_err *err) {
+    char model[1024], refm[1024], batch[1024], lora[1200];
     snprintf(batch, sizeof batch, "%s/batches/%s.safetensors", data_dir, c->batch);
     sbp_status st = model_dir(model, sizeof model, data_dir, workdir, c->model, 1, err);
     if (!st && c->ref_seed)
         st = model_dir(refm, sizeof refm, data_dir, workdir, c->model, c->ref_seed, err);
+    if (!st && c->lora_r)
+        st = lora_dir(lora, sizeof lora, workdir, c->model, model, c->lora_r, err);
     if (st) return st;
     sbp_verify_opts o = {.model = model,
                          .batch = batch,
@@ -195,8 +247,18 @@ sbp_status sbp_suite_run(sbp_verify_report *rep, int i, const char *data_dir, co
                          .scale_rewards = 1,
                          .ref_model = c->ref_seed ? refm : NULL,
                          .precisions = c->precisions,
-                         .schedules = c->schedules};
+                         .schedules = c->schedules,
+                         .numerics = c->numerics,
+                         .unattended = c->unattended,
+                         .lora = c->lora_r ? lora : NULL};
     if (c->threads == 1) o.n_threads = 1, o.threads[0] = 1;
     memcpy(o.chunks, c->chunks, sizeof c->chunks);
     return sbp_verify_run(rep, &o, err);
+}
+
+sbp_status sbp_suite_run(sbp_verify_report *rep, int i, const char *data_dir, const char *workdir,
+                         sbp_err *err) {
+    const sbp_suite_case *c = sbp_suite_case_at(i);
+    if (!c) return sbp_fail(err, SBP_EUSAGE, "no suite case %d", i);
+    return sbp_suite_run_case(rep, c, data_dir, workdir, err);
 }

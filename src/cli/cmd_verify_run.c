@@ -49,6 +49,12 @@ static const char usage[] =
     "  --no-golden        leave out the golden step (the default run, without --model, ends with\n"
     "                     `verify golden` on cpu and the --devices: the portable bits of the\n"
     "                     committed cases recomputed on this machine)\n"
+    "  --no-reach         leave out the reach step (the default run goes on with `verify reach`:\n"
+    "                     small models and batches that take the paths the bundled ones do not,\n"
+    "                     against the oracle)\n"
+    "  --no-self-test     leave out the self-test (the default run ends with `verify\n"
+    "                     --self-test`: faults planted into the verifier's inputs, each of which\n"
+    "                     a comparison must flag)\n"
     "Exit status: 0 every promise holds, 1 one is broken, 2 usage or input error.\n"
     "\n";
 
@@ -171,7 +177,7 @@ static cJSON *group_json(const sbp_verify_group *g) {
 /* The command line of `verify`. */
 typedef struct {
     sbp_verify_opts o;
-    int json, failures_only, no_golden;
+    int json, failures_only, no_golden, no_selftest, no_reach;
 } run_args;
 
 /* The options into a: -1 to go on, else the exit status (0 after --help). */
@@ -192,6 +198,8 @@ static int parse_args(run_args *a, int argc, char **argv) {
                                          {"failures-only", no_argument, 0, 'f'},
                                          OPTION_JSON,
                                          {"no-golden", no_argument, 0, 'G'},
+                                         {"no-self-test", no_argument, 0, 'T'},
+                                         {"no-reach", no_argument, 0, 'R'},
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
@@ -248,6 +256,8 @@ static int parse_args(run_args *a, int argc, char **argv) {
             break;
         case 'f': a->failures_only = 1; break;
         case 'G': a->no_golden = 1; break;
+        case 'T': a->no_selftest = 1; break;
+        case 'R': a->no_reach = 1; break;
         case 'h': printf("%s%s", usage, obj_usage); return 0;
         default:
             if (common_opt_code(c)) {
@@ -274,7 +284,8 @@ static int parse_args(run_args *a, int argc, char **argv) {
 /* The report as one JSON document; with golden, the golden step runs quietly and reports as its
  * "golden" field (a failure counts in rep->failed). */
 static void print_report_json(sbp_verify_report *rep, const sbp_verify_opts *o, const char *model,
-                              int golden, const char *const *gdev, int n_gdev) {
+                              int golden, const char *const *gdev, int n_gdev, int reach,
+                              int selftest) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", model);
     cJSON_AddStringToObject(j, "model_type", rep->model_type);
@@ -299,6 +310,20 @@ static void print_report_json(sbp_verify_report *rep, const sbp_verify_opts *o, 
                                 g == 0               ? "pass"
                                 : g == EXIT_MISMATCH ? "fail"
                                                      : "error");
+        rep->failed += g != 0;
+    }
+    if (reach) { /* as its "reach" object: the cases and their verdicts */
+        cJSON *r = cJSON_CreateObject();
+        int g = cases_check(NULL, r, 1, -1);
+        if (g == EXIT_USAGE) cJSON_AddStringToObject(r, "error", "could not run");
+        cJSON_AddItemToObject(j, "reach", r);
+        rep->failed += g != 0;
+    }
+    if (selftest) { /* as its "self_test" object: the faults and whether each was flagged */
+        cJSON *s = cJSON_CreateObject();
+        int g = selftest_check(NULL, s);
+        if (g == EXIT_USAGE) cJSON_AddStringToObject(s, "error", "could not run");
+        cJSON_AddItemToObject(j, "self_test", s);
         rep->failed += g != 0;
     }
     cJSON_AddBoolToObject(j, "pass", rep->failed == 0);
@@ -339,6 +364,8 @@ int verify_run(int argc, char **argv) {
     sbp_verify_opts o = a.o;
     const int json = a.json;
     const int golden = !o.model && !a.no_golden;
+    const int selftest = !o.model && !a.no_selftest;
+    const int reach = !o.model && !a.no_reach;
     const int optim =
         !o.model; /* the default run: the training arithmetic too (cmd_verify_optim.c) */
     sbp_err err = {0};
@@ -361,7 +388,7 @@ int verify_run(int argc, char **argv) {
     sbp_default_inputs_free(&def);
     if (st) return report_error("verify", &err);
     if (json)
-        print_report_json(&rep, &o, model, golden, gdev, n_gdev);
+        print_report_json(&rep, &o, model, golden, gdev, n_gdev, reach, selftest);
     else
         print_report_text(&rep, &o, model, secs, a.failures_only);
     int failed = rep.failed;
@@ -373,9 +400,22 @@ int verify_run(int argc, char **argv) {
         failed |= g != 0;
         printf("%s\n", failed ? "FAIL" : "PASS");
     }
+    if (reach && !json) {
+        printf("\nreach: the paths the bundled model does not take, each against the oracle\n");
+        int g = cases_check(stdout, NULL, 1, -1);
+        if (g == EXIT_USAGE) return g;
+        failed |= g != 0;
+    }
     if (optim && !json) {
         printf("\noptim: optimizer steps against the float64 oracle (ref/adamw.c)\n");
         int g = optim_check(stdout);
+        if (g == EXIT_USAGE) return g;
+        failed |= g != 0;
+        printf("%s\n", failed ? "FAIL" : "PASS");
+    }
+    if (selftest && !json) {
+        printf("\nself-test: faults planted into the verifier's inputs, each to be flagged\n");
+        int g = selftest_check(stdout, NULL);
         if (g == EXIT_USAGE) return g;
         failed |= g != 0;
         printf("%s\n", failed ? "FAIL" : "PASS");

@@ -75,8 +75,13 @@ static void transpose_tile(real *xt, const real *x_J, int nk, int KV, int HD, in
     for (int c = nk8; c < nk; c++)
         for (int d = 0; d < d0; d++) xt[(size_t)d * W + c] = x_J[(size_t)c * KV + d];
 #endif
+#ifdef SBP_PLANT_FAST_TILE_TAIL /* planted (tests/test_reach.c): the last dimension of a tail */
+    for (int c = 0; c < nk; c++)
+        for (int d = d0; d + 1 < HD; d++) xt[(size_t)d * W + c] = x_J[(size_t)c * KV + d];
+#else
     for (int c = 0; c < nk; c++)
         for (int d = d0; d < HD; d++) xt[(size_t)d * W + c] = x_J[(size_t)c * KV + d];
+#endif
 }
 
 /* xc = x_J, n rows of HD reals from rows ld apart into contiguous ones */
@@ -110,7 +115,12 @@ static void mask_tile(real *S, int i0, int nq, int j0, int nk, int ldS, const ui
         real *S_r = S + (size_t)r * ldS;
         const int last = i0 + r - j0; /* the last visible column */
         for (int c = last < 0 ? 0 : last + 1; c < nk; c++) S_r[c] = -INFINITY;
+#ifdef SBP_PLANT_FAST_WINDOW_MASK /* planted (tests/test_reach.c): one key too many in the window  \
+                                   */
+        for (int c = 0; win && c < nk && c < last - win; c++) S_r[c] = -INFINITY;
+#else
         for (int c = 0; win && c < nk && c <= last - win; c++) S_r[c] = -INFINITY;
+#endif
         if (padded)
             for (int c = 0; c < nk && c <= last; c++)
                 if (!kmask[j0 + c]) S_r[c] = -INFINITY;
