@@ -202,11 +202,9 @@ def condition(test):
 def run_block(block, scratch):
     """Runs a block; returns (status, seconds): status the exit status, or None on a timeout."""
     script = "set -e -o pipefail\n" + block.text.replace("/tmp/", scratch + "/") + "\n"
-    path = os.path.join(scratch, ".block.sh")
-    with open(path, "w") as f:
-        f.write(script)
     t0 = time.time()
-    p = subprocess.Popen(["bash", "--noprofile", "--norc", path], cwd=ROOT, env=ENV,
+    # the script as an argument, not a file in the scratch directory the blocks write to
+    p = subprocess.Popen(["bash", "--noprofile", "--norc", "-c", script], cwd=ROOT, env=ENV,
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -97,6 +97,21 @@ static void assert_same(const char *got, const char *want, const char *what) {
 }
 
 /* _i: family (_i / 6), objective (_i / 2 % 3), precision (_i % 2). */
+/* got (the fingerprint of a case on device) against the committed file golden, or written there
+ * with SBP_GOLDEN_UPDATE=1. */
+static void against_golden(const char *golden, const char *got, const char *device) {
+    if (getenv("SBP_GOLDEN_UPDATE")) {
+        tu_spit(golden, got, strlen(got));
+        printf("wrote %s\n", golden);
+        return;
+    }
+    char what[640];
+    snprintf(what, sizeof what, "%s with %s on %s", golden, tu_bin(), device);
+    char *want = tu_slurp(golden, NULL);
+    assert_same(got, want, what);
+    free(want);
+}
+
 START_TEST(golden_digests) {
     const char *family = families[_i / 6], *prec = _i % 2 ? "fp64" : "fp32";
     const int obj = _i / 2 % 3;
@@ -109,16 +124,8 @@ START_TEST(golden_digests) {
         assert_same(other, first, what);
         free(other);
     }
-    if (getenv("SBP_GOLDEN_UPDATE")) {
-        tu_spit(golden, first, strlen(first));
-        printf("wrote %s\n", golden);
-    } else {
-        snprintf(what, sizeof what, "%s with %s on %s", golden, tu_bin(),
-                 getenv("SBP_GOLDEN_DEVICE") ? getenv("SBP_GOLDEN_DEVICE") : "cpu");
-        char *want = tu_slurp(golden, NULL);
-        assert_same(first, want, what);
-        free(want);
-    }
+    against_golden(golden, first,
+                   getenv("SBP_GOLDEN_DEVICE") ? getenv("SBP_GOLDEN_DEVICE") : "cpu");
     free(first);
 }
 END_TEST
@@ -170,15 +177,7 @@ START_TEST(long_digests) {
         assert_same(other, first, what);
         free(other);
     }
-    if (getenv("SBP_GOLDEN_UPDATE")) {
-        tu_spit(golden, first, strlen(first));
-        printf("wrote %s\n", golden);
-    } else {
-        snprintf(what, sizeof what, "%s with %s on %s", golden, tu_bin(), device);
-        char *want = tu_slurp(golden, NULL);
-        assert_same(first, want, what);
-        free(want);
-    }
+    against_golden(golden, first, device);
     free(first);
 }
 END_TEST
