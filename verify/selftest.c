@@ -367,7 +367,8 @@ static sbp_status digest_fault(sbp_selftest_report *rep, const base_data *bd,
     sbp_selftest_row *r = add_row(rep, "verify golden",
                                   "digest byte: one element of %s one ULP off in a gradient file",
                                   ps->p[bd->at].name);
-    snprintf(r->seen, sizeof r->seen, "fingerprints part at %s (want %s)%s",
+    /* the precisions keep the row inside r->seen (256): the line names are short */
+    snprintf(r->seen, sizeof r->seen, "fingerprints part at %.100s (want %.60s)%s",
              diff[0] ? diff : "no line", want,
              same[0] ? "; and the same text differs from itself" : "");
     finish(rep, r, strcmp(diff, want) == 0 && !same[0]);
