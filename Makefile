@@ -382,10 +382,21 @@ bench-torch: all
 	  python3 -m venv $(TORCH_VENV) && $(TORCH_VENV)/bin/pip install -q torch==2.6.0 \
 	    transformers==4.51.3 || rm -rf $(TORCH_VENV); fi
 	@if [ -x $(TORCH_VENV)/bin/python ]; then \
-	  $(TORCH_VENV)/bin/python bench/torch_bench.py --streambp $(BIN) $(ISA_FLAG); else \
+	  $(TORCH_VENV)/bin/python bench/torch_bench.py --streambp $(BIN) $(ISA_FLAG) $(TORCH_ARGS); else \
 	  echo "bench-torch: no PyPI; Debian's torch 1.13 instead"; \
 	  /usr/bin/python3 -c 'import torch' 2>/dev/null || $(SUDO) apt-get install -y -q python3-torch; \
-	  /usr/bin/python3 bench/torch_bench.py --streambp $(BIN) $(ISA_FLAG); fi
+	  /usr/bin/python3 bench/torch_bench.py --streambp $(BIN) $(ISA_FLAG) $(TORCH_ARGS); fi
+
+# The same against HF at real shapes (random weights, cold and warm steps; docs/performance.md):
+# REAL_CONFIGS at REAL_SEQ on 2 threads, 2 paired rounds. A model whose HF step does not fit the
+# machine's memory prints "failed" for HF's rows.
+REAL_CONFIGS ?= data/configs/qwen3-0.6b.json data/configs/llama-3.2-1b.json \
+	data/configs/gemma3-1b.json data/configs/qwen3-1.7b.json
+REAL_SEQ ?= 2048
+.PHONY: bench-torch-real
+bench-torch-real:
+	@$(MAKE) --no-print-directory bench-torch \
+	  TORCH_ARGS="$(foreach c,$(REAL_CONFIGS),--config $(c)) --seq $(REAL_SEQ) --threads 2 --rounds 2"
 
 # The BLAS at our shapes: OpenBLAS (the default) against BLIS (Debian) and MKL (PyPI's mkl-devel
 # in a venv), interleaved rounds at 1 and 2 threads, bench/blas.sh (ROUNDS=N, default 5).

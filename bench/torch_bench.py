@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The PyTorch baseline of `make bench-torch`: the bench model in PyTorch, timed beside streambp
-in the same run.
+"""The PyTorch baseline of `make bench-torch`: the bench model (or a real config, --config) in
+PyTorch, timed beside streambp in the same run.
 
 With Hugging Face transformers importable (`make bench-torch` makes a venv from PyPI with torch
 2.x and transformers 4.51.3), the model is a LlamaForCausalLM built from data/models/bench.json
@@ -16,6 +16,14 @@ process of its own, which also gives its peak RSS), the two sides run
 back to back with their order alternating, and the verdict is the median of the rounds' time
 ratios: this VM's speed drifts by 20-30% within an hour, and only pairing cancels that.
 
+--config FILE (repeatable) benchmarks a HF config.json instead of the bench model, e.g.
+data/configs/qwen3-0.6b.json: random weights on both sides (HF's from_config, `streambp bench
+--config`), transformers required. Both sides then report two steps: "cold", the first step of a
+fresh process (what `streambp grad`, `verify` and an audit run: every buffer touched for the
+first time), and "warm", the step after it; each is compared with the other side's step of the
+same kind. Cold and warm come from separate streambp processes (`--warmup 0 --reps 1` and
+`--warmup 1 --reps 1`) and from one HF process (its first and second step).
+
 --avx2 forces the AVX2 path on both sides (`make bench-torch BUILD=build-avx2 ARCH=x86-64-v3`
 passes it): streambp is to be a build without AVX-512 instructions (checked with objdump where it
 is installed) and runs OpenBLAS's Haswell kernels for its sgemm rate; torch runs with
@@ -23,7 +31,7 @@ ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2 and ONEDNN_MAX_CPU_ISA=AV
 without AVX-512 (AMD Zen 2/3) gives each. The header names the path ("path: avx2" or "native").
 
 Usage: python3 bench/torch_bench.py [--streambp build/streambp] [--seq 2048 8192]
-    [--threads 1 2] [--rounds 3] [--avx2]
+    [--threads 1 2] [--rounds 3] [--avx2] [--config FILE ...]
 """
 import argparse
 import json
@@ -37,32 +45,51 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def hf_step_child(T, mode, threads, reps):
-    """HF transformers: LlamaForCausalLM from bench.json, sdpa attention (and checkpointing)."""
+BENCH_JSON = os.path.join(HERE, "..", "data", "models", "bench.json")
+
+
+def hf_model(config_path):
+    """HF's model of a config.json, float32, sdpa attention, random weights; and its V."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with open(config_path) as f:
+        cfg = json.load(f)
+    kind = cfg.pop("model_type")
+    cfg.pop("torch_dtype", None)
+    config = AutoConfig.for_model(kind, **cfg)
+    config.use_cache = False
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                             torch_dtype=torch.float32)
+    model.train()
+    return model, config.vocab_size
+
+
+def hf_step_child(T, mode, threads, reps, config_path):
+    """HF transformers: the model of config_path, sdpa attention (and checkpointing); the first
+    step (cold) and the median of the `reps` after it (warm)."""
+    import torch
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    cfg = json.load(open(os.path.join(HERE, "..", "data", "models", "bench.json")))
-    config = LlamaConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
-    config.use_cache = False
-    model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa", torch_dtype=torch.float32)
-    model.train()
+    model, V = hf_model(config_path)
     if mode == "hf-ckpt":
         model.gradient_checkpointing_enable()
-    ids = torch.randint(1, cfg["vocab_size"], (1, T))
-    times = []
+    ids = torch.randint(1, V, (1, T))
+    times, cold = [], None
     for i in range(reps + 1):
         model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         model(input_ids=ids, labels=ids).loss.backward()
         if i:
             times.append(time.perf_counter() - t0)
+        else:
+            cold = time.perf_counter() - t0
     times.sort()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     import transformers
     print(json.dumps({"T": T, "mode": mode, "median_s": times[len(times) // 2], "runs": reps,
+                      "cold_s": cold,
                       "rss_bytes": rss, "torch": torch.__version__,
                       "transformers": transformers.__version__,
                       "cpu_capability": torch.backends.cpu.get_cpu_capability()}))
@@ -144,38 +171,52 @@ def have_transformers():
         return False
 
 
-def ours(a, threads, T):
+def ours_step(a, threads, T, config, s, warmup):
+    """streambp bench's row of one schedule in a process of its own."""
+    cmd = [a.streambp, "bench", "--csv", "--threads", str(threads), "--warmup", str(warmup),
+           "--reps", "1", "--seq", str(T), "--numerics", "fast", "--no-train", "--schedules", s]
+    if config != BENCH_JSON:
+        cmd += ["--config", config]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
+    return dict(zip(out[0].split(","), out[1].split(",")))
+
+
+def ours(a, threads, T, config):
     """One round of streambp at one T: {schedule: row}. Each schedule in a process of its own, a
     warm-up step then one timed step, as the other side gets: in one process a step after
-    another schedule's finds the pool's pages laid out for that one."""
+    another schedule's finds the pool's pages laid out for that one. With a real config, another
+    process times the cold step (the first of its process) too."""
     rows = {}
     for s in ("full", "stream"):
-        cmd = [a.streambp, "bench", "--csv", "--threads", str(threads), "--warmup", "1", "--reps",
-               "1", "--seq", str(T), "--numerics", "fast", "--no-train", "--schedules", s]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
-        r = dict(zip(out[0].split(","), out[1].split(",")))
+        r = ours_step(a, threads, T, config, s, 1)
         rows[s] = {"median_s": float(r["median_s"]), "rss_bytes": int(r["rss_bytes"]),
                    "pct_sgemm": float(r["pct_sgemm"])}
+        if config != BENCH_JSON:
+            c = ours_step(a, threads, T, config, s, 0)
+            rows[s]["cold_s"] = float(c["median_s"])
+            rows[s]["cold_pct_sgemm"] = float(c["pct_sgemm"])
     return rows
 
 
-def theirs(a, threads, T, mode):
+def theirs(a, threads, T, mode, config):
     """One round of HF (or the hand-written model) at one T: a fresh process, a warm-up step,
     then one timed step; None when it failed."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     r = subprocess.run([sys.executable, __file__, "--child", str(T), mode, "--threads",
-                        str(threads), "--reps", "1"], capture_output=True, text=True, env=env)
+                        str(threads), "--reps", "1", "--config", config], capture_output=True,
+                       text=True, env=env)
     if r.returncode != 0:
         print("%7d %-16s failed: %s" % (T, mode, r.stderr.strip().splitlines()[-1:]))
         return None
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def sgemm_rate(a, threads):
-    out = subprocess.run([a.streambp, "bench", "--seq", "16", "--reps", "1", "--threads",
-                          str(threads), "--schedules", "stream", "--numerics", "fast",
-                          "--no-train", "--json"], check=True, capture_output=True,
-                         text=True).stdout
+def sgemm_rate(a, threads, config):
+    cmd = [a.streambp, "bench", "--seq", "16", "--reps", "1", "--threads", str(threads),
+           "--schedules", "stream", "--numerics", "fast", "--no-train", "--json"]
+    if config != BENCH_JSON:
+        cmd += ["--config", config]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)["sgemm_gflops"]
 
 
@@ -197,6 +238,46 @@ def avx512_check(a):
                os.environ["OPENBLAS_CORETYPE"]))
 
 
+def table(a, config, threads, modes, caps):
+    """One table: every T at one thread count, paired rounds; with a real config, a cold row
+    beside every warm one."""
+    cold = config != BENCH_JSON
+    print("\n%d thread%s; OpenBLAS sgemm at the start: %.1f GFLOP/s" % (
+        threads, "s" if threads > 1 else "", sgemm_rate(a, threads, config)))
+    print("%7s %-22s %10s %10s  %s" % ("T", "run", "median s", "RSS MiB",
+                                       "their time / ours [min, max], RSS ours / theirs"))
+    for T in a.seq:
+        mine, them = [], {m: [] for m in modes}
+        for k in range(a.rounds):
+            if k % 2 == 0:
+                mine.append(ours(a, threads, T, config))
+            for m in modes:
+                them[m].append(theirs(a, threads, T, m, config))
+            if k % 2 == 1:
+                mine.append(ours(a, threads, T, config))
+        kinds = (("median_s", "pct_sgemm", ""), ("cold_s", "cold_pct_sgemm", " cold")) if cold \
+            else (("median_s", "pct_sgemm", ""),)
+        for key, pct, tag in kinds:
+            for s in ("full", "stream"):
+                print("%7d %-22s %10.3f %10.1f  %.0f%% of sgemm" % (
+                    T, "streambp " + s + tag, median([r[s][key] for r in mine]),
+                    max(r[s]["rss_bytes"] for r in mine) / 2**20,
+                    median([r[s][pct] for r in mine])))
+            for m in modes:
+                s = "stream" if m.endswith("ckpt") else "full"
+                pairs = [(t, o) for t, o in zip(them[m], mine) if t]
+                caps.update(t.get("cpu_capability", "?") for t, _ in pairs)
+                if not pairs:
+                    continue
+                ratios = [t[key] / o[s][key] for t, o in pairs]
+                rss_t = max(t["rss_bytes"] for t, _ in pairs)
+                rss_o = max(o[s]["rss_bytes"] for _, o in pairs)
+                print("%7d %-22s %10.3f %10.1f  %.2fx [%.2f, %.2f] of %s, RSS %.0f%%" % (
+                    T, m + tag, median([t[key] for t, _ in pairs]), rss_t / 2**20,
+                    median(ratios), min(ratios), max(ratios), s + tag, 100.0 * rss_o / rss_t))
+        sys.stdout.flush()
+
+
 def median(xs):
     xs = sorted(xs)
     n = len(xs)
@@ -211,12 +292,17 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--avx2", action="store_true",
                     help="both sides on AVX2 kernels (streambp: a build without AVX-512)")
+    ap.add_argument("--config", action="append",
+                    help="a HF config.json instead of the bench model (repeatable)")
     ap.add_argument("--reps", type=int, default=3, help=argparse.SUPPRESS)  # the children's
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         T, mode = int(a.child[0]), a.child[1]
-        (hf_step_child if mode.startswith("hf") else step_child)(T, mode, a.threads[0], a.reps)
+        if mode.startswith("hf"):
+            hf_step_child(T, mode, a.threads[0], a.reps, (a.config or [BENCH_JSON])[0])
+        else:
+            step_child(T, mode, a.threads[0], a.reps)
         return 0
     if a.avx2:  # inherited by every child process, streambp's and torch's
         os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
@@ -229,6 +315,10 @@ def main():
         print("torch_bench.py: PyTorch is not importable; nothing to compare", file=sys.stderr)
         return 2
     hf = have_transformers()
+    configs = [os.path.abspath(c) for c in a.config] if a.config else [BENCH_JSON]
+    if a.config and not hf:
+        print("torch_bench.py: --config needs HF transformers", file=sys.stderr)
+        return 2
     modes = ("hf-sdpa", "hf-ckpt") if hf else ("torch", "torch-ckpt")
     versions = "torch %s%s" % (torch.__version__, ", transformers " + __import__(
         "transformers").__version__ if hf else " (no transformers: HF's eager path by hand)")
@@ -239,38 +329,11 @@ def main():
           "rounds; %s" % (a.rounds, versions))
     print("path: %s" % path)
     caps = set()  # torch's CPU capability as its children report it
-    for threads in a.threads:
-        print("\n%d thread%s; OpenBLAS sgemm at the start: %.1f GFLOP/s" % (
-            threads, "s" if threads > 1 else "", sgemm_rate(a, threads)))
-        print("%7s %-16s %10s %10s  %s" % ("T", "run", "median s", "RSS MiB",
-                                           "their time / ours [min, max], RSS ours / theirs"))
-        for T in a.seq:
-            mine, them = [], {m: [] for m in modes}
-            for k in range(a.rounds):
-                if k % 2 == 0:
-                    mine.append(ours(a, threads, T))
-                for m in modes:
-                    them[m].append(theirs(a, threads, T, m))
-                if k % 2 == 1:
-                    mine.append(ours(a, threads, T))
-            for s in ("full", "stream"):
-                print("%7d %-16s %10.3f %10.1f  %.0f%% of sgemm" % (
-                    T, "streambp " + s, median([r[s]["median_s"] for r in mine]),
-                    max(r[s]["rss_bytes"] for r in mine) / 2**20,
-                    median([r[s]["pct_sgemm"] for r in mine])))
-            for m in modes:
-                s = "stream" if m.endswith("ckpt") else "full"
-                pairs = [(t, o) for t, o in zip(them[m], mine) if t]
-                caps.update(t.get("cpu_capability", "?") for t, _ in pairs)
-                if not pairs:
-                    continue
-                ratios = [t["median_s"] / o[s]["median_s"] for t, o in pairs]
-                rss_t = max(t["rss_bytes"] for t, _ in pairs)
-                rss_o = max(o[s]["rss_bytes"] for _, o in pairs)
-                print("%7d %-16s %10.3f %10.1f  %.2fx [%.2f, %.2f] of %s, RSS %.0f%%" % (
-                    T, m, median([t["median_s"] for t, _ in pairs]), rss_t / 2**20,
-                    median(ratios), min(ratios), max(ratios), s, 100.0 * rss_o / rss_t))
-            sys.stdout.flush()
+    for config in configs:
+        if config != BENCH_JSON:
+            print("\nmodel: %s (random weights)" % os.path.relpath(config))
+        for threads in a.threads:
+            table(a, config, threads, modes, caps)
     print("\ntorch's CPU capability in its processes: %s" % ", ".join(sorted(caps)))
     return 0
 

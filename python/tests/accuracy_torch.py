@@ -18,6 +18,11 @@ For each family and T:
     layer 0's norm on the same embedding rows), so torch's error looked smaller than it is and
     ours was measured against a truth off by ~1e-7..1e-6 (docs/accuracy.md).
 
+--rope64 gives torch float32 float64 rotary tables (angles, cos and sin in float64, rounded once
+to float32, as ours are): not what users run, but torch's arithmetic with its one float32 island
+that grows with T taken out, the reference docs/accuracy.md's "torch float32, exact rotary"
+column is measured against.
+
 FILE gets one line per tensor, "family T name error" (error = ||g32 - g64|| / ||g64||), which
 `build/accuracy --torch FILE` reads. Needs torch and transformers (the HF venv); not part of CI.
 """
@@ -80,6 +85,23 @@ def _rope64(self, x, position_ids):
     return (emb.cos() * s).to(x.dtype), (emb.sin() * s).to(x.dtype)
 
 
+def patch_rope64(model, family):
+    """Only the rotary tables of a float32 model in float64 (--rope64); in place."""
+    if family == "gemma3":
+        import gemma3_hf
+        gemma3_hf.patch_rope(model)
+        return model
+    n = 0
+    for m in model.modules():
+        if type(m).__name__.endswith("RotaryEmbedding"):
+            m._inv64 = inv_freq64(model.config)
+            m.forward = types.MethodType(_rope64, m)
+            n += 1
+    if not n:
+        raise ValueError("accuracy_torch: no rotary module to patch")
+    return model
+
+
 def patch_islands(model):
     """The float32 islands of HF's Llama/Qwen2/Qwen3 (RMSNorm, rotary tables) computed in the
     model's dtype instead; in place."""
@@ -128,6 +150,8 @@ def main():
     ap.add_argument("--family", default="qwen3,qwen2,llama3,gemma3")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--rope64", action="store_true",
+                    help="torch float32 with float64 rotary tables (docs/accuracy.md)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     # written to an unpredictable temporary beside --out (O_EXCL, never through a planted
@@ -147,6 +171,8 @@ def run(a, out):
     for fam in a.family.split(","):
         d = os.path.join(a.models, fam)
         m32, m64 = load(d, torch.float32, fam), load(d, torch.float64, fam)
+        if a.rope64:
+            patch_rope64(m32, fam)
         V = m32.config.vocab_size
         for T in (int(x) for x in a.seq.split(",")):
             ids = torch.tensor([[token(1, t, V) for t in range(T)]], dtype=torch.long)

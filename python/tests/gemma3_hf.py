@@ -81,13 +81,9 @@ def _eager_fp64(module, query, key, value, attention_mask, dropout=0.0, scaling=
     return out, w
 
 
-def patch_islands(model):
-    """Every float32 island of HF's Gemma-3 computed in the model's dtype instead (module
-    docstring). Changes the model in place and the module's eager attention for the process."""
+def patch_rope(model):
+    """Only the two rotary tables in float64, rounded once to the model's dtype; in place."""
     cfg = model.config
-    for m in model.modules():
-        if isinstance(m, mg.Gemma3RMSNorm):
-            m.forward = types.MethodType(_rms_forward, m)
     inner = model.model
     rs = cfg.rope_scaling or {}
     linear = rs.get("rope_type", rs.get("type")) == "linear"
@@ -95,6 +91,17 @@ def patch_islands(model):
                               (inner.rotary_emb_local, cfg.rope_local_base_freq, 1.0)):
         rot._hd, rot._base, rot._factor = cfg.head_dim, float(base), float(factor)
         rot.forward = types.MethodType(_rope_forward, rot)
+    return model
+
+
+def patch_islands(model):
+    """Every float32 island of HF's Gemma-3 computed in the model's dtype instead (module
+    docstring). Changes the model in place and the module's eager attention for the process."""
+    cfg = model.config
+    for m in model.modules():
+        if isinstance(m, mg.Gemma3RMSNorm):
+            m.forward = types.MethodType(_rms_forward, m)
+    patch_rope(model)
     mg.eager_attention_forward = _eager_fp64
     return model
 
