@@ -42,7 +42,7 @@ static int fault_of(fault *f) {
     if (!s) return 0;
     if (sscanf(s, "%7[a-z]:%d:%d:%15[a-z0-9]%n", what, &f->rank, &f->run, f->bucket, &end) != 4 ||
         s[end] || f->run < 1 ||
-        (f->what = !strcmp(what, "kill") ? KILL
+        (f->what = !strcmp(what, "kill")   ? KILL
                    : !strcmp(what, "stop") ? STOP
                    : !strcmp(what, "nan")  ? NAN_GRAD
                                            : -1) < 0) {
@@ -92,10 +92,10 @@ static sbp_status faulty(engine_fn *real, int f64, double *loss, void *grads, co
     const sbp_params *ps = o->lora ? &o->lora->params : &m->params;
     sbp_bucket bk[4096];
     const int nb = sbp_grad_buckets(bk, 4096, ps);
-    int at = !strcmp(f.bucket, "first") ? 0
+    int at = !strcmp(f.bucket, "first")    ? 0
              : !strcmp(f.bucket, "middle") ? nb / 2
-             : !strcmp(f.bucket, "last") ? nb - 1
-                                         : atoi(f.bucket);
+             : !strcmp(f.bucket, "last")   ? nb - 1
+                                           : atoi(f.bucket);
     if (nb < 1 || at < 0 || at >= nb) {
         fprintf(stderr, "streambp-faults: bucket %s of a run with %d buckets\n", f.bucket, nb);
         exit(2);

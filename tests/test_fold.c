@@ -306,8 +306,9 @@ START_TEST(refused_bucket_stops_the_run) {
     sbp_obj_end(&ev);
     ck_assert_int_eq(st, SBP_EIO);
     ck_assert_msg(strstr(err.msg, "could not be handed on"), "%s", err.msg);
-    ck_assert_msg(r.calls == r.at + 1, "%s: the hook refused bucket %d of %d and was called %d times",
-                  model, r.at, nb, r.calls);
+    ck_assert_msg(r.calls == r.at + 1,
+                  "%s: the hook refused bucket %d of %d and was called %d times", model, r.at, nb,
+                  r.calls);
     ck_assert_int_eq(lg.cur_total, 0); /* what the run had allocated is freed */
     sbp_batch_free(&b);
     sbp_model_free(&m, NULL);

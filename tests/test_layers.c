@@ -57,7 +57,8 @@ static void compile(const char *root, const char *kind, const char *src) {
 static const char *good_objects(const char *name) {
     const char *root = good_tree(name);
     tu_put(root, "src/core/err.c", "int sbp_fail(void) { return 1; }\n");
-    tu_put(root, "src/engine/run.c", "int sbp_fail(void);\nint drive(void) { return sbp_fail(); }\n");
+    tu_put(root, "src/engine/run.c",
+           "int sbp_fail(void);\nint drive(void) { return sbp_fail(); }\n");
     tu_put(root, "src/api/grad.c", "int drive(void);\nint sbp_grad(void) { return drive(); }\n");
     compile(root, "common", "src/core/err.c");
     compile(root, "f32", "src/engine/run.c");
@@ -80,7 +81,8 @@ END_TEST
 START_TEST(test_upward_call_fails) {
     const char *root = good_objects("calls-up");
     /* the core calls a function of the API: an include would not show it (it declares it) */
-    tu_put(root, "src/core/flops.c", "int sbp_grad(void);\nint flops(void) { return sbp_grad(); }\n");
+    tu_put(root, "src/core/flops.c",
+           "int sbp_grad(void);\nint flops(void) { return sbp_grad(); }\n");
     compile(root, "common", "src/core/flops.c");
     ck_assert_int_eq(calls(root), 1);
     ck_assert_msg(strstr(tu_last_output(), "src/core/flops.c: src/core uses sbp_grad of "
@@ -93,7 +95,8 @@ START_TEST(test_files_using_each_other_fail) {
     const char *root = good_objects("calls-pair");
     /* two files of one layer: the driver calls the entry's bucket_end, the entry calls drive */
     tu_put(root, "src/engine/entry.c",
-           "int drive(void);\nint bucket_end(void) { return 0; }\nint entry(void) { return drive(); }\n");
+           "int drive(void);\nint bucket_end(void) { return 0; }\nint entry(void) { return "
+           "drive(); }\n");
     tu_put(root, "src/engine/run.c",
            "int sbp_fail(void);\nint bucket_end(void);\n"
            "int drive(void) { return sbp_fail() + bucket_end(); }\n");

@@ -94,8 +94,9 @@ START_TEST(plan_equals_measured_objectives_lora) {
     const int lora = dev != SBP_DEVICE_CPU ? _i % 2 : _i / 9 % 2;
     const int train = dev == SBP_DEVICE_CPU && _i % 2;
     const sbp_numerics num = _i >= 9 ? SBP_NUMERICS_PORTABLE : SBP_NUMERICS_FAST;
-    /* (family, objective, adapter): 1 SFT lora, 2 DPO lora, 0 GRPO full */
-    if (!sbp_device_built(dev) || skipped_under_asan(_i, 19, 23, 24)) return;
+    /* under the sanitizers one device case, llama3 DPO with an adapter: on one idle core each of
+     * these took 85-140 s there (2026-12-06), the three of them 5 of test_plan's 7.8 minutes */
+    if (!sbp_device_built(dev) || skipped_under_asan(_i, 23, -1, -1)) return;
     const char *adir = tu_path("plan-adapter-%d", _i);
     if (lora)
         ck_assert_msg(tu_sh("%s lora init --model %s --out %s --r %d --alpha 8 --targets %s",
@@ -638,7 +639,12 @@ END_TEST
 static Suite *suite(void) {
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("plan");
+#if defined(__SANITIZE_ADDRESS__) || SBP_TEST_HAS_ASAN
+    /* the emulated device's cases under the sanitizers: 26-98 s each on one idle core */
+    tcase_set_timeout(tc, 300);
+#else
     tcase_set_timeout(tc, 60);
+#endif
     tcase_add_loop_test(tc, plan_equals_measured, 0, 27);
     tcase_add_loop_test(tc, plan_equals_measured_objectives_lora, 0, 27);
     tcase_add_test(tc, ledger_pool);

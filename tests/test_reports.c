@@ -10,6 +10,7 @@
  * JSON outputs must parse back to the exact names. Command-line cases run build/streambp under
  * `timeout`, so a hang fails instead of stalling. */
 #include "testutil.h"
+#include "../src/core/clock.h"
 #include "../src/io/safetensors.h"
 #include "../verify/text.h"
 
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 
 #define MODEL     "qwen3-tiny"
 #define SFT       "data/batches/sft-tiny.safetensors"
@@ -302,6 +304,38 @@ START_TEST(dpo_audit_without_reference) {
 }
 END_TEST
 
+/* Huge pages off (prctl's, inherited by the commands this test runs, whatever the system's
+ * mode): grad's text report notes it, --json names it, bench's heading names it; with the
+ * process's own mode the note is there exactly when that mode is off (_i = 1). */
+START_TEST(huge_pages_named) {
+    if (_i == 0) ck_assert_int_eq(prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0), 0);
+    const char *mode;
+    const int on = sbp_huge_pages(&mode);
+    if (_i == 0) {
+        ck_assert_str_eq(mode, "disabled for this process");
+        ck_assert_int_eq(on, 0);
+    }
+    int rc = tu_sh("timeout 120 %s grad --model %s --batch " SFT, tu_bin(), model());
+    ck_assert_msg(rc == 0, "%s", tu_last_output());
+    char want[128];
+    snprintf(want, sizeof want, "note      transparent huge pages are off (%s)", mode);
+    ck_assert_msg(!strstr(tu_last_output(), want) == (on != 0), "%s", tu_last_output());
+    rc = tu_sh("timeout 120 %s grad --model %s --batch " SFT " --json", tu_bin(), model());
+    ck_assert_msg(rc == 0, "%s", tu_last_output());
+    cJSON *j = cJSON_Parse(tu_last_output());
+    ck_assert_ptr_nonnull(j);
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "huge_pages");
+    ck_assert_msg(cJSON_IsString(h) && !strcmp(h->valuestring, mode), "%s", tu_last_output());
+    cJSON_Delete(j);
+    rc = tu_sh("timeout 120 %s bench --config data/models/llama3-tiny.json --seq 16 --reps 1 "
+               "--schedules stream --numerics fast --no-train --threads 1",
+               tu_bin());
+    ck_assert_msg(rc == 0, "%s", tu_last_output());
+    snprintf(want, sizeof want, "transparent huge pages: %s", mode);
+    ck_assert_msg(strstr(tu_last_output(), want), "%s", tu_last_output());
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("reports");
     TCase *tc = tcase_create("reports");
@@ -312,6 +346,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, diff_text_not_forged);
     tcase_add_test(tc, digest_text_not_forged);
     tcase_add_test(tc, dpo_audit_without_reference);
+    tcase_add_loop_test(tc, huge_pages_named, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -325,6 +325,12 @@ static void print_heading(const bench_args *a, const sbp_bench_model *bm,
            cfg->ffn, cfg->vocab, (double)bm->n_params / 1e6, o->threads, o->block, o->chunk,
            o->logit_chunk);
     printf("BLAS: %s, kernels %s\n", openblas_get_config(), openblas_get_corename());
+    const char *thp;
+    const int huge = sbp_huge_pages(&thp);
+    printf("transparent huge pages: %s%s\n", thp,
+           huge == 0 ? " (off: every buffer in 4 KiB pages, steps up to 1.5x slower; "
+                       "docs/performance.md, \"Huge pages\")"
+                     : "");
     printf("sgemm rate in this run: %.1f GFLOP/s (mean of the medians of %dx%dx%d, %dx%dx%d, "
            "%dx%dx%d)\n",
            r->sgemm, 2048, cfg->hidden, cfg->ffn, 2048, cfg->ffn, cfg->hidden, 2048, cfg->hidden,
@@ -350,6 +356,9 @@ static void print_end(const bench_args *a, const sbp_bench_model *bm, const sbp_
         cJSON_AddNumberToObject(o, "portable_gemm_gflops", r->portable);
         cJSON_AddStringToObject(o, "blas", openblas_get_config());
         cJSON_AddStringToObject(o, "blas_kernels", openblas_get_corename());
+        const char *thp;
+        sbp_huge_pages(&thp);
+        cJSON_AddStringToObject(o, "huge_pages", thp);
         if (a->o.largest) cJSON_AddNumberToObject(o, "budget_bytes", (double)a->o.largest);
         cJSON_AddItemToObject(o, "rows", jrows);
         print_json(o);

@@ -241,6 +241,12 @@ static void print_text(const grad_args *a, const sbp_model *m, const sbp_batch *
     print_ledger(stdout, lg, "  ");
     printf("  peak RSS %.1f MiB (the whole process: binary, libraries, batch, buffers)\n",
            sbp_peak_rss_bytes() / 1048576.0);
+    const char *thp;
+    if (a->g.device == SBP_DEVICE_CPU && sbp_huge_pages(&thp) == 0)
+        printf("note      transparent huge pages are off (%s): every buffer is touched in 4 KiB "
+               "pages, which made steps up to 1.5x slower (docs/performance.md, \"Huge "
+               "pages\")\n",
+               thp);
     if (a->out)
         printf("wrote     %s (%d tensors)\n", a->out,
                a->g.lora ? a->g.lora->params.n : m->params.n);
@@ -278,6 +284,9 @@ static void print_result_json(const grad_args *a, const sbp_model *m, const sbp_
     cJSON_AddNumberToObject(o, "seconds", secs);
     cJSON_AddItemToObject(o, "memory", ledger_json(lg));
     cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)sbp_peak_rss_bytes());
+    const char *thp;
+    sbp_huge_pages(&thp);
+    cJSON_AddStringToObject(o, "huge_pages", thp);
     if (a->out) cJSON_AddStringToObject(o, "out", a->out);
     print_json(o);
 }

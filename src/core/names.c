@@ -7,8 +7,8 @@
 
 static const char *const schedules[] = {
     [SBP_FULL] = "full", [SBP_CKPT] = "ckpt", [SBP_STREAM] = "stream"};
-static const char *const numerics[] = {[SBP_NUMERICS_FAST] = "fast",
-                                       [SBP_NUMERICS_PORTABLE] = "portable"};
+static const char *const numerics[] = {
+    [SBP_NUMERICS_FAST] = "fast", [SBP_NUMERICS_PORTABLE] = "portable"};
 static const char *const devices[] = {
     [SBP_DEVICE_CPU] = "cpu", [SBP_DEVICE_CUDA] = "cuda", [SBP_DEVICE_CUDA_EMU] = "cuda-emu"};
 static const char *const unattended[] = {[SBP_UNATTENDED_ZERO] = "zero",

@@ -42,8 +42,8 @@ typedef struct {
     int *left;  /* (nb) own pieces of bucket i not folded through the round */
     char *done; /* (nb) this rank's backward completed bucket i in the round (copied) */
     int lo;     /* the first bucket of the round not folded through: the column is its */
-    int rho, k;        /* the round, the micro-batch running */
-    int sent;          /* a send completed since the wait last looked */
+    int rho, k; /* the round, the micro-batch running */
+    int sent;   /* a send completed since the wait last looked */
     sbp_err *err;
     sbp_err herr;   /* the hook's own error: the engine reports a failed hook in general terms */
     sbp_ledger *lg; /* the ring and the column are charged to SBP_MEM_GRADS */

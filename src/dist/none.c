@@ -101,7 +101,6 @@ void sbp_comm_counters(const sbp_comm *c, int64_t *bytes, int64_t *messages) {
     *bytes = *messages = 0;
 }
 
-
 double sbp_comm_waited(const sbp_comm *c) {
     return 0;
 }

@@ -22,7 +22,7 @@ struct grad_fold {
     int nb, tied;
     int failed; /* the hook refused a bucket: no later bucket is formed or handed on */
     const sbp_params *mps, *lps; /* the model's table; the adapter's or NULL */
-    sbp_bucket_hook hook;         /* NULL: fold into S */
+    sbp_bucket_hook hook;        /* NULL: fold into S */
     void *hook_ctx;
 };
 
