@@ -359,6 +359,8 @@ bench-dist: all
 # table adds the ratios ours / torch.
 ACC_SEQ ?= 512,2048,8192
 ACC_PY  ?= $(BUILD)/torch-venv/bin/python
+# ACC_TORCH_ARGS=--rope64: torch float32 with float64 rotary tables (docs/accuracy.md)
+ACC_TORCH_ARGS ?=
 .PHONY: accuracy
 accuracy: SHELL := /bin/bash
 accuracy: .SHELLFLAGS := -o pipefail -c
@@ -367,7 +369,7 @@ accuracy: $(BUILD)/accuracy
 	@if [ -x "$(ACC_PY)" ] && "$(ACC_PY)" -c 'import torch, transformers' 2>/dev/null; then \
 	  $(BUILD)/accuracy --write-models $(BENCH_DIR)/accuracy-models && \
 	  "$(ACC_PY)" python/tests/accuracy_torch.py $(BENCH_DIR)/accuracy-models --seq $(ACC_SEQ) \
-	    --out $(BENCH_DIR)/accuracy-torch.txt && torch="--torch $(BENCH_DIR)/accuracy-torch.txt"; \
+	    $(ACC_TORCH_ARGS) --out $(BENCH_DIR)/accuracy-torch.txt && torch="--torch $(BENCH_DIR)/accuracy-torch.txt"; \
 	else echo "accuracy: no torch at $(ACC_PY): the torch column is left out"; fi; \
 	$(BUILD)/accuracy --seq $(ACC_SEQ) $$torch | tee $(BENCH_DIR)/accuracy.txt
 

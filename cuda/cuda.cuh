@@ -76,10 +76,11 @@ static inline device_state *device_of(const eng *e) {
     return (device_state *)e->backend;
 }
 
-/* check.cu. After a launch or a runtime call: records the first error of the run (the run then fails, and
- * the entry point reports the message). With SBP_CUDA_SYNC=1 in the environment it first waits
- * for the device, so that a fault inside a kernel is reported under that kernel's name instead
- * of at a later call (the launches are asynchronous on a GPU; the emulator runs them at once). */
+/* check.cu. After a launch or a runtime call: records the first error of the run (the run then
+ * fails, and the entry point reports the message). With SBP_CUDA_SYNC=1 in the environment it first
+ * waits for the device, so that a fault inside a kernel is reported under that kernel's name
+ * instead of at a later call (the launches are asynchronous on a GPU; the emulator runs them at
+ * once). */
 void check(const eng *e, const char *what);
 /* Records the run's first failure, printf-style with two strings (check.cu); a later one is
  * dropped. */

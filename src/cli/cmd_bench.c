@@ -328,8 +328,8 @@ static void print_heading(const bench_args *a, const sbp_bench_model *bm,
     const char *thp;
     const int huge = sbp_huge_pages(&thp);
     printf("transparent huge pages: %s%s\n", thp,
-           huge == 0 ? " (off: every buffer in 4 KiB pages, steps up to 1.5x slower; "
-                       "docs/performance.md, \"Huge pages\")"
+           huge == 0 ? " (off: every buffer faulted in 4 KiB pages; docs/performance.md, "
+                       "\"Huge pages\")"
                      : "");
     printf("sgemm rate in this run: %.1f GFLOP/s (mean of the medians of %dx%dx%d, %dx%dx%d, "
            "%dx%dx%d)\n",

@@ -243,9 +243,8 @@ static void print_text(const grad_args *a, const sbp_model *m, const sbp_batch *
            sbp_peak_rss_bytes() / 1048576.0);
     const char *thp;
     if (a->g.device == SBP_DEVICE_CPU && sbp_huge_pages(&thp) == 0)
-        printf("note      transparent huge pages are off (%s): every buffer is touched in 4 KiB "
-               "pages, which made steps up to 1.5x slower (docs/performance.md, \"Huge "
-               "pages\")\n",
+        printf("note      transparent huge pages are off (%s): every buffer is faulted in 4 KiB "
+               "pages (docs/performance.md, \"Huge pages\")\n",
                thp);
     if (a->out)
         printf("wrote     %s (%d tensors)\n", a->out,

@@ -20,9 +20,9 @@ long long sbp_peak_rss_bytes(void) {
     return (long long)ru.ru_maxrss * 1024;
 }
 
-/* Without huge pages a step touches every buffer in 4 KiB pages: 2.45 million page faults and
- * TLB misses in the products made a Qwen3-0.6B full-BP step at T = 1024 1.5x slower
- * (docs/performance.md, "Huge pages"). */
+/* Without huge pages a step faults every buffer in 4 KiB pages: 2.46 million page faults and
+ * 3 s more system time in a Qwen3-0.6B full-BP step at T = 1024 (docs/performance.md, "Huge
+ * pages"). */
 int sbp_huge_pages(const char **mode) {
     if (prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1) {
         *mode = "disabled for this process";
