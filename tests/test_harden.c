@@ -288,6 +288,37 @@ static void sparse_weights(const char *path, const char *cfg_path) {
     sbp_params_free(&ps);
 }
 
+/* With an adapter the check plans the adapter's gradient, not every weight's: a limit between the
+ * two plans runs the LoRA step and refuses the full one (it refused both). */
+START_TEST(memory_check_lora) {
+    const char *dir = tu_new_dir("mem-lora"), *ad = tu_join(dir, "adapter");
+    check_run(run_cli("lora init --model '%s' --out '%s' --r 2", good_model(), ad), 0, "wrote");
+    sbp_config cfg;
+    sbp_err err = {0};
+    sbp_batch b;
+    ck_assert_msg(!sbp_model_check(&cfg, good_model(), &err), "%s", err.msg);
+    ck_assert_msg(!sbp_batch_load(&b, sft_batch(), &cfg, &err), "%s", err.msg);
+    int64_t peak[2];
+    for (int lora = 0; lora < 2; lora++) {
+        sbp_ledger lg;
+        sbp_plan_opts po = {.grad = {.schedule = SBP_STREAM}, .B = b.B, .T = b.T, .storage_bytes = 4};
+        if (lora) po.lora = (sbp_lora_config){.r = 2, .alpha = 8, .targets = SBP_LORA_ALL};
+        ck_assert_msg(!sbp_plan(&lg, &cfg, &po, &err), "%s", err.msg);
+        peak[lora] = lg.peak_total;
+    }
+    sbp_batch_free(&b);
+    ck_assert_msg(peak[1] < peak[0], "LoRA plan %lld, full %lld", (long long)peak[1],
+                  (long long)peak[0]);
+    const long long limit = (peak[0] + peak[1]) / 2;
+    check_run(run_cli("grad --model '%s' --batch '%s' --lora '%s' --mem-limit %lld", good_model(),
+                      sft_batch(), ad, limit),
+              0, "loss");
+    check_run(run_cli("grad --model '%s' --batch '%s' --mem-limit %lld", good_model(), sft_batch(),
+                      limit),
+              2, "planned peak", "--mem-limit");
+}
+END_TEST
+
 /* The planned peak against the memory available, before the weights are even read. */
 START_TEST(memory_check) {
     const char *dir = tu_new_dir("mem-out"), *out = tu_join(dir, "g.safetensors");
@@ -602,6 +633,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, block_too_large);
     tcase_add_test(tc, threads_too_many);
     tcase_add_test(tc, memory_check);
+    tcase_add_test(tc, memory_check_lora);
     tcase_add_test(tc, planning_ledger_rejected);
     tcase_add_test(tc, fifo_inputs);
     tcase_add_test(tc, tmp_symlink_not_followed);

@@ -54,6 +54,9 @@ static const struct {
     /* the option at fault is named, not only the usage printed */
     {"verify optim --bogus",
      "streambp verify optim: takes no options (but --help), got \"--bogus\""},
+    {"verify digest --bogus", "streambp verify digest: unknown option \"--bogus\""},
+    {"verify digest", "streambp verify digest: no FILE given"},
+    {"verify digest a b", "streambp verify digest: one FILE only (2 arguments given)"},
     {"train --model m --jsonl data/train/counting.jsonl --seq 8 --out o",
      "streambp train: missing --steps N ("},
     {"train --jsonl data/train/counting.jsonl --seq 8 --steps 2",

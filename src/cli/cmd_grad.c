@@ -359,20 +359,25 @@ static sbp_status save(const grad_args *a, const sbp_model *m, const sbp_batch *
  * (or, with overcommit, taking the machine down). Micro-batches run one after the other, so the
  * largest of their plans counts; a reference model is loaded next to the policy for a forward
  * pass, freed before the step. */
-static sbp_status check_memory(const grad_args *a, const sbp_config *cfg, const sbp_batch *b,
-                               sbp_err *err) {
+static sbp_status check_memory(const grad_args *a, const sbp_config *cfg, const sbp_lora *ad,
+                               const sbp_batch *b, sbp_err *err) {
     char why[1400] = "--mem-limit", need_s[32], have_s[32];
     int64_t have = a->mem_limit ? a->mem_limit : available_memory(why, sizeof why);
     if (have < 0) return SBP_OK; /* nothing known to compare with */
     const int eb = a->prec == SBP_FP64 ? 8 : 4;
     int64_t params = sbp_config_param_count(cfg), need = 0;
+    /* the gradient: every weight's, or with an adapter only the adapter's (the base frozen; it
+     * was planned as every weight's, refusing LoRA steps that fit) */
+    const int64_t gparams = ad ? ad->params.total : params;
     sbp_ledger lg = {0};
     /* weights and gradients alone: settles absurd sizes without reserving address space */
-    if (params < 0 || params > INT64_MAX / 2 / eb || 2 * eb * params > have) {
-        need = params < 0 || params > INT64_MAX / 2 / eb ? INT64_MAX : 2 * eb * params;
+    if (params < 0 || params > INT64_MAX / 2 / eb || eb * (params + gparams) > have) {
+        need = params < 0 || params > INT64_MAX / 2 / eb ? INT64_MAX : eb * (params + gparams);
     } else {
         for (int i = 0; i < a->n_batches && need <= have; i++) {
             sbp_plan_opts po = {.grad = a->g, .B = b[i].B, .T = b[i].T, .storage_bytes = eb};
+            po.grad.lora = NULL; /* the planner takes the adapter's configuration */
+            if (ad) po.lora = ad->cfg;
             sbp_status st = sbp_plan(&lg, cfg, &po, err);
             if (st == SBP_ENOMEM)
                 need = INT64_MAX; /* not even the address space */
@@ -440,15 +445,17 @@ int cmd_grad(int argc, char **argv) {
                                &err);
     for (int i = 0; i < a.n_batches && !st && rank == 0; i++)
         if (note_fast_chunks("grad", &a.g, b[i].T)) break;
-    /* host memory: a GPU's own memory is the CUDA runtime's to refuse */
-    if (!st && !a.force && a.g.device != SBP_DEVICE_CUDA) st = check_memory(&a, &cfg, b, &err);
     /* on a device the ledger records the device's memory only */
     sbp_ledger *host_lg = a.g.device == SBP_DEVICE_CPU ? &lg : NULL;
+    /* the adapter (small) before the check: its configuration decides the gradient's size */
+    sbp_lora adapter = {0};
+    if (!st && a.lora && !(st = sbp_lora_load(&adapter, a.lora, &cfg, a.prec, host_lg, &err)))
+        a.g.lora = &adapter;
+    /* host memory: a GPU's own memory is the CUDA runtime's to refuse */
+    if (!st && !a.force && a.g.device != SBP_DEVICE_CUDA)
+        st = check_memory(&a, &cfg, a.g.lora, b, &err);
     if (!st) st = sbp_model_load(&m, a.model, a.prec, host_lg, &err);
     if (!st && a.bf16) sbp_model_round_bf16(&m);
-    sbp_lora adapter = {0};
-    if (!st && a.lora && !(st = sbp_lora_load(&adapter, a.lora, &m.cfg, a.prec, host_lg, &err)))
-        a.g.lora = &adapter;
     if (!st) st = obj_reference(&a.obj, b, a.n_batches, &m.cfg, a.prec, &a.g, &lg, &err);
     double t0 = sbp_now_seconds();
     if (!st) st = sbp_grad_batches(&r, &m, b, a.n_batches, &a.g, &lg, &err);

@@ -20,6 +20,14 @@ int verify_digest(int argc, char **argv) {
         return 0;
     }
     if (argc != 2 || argv[1][0] == '-') {
+        /* name what is wrong first: the usage alone left an unknown option unexplained */
+        if (argc < 2)
+            fprintf(stderr, "streambp verify digest: no FILE given\n");
+        else if (argc > 2)
+            fprintf(stderr, "streambp verify digest: one FILE only (%d arguments given)\n",
+                    argc - 1);
+        else
+            fprintf(stderr, "streambp verify digest: unknown option \"%s\"\n", argv[1]);
         fputs(usage, stderr);
         return EXIT_USAGE;
     }
