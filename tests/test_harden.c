@@ -301,7 +301,8 @@ START_TEST(memory_check_lora) {
     int64_t peak[2];
     for (int lora = 0; lora < 2; lora++) {
         sbp_ledger lg;
-        sbp_plan_opts po = {.grad = {.schedule = SBP_STREAM}, .B = b.B, .T = b.T, .storage_bytes = 4};
+        sbp_plan_opts po = {
+            .grad = {.schedule = SBP_STREAM}, .B = b.B, .T = b.T, .storage_bytes = 4};
         if (lora) po.lora = (sbp_lora_config){.r = 2, .alpha = 8, .targets = SBP_LORA_ALL};
         ck_assert_msg(!sbp_plan(&lg, &cfg, &po, &err), "%s", err.msg);
         peak[lora] = lg.peak_total;

@@ -117,14 +117,6 @@ static const plant_case cases[] = {
      NULL},
 };
 
-static const char *plant_bin(const char *name) {
-    static char path[1024];
-    const char *bin = tu_bin(), *slash = strrchr(bin, '/');
-    snprintf(path, sizeof path, "%.*s/plant/%s/streambp", slash ? (int)(slash - bin) : 1,
-             slash ? bin : ".", name);
-    return path;
-}
-
 /* The failed tensors of a group (a JSON array of names), from verify's or the suite's JSON. */
 static const cJSON *failed_in(const cJSON *doc, int suite, const char *group, const char **notes) {
     if (suite) {
@@ -158,7 +150,7 @@ static int has_name(const cJSON *names, const char *name) {
 
 START_TEST(planted) {
     const plant_case *c = &cases[_i];
-    const char *bin = plant_bin(c->plant);
+    const char *bin = tu_plant_bin(c->plant);
     ck_assert_msg(tu_exists(bin), "%s is missing: make plants builds it", bin);
     int rc = tu_sh("%s verify %s --json", bin, c->args);
     const char *out = tu_last_output();

@@ -20,14 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *plant_bin(const char *name) {
-    static char path[1024];
-    const char *bin = tu_bin(), *slash = strrchr(bin, '/');
-    snprintf(path, sizeof path, "%.*s/plant/%s/streambp", slash ? (int)(slash - bin) : 1,
-             slash ? bin : ".", name);
-    return path;
-}
-
 static const char *cases[] = {"fast-ragged-tiles",  "fast-window-tiles",
                               "unattended-hf-sdpa", "unattended-hf-eager-window",
                               "reference-model",    "lora"};
@@ -81,7 +73,7 @@ static int names(const cJSON *arr, const char *name) {
 }
 
 START_TEST(planted_fast_bugs_fail_their_case) {
-    const char *bin = plant_bin(plants[_i].plant);
+    const char *bin = tu_plant_bin(plants[_i].plant);
     ck_assert_msg(tu_exists(bin), "%s is missing: make plants builds it", bin);
     char args[128];
     snprintf(args, sizeof args, "--case %s", plants[_i].reach_case);

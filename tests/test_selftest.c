@@ -17,14 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *plant_bin(const char *name) {
-    static char path[1024];
-    const char *bin = tu_bin(), *slash = strrchr(bin, '/');
-    snprintf(path, sizeof path, "%.*s/plant/%s/streambp", slash ? (int)(slash - bin) : 1,
-             slash ? bin : ".", name);
-    return path;
-}
-
 /* The self-test of binary bin as JSON: exit status into *rc; the document (free it). */
 static cJSON *self_test(const char *bin, int *rc) {
     *rc = tu_sh("timeout 300 '%s' verify --self-test --json", bin);
@@ -85,7 +77,7 @@ static const struct {
 };
 
 START_TEST(planted_verifier_bugs_fail_the_self_test) {
-    const char *bin = plant_bin(plants[_i].plant);
+    const char *bin = tu_plant_bin(plants[_i].plant);
     ck_assert_msg(tu_exists(bin), "%s is missing: make plants builds it", bin);
     int rc;
     cJSON *doc = self_test(bin, &rc);
@@ -113,7 +105,7 @@ START_TEST(planted_verifier_bugs_pass_the_ordinary_check) {
     for (int i = 0; i < 3; i++) { /* the matrix plants, on the self-test's model and batch */
         int rc = tu_sh("timeout 300 '%s' verify --model '%s' --batch "
                        "data/batches/sft-tiny.safetensors --block 4 --chunks 8,7",
-                       plant_bin(plants[i].plant), model);
+                       tu_plant_bin(plants[i].plant), model);
         ck_assert_msg(rc == 0, "%s: exit %d:\n%.3000s", plants[i].plant, rc, tu_last_output());
     }
     /* the golden plant: a committed digest with one changed hex digit still "matches" */
@@ -124,7 +116,7 @@ START_TEST(planted_verifier_bugs_pass_the_ordinary_check) {
                            dir),
                      0);
     int rc = tu_sh("timeout 300 '%s' verify golden --golden-dir '%s'",
-                   plant_bin("golden-line-prefix"), dir);
+                   tu_plant_bin("golden-line-prefix"), dir);
     ck_assert_msg(rc == 0, "golden-line-prefix: exit %d:\n%.3000s", rc, tu_last_output());
     rc = tu_sh("timeout 300 '%s' verify golden --golden-dir '%s'", tu_bin(), dir);
     ck_assert_msg(rc == 1 && strstr(tu_last_output(), "model.layers.1.mlp.down_proj.weight"),

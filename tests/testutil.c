@@ -136,6 +136,14 @@ const char *tu_bin(void) {
     return getenv("STREAMBP") ? getenv("STREAMBP") : "build/streambp";
 }
 
+const char *tu_plant_bin(const char *name) {
+    static char path[1024];
+    const char *bin = tu_bin(), *slash = strrchr(bin, '/');
+    snprintf(path, sizeof path, "%.*s/plant/%s/streambp", slash ? (int)(slash - bin) : 1,
+             slash ? bin : ".", name);
+    return path;
+}
+
 int tu_sh(const char *fmt, ...) {
     char cmd[4096], full[4800], outpath[600];
     va_list ap;

@@ -56,6 +56,9 @@ void tu_check_run_(int rc, int want_rc, const char *const *want);
     tu_check_run_(rc, want_rc, (const char *const[]){__VA_ARGS__, NULL})
 /* The streambp binary ($STREAMBP, default build/streambp). */
 const char *tu_bin(void);
+/* The binary of planted bug `name` (make plants): <tu_bin()'s directory>/plant/<name>/streambp,
+ * in a static buffer. */
+const char *tu_plant_bin(const char *name);
 int tu_exists(const char *path);
 
 /* A path under tu_tmpdir(), printf-style, and dir/leaf; both return one of a ring of 32

@@ -85,30 +85,12 @@ def _rope64(self, x, position_ids):
     return (emb.cos() * s).to(x.dtype), (emb.sin() * s).to(x.dtype)
 
 
-def patch_rope64(model, family):
-    """Only the rotary tables of a float32 model in float64 (--rope64); in place."""
-    if family == "gemma3":
-        import gemma3_hf
-        gemma3_hf.patch_rope(model)
-        return model
-    n = 0
-    for m in model.modules():
-        if type(m).__name__.endswith("RotaryEmbedding"):
-            m._inv64 = inv_freq64(model.config)
-            m.forward = types.MethodType(_rope64, m)
-            n += 1
-    if not n:
-        raise ValueError("accuracy_torch: no rotary module to patch")
-    return model
-
-
-def patch_islands(model):
-    """The float32 islands of HF's Llama/Qwen2/Qwen3 (RMSNorm, rotary tables) computed in the
-    model's dtype instead; in place."""
+def _patch(model, rms, what):
+    """HF's rotary tables in float64 (and with rms, its RMSNorm in the model's dtype); in place."""
     n = 0
     for m in model.modules():
         name = type(m).__name__
-        if name.endswith("RMSNorm"):
+        if rms and name.endswith("RMSNorm"):
             m.forward = types.MethodType(_rms64, m)
             n += 1
         elif name.endswith("RotaryEmbedding"):
@@ -116,8 +98,22 @@ def patch_islands(model):
             m.forward = types.MethodType(_rope64, m)
             n += 1
     if not n:
-        raise ValueError("accuracy_torch: no RMSNorm or rotary module to patch")
+        raise ValueError("accuracy_torch: no %s module to patch" % what)
     return model
+
+
+def patch_rope64(model, family):
+    """Only the rotary tables of a float32 model in float64 (--rope64); in place."""
+    if family == "gemma3":
+        import gemma3_hf
+        return gemma3_hf.patch_rope(model)
+    return _patch(model, False, "rotary")
+
+
+def patch_islands(model):
+    """The float32 islands of HF's Llama/Qwen2/Qwen3 (RMSNorm, rotary tables) computed in the
+    model's dtype instead; in place."""
+    return _patch(model, True, "RMSNorm or rotary")
 
 
 def load(model_dir, dtype, family):
