@@ -155,12 +155,14 @@ $(BUILD)/gen/golden_data.o: $(BUILD)/gen/golden_data.c src/cli/golden_data.h
 # One relocatable object per precision; everything but the entry point becomes local.
 $(BUILD)/engine_f32.o: $(F32_OBJ)
 	$(LD) -r -o $@.tmp $^
-	objcopy --keep-global-symbol=sbp_engine_grad_f32 --keep-global-symbol=sbp_portable_gemm_f32 $@.tmp $@
+	objcopy --keep-global-symbol=sbp_engine_grad_f32 --keep-global-symbol=sbp_portable_gemm_f32 \
+	    --keep-global-symbol=sbp_engine_seq_grain_f32 $@.tmp $@
 	@rm -f $@.tmp
 
 $(BUILD)/engine_f64.o: $(F64_OBJ)
 	$(LD) -r -o $@.tmp $^
-	objcopy --keep-global-symbol=sbp_engine_grad_f64 --keep-global-symbol=sbp_portable_gemm_f64 $@.tmp $@
+	objcopy --keep-global-symbol=sbp_engine_grad_f64 --keep-global-symbol=sbp_portable_gemm_f64 \
+	    --keep-global-symbol=sbp_engine_seq_grain_f64 $@.tmp $@
 	@rm -f $@.tmp
 
 $(LIB): $(COMMON_OBJ) $(BUILD)/engine_f32.o $(BUILD)/engine_f64.o

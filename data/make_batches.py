@@ -232,6 +232,7 @@ def more(g):
     gemma3()
     gpu_long()
     golden_long()
+    seq_parallel()
 
 
 def gpu_long():
@@ -262,6 +263,25 @@ def golden_long():
             labels.append(IGNORE if pad or t < left + prompt else tok)
         rows.append((ids, labels, mask))
     write("data/batches/sft-long.safetensors", rows, "I32")
+
+
+def seq_parallel():
+    """Sequence parallel's fixtures (tests/mpi_ranks.sh, docs/distributed.md §8): ranks hold
+    whole blocks of 128 tokens, so T = 450 (3.5 blocks: T a multiple of neither S nor a block)
+    is shared by up to 4 ranks, T = 300 by up to 3; padding and prompts cross the ranks'
+    boundaries (128, 256, 384). Their own generator, so the fixtures above keep their bytes."""
+    u = lcg(53)
+    d = "data/batches/seq-"
+    write(d + "sft-450.safetensors",
+          [custom(u, 450, "i" * 140 + "v" * 280 + "p" * 30),
+           custom(u, 450, "p" * 200 + "i" * 20 + "v" * 230)], "I64")
+    dpo(d + "dpo-300.safetensors", u,
+        ["i" * 100 + "v" * 190 + "p" * 10, "p" * 130 + "i" * 10 + "v" * 160],
+        ["i" * 100 + "v" * 200, "p" * 5 + "i" * 250 + "v" * 45],
+        ref=([-1500.0, -900.0], [-1600.0, -250.0]))
+    grpo(d + "grpo-300.safetensors", u,
+         ["i" * 120 + "c" * 170 + "p" * 10, "p" * 3 + "i" * 117 + "c" * 180],
+         advantages=[0.75, -0.75])
 
 
 def gemma3():

@@ -225,8 +225,124 @@ if [ -d "$A" ]; then
         --out "$TMP/train-lora" >"$TMP/log" 2>&1 || bad "train LoRA: $(grep -m1 streambp "$TMP/log")"
     train_same "train LoRA N=3" "$RL" "$TMP/train-lora"
 fi
+# train --seq-ranks: the ranks sharing every sequence (T = 300) write one process's bytes, and a
+# run resumes on another S (2 -> 3) and from sequence parallel to data parallel (3 -> N = 2)
+STR="--jsonl data/train/counting.jsonl --seq 300 --batch-size 1 --grad-accum 2 --steps 4 --lr 1e-2"
+STR="$STR --warmup-steps 1 --block 8 --chunk 40 --threads 1"
+RS=$(train_ref seq --model "$Q" $STR)
+"${MPIRUN[@]}" -np 2 "$BIN" train --model "$Q" $STR --seq-ranks 2 --save-every 3 \
+    --out "$TMP/train-seq2" >"$TMP/log" 2>&1 || bad "train --seq-ranks 2: $(grep -m1 streambp "$TMP/log")"
+train_same "train --seq-ranks 2" "$RS" "$TMP/train-seq2"
+"${MPIRUN[@]}" -np 2 "$BIN" train --model "$Q" $STR --seq-ranks 2 --save-every 3 --stop-at 3 \
+    --out "$TMP/res-s23" >"$TMP/log" 2>&1 && "${MPIRUN[@]}" -np 3 "$BIN" train --model "$Q" $STR \
+    --seq-ranks 3 --save-every 3 --out "$TMP/res-s23" --resume "$TMP/res-s23" >"$TMP/log" 2>&1 ||
+    bad "resume --seq-ranks 2 -> 3: $(grep -m1 streambp "$TMP/log")"
+train_same "train --seq-ranks 2 stopped at 3, resumed with --seq-ranks 3" "$RS" "$TMP/res-s23"
+"${MPIRUN[@]}" -np 3 "$BIN" train --model "$Q" $STR --seq-ranks 3 --save-every 3 --stop-at 3 \
+    --out "$TMP/res-s3n2" >"$TMP/log" 2>&1 && "${MPIRUN[@]}" -np 2 "$BIN" train --model "$Q" $STR \
+    --save-every 3 --out "$TMP/res-s3n2" --resume "$TMP/res-s3n2" >"$TMP/log" 2>&1 ||
+    bad "resume --seq-ranks 3 -> N = 2: $(grep -m1 streambp "$TMP/log")"
+train_same "train --seq-ranks 3 stopped at 3, resumed as data parallel N = 2" "$RS" "$TMP/res-s3n2"
+# ... and a T too short for S is refused before the run directory is begun
+"${MPIRUN[@]}" -np 4 "$BIN" train --model "$Q" ${STR/--seq 300/--seq 200} --seq-ranks 4 \
+    --out "$TMP/fail-seq4" >"$TMP/log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "T = 200 is too short to share among 4 ranks" "$TMP/log" && [ ! -e "$TMP/fail-seq4" ] &&
+    ok "train --seq-ranks 4 with T = 200: exit 2, named, nothing written" ||
+    bad "train --seq-ranks 4 with T = 200: exit $rc ($(grep -m1 streambp "$TMP/log"))"
 left=$(find "$TMPDIR" -maxdepth 1 -name 'streambp-rank-*' 2>/dev/null | wc -l)
 [ "$left" = 0 ] && ok "no rank's private directory left" || bad "$left private rank directories left"
+
+# sequence parallel (docs/distributed.md §8): `mpirun -np S grad --seq-ranks S`, each rank holding
+# whole 128-token blocks of every sequence (T = 450: a multiple of neither S nor a block; T = 300:
+# DPO, GRPO), is the same bytes as one process: stream, ckpt and full, tied and untied heads,
+# Gemma-3 with its window across the ranks' rows, DPO, GRPO, LoRA, fp64, bf16, micro-batches of
+# different T, the fast numerics
+seq_same() { # NAME "S..." ARGS...: one process, then mpirun -np S --seq-ranks S for each S: cmp
+    local name=$1 ranks=$2
+    shift 2
+    local want=$TMP/$name-1p.safetensors
+    if ! timeout 120 "$BIN" grad "$@" --threads 1 --out "$want" >"$TMP/log" 2>&1; then
+        bad "$name: one process failed: $(tail -1 "$TMP/log")"
+        return
+    fi
+    for n in $ranks; do
+        local got=$TMP/$name-s$n.safetensors
+        "${MPIRUN[@]}" -np "$n" "$BIN" grad "$@" --threads 1 --seq-ranks "$n" --out "$got" \
+            >"$TMP/log" 2>&1
+        local rc=$?
+        if [ $rc != 0 ]; then
+            bad "$name --seq-ranks $n: exit $rc ($(grep -m1 streambp "$TMP/log"))"
+        elif cmp -s "$want" "$got"; then
+            ok "$name --seq-ranks $n: the same bytes as one process"
+        else
+            bad "$name --seq-ranks $n: the gradient file differs from one process's"
+        fi
+    done
+}
+G3=$(model gemma3-tiny) S450=data/batches/seq-sft-450.safetensors
+SD="--batch data/batches/seq-dpo-300.safetensors --objective dpo --beta 0.1"
+seq_same seq-llama-stream "2 3 4" --model "$L" --batch $S450 $P --chunk 7 --block 4
+seq_same seq-qwen3-tied-stream "2 3 4" --model "$Q" --batch $S450 $P --chunk 50 --logit-chunk 33
+seq_same seq-qwen3-tied-full "2 4" --model "$Q" --batch $S450 $P --schedule full
+seq_same seq-llama-ckpt "3" --model "$L" --batch $S450 $P --schedule ckpt
+seq_same seq-llama-ckpt-chunked "2" --model "$L" --batch $S450 $P --schedule ckpt --chunked-logits \
+    --logit-chunk 3
+seq_same seq-gemma3-stream "2 3 4" --model "$G3" --batch $S450 $P --chunk 20
+seq_same seq-gemma3-full "2" --model "$G3" --batch $S450 $P --schedule full
+seq_same seq-qwen2-fp64 "3" --model "$Q2" --batch $S450 $P --precision fp64
+seq_same seq-llama-bf16 "2 3" --model "$L" --batch $S450 $P --precision bf16
+seq_same seq-qwen2-dpo "2 3" --model "$Q2" $SD $P
+seq_same seq-qwen2-dpo-ipo "2" --model "$Q2" $SD $P --loss-type ipo
+seq_same seq-llama-grpo "2 3" --model "$L" --batch data/batches/seq-grpo-300.safetensors \
+    --objective grpo $P
+seq_same seq-qwen3-lora "2 3" --model "$Q" --lora "$A" --batch $S450 $P
+seq_same seq-llama-micro "2 3" --model "$L" --batch $S450 --batch data/batches/sft-t700.safetensors \
+    --batch $S450 $P --chunk 9
+seq_same seq-llama-fast "2 3" --model "$L" --batch $S450 --block 64 --chunk 64
+# a rank's ledger peak falls with S on a model whose layer inputs dominate (32 layers of 64,
+# T = 4096): S = 2 below 0.7 x one process's, S = 4 below S = 2; and plan --seq-ranks S plans the
+# rank holding the most to the byte (stream, S = 2, 3, 4; full, S = 2)
+python3 -c '
+import json, sys
+c = json.load(open("data/models/llama3-tiny.json")); c["num_hidden_layers"] = 32
+json.dump(c, open(sys.argv[1], "w"))' "$TMP/tall.json" &&
+    "$BIN" init --config "$TMP/tall.json" --seed 1 --out "$TMP/model-tall" >/dev/null &&
+    python3 -c '
+import sys; sys.path.insert(0, "data"); import make_batches as mb
+u = mb.lcg(7); mb.write(sys.argv[1], [mb.custom(u, 4096, "i" * 100 + "v" * 3996)], "I64")' \
+        "$TMP/t4096.safetensors" || bad "the tall model or its batch"
+TALL="--model $TMP/model-tall --batch $TMP/t4096.safetensors --threads 1"
+SEQPEAK[1]=$("$BIN" grad $TALL --json 2>/dev/null | sed -n 's/.*"peak_total_bytes":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
+for sn in stream:2 stream:3 stream:4 full:2; do
+    sch=${sn%:*} n=${sn#*:}
+    got=$("${MPIRUN[@]}" -np $n "$BIN" grad $TALL --schedule $sch --seq-ranks $n 2>&1 |
+        sed -n 's/.*ledger peak of the rank holding the most: \([0-9]*\) bytes.*/\1/p')
+    [ $sch = stream ] && SEQPEAK[$n]=$got
+    want=$("$BIN" plan --config "$TMP/tall.json" --seq 4096 --schedules $sch --seq-ranks $n --json |
+        sed -n 's/.*"total":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
+    [ -n "$got" ] && [ "$got" = "$want" ] && ok "plan --seq-ranks $n ($sch): $want bytes, as measured" ||
+        bad "plan --seq-ranks $n ($sch): planned ${want:-?}, measured ${got:-?}"
+done
+if [ -n "${SEQPEAK[1]}" ] && [ -n "${SEQPEAK[2]}" ] && [ -n "${SEQPEAK[4]}" ] &&
+    [ $((SEQPEAK[2] * 10)) -lt $((SEQPEAK[1] * 7)) ] && [ "${SEQPEAK[4]}" -lt "${SEQPEAK[2]}" ]; then
+    ok "--seq-ranks: a rank's peak falls with S (${SEQPEAK[1]}, ${SEQPEAK[2]}, ${SEQPEAK[4]} bytes)"
+else
+    bad "--seq-ranks: peaks ${SEQPEAK[1]:-?}, ${SEQPEAK[2]:-?}, ${SEQPEAK[4]:-?} bytes (S = 1, 2, 4)"
+fi
+# refused on every rank with exit 2: S other than N (data parallel beside it is not built), and a
+# T too short for S whole blocks
+"${MPIRUN[@]}" -np 2 "$BIN" grad --model "$L" --batch $S450 $P --seq-ranks 3 --threads 1 >"$TMP/log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q -- "--seq-ranks 3 needs as many processes" "$TMP/log" &&
+    ok "--seq-ranks 3 under -np 2: exit 2, named" ||
+    bad "--seq-ranks 3 under -np 2: exit $rc ($(grep -m1 streambp "$TMP/log"))"
+"${MPIRUN[@]}" -np 4 "$BIN" grad --model "$L" --batch data/batches/seq-dpo-300.safetensors \
+    --objective dpo $P --seq-ranks 4 --threads 1 >"$TMP/log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "T = 300 is too short to share among 4 ranks" "$TMP/log" &&
+    ok "--seq-ranks 4 with T = 300: exit 2, named" ||
+    bad "--seq-ranks 4 with T = 300: exit $rc ($(grep -m1 streambp "$TMP/log"))"
 
 # failures: a killed rank, a stopped rank, a non-finite gradient on one rank, planted by the
 # faults build (tests/faults.c, SBP_FAULT=what:rank:run:bucket); each ends within its deadline,
@@ -280,6 +396,26 @@ else
         fault $fam grad stop middle
         fault $fam train stop last
     done
+    # sequence parallel: the last rank (which completes every bucket) killed or stopped in the
+    # middle of its second micro-batch; rank 0 waits on it in a relay and names it
+    for what in kill stop; do
+        t0=$(date +%s)
+        SBP_FAULT=$what:1:2:middle "${MPIRUN[@]}" -np 2 "$FAULTS" grad --model "$Q" --batch $S450 \
+            --batch $S450 $P --seq-ranks 2 --threads 1 --comm-timeout 3 \
+            --out "$TMP/fail-seq-$what.st" >"$TMP/log" 2>&1
+        rc=$? secs=$(($(date +%s) - t0)) left=$(leftover)
+        # killed: the launcher ends the job with the dead rank's status; stopped: rank 0's deadline
+        if [ "$what" = kill ]; then
+            [ $rc != 0 ] && [ $secs -le 10 ] && [ -z "$left" ] && [ ! -e "$TMP/fail-seq-$what.st" ] &&
+                ok "--seq-ranks 2: rank 1 killed mid-step: exit $rc in $secs s, nothing written" ||
+                bad "--seq-ranks 2: rank 1 killed: exit $rc in $secs s$left ($(grep -m1 'streambp' "$TMP/log"))"
+        else
+            [ $rc = 3 ] && [ $secs -le 10 ] && [ -z "$left" ] && grep -q "nothing from rank 1" "$TMP/log" &&
+                [ ! -e "$TMP/fail-seq-$what.st" ] &&
+                ok "--seq-ranks 2: rank 1 stopped mid-step: exit 3 in $secs s, rank 1 named, nothing written" ||
+                bad "--seq-ranks 2: rank 1 stopped: exit $rc in $secs s$left ($(grep -m1 'streambp.*rank' "$TMP/log"))"
+        fi
+    done
     FT="--model $Q --jsonl data/train/counting.jsonl --seq 32 --batch-size 1 --grad-accum 4 --steps 4 --threads 1"
     SBP_FAULT=nan:0:2:first "${MPIRUN[@]}" -np 2 "$FAULTS" train $FT --out "$TMP/fail-nan" >"$TMP/log" 2>&1
     rc=$?
@@ -301,6 +437,7 @@ mismatch "--jsonl" "--jsonl $TMP/a.jsonl" "--jsonl $TMP/b.jsonl"
 mismatch "--lr" "--jsonl $TMP/a.jsonl --lr 1e-3" "--jsonl $TMP/a.jsonl --lr 2e-3"
 mismatch "--grad-accum" "--jsonl $TMP/a.jsonl --grad-accum 2" "--jsonl $TMP/a.jsonl --grad-accum 4"
 mismatch "--precision" "--jsonl $TMP/a.jsonl --precision fp32" "--jsonl $TMP/a.jsonl --precision fp64"
+mismatch "--seq-ranks" "--jsonl $TMP/a.jsonl --seq-ranks 2" "--jsonl $TMP/a.jsonl --seq-ranks 1"
 
 # N must divide the micro-batches: every rank exits 2, naming both numbers
 "${MPIRUN[@]}" -np 5 "$BIN" grad --model "$L" $SFT --threads 1 >"$TMP/log" 2>&1

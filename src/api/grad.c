@@ -5,6 +5,7 @@
 #include "../streambp.h"
 #include "../core/err.h"
 #include "../dist/dist.h"
+#include "seqpar.h"
 
 #include <math.h>
 #include <omp.h>
@@ -184,10 +185,17 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
      * charged there */
     sbp_ledger *host_lg = opts->device == SBP_DEVICE_CPU ? lg : NULL;
     const int dist = opts->comm && sbp_comm_size(opts->comm) > 1;
+    const int seq = dist && opts->seq_ranks > 1;
+    for (int i = 0; i < n && !st; i++) /* every micro-batch, before anything runs */
+        if ((st = sbp_seq_check(batches[i].T, opts, err)) && n > 1)
+            sbp_fail_prefix(err, "micro-batch %d: ", i);
+    if (st) return st;
     res->numel = gps->total;
     if (dist && opts->sharded && (st = share_of(&res->numel, opts->comm, gps, err))) return st;
-    res->grads = sbp_ledger_alloc(host_lg, SBP_MEM_GRADS, esz * (size_t)res->numel);
-    if (!res->grads)
+    /* sequence parallel allocates the result after the step, beside the last rank's whole
+     * gradient only then (seqpar.c) */
+    if (!seq) res->grads = sbp_ledger_alloc(host_lg, SBP_MEM_GRADS, esz * (size_t)res->numel);
+    if (!seq && !res->grads)
         return sbp_fail(err, SBP_ENOMEM, "out of memory for the gradients (%lld parameters)",
                         (long long)res->numel);
     /* the micro-batches are the step's memory too: charged while it runs (the planner charges
@@ -199,8 +207,10 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
         micro_ctx mc = {m, batches, opts, &so, lg};
         st = opts->device != SBP_DEVICE_CPU
                  ? sbp_fail(err, SBP_EUSAGE, "a distributed step runs on the CPU only")
-                 : sbp_dist_grad(res->grads, opts->sharded, &res->loss, opts->comm, gps, (int)esz,
-                                 opts->emulate_bf16, n, run_micro, &mc, lg, err);
+             : seq ? sbp_seq_grad(&res->grads, res->numel, &res->loss, m, batches, n, opts, &so, lg,
+                                  err)
+                   : sbp_dist_grad(res->grads, opts->sharded, &res->loss, opts->comm, gps, (int)esz,
+                                   opts->emulate_bf16, n, run_micro, &mc, lg, err);
         for (int i = 0; i < n; i++) res->n_targets += batches[i].n_targets;
         sbp_engine_resolve(&eo, opts, batches[n - 1].T, err);
     }

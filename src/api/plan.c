@@ -21,6 +21,7 @@
 #include "../streambp.h"
 #include "../core/err.h"
 #include "../dist/dist.h"
+#include "../dist/seqlink.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -73,9 +74,50 @@ static sbp_status plan_run(void *ctx, int k, sbp_bucket_hook hook, void *hook_ct
     return sbp_engine_grad_f32(loss_k, p->grads, p->m, p->b, p->eo, p->lg, err);
 }
 
+/* The planning run's hook: a planning table folds nothing. */
+static int no_fold(void *ctx, int64_t off, int64_t n, const void *g) {
+    (void)ctx, (void)off, (void)n, (void)g;
+    return 1;
+}
+
+/* Rank r of a sequence group of S, planned (the step of seqpar.c): the weights and the
+ * micro-batches, the last rank's whole gradient, the engine run of its rows (a planning link:
+ * nothing moves, its buffers are charged), then the result share beside that gradient. */
+static sbp_status plan_seq_rank(sbp_ledger *lg, sbp_model *m, sbp_lora *a, sbp_batch *b,
+                                sbp_engine_opts *eo, int sb, int S, int r, int n, sbp_err *err) {
+    const sbp_params *tps = eo->lora ? &a->params : &m->params;
+    const sbp_seq_link link = {.rank = r, .size = S};
+    const int64_t batch_bytes = sbp_batch_bytes(b) * n;
+    int64_t own = 0;
+    sbp_range *rg = NULL;
+    if (sbp_dist_owned(&rg, &own, tps, S, r) < 0)
+        return sbp_fail(err, SBP_ENOMEM, "out of memory planning rank %d", r);
+    free(rg);
+    m->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * (size_t)m->params.total);
+    if (eo->lora) a->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * tps->total);
+    sbp_ledger_charge(lg, SBP_MEM_BATCH, batch_bytes);
+    void *W = r == S - 1 ? sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * tps->total) : NULL;
+    double loss = 0;
+    eo->link = &link, eo->fold = 1, eo->bucket_hook = no_fold;
+    sbp_status st = sbp_engine_grad_f32(&loss, NULL, m, b, eo, lg, err);
+    void *share = st ? NULL : sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * (size_t)own);
+    sbp_ledger_free(lg, share), sbp_ledger_free(lg, W);
+    sbp_ledger_charge(lg, SBP_MEM_BATCH, -batch_bytes);
+    sbp_ledger_free(lg, a->w), sbp_ledger_free(lg, m->w);
+    a->w = NULL, m->w = NULL;
+    return st;
+}
+
 sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *o, sbp_err *err) {
     memset(lg, 0, sizeof *lg);
     lg->plan = 1;
+    if (o->seq_ranks > 1 && ((o->ranks > 1 && o->ranks != o->seq_ranks) || o->optimizer ||
+                             o->seq_ranks > SBP_SEQ_MAX || o->grad.device != SBP_DEVICE_CPU))
+        return sbp_fail(err, SBP_EUSAGE,
+                        "sequence parallel is planned for a gradient step on the CPU over "
+                        "N = S <= %d processes (data parallel beside it and train's optimizer are "
+                        "not built yet)",
+                        SBP_SEQ_MAX);
     int sb = o->storage_bytes ? o->storage_bytes : 4;
     if (sb != 2 && sb != 4 && sb != 8)
         return sbp_fail(err, SBP_EUSAGE,
@@ -131,6 +173,24 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
     sbp_batch b;
     if ((st = dummy_batch(&b, o->grad.objective.kind, o->B, o->T, err))) {
         sbp_params_free(&a.params), sbp_params_free(&m.params);
+        return st;
+    }
+    if (o->seq_ranks > 1) { /* every rank planned; the ledger of the one holding the most */
+        sbp_objective obj = o->grad.objective;
+        if (obj.kind == SBP_OBJ_SFT && b.n_targets == 0 && obj.num_items == 0) obj.num_items = 1;
+        sbp_obj_eval ev = {0};
+        const int n = o->micro_batches > 1 ? o->micro_batches : 1;
+        for (int r = 0; r < o->seq_ranks && !st; r++) {
+            sbp_ledger rl = {.plan = 1};
+            if ((st = sbp_obj_begin(&ev, &obj, &b, err))) break;
+            eo.ev = &ev;
+            st = plan_seq_rank(&rl, &m, &a, &b, &eo, sb, o->seq_ranks, r, n, err);
+            sbp_obj_end(&ev);
+            if (!st && (r == 0 || rl.peak_total > lg->peak_total)) *lg = rl;
+        }
+        sbp_batch_free(&b);
+        sbp_params_free(&a.params);
+        sbp_params_free(&m.params);
         return st;
     }
     m.w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * (size_t)m.params.total);

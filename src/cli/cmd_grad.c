@@ -1,6 +1,7 @@
 /* cmd_grad.c — `streambp grad`: one forward + backward step, the gradient written under HF names.
  */
 #include "../dist/dist.h"
+#include "../dist/seqlink.h"
 #include "cli.h"
 #include "objopts.h"
 #include "options.h"
@@ -48,6 +49,10 @@ static const char usage[] =
     "  --force              run even when the planned peak exceeds that\n"
     "  --comm-timeout S     under mpirun: end the run (exit 3) when a peer is silent for S\n"
     "                       seconds (default 600; docs/distributed.md)\n"
+    "  --seq-ranks S        under mpirun: the S = N processes share every sequence, each holding\n"
+    "                       whole blocks of its tokens and their layer inputs (sequence\n"
+    "                       parallel, docs/distributed.md §8; memory falls with S, time does\n"
+    "                       not yet)\n"
     "\n"
     "Under `mpirun -np N`, every process runs micro-batches k = rank (mod N) (N must divide the\n"
     "--batch count) and rank 0 writes: the same bits as one process (docs/distributed.md).\n"
@@ -91,6 +96,7 @@ static int parse(grad_args *a, int argc, char **argv) {
                                          {"mem-limit", required_argument, 0, 'M'},
                                          {"force", no_argument, 0, 'F'},
                                          {"comm-timeout", required_argument, 0, 'W'},
+                                         {"seq-ranks", required_argument, 0, 'S'},
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
@@ -137,6 +143,13 @@ static int parse(grad_args *a, int argc, char **argv) {
         case 'W':
             if (!parse_comm_timeout("grad", optarg, &a->comm_timeout)) return EXIT_USAGE;
             break;
+        case 'S': {
+            int64_t v;
+            if (!parse_int_opt("grad", "--seq-ranks", optarg, 1, SBP_SEQ_MAX, &v))
+                return EXIT_USAGE;
+            a->g.seq_ranks = (int)v;
+            break;
+        }
         case 'h': printf("%s%s", usage, obj_usage); return -1;
         default:
             if (common_opt_code(c)) {

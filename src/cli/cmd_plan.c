@@ -48,6 +48,9 @@ static const char usage[] =
     "  --ranks N          one of N processes (mpirun) running the step, the one holding the most:\n"
     "                     its share of the gradient (and of the moments), the ring of two buckets\n"
     "                     and the column of its blocks of one (docs/distributed.md)\n"
+    "  --seq-ranks S      one of S processes sharing every sequence (grad --seq-ranks: sequence\n"
+    "                     parallel, docs/distributed.md §8), the one holding the most: its rows'\n"
+    "                     layer inputs and working set; the last rank also the whole gradient\n"
     "  --bandwidth B      with --ranks and --flops: the exposed communication time a step for a\n"
     "                     link of B bytes/s (10G; 100Gbit: bits/s), --latency S seconds a\n"
     "                     message (default 0), --flops G GFLOP/s a process (docs/distributed.md)\n"
@@ -91,6 +94,7 @@ typedef struct {
     sbp_config cfg;
     int B, storage, optimizer, block, chunk, logit_chunk;
     int micro_batches, ranks; /* --grad-accum, --ranks (docs/distributed.md) */
+    int seq_ranks;            /* --seq-ranks (docs/distributed.md §8) */
     sbp_objective obj;
     sbp_lora_config lora; /* r 0: full gradients */
 } plan_setup;
@@ -107,6 +111,7 @@ static sbp_plan_opts plan_opts(const plan_setup *s, const sched_row *r) {
                        .optimizer = s->optimizer,
                        .micro_batches = s->micro_batches,
                        .ranks = s->ranks,
+                       .seq_ranks = s->seq_ranks,
                        .lora = s->lora};
     return o;
 }
@@ -450,6 +455,7 @@ static int parse_args(plan_args *a, int argc, char **argv) {
                                          {"optimizer", no_argument, 0, 'o'},
                                          {"grad-accum", required_argument, 0, 'G'},
                                          {"ranks", required_argument, 0, 'R'},
+                                         {"seq-ranks", required_argument, 0, 'Q'},
                                          {"bandwidth", required_argument, 0, OPT_BANDWIDTH},
                                          {"latency", required_argument, 0, OPT_LATENCY},
                                          {"flops", required_argument, 0, OPT_FLOPS},
@@ -514,6 +520,9 @@ static int parse_args(plan_args *a, int argc, char **argv) {
             break;
         case 'R':
             if (!parse_pos_int("plan", "ranks", optarg, &s->ranks)) return EXIT_USAGE;
+            break;
+        case 'Q':
+            if (!parse_pos_int("plan", "seq-ranks", optarg, &s->seq_ranks)) return EXIT_USAGE;
             break;
         case OBJ_OPT_OBJECTIVE:
             if (!obj_args_option(&a->oa, "plan", c, optarg)) return EXIT_USAGE;
@@ -602,6 +611,9 @@ static void print_heading(const plan_args *a, const char *path, int64_t nparam, 
         printf(", budget %.2f GiB", gib(a->budget));
     else
         printf(", T = %d", a->T);
+    if (s->seq_ranks > 1) /* docs/distributed.md §8 */
+        printf("\n%d processes sharing every sequence: memory of the rank holding the most",
+               s->seq_ranks);
     if (s->ranks > 1) /* docs/distributed.md §4 */
         printf("\n%d processes, %d micro-batches a step: the rank sending the most sends %lld "
                "bytes in %lld messages a step; memory: the rank holding the most",
@@ -635,6 +647,7 @@ static void print_plan_json(const plan_args *a, const char *path, int64_t nparam
         cJSON_AddNumberToObject(o, "adapter_parameters", (double)nadapter);
     }
     if (a->budget) cJSON_AddNumberToObject(o, "budget_bytes", (double)a->budget);
+    if (s->seq_ranks > 1) cJSON_AddNumberToObject(o, "seq_ranks", s->seq_ranks);
     if (s->ranks > 1) {
         cJSON_AddNumberToObject(o, "ranks", s->ranks);
         cJSON_AddNumberToObject(o, "sent_bytes_per_step", (double)a->net_bytes);
@@ -790,7 +803,13 @@ int cmd_plan(int argc, char **argv) {
         return report_error("plan", &err);
     int64_t nparam = ps.total, nadapter = lps.total;
     const int n_micro = s->micro_batches ? s->micro_batches : s->ranks;
-    if (s->ranks > 1 && n_micro % s->ranks)
+    const int net_opts = a.net.bandwidth > 0 || a.net.flops > 0 || a.net.latency > 0;
+    if (s->seq_ranks > 1 && (s->ranks > 1 || net_opts))
+        sbp_fail(&err, SBP_EUSAGE,
+                 "--seq-ranks S plans S processes sharing each sequence; --ranks (data parallel "
+                 "beside it) and the network model (--bandwidth, --latency, --flops) are not "
+                 "built for it yet");
+    else if (s->ranks > 1 && n_micro % s->ranks)
         sbp_fail(&err, SBP_EUSAGE, "%d micro-batches cannot be shared by %d processes", n_micro,
                  s->ranks);
     else if (s->ranks > 1)

@@ -92,6 +92,9 @@ static const char usage[] =
     "                       600). Micro-batch k of a step runs on rank k mod N (N must divide\n"
     "                       --grad-accum); the weights, checkpoints and logs are the bytes of\n"
     "                       one process, written by rank 0\n"
+    "  --seq-ranks S        the S = N processes share every sequence instead, each holding whole\n"
+    "                       blocks of its tokens (sequence parallel, docs/distributed.md §8); a\n"
+    "                       run may resume on another S or N\n"
     "\n";
 
 /* Every path option is at most SBP_RUN_PATH_MAX characters (checked when parsing): the library's
@@ -137,6 +140,7 @@ enum {
     OPT_PLOT,
     OPT_LORA,
     OPT_COMM_TIMEOUT,
+    OPT_SEQ_RANKS,
     OPT_HELP
 };
 
@@ -196,6 +200,7 @@ static int parse_option(train_args *a, int c, const char *arg) {
     case OPT_PLOT: a->plot = 1; return 1;
     case OPT_LORA: o->lora = arg; return 1;
     case OPT_COMM_TIMEOUT: return parse_comm_timeout("train", arg, &a->comm_timeout);
+    case OPT_SEQ_RANKS: return parse_pos_int("train", "seq-ranks", arg, &o->g.seq_ranks);
     }
     if (c >= OBJ_OPT_OBJECTIVE && c <= OBJ_OPT_REF_MODEL)
         return obj_args_option(&a->obj, "train", c, arg);
@@ -297,6 +302,7 @@ static int parse(train_args *a, int argc, char **argv) {
                                          OPTION_JSON,
                                          {"lora", required_argument, 0, OPT_LORA},
                                          {"comm-timeout", required_argument, 0, OPT_COMM_TIMEOUT},
+                                         {"seq-ranks", required_argument, 0, OPT_SEQ_RANKS},
                                          {"help", no_argument, 0, OPT_HELP},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};

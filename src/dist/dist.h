@@ -1,7 +1,7 @@
 /* dist.h — data parallel over processes (docs/distributed.md): the interface src/dist gives the
  * layers above it (src/api's distributed step, src/train's ZeRO-2 optimizer and checkpoints,
  * the command line's launcher handling). Not part of the public API (src/streambp.h); the engine
- * sees only buckets.h.
+ * sees only buckets.h and seqlink.h.
  *
  *   buckets.c   the gradient slab cut into buckets, in the order the backward completes them
  *               (buckets.h: shared with src/engine/fold.c, which forms a bucket at a time);
@@ -11,6 +11,9 @@
  *               them, and the ordered fold of the micro-batches' gradients (sbp_dist_grad);
  *   gather.c    a sharded slab gathered to rank 0 a tensor at a time, for the files;
  *   netmodel.c  the network model: the bytes, messages and exposed time of a step;
+ *   slices.c    sequence parallel: the rows each rank of a group holds (seqlink.h: the link the
+ *               engine reaches the group's other ranks through, src/engine/relay.c; src/api's
+ *               seqpar.c provides it over the transport);
  *   mpi.c       the transport over Open MPI, linked when the build found mpicc; none.c otherwise
  *               (one process, every collective the identity), so no #ifdef reaches the engine.
  * Floating-point sums never go through an MPI reduction: collectives carry exact data only

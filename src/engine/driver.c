@@ -82,7 +82,8 @@ static int unattended_rows(const eng *e, const sbp_batch *b, int W) {
  * every layer is local, else T (the global layers need them, and share the buffers). */
 static void kv_plan(eng *e, run_bufs *r, const sched_row *row, const sbp_batch *b, int c) {
     int most = 0;
-    r->kvwin = row->chunked && e->gemma && e->cfg->sliding_window > 0 &&
+    /* sequence parallel holds the K/V side of all T rows (docs/distributed.md §8, stage 1) */
+    r->kvwin = row->chunked && e->gemma && e->cfg->sliding_window > 0 && !e->link &&
                !unattended_rows(e, b, e->cfg->sliding_window);
     for (int l = 0; l < e->L; l++) {
         const int need = r->kvwin ? kv_rows(e, sbp_layer_window(e->cfg, l), c) : e->T;
@@ -121,12 +122,13 @@ static size_t kept_slot(const sched_row *row, int l, int B, int bi) {
     return row->keep_all ? (size_t)l * B + bi : 0;
 }
 
-/* The run of layer l on sequence bi: its input and output in xs and ys, (B, T, C) slabs (ys NULL
- * in a backward), the hidden-state gradient g (B, T, C) or NULL, and the kept buffers' slot k
- * (l·B + bi when every activation is kept, else 0). The one place a layer_run is built. */
+/* The run of layer l on sequence bi: its input and output in xs and ys, (B, R, C) slabs of this
+ * rank's R = r1 − r0 rows (ys NULL in a backward), the hidden-state gradient g (B, R, C) or
+ * NULL, and the kept buffers' slot k (l·B + bi when every activation is kept, else 0). The one
+ * place a layer_run is built. */
 static layer_run layer_at(eng *e, run_bufs *r, int l, int bi, size_t k, real *xs, real *ys,
                           real *g) {
-    const size_t TC = (size_t)e->T * e->C;
+    const size_t TC = (size_t)(e->r1 - e->r0) * e->C;
     const int W = sbp_layer_window(e->cfg, l);
     layer_run lr = {.w = &e->w[l],
                     .g = &e->g[l],
@@ -177,21 +179,23 @@ static void free_bufs(eng *e, run_bufs *r) {
  * displaced a kept tensor into the logits' pages in the next step: 1 GB re-faulted every step
  * of full BP at T = 8192. */
 static int forward_rows(const eng *e, const sched_row *row, int chunk) {
+    const int R = e->r1 - e->r0; /* this rank's rows: T in one process */
     if (row->chunked) return chunk;
-    if (!row->keep_all || e->blk >= e->T) return e->T;
+    if (!row->keep_all || e->blk >= R) return R;
     const int c = chunk / e->blk * e->blk;
-    return c < e->blk ? e->blk : c < e->T ? c : e->T;
+    return c < e->blk ? e->blk : c < R ? c : R;
 }
 
 /* The forward of one layer and sequence in chunks of fc rows: the K/V side of all T rows first,
- * or, bounded by the window, the rows each chunk needs as it comes. */
-static void layer_forward(const eng *e, layer_run *lr, int fc) {
-    const int T = e->T;
+ * or, bounded by the window, the rows each chunk needs as it comes. Sequence parallel: this
+ * rank's rows [r0, r1), the earlier ranks' K and V received. */
+static void layer_forward(eng *e, layer_run *lr, int fc) {
+    const int T = e->r1;
     if (lr->kvwin)
         kv_window_begin(e, lr);
     else
         kv_forward(e, lr);
-    for (int s = 0, end; s < T; s = end) {
+    for (int s = e->r0, end; s < T && !e->link_failed; s = end) {
         end = s + fc < T ? s + fc : T;
         if (lr->kvwin) kv_window_extend(e, lr, end, 0);
         chunk_forward(e, lr, s, end);
@@ -199,32 +203,74 @@ static void layer_forward(const eng *e, layer_run *lr, int fc) {
     }
 }
 
+/* dK, dV rows [lo, hi) of the K/V side and, with dgin, the local layer's K/V-path chain of the
+ * input norm: the running state of a layer's backward beside its bucket (relay.c). */
+static int kv_items(relay_item *it, int n, const layer_run *lr, const eng *e, int lo, int hi,
+                    int dgin) {
+    const size_t KV = (size_t)e->KV, n_rows = (size_t)(hi - lo);
+    it[n++] = (relay_item){lr->kvw->dk + (size_t)lo * KV, sizeof(real) * n_rows * KV};
+    it[n++] = (relay_item){lr->kvw->dv + (size_t)lo * KV, sizeof(real) * n_rows * KV};
+    if (dgin && lr->kvw->dgin) it[n++] = (relay_item){lr->kvw->dgin, sizeof(real) * e->C};
+    return n;
+}
+
 /* The backward of one layer and sequence in chunks of c rows, ascending; with a kept forward
  * (full BP) nothing is recomputed. The K/V side is backpropagated once after the last chunk,
- * or, bounded by the window, key block by key block as their queries are done. */
-static void layer_backward(const eng *e, layer_run *lr, int c, int recompute) {
-    const int T = e->T;
+ * or, bounded by the window, key block by key block as their queries are done.
+ * Sequence parallel (relay.c): two rounds over the ranks, the layer's bucket travelling with
+ * them — this rank's chunks continue the dK, dV sums of the earlier keys (rows [0, r0) arrive,
+ * [0, r1) leave), then, after the last rank's chunks, the K/V side of this rank's keys (their
+ * complete dK, dV arrive with those of the later keys; a local layer's input-norm chain too).
+ * first, last: the sequence is the batch's first, last (the bucket's relay starts, ends). */
+static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int first, int last) {
+    const int T = e->T, r0 = e->r0, r1 = e->r1, tail = !seq_last(e);
+    relay_item in[5], out[5];
+    int nb = bucket_items(e, (int)(lr->w - e->w), in);
+    for (int i = 0; i < nb; i++) out[i] = in[i];
     if (lr->kvwin)
         kv_window_begin(e, lr);
     else if (recompute)
         kv_forward(e, lr); /* K and V of all T tokens, once */
     kv_begin_backward(e, lr);
-    for (int s = 0, end; s < T; s = end) { /* chunks in ascending order */
-        end = s + c < T ? s + c : T;
+    relay_in(e, first, in, kv_items(in, nb, lr, e, 0, r0, 0), "a layer's backward");
+    for (int s = r0, end; s < r1 && !e->link_failed; s = end) { /* chunks in ascending order */
+        end = s + c < r1 ? s + c : r1;
         if (lr->kvwin) kv_window_extend(e, lr, end, 1);
         if (recompute) chunk_forward(e, lr, s, end);
         chunk_backward(e, lr, s, end);
         if (lr->kvwin) kv_window_retire(e, lr, kv_window_next(e, lr->window, end), 1);
     }
-    if (!lr->kvwin) kv_backward(e, lr); /* the K/V side, for all T */
-    kv_end_backward(e, lr);
+    relay_out(e, 0, out, kv_items(out, nb, lr, e, 0, r1, 0), "a layer's backward");
+    relay_in(e, 0, in, kv_items(in, nb, lr, e, r0, T, r0 > 0), "a layer's K/V backward");
+    if (!lr->kvwin && !e->link_failed) kv_backward(e, lr); /* the K/V side of this rank's keys */
+    if (!tail) kv_end_backward(e, lr);
+    relay_out(e, last, out, kv_items(out, nb, lr, e, r1, T, tail), "a layer's K/V backward");
+}
+
+/* The embedding's backward of every sequence: with a link, one relay round per sequence (the
+ * bucket's sum in token order), a tied embedding's continuing the head's. */
+static int embed_step(eng *e, run_bufs *r, const sbp_batch *b, const size_t RC) {
+    const int B = b->B, T = e->T, R = e->r1 - e->r0;
+    relay_item it[2];
+    const int n = bucket_items(e, SBP_BUCKET_EMBED, it);
+    if (e->fold && e->fold->tied && !relay_carry(e, it, n, "the tied embedding's gradient"))
+        return 0;
+    for (int bi = 0; bi < B && e->gemb; bi++) { /* no gradient for a frozen embedding */
+        const size_t at = (size_t)bi * T + e->r0;
+        if (!relay_in(e, bi == 0, it, n, "the embedding's backward")) return 0;
+        embed_backward(e, r->g + bi * RC, e->ids + at, b->ids + at, R);
+        if (!relay_out(e, bi == B - 1, it, n, "the embedding's backward")) return 0;
+    }
+    return 1;
 }
 
 int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int chunk,
           const head_opts *h) {
-    const int B = b->B, L = e->L, T = e->T, c = row->chunked ? chunk : T;
+    /* this rank's R rows of each sequence (all T in one process): the layer inputs, the
+     * hidden-state gradient and the kept activations hold those rows */
+    const int B = b->B, L = e->L, T = e->T, R = e->r1 - e->r0, c = row->chunked ? chunk : R;
     const int fc = forward_rows(e, row, chunk);
-    const size_t BTC = (size_t)B * T * e->C;
+    const size_t BTC = (size_t)B * R * e->C;
     const sbp_mem_cat kept = row->keep_all ? SBP_MEM_ACTIVATIONS : SBP_MEM_CHECKPOINTS;
     run_bufs r = {.n_kept = row->keep_all ? L * B : 1};
     int ok = 0;
@@ -238,16 +284,17 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
 
     /* forward */
     for (int bi = 0; bi < B; bi++)
-        embed_forward(e, r.xs + bi * (size_t)T * e->C, e->ids + (size_t)bi * T, T);
+        embed_forward(e, r.xs + bi * (size_t)R * e->C, e->ids + (size_t)bi * T + e->r0, R);
     if (!pass_begin(e, &r, row, fc, 0)) goto out;
     for (int l = 0; l < L; l++)
         for (int bi = 0; bi < B; bi++) {
             layer_run lr = layer_at(e, &r, l, bi, kept_slot(row, l, B, bi), input_of(&r, l, BTC),
                                     output_of(e, &r, l, BTC), NULL);
             if (row->keep_all && (!kv_acts_alloc(e, lr.kv, T, SBP_MEM_ACTIVATIONS) ||
-                                  !chunk_acts_alloc(e, lr.acts, T, SBP_MEM_ACTIVATIONS)))
+                                  !chunk_acts_alloc(e, lr.acts, R, SBP_MEM_ACTIVATIONS)))
                 goto out;
             layer_forward(e, &lr, fc);
+            if (e->link_failed) goto out;
         }
     pass_end(e, &r, row);
 
@@ -267,21 +314,19 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
         for (int bi = 0; bi < B; bi++) {
             layer_run lr =
                 layer_at(e, &r, l, bi, kept_slot(row, l, B, bi), input_of(&r, l, BTC), NULL, r.g);
-            layer_backward(e, &lr, c, !row->keep_all);
+            layer_backward(e, &lr, c, !row->keep_all, bi == 0, bi == B - 1);
             if (row->keep_all) kv_acts_free(e, lr.kv), chunk_acts_free(e, lr.acts);
+            if (e->link_failed) goto out;
         }
         /* the layer's gradient is complete: one fold or send per bucket */
         if (!bucket_end(e, l)) goto out;
     }
     pass_end(e, &r, row);
     bucket_begin(e, SBP_BUCKET_EMBED);
-    for (int bi = 0; bi < B && e->gemb; bi++) /* no gradient for a frozen embedding */
-        embed_backward(e, r.g + bi * (size_t)T * e->C, e->ids + (size_t)bi * T,
-                       b->ids + (size_t)bi * T, T);
-    ok = bucket_end(e, SBP_BUCKET_EMBED);
+    ok = embed_step(e, &r, b, (size_t)R * e->C) && bucket_end(e, SBP_BUCKET_EMBED);
 out:
     free_bufs(e, &r);
-    return ok && !e->oom;
+    return ok && !e->oom && !e->link_failed;
 }
 
 /* Forward only: only the current layer's input and output are kept (no checkpoints), plus the

@@ -17,6 +17,7 @@
 #define SBP_ENGINE_H
 
 #include "../core/objective.h"
+#include "../dist/seqlink.h"
 #include "../streambp.h"
 #include "ops.h"
 
@@ -80,6 +81,16 @@ struct eng {
     /* NULL: the gradient views point into the slab (added to); else into a bucket scratch,
      * folded or handed on per bucket (fold.h) */
     struct grad_fold *fold;
+
+    /* Sequence parallel (docs/distributed.md §8, relay.c): this rank holds rows [r0, r1) of
+     * every sequence, and every per-sequence row buffer (layer inputs, hidden-state gradient,
+     * kept activations, materialised logits) holds those rows from r0 on; 0 and T with no link.
+     * link_failed: a send or receive failed, the run stops (the link's provider has the
+     * error). */
+    const sbp_seq_link *link;
+    int *bounds; /* (link->size + 1) rank q holds rows [bounds[q], bounds[q + 1]) */
+    int r0, r1, link_failed;
+    int wrap_pending; /* the last rank's posted message to rank 0 is not flushed yet */
 
     /* Gemma-3 (gemma.c); gemma 0 and the rest unused in the other families */
     int gemma;                 /* sandwich norms, GeGLU, scaled embedding, two RoPE bases */
@@ -275,7 +286,8 @@ typedef struct {
     pend_work *pd; /* the open token blocks' partial sums (NULL: none, pend_work) */
 } layer_run;
 
-void kv_forward(const eng *e, layer_run *lr);
+/* K and V of this rank's rows, and (sequence parallel) the earlier ranks' rows received */
+void kv_forward(eng *e, layer_run *lr);
 void chunk_forward(const eng *e, layer_run *lr, int s, int end);
 /* Rows [s, e): dx ← the residual path, then += the query path through the input norm; dY is
  * read before dX is written over it. kvw->dk, kvw->dv += keys [0, e). */
@@ -283,7 +295,8 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end);
 /* Zeroes the dK, dV accumulators (before a layer's first chunk_backward; a windowed K/V side
  * zeroes its rows as they arrive) and kvw->dgin. */
 void kv_begin_backward(const eng *e, layer_run *lr);
-/* dx (T, C) += the K/V path through the input norm; consumes kvw->dk, kvw->dv. */
+/* dx += the K/V path through the input norm, for this rank's rows (all T in one process);
+ * consumes kvw->dk, kvw->dv of those keys. */
 void kv_backward(const eng *e, layer_run *lr);
 
 /* The K/V side of a local layer (window W > 0) in the stream schedule, bounded by the window:
@@ -316,6 +329,38 @@ void embed_backward(const eng *e, real *dx, const int32_t *ids, const int32_t *h
  * weight views, e->fnorm and e->T set). 0 when out of memory (e->oom set). */
 int gemma_begin(eng *e);
 void gemma_end(eng *e);
+
+/* ---- sequence parallel: the ranks of a sequence group (relay.c) ------------------------------
+ * With a link, every sum whose chain crosses the ranks' rows keeps one process's order by handing
+ * its running state on in token order (docs/distributed.md §8): a relay is a series of rounds,
+ * each visiting ranks 0 … S − 1. Each returns 0 when the link failed (e->link_failed set). */
+typedef struct {
+    void *p;
+    size_t bytes;
+} relay_item;
+/* Before this rank's part of a round: the items from the previous rank of the ring, except on
+ * rank 0 when the relay starts here (fresh). */
+int relay_in(eng *e, int fresh, const relay_item *it, int n, const char *what);
+/* After it: the items to the next rank, except from the last rank when the relay ends here
+ * (final). */
+int relay_out(eng *e, int final, const relay_item *it, int n, const char *what);
+/* The last rank's items to rank 0: a relay that goes on after others ran (a tied embedding's
+ * gradient from the head to the lookup). */
+int relay_carry(eng *e, const relay_item *it, int n, const char *what);
+/* K and V (T, KV) of a layer: this rank's rows to every later rank, every earlier rank's rows
+ * received. */
+int relay_kv(eng *e, real *k, real *v);
+/* a (B, T) array of doubles: every rank's rows gathered on every rank */
+int relay_gather_rows(eng *e, double *a, int B, int T);
+/* 1 when this rank holds the sequence's last rows (or there is no link) */
+int seq_last(const eng *e);
+/* The run's posted messages completed (the end of a run). */
+int relay_flush(eng *e);
+/* The rows a rank holds come in whole grains, so that no block, and no block's partial sum, is
+ * split between ranks: SUM_BLOCK (the portable sums' blocks; the portable kernels' chains are
+ * row by row and their key tiles divide it), and in the fast numerics also the token block (the
+ * fast products' and attention tiles' grid): lcm(blk, SUM_BLOCK). */
+int seq_grain(int portable, int blk);
 
 /* ---- the LM head and the objective (steps/head.c) -------------------------------------------- */
 

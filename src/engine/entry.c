@@ -95,7 +95,10 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
              .attn_scale = 1.0 / sqrt((double)c->head_dim),
              .lora_r = o->lora ? o->lora->cfg.r : 0,
              .lora_s = o->lora ? (real)sbp_lora_scaling(&o->lora->cfg) : 0,
-             .lg = lg};
+             .lg = lg,
+             .link = o->link,
+             .r0 = 0,
+             .r1 = b->T};
     const sbp_ops *op = e.ops;
     const sbp_params *gps = o->lora ? &o->lora->params : &m->params; /* what the grads hold */
     const size_t BT = (size_t)b->B * b->T, n_params = (size_t)gps->total;
@@ -106,6 +109,22 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
     if (e.gemma && !e.inner->geglu_forward) /* the timing table has every operation */
         return sbp_fail(err, SBP_EUSAGE, "%s: Gemma-3 does not run on this backend yet",
                         e.inner->name);
+    int bounds[SBP_SEQ_MAX + 1];
+    if (o->link) {
+        const int S = o->link->size, grain = seq_grain(e.portable, e.blk);
+        if (!o->fold || o->logp_out || S < 1 || S > SBP_SEQ_MAX || o->link->rank < 0 ||
+            o->link->rank >= S)
+            return sbp_fail(err, SBP_EUSAGE,
+                            "sequence parallel: a gradient step with the fold, "
+                            "at most %d ranks (internal)",
+                            SBP_SEQ_MAX);
+        if (!sbp_seq_slices(bounds, b->T, S, grain)) /* sbp_seq_check refused it before */
+            return sbp_fail(err, SBP_EUSAGE,
+                            "T = %d is too short to share among %d ranks in blocks of %d tokens",
+                            b->T, S, grain);
+        e.bounds = bounds;
+        e.r0 = bounds[o->link->rank], e.r1 = bounds[o->link->rank + 1];
+    }
     if (!op->begin(&e, msg, sizeof msg))
         return sbp_fail(err, SBP_EUSAGE, "%s: %s", e.inner->name, msg);
     int32_t *h_tgt = targets(b);
@@ -159,6 +178,7 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
         }
     }
 out:
+    relay_flush(&e); /* before the buffers a posted message reads are freed */
     if (e.fold) fold_end(&e, &fold);
     gemma_end(&e);
     efree(&e, e.ws), efree(&e, cos_t), efree(&e, sin_t);
@@ -173,9 +193,16 @@ out:
     free(h_tgt);
     if (!op->end(&e, msg, sizeof msg)) return sbp_fail(err, SBP_EIO, "%s: %s", e.inner->name, msg);
     if (hook_failed) return sbp_fail(err, SBP_EIO, "a gradient bucket could not be handed on");
+    if (e.link_failed) /* the link's provider has the transport's own error */
+        return sbp_fail(err, SBP_EPEER, "a rank of the sequence group could not be reached");
     if (!ok)
         return sbp_fail(err, SBP_ENOMEM, "out of memory allocating the %s (%s schedule, T = %d)",
                         e.oom_what[0] ? e.oom_what : "engine's tables",
                         sbp_schedule_name(o->schedule), b->T);
     return SBP_OK;
+}
+
+/* sbp_engine_seq_grain_f32 / _f64 (entry.h): relay.c's grain, for the layers above. */
+int SBP_ENTRY(sbp_engine_seq_grain)(int portable, int block) {
+    return seq_grain(portable, block);
 }

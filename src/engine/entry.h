@@ -5,6 +5,7 @@
 
 #include "../core/objective.h"
 #include "../dist/buckets.h"
+#include "../dist/seqlink.h"
 #include "../streambp.h"
 
 /* One engine run's options, filled from the user's sbp_grad_opts by sbp_engine_resolve
@@ -34,6 +35,11 @@ typedef struct {
     sbp_bucket_hook bucket_hook;
     void *hook_ctx;
     sbp_profile *profile; /* NULL, or the operations' times are added there (ops/profile.c) */
+    /* sequence parallel (docs/distributed.md §8): this process is one of link->size sharing every
+     * sequence, holding rows [bounds[rank], bounds[rank + 1]); needs fold (the buckets' sums
+     * travel from rank to rank, the last rank's go to the hook or the fold). NULL: one process
+     * holds every row. */
+    const sbp_seq_link *link;
 } sbp_engine_opts;
 
 /* The op table of a CUDA device in precision p (cuda/registry.cc), or NULL where this build has
@@ -46,5 +52,11 @@ sbp_status sbp_engine_grad_f32(double *loss, void *grads, const sbp_model *m, co
                                const sbp_engine_opts *o, sbp_ledger *lg, sbp_err *err);
 sbp_status sbp_engine_grad_f64(double *loss, void *grads, const sbp_model *m, const sbp_batch *b,
                                const sbp_engine_opts *o, sbp_ledger *lg, sbp_err *err);
+
+/* Sequence parallel: the rows a rank holds come in whole grains of this many tokens (the
+ * engine's rule, src/engine/relay.c: the portable sums' block, and in the fast numerics also the
+ * token block). The two copies agree. */
+int sbp_engine_seq_grain_f32(int portable, int block);
+int sbp_engine_seq_grain_f64(int portable, int block);
 
 #endif

@@ -40,10 +40,23 @@ void bucket_begin(eng *e, int id) {
     if (id == SBP_BUCKET_HEAD && f->tied) open_bucket(e, f, SBP_BUCKET_EMBED);
 }
 
+int bucket_items(const eng *e, int id, relay_item *it) {
+    struct grad_fold *f = e->fold;
+    int n = 0;
+    if (!f) return 0;
+    const sbp_bucket *bk = sbp_bucket_find(f->b, f->nb, id);
+    if (bk) it[n++] = (relay_item){buffer_of(f, id), sizeof(real) * (size_t)bk->n};
+    const sbp_bucket *eb = sbp_bucket_find(f->b, f->nb, SBP_BUCKET_EMBED);
+    if (id == SBP_BUCKET_HEAD && f->tied && eb)
+        it[n++] = (relay_item){f->escratch, sizeof(real) * (size_t)eb->n};
+    return n;
+}
+
 int bucket_end(eng *e, int id) {
     struct grad_fold *f = e->fold;
     if (!f) return 1;
-    if (f->failed) return 0; /* the hook's first failure stands: nothing more is handed on */
+    if (f->failed) return 0;    /* the hook's first failure stands: nothing more is handed on */
+    if (!seq_last(e)) return 1; /* its sum went on to the ranks after this one */
     const sbp_bucket *bk = sbp_bucket_find(f->b, f->nb, id);
     if (!bk) return 1;
     real *buf = buffer_of(f, id);

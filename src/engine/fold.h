@@ -40,5 +40,9 @@ void fold_end(eng *e, struct grad_fold *f);
  * (now or for an earlier bucket): the driver stops there. */
 void bucket_begin(eng *e, int id);
 int bucket_end(eng *e, int id);
+/* Sequence parallel (relay.c): the buffers bucket id's sum forms in, as relay items (at most 2:
+ * with a tied head, the head's bucket and the embedding's); 0 without a fold. Only the rank
+ * holding the sequence's last rows ends a bucket: the others handed their part of the sum on. */
+int bucket_items(const eng *e, int id, relay_item *it);
 
 #endif

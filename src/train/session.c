@@ -102,7 +102,11 @@ sbp_status sbp_train_run_open(sbp_train_run *r, const sbp_train_opts *o, const c
     /* before anything is loaded or written: the first step would refuse it (sbp_dist_grad) after
      * the run directory's logs were begun */
     const int N = sbp_comm_size(o->g.comm);
-    if (o->grad_accum % N)
+    /* sequence parallel: every process runs every micro-batch (src/api/seqpar.c); a jsonl
+     * run's T is known now (a batch file's is checked by its step) */
+    sbp_status st0 = sbp_seq_check(o->T, &o->g, err);
+    if (st0) return st0;
+    if (o->g.seq_ranks <= 1 && o->grad_accum % N)
         return sbp_fail(err, SBP_EUSAGE,
                         "%d micro-batches a step (--grad-accum) cannot be shared by %d processes: "
                         "the process count must divide them",

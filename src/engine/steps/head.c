@@ -12,6 +12,7 @@
  * coefficients come back up: the only traffic between the objective and the backend. The loss
  * is summed term by term in ascending (sequence, token) order, the same in every schedule. */
 #include "../engine.h"
+#include "../fold.h"
 
 #include <stdlib.h>
 
@@ -37,7 +38,7 @@ static void work_free(eng *e, head_work *w) {
 
 static int work_alloc(eng *e, head_work *w, const sbp_batch *b, const head_opts *o, int backward) {
     const size_t rows = (size_t)o->rows, V = (size_t)e->V;
-    const size_t nz = o->materialise ? (size_t)b->B * e->T * V : rows * V;
+    const size_t nz = o->materialise ? (size_t)b->B * (e->r1 - e->r0) * V : rows * V;
     *w = (head_work){0};
     w->logits = ealloc(e, SBP_MEM_LOGITS, nz, o->materialise ? "logits (B·T·V)" : "logits chunk");
     w->hn = ealloc(e, SBP_MEM_LOGITS, rows * e->C, "final-norm output");
@@ -66,9 +67,14 @@ static int work_alloc(eng *e, head_work *w, const sbp_batch *b, const head_opts 
     return !e->oom;
 }
 
+/* Row s of sequence bi in a (B, R, width) buffer of this rank's rows (engine.h). */
+static size_t at(const eng *e, int bi, int s, int width) {
+    return ((size_t)bi * (e->r1 - e->r0) + (size_t)(s - e->r0)) * width;
+}
+
 /* The logits of rows [s, ...) of sequence bi. */
 static real *logits_at(const eng *e, const head_work *w, const head_opts *o, int bi, int s) {
-    return w->logits + (o->materialise ? ((size_t)bi * e->T + s) * e->V : 0);
+    return w->logits + (o->materialise ? at(e, bi, s, e->V) : 0);
 }
 
 /* hn, the (temperature-scaled) logits and the log-probs of rows [s, end) of sequence bi. */
@@ -96,15 +102,17 @@ static int first_pass(eng *e, double *loss, head_work *w, const real *hL, const 
         return 0;
     }
     for (int bi = 0; bi < b->B; bi++)
-        for (int s = 0, end; s < e->T; s = end) {
-            end = s + o->rows < e->T ? s + o->rows : e->T;
+        for (int s = e->r0, end; s < e->r1; s = end) {
+            end = s + o->rows < e->r1 ? s + o->rows : e->r1;
             head_forward(e, w, logp + (size_t)bi * e->T + s, logits_at(e, w, o, bi, s),
-                         hL + ((size_t)bi * e->T + s) * e->C, bi, s, end, o->inv_tau);
+                         hL + at(e, bi, s, e->C), bi, s, end, o->inv_tau);
         }
     e->ops->download(e, h_logp, logp, sizeof(double) * BT);
-    sbp_obj_prepare(o->ev, loss, h_logp);
+    /* sequence parallel: the other ranks' rows (exact copies) */
+    const int got = relay_gather_rows(e, h_logp, b->B, e->T);
+    if (got) sbp_obj_prepare(o->ev, loss, h_logp);
     efree(e, logp), free(h_logp);
-    return 1;
+    return got;
 }
 
 int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
@@ -117,11 +125,17 @@ int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b
         work_free(e, &w);
         return 0;
     }
-    for (int bi = 0; bi < b->B; bi++)
-        for (int s = 0, end; s < T; s = end) {
-            end = s + o->rows < T ? s + o->rows : T;
+    /* sequence parallel: a relay round per sequence carries the head's bucket and the loss on in
+     * token order (relay.c) */
+    relay_item it[3];
+    const int nb = bucket_items(e, SBP_BUCKET_HEAD, it);
+    it[nb] = (relay_item){loss, sizeof *loss};
+    for (int bi = 0; bi < b->B; bi++) {
+        if (!relay_in(e, bi == 0, it, nb + 1, "the head's backward")) break;
+        for (int s = e->r0, end; s < e->r1; s = end) {
+            end = s + o->rows < e->r1 ? s + o->rows : e->r1;
             const int M = end - s;
-            const real *h_s = hL + ((size_t)bi * T + s) * C;
+            const real *h_s = hL + at(e, bi, s, C);
             real *z = logits_at(e, &w, o, bi, s);
             head_forward(e, &w, w.logp, z, h_s, bi, s, end, o->inv_tau);
             op->download(e, w.h_logp, w.logp, sizeof(double) * M);
@@ -139,11 +153,13 @@ int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b
                 sum_linear_backward(e, w.dhn, e->ghead, w.phead, NULL, NULL, z, w.hn, e->head, s,
                                     end, V, C);
             }
-            sum_norm_backward(e, dh + ((size_t)bi * T + s) * C, e->gfnorm, w.pfnorm, w.dhn, h_s,
-                              w.rstd, e->fnorm, s, M, 1, C);
+            sum_norm_backward(e, dh + at(e, bi, s, C), e->gfnorm, w.pfnorm, w.dhn, h_s, w.rstd,
+                              e->fnorm, s, M, 1, C);
         }
+        if (!relay_out(e, bi == b->B - 1, it, nb + 1, "the head's backward")) break;
+    }
     work_free(e, &w);
-    return 1;
+    return !e->link_failed;
 }
 
 int head_logprobs(eng *e, double *logp, const real *hL, const sbp_batch *b, const head_opts *o) {

@@ -31,10 +31,19 @@ static int block_end(int r, int e, int blk) {
     return next < e ? next : e;
 }
 
-/* The activations of rows [s, ...): a buffer of all T rows holds row s at offset s, a chunk's
- * buffer at offset 0. */
+/* Row s of a buffer of this rank's rows (all T in one process): at s − r0 (engine.h). */
+static const real *row_of(const eng *e, const real *a, int s, int width) {
+    return a + (size_t)(s - e->r0) * width;
+}
+static real *row_mut(const eng *e, real *a, int s, int width) {
+    return a + (size_t)(s - e->r0) * width;
+}
+
+/* The activations of rows [s, ...): a buffer of this rank's rows (all T in one process: full BP)
+ * holds row s at s − r0, a chunk's buffer at offset 0 (a chunk as long as the rank's rows is the
+ * only one, at r0). */
 static chunk_acts rows_from(const eng *e, const chunk_acts *a, int s) {
-    const size_t r = a->rows >= e->T ? (size_t)s : 0;
+    const size_t r = a->rows >= e->r1 - e->r0 ? (size_t)(s - e->r0) : 0;
     chunk_acts v = *a;
     v.q += r * e->Q, v.o += r * e->Q, v.lse += r * e->NH, v.x2 += r * e->C;
     v.g += r * e->F, v.u += r * e->F;
@@ -145,7 +154,7 @@ static void kv_forward_rows(const eng *e, layer_run *lr, int r0, int r1) {
     for (int b0 = r0, b1; b0 < r1; b0 = b1) { /* xn = rmsnorm(x, w_in), a block at a time */
         b1 = block_end(b0, r1, e->blk);
         const size_t o = (size_t)(b0 - r0) * KV;
-        op->rmsnorm_forward(e, nb->xn, nb->rstd, lr->x + (size_t)b0 * C, w->in_norm, b1 - b0, C);
+        op->rmsnorm_forward(e, nb->xn, nb->rstd, row_of(e, lr->x, b0, C), w->in_norm, b1 - b0, C);
         proj_forward(e, lr->lw, k + o, nb->xn, w->wk, w->bk, &w->ak, b0, b1, KV, C);
         proj_forward(e, lr->lw, v + o, nb->xn, w->wv, w->bv, &w->av, b0, b1, KV, C);
     }
@@ -155,9 +164,10 @@ static void kv_forward_rows(const eng *e, layer_run *lr, int r0, int r1) {
     rope_fwd(e, lr, a->k + off * KV, r0, n, e->NKV);
 }
 
-void kv_forward(const eng *e, layer_run *lr) {
+void kv_forward(eng *e, layer_run *lr) {
     lr->kv->lo = 0, lr->kv->hi = e->T;
-    kv_forward_rows(e, lr, 0, e->T);
+    kv_forward_rows(e, lr, e->r0, e->r1);
+    relay_kv(e, lr->kv->k, lr->kv->v); /* the earlier ranks' keys (sequence parallel) */
 }
 
 void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
@@ -165,7 +175,7 @@ void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
     const int M = end - s, C = e->C, Q = e->Q, F = e->F;
     const size_t MC = (size_t)M * C;
     const layer_p *w = lr->w;
-    const real *x = lr->x + (size_t)s * C;
+    const real *x = row_of(e, lr->x, s, C);
     const chunk_acts a = rows_from(e, lr->acts, s);
     real *xn = lr->fm->t, *xn2 = lr->fm->t, *h = lr->fm->t, *rstd = lr->fm->rstd;
     op->rmsnorm_forward(e, xn, rstd, x, w->in_norm, M, C);
@@ -191,7 +201,7 @@ void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
     if (!lr->y && !e->gemma) return;
     /* y = x2 + h·Wdᵀ (Gemma-3: x2 + rmsnorm(mo, w_post_ff), mo = h·Wdᵀ) */
     act_forward(e, h, a.g, a.u, (size_t)M * F);
-    real *y = lr->y ? lr->y + (size_t)s * C : NULL;
+    real *y = lr->y ? row_mut(e, lr->y, s, C) : NULL;
     if (e->gemma) {
         proj_forward(e, lr->lw, a.mo, h, w->wd, NULL, &w->ad, s, end, C, F);
         /* a recompute needs the norm's rstd (its output goes to the formed rows, unused) */
@@ -223,8 +233,8 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     const layer_p *pd = pend_of(lr);
     const chunk_acts a = rows_from(e, lr->acts, s);
     real *xn = lr->fm->t, *xn2 = lr->fm->t, *h = lr->fm->t, *rstd = lr->fm->rstd;
-    const real *x = lr->x + (size_t)s * C;
-    real *dx = lr->dx + (size_t)s * C; /* dY on entry */
+    const real *x = row_of(e, lr->x, s, C);
+    real *dx = row_mut(e, lr->dx, s, C); /* dY on entry */
     op->zero(e, d->dh, MF), op->zero(e, d->dg, MF), op->zero(e, d->du, MF);
     op->zero(e, d->dxn2, MC), op->zero(e, d->dxn, MC), op->zero(e, d->dout, MQ);
     op->zero(e, d->dq, MQ);
@@ -320,20 +330,20 @@ static void kv_backward_rows(const eng *e, layer_run *lr, int r0, int r1) {
     for (int b0 = r0, b1; b0 < r1; b0 = b1) {
         b1 = block_end(b0, r1, e->blk);
         const size_t nc = (size_t)(b1 - b0) * C, o = (size_t)(b0 - r0) * KV;
-        const real *x_b = lr->x + (size_t)b0 * C;
+        const real *x_b = row_of(e, lr->x, b0, C);
         op->rmsnorm_forward(e, nb->xn, nb->rstd, x_b, w->in_norm, b1 - b0, C);
         op->zero(e, nb->dxn, nc);
         proj_backward(e, lr->lw, nb->dxn, gw->wk, gw->bk, &gw->ak, pd->wk, pd->bk, &pd->ak,
                       dkpre + o, nb->xn, w->wk, &w->ak, b0, b1, KV, C);
         proj_backward(e, lr->lw, nb->dxn, gw->wv, gw->bv, &gw->av, pd->wv, pd->bv, &pd->av, dv + o,
                       nb->xn, w->wv, &w->av, b0, b1, KV, C);
-        sum_norm_backward(e, lr->dx + (size_t)b0 * C, g_in, p_in, nb->dxn, x_b, nb->rstd,
+        sum_norm_backward(e, row_mut(e, lr->dx, b0, C), g_in, p_in, nb->dxn, x_b, nb->rstd,
                           w->in_norm, b0, b1 - b0, 1, C);
     }
 }
 
 void kv_backward(const eng *e, layer_run *lr) {
-    kv_backward_rows(e, lr, 0, e->T);
+    kv_backward_rows(e, lr, e->r0, e->r1);
 }
 
 void kv_end_backward(const eng *e, layer_run *lr) {

@@ -1,0 +1,34 @@
+/* seqlink.h — how the engine reaches the other ranks of its sequence group (sequence parallel,
+ * docs/distributed.md §8): the one definition the engine (src/engine/relay.c), the step that
+ * provides the link over the transport (src/api/seqpar.c) and the planner share. */
+#ifndef SBP_SEQLINK_H
+#define SBP_SEQLINK_H
+
+#include <stddef.h>
+
+/* S ranks share every sequence of a step; rank q holds rows [bounds[q], bounds[q + 1]) of it
+ * (sbp_seq_slices, with the engine's grain). The sends and receives are exact copies; each
+ * returns 0 when the transport failed (the provider keeps its error). send and recv return when
+ * their buffer may be used again; post returns at once, its buffer untouched until flush returns
+ * (the one message that goes from the last rank back to rank 0 is posted: with every other
+ * message going to a later rank, no two ranks can then wait on each other; src/engine/relay.c).
+ * A planning link has no functions: nothing is sent, the buffers are charged as a run allocates
+ * them. */
+typedef struct sbp_seq_link {
+    int rank, size;
+    void *ctx;
+    int (*send)(void *ctx, int to, const void *buf, size_t bytes, const char *what);
+    int (*recv)(void *ctx, int from, void *buf, size_t bytes, const char *what);
+    int (*post)(void *ctx, int to, const void *buf, size_t bytes, const char *what);
+    int (*flush)(void *ctx);
+} sbp_seq_link;
+
+/* The rows of T tokens cut for S ranks in whole grains (the token block and the portable sums'
+ * block, so that no block and no sum is split between ranks): ceil(T / grain) grains, the first
+ * ranks one more where they do not divide; the last grain may be short. bounds (S + 1). Returns
+ * 0 when there are fewer grains than ranks. */
+int sbp_seq_slices(int *bounds, int T, int S, int grain);
+
+enum { SBP_SEQ_MAX = 256 }; /* ranks sharing a sequence, at most */
+
+#endif

@@ -1,0 +1,124 @@
+/* relay.c — the ranks of a sequence group as the driver sees them (sequence parallel,
+ * docs/distributed.md §8; engine.h). Compiled once per precision.
+ *
+ * Rank q of S holds rows [bounds[q], bounds[q + 1]) of every sequence. A sum whose chain runs over
+ * the tokens keeps one process's order by handing its running state on in token order: a relay
+ * is a series of rounds, each visiting ranks 0, 1, …, S − 1, the state (its items) travelling
+ * from each rank to the next and from the last rank to rank 0 between rounds. Both ends of a
+ * hand-over list the same items (the sizes follow from the bounds); an empty item is no message.
+ * With no link, or a planning link (no functions: its buffers are charged, nothing moves), every
+ * call is a no-op.
+ *
+ * No deadlock: every message goes to a later rank (keys and values, the relays' hand-overs)
+ * except the last rank's hand-over to rank 0, which is posted and not waited for; so a rank waits
+ * only on earlier ranks, which wait on theirs, down to rank 0, which waits on nobody — or on
+ * that posted message, which the last rank has sent. The last rank flushes it before its next
+ * hand-over arrives, when rank 0 has received it (the state reached the rank before the last
+ * through rank 0), and so before the buffers are written again. */
+#include "engine.h"
+
+#include <stdio.h>
+
+int seq_grain(int portable, int blk) {
+    if (portable) return SUM_BLOCK;
+    int a = blk > 0 ? blk : 1, b = SUM_BLOCK;
+    while (b) {
+        const int t = a % b;
+        a = b, b = t;
+    }
+    return (blk > 0 ? blk : 1) / a * SUM_BLOCK;
+}
+
+static int moving(const eng *e) {
+    return e->link && e->link->size > 1 && e->link->send;
+}
+
+static int items_send(eng *e, int to, const relay_item *it, int n, const char *what) {
+    for (int i = 0; i < n && !e->link_failed; i++)
+        if (it[i].bytes && !e->link->send(e->link->ctx, to, it[i].p, it[i].bytes, what))
+            e->link_failed = 1;
+    return !e->link_failed;
+}
+
+static int items_recv(eng *e, int from, const relay_item *it, int n, const char *what) {
+    for (int i = 0; i < n && !e->link_failed; i++)
+        if (it[i].bytes && !e->link->recv(e->link->ctx, from, it[i].p, it[i].bytes, what))
+            e->link_failed = 1;
+    return !e->link_failed;
+}
+
+int seq_last(const eng *e) {
+    return !e->link || e->link->rank == e->link->size - 1;
+}
+
+/* The last rank's hand-over to rank 0: posted (the comment above). */
+static int items_wrap(eng *e, const relay_item *it, int n, const char *what) {
+    for (int i = 0; i < n && !e->link_failed; i++)
+        if (it[i].bytes && !e->link->post(e->link->ctx, 0, it[i].p, it[i].bytes, what))
+            e->link_failed = 1;
+    e->wrap_pending = !e->link_failed;
+    return !e->link_failed;
+}
+
+int relay_flush(eng *e) {
+    if (!moving(e) || !e->wrap_pending) return !e->link_failed;
+    e->wrap_pending = 0;
+    if (!e->link->flush(e->link->ctx)) e->link_failed = 1;
+    return !e->link_failed;
+}
+
+int relay_in(eng *e, int fresh, const relay_item *it, int n, const char *what) {
+    if (!moving(e) || (fresh && e->link->rank == 0)) return !e->link_failed;
+    const int S = e->link->size;
+    return relay_flush(e) && items_recv(e, (e->link->rank + S - 1) % S, it, n, what);
+}
+
+int relay_out(eng *e, int final, const relay_item *it, int n, const char *what) {
+    if (!moving(e) || (final && seq_last(e))) return !e->link_failed;
+    if (seq_last(e)) return relay_flush(e) && items_wrap(e, it, n, what);
+    return items_send(e, e->link->rank + 1, it, n, what);
+}
+
+int relay_carry(eng *e, const relay_item *it, int n, const char *what) {
+    if (!moving(e)) return !e->link_failed;
+    const int last = e->link->size - 1;
+    if (e->link->rank == last) return relay_flush(e) && items_wrap(e, it, n, what);
+    return e->link->rank == 0 ? items_recv(e, last, it, n, what) : !e->link_failed;
+}
+
+/* Rank q's rows of a (T, width) array of elements of esz bytes. */
+static relay_item rows_of(const eng *e, void *a, int q, size_t width, size_t esz) {
+    const int *bd = e->bounds;
+    return (relay_item){(char *)a + (size_t)bd[q] * width * esz,
+                        (size_t)(bd[q + 1] - bd[q]) * width * esz};
+}
+
+int relay_kv(eng *e, real *k, real *v) {
+    if (!moving(e)) return !e->link_failed;
+    const int me = e->link->rank, S = e->link->size;
+    const size_t KV = (size_t)e->KV;
+    /* in rank order, so that every wait is on a rank that is not waiting on this one */
+    for (int q = 0; q < me; q++) {
+        const relay_item it[2] = {rows_of(e, k, q, KV, sizeof(real)),
+                                  rows_of(e, v, q, KV, sizeof(real))};
+        if (!items_recv(e, q, it, 2, "keys and values")) return 0;
+    }
+    const relay_item mine[2] = {rows_of(e, k, me, KV, sizeof(real)),
+                                rows_of(e, v, me, KV, sizeof(real))};
+    for (int q = me + 1; q < S; q++)
+        if (!items_send(e, q, mine, 2, "keys and values")) return 0;
+    return 1;
+}
+
+int relay_gather_rows(eng *e, double *a, int B, int T) {
+    if (!moving(e)) return !e->link_failed;
+    const int me = e->link->rank, S = e->link->size;
+    for (int bi = 0; bi < B; bi++)
+        for (int q = 0; q < S; q++) { /* rank q's rows to every other rank, q ascending */
+            const relay_item it = rows_of(e, a + (size_t)bi * T, q, 1, sizeof(double));
+            for (int to = 0; to < S && q == me; to++)
+                if (to != me && !items_send(e, to, &it, 1, "log-probs")) return 0;
+            if (q != me && !items_recv(e, q, &it, 1, "log-probs")) return 0;
+        }
+    return 1;
+}
