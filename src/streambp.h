@@ -565,6 +565,9 @@ int sbp_plan_largest_T(const sbp_config *cfg, const sbp_plan_opts *o, int64_t bu
                        sbp_ledger *at);
 /* The longest T planning takes for the rows of o (SBP_PLAN_MAX_TOKENS / rows): the search's
  * ceiling, so sbp_plan_largest_T's answer equal to it means "at least". */
+/* The fewest tokens a planned step may hold: 1, a DPO pair 2, and with seq_ranks S > 1 enough
+ * for every rank to hold whole blocks (sbp_seq_check). */
+int sbp_plan_min_T(const sbp_plan_opts *o);
 int sbp_plan_max_T(const sbp_plan_opts *o);
 
 /* Checks before any work is spent that an output file can be created at path: it must not be a

@@ -283,23 +283,23 @@ seq_same() { # NAME "S..." ARGS...: one process, then mpirun -np S --seq-ranks S
 G3=$(model gemma3-tiny) S450=data/batches/seq-sft-450.safetensors
 SD="--batch data/batches/seq-dpo-300.safetensors --objective dpo --beta 0.1"
 seq_same seq-llama-stream "2 3 4" --model "$L" --batch $S450 $P --chunk 7 --block 4
-seq_same seq-qwen3-tied-stream "2 3 4" --model "$Q" --batch $S450 $P --chunk 50 --logit-chunk 33
-seq_same seq-qwen3-tied-full "2 4" --model "$Q" --batch $S450 $P --schedule full
+seq_same seq-qwen3-tied-stream "3" --model "$Q" --batch $S450 $P --chunk 50 --logit-chunk 33
+seq_same seq-qwen3-tied-full "4" --model "$Q" --batch $S450 $P --schedule full
 seq_same seq-llama-ckpt "3" --model "$L" --batch $S450 $P --schedule ckpt
 seq_same seq-llama-ckpt-chunked "2" --model "$L" --batch $S450 $P --schedule ckpt --chunked-logits \
     --logit-chunk 3
-seq_same seq-gemma3-stream "2 3 4" --model "$G3" --batch $S450 $P --chunk 20
+seq_same seq-gemma3-stream "2 4" --model "$G3" --batch $S450 $P --chunk 20
 seq_same seq-gemma3-full "2" --model "$G3" --batch $S450 $P --schedule full
 seq_same seq-qwen2-fp64 "3" --model "$Q2" --batch $S450 $P --precision fp64
-seq_same seq-llama-bf16 "2 3" --model "$L" --batch $S450 $P --precision bf16
-seq_same seq-qwen2-dpo "2 3" --model "$Q2" $SD $P
+seq_same seq-llama-bf16 "2" --model "$L" --batch $S450 $P --precision bf16
+seq_same seq-qwen2-dpo "3" --model "$Q2" $SD $P
 seq_same seq-qwen2-dpo-ipo "2" --model "$Q2" $SD $P --loss-type ipo
-seq_same seq-llama-grpo "2 3" --model "$L" --batch data/batches/seq-grpo-300.safetensors \
+seq_same seq-llama-grpo "2" --model "$L" --batch data/batches/seq-grpo-300.safetensors \
     --objective grpo $P
-seq_same seq-qwen3-lora "2 3" --model "$Q" --lora "$A" --batch $S450 $P
-seq_same seq-llama-micro "2 3" --model "$L" --batch $S450 --batch data/batches/sft-t700.safetensors \
+seq_same seq-qwen3-lora "3" --model "$Q" --lora "$A" --batch $S450 $P
+seq_same seq-llama-micro "2" --model "$L" --batch $S450 --batch data/batches/sft-t700.safetensors \
     --batch $S450 $P --chunk 9
-seq_same seq-llama-fast "2 3" --model "$L" --batch $S450 --block 64 --chunk 64
+seq_same seq-llama-fast "3" --model "$L" --batch $S450 --block 64 --chunk 64
 # a rank's ledger peak falls with S on a model whose layer inputs dominate (32 layers of 64,
 # T = 4096): S = 2 below 0.7 x one process's, S = 4 below S = 2; and plan --seq-ranks S plans the
 # rank holding the most to the byte (stream, S = 2, 3, 4; full, S = 2)

@@ -175,12 +175,15 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
         sbp_params_free(&a.params), sbp_params_free(&m.params);
         return st;
     }
-    if (o->seq_ranks > 1) { /* every rank planned; the ledger of the one holding the most */
+    if (o->seq_ranks > 1) {
+        /* the ledger of the rank holding the most, rank 0 or the last: a rank between them holds
+         * no more rows than rank 0 (sbp_seq_slices gives the first ranks the extra blocks), the
+         * same T-long buffers and no whole gradient */
         sbp_objective obj = o->grad.objective;
         if (obj.kind == SBP_OBJ_SFT && b.n_targets == 0 && obj.num_items == 0) obj.num_items = 1;
         sbp_obj_eval ev = {0};
         const int n = o->micro_batches > 1 ? o->micro_batches : 1;
-        for (int r = 0; r < o->seq_ranks && !st; r++) {
+        for (int r = 0; r < o->seq_ranks && !st; r = r ? o->seq_ranks : o->seq_ranks - 1) {
             sbp_ledger rl = {.plan = 1};
             if ((st = sbp_obj_begin(&ev, &obj, &b, err))) break;
             eo.ev = &ev;
@@ -261,6 +264,16 @@ static int fits(const sbp_config *cfg, const sbp_plan_opts *o, int T, int64_t bu
     return *peak <= budget;
 }
 
+int sbp_plan_min_T(const sbp_plan_opts *o) {
+    if (o->seq_ranks > 1) { /* every rank whole blocks: the last rank at least one token */
+        const int block = o->grad.block ? o->grad.block : SBP_DEFAULT_BLOCK;
+        const int grain =
+            sbp_engine_seq_grain_f32(o->grad.numerics == SBP_NUMERICS_PORTABLE, block);
+        return (o->seq_ranks - 1) * grain + 1;
+    }
+    return o->grad.objective.kind == SBP_OBJ_DPO ? 2 : 1;
+}
+
 int sbp_plan_max_T(const sbp_plan_opts *o) {
     const int64_t rows = o->grad.objective.kind == SBP_OBJ_DPO ? 2 * (int64_t)o->B : o->B;
     return rows < 1 ? 0 : (int)(SBP_PLAN_MAX_TOKENS / rows);
@@ -269,7 +282,7 @@ int sbp_plan_max_T(const sbp_plan_opts *o) {
 int sbp_plan_largest_T(const sbp_config *cfg, const sbp_plan_opts *o, int64_t budget,
                        sbp_ledger *at) {
     sbp_err err;
-    const int shortest = o->grad.objective.kind == SBP_OBJ_DPO ? 2 : 1;
+    const int shortest = sbp_plan_min_T(o);
     const int T_MAX = sbp_plan_max_T(o);
     int64_t m0, m1;
     int lo = shortest, hi;

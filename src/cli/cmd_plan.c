@@ -674,7 +674,8 @@ static void print_plan_json(const plan_args *a, const char *path, int64_t nparam
  * that does not beside others that do gets a note. 0 when some schedule fits. */
 static int budget_holds_a_step(const plan_args *a, const int use[PLAN_N_SCHEDULES]) {
     const plan_setup *s = &a->s;
-    const int T_min = s->obj.kind == SBP_OBJ_DPO ? 2 : 1;
+    const sbp_plan_opts p0 = plan_opts(s, &all_rows[0]);
+    const int T_min = sbp_plan_min_T(&p0); /* the same for every schedule */
     int64_t need[PLAN_N_SCHEDULES] = {0};
     sbp_ledger least = {.peak_total = INT64_MAX};
     int fits = 0, best = -1;
