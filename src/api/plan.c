@@ -81,27 +81,24 @@ static int no_fold(void *ctx, int64_t off, int64_t n, const void *g) {
 }
 
 /* Rank r of a sequence group of S, planned (the step of seqpar.c): the weights and the
- * micro-batches, the last rank's whole gradient, the engine run of its rows (a planning link:
- * nothing moves, its buffers are charged), then the result share beside that gradient. */
+ * micro-batches, its share of the result and, with several micro-batches, the column its pieces
+ * arrive in, then the engine run of its rows (a planning link: nothing moves, its buffers are
+ * charged). */
 static sbp_status plan_seq_rank(sbp_ledger *lg, sbp_model *m, sbp_lora *a, sbp_batch *b,
-                                sbp_engine_opts *eo, int sb, int S, int r, int n, sbp_err *err) {
+                                sbp_engine_opts *eo, int sb, int S, int r, int n, int64_t own,
+                                sbp_err *err) {
     const sbp_params *tps = eo->lora ? &a->params : &m->params;
     const sbp_seq_link link = {.rank = r, .size = S};
     const int64_t batch_bytes = sbp_batch_bytes(b) * n;
-    int64_t own = 0;
-    sbp_range *rg = NULL;
-    if (sbp_dist_owned(&rg, &own, tps, S, r) < 0)
-        return sbp_fail(err, SBP_ENOMEM, "out of memory planning rank %d", r);
-    free(rg);
     m->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * (size_t)m->params.total);
     if (eo->lora) a->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * tps->total);
     sbp_ledger_charge(lg, SBP_MEM_BATCH, batch_bytes);
-    void *W = r == S - 1 ? sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * tps->total) : NULL;
+    void *share = sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * (size_t)own);
+    void *col = n > 1 ? sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * (size_t)own) : NULL;
     double loss = 0;
     eo->link = &link, eo->fold = 1, eo->bucket_hook = no_fold;
     sbp_status st = sbp_engine_grad_f32(&loss, NULL, m, b, eo, lg, err);
-    void *share = st ? NULL : sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * (size_t)own);
-    sbp_ledger_free(lg, share), sbp_ledger_free(lg, W);
+    sbp_ledger_free(lg, col), sbp_ledger_free(lg, share);
     sbp_ledger_charge(lg, SBP_MEM_BATCH, -batch_bytes);
     sbp_ledger_free(lg, a->w), sbp_ledger_free(lg, m->w);
     a->w = NULL, m->w = NULL;
@@ -176,18 +173,36 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
         return st;
     }
     if (o->seq_ranks > 1) {
-        /* the ledger of the rank holding the most, rank 0 or the last: a rank between them holds
-         * no more rows than rank 0 (sbp_seq_slices gives the first ranks the extra blocks), the
-         * same T-long buffers and no whole gradient */
+        /* the ledger of the rank holding the most; a rank's buffers depend on its rows and its
+         * share only, so a rank with the rows and share of one planned before adds nothing */
         sbp_objective obj = o->grad.objective;
         if (obj.kind == SBP_OBJ_SFT && b.n_targets == 0 && obj.num_items == 0) obj.num_items = 1;
         sbp_obj_eval ev = {0};
-        const int n = o->micro_batches > 1 ? o->micro_batches : 1;
-        for (int r = 0; r < o->seq_ranks && !st; r = r ? o->seq_ranks : o->seq_ranks - 1) {
+        const int n = o->micro_batches > 1 ? o->micro_batches : 1, S = o->seq_ranks;
+        int bounds[SBP_SEQ_MAX + 1];
+        int64_t seen[SBP_SEQ_MAX][2];
+        const int grain = sbp_engine_seq_grain_f32(eo.numerics == SBP_NUMERICS_PORTABLE, eo.block);
+        if (!sbp_seq_slices(bounds, o->T, S, grain))
+            st = sbp_fail(err, SBP_EUSAGE,
+                          "T = %d is too short to share among %d ranks in blocks of %d tokens",
+                          o->T, S, grain);
+        for (int r = 0, ns = 0; r < S && !st; r++) {
+            sbp_range *rg = NULL;
+            int64_t own = 0;
+            if (sbp_dist_owned(&rg, &own, eo.lora ? &a.params : &m.params, S, r) < 0) {
+                st = sbp_fail(err, SBP_ENOMEM, "out of memory planning rank %d", r);
+                break;
+            }
+            free(rg);
+            int dup = 0;
+            for (int i = 0; i < ns; i++)
+                dup |= seen[i][0] == bounds[r + 1] - bounds[r] && seen[i][1] == own;
+            if (dup) continue;
+            seen[ns][0] = bounds[r + 1] - bounds[r], seen[ns++][1] = own;
             sbp_ledger rl = {.plan = 1};
             if ((st = sbp_obj_begin(&ev, &obj, &b, err))) break;
             eo.ev = &ev;
-            st = plan_seq_rank(&rl, &m, &a, &b, &eo, sb, o->seq_ranks, r, n, err);
+            st = plan_seq_rank(&rl, &m, &a, &b, &eo, sb, S, r, n, own, err);
             sbp_obj_end(&ev);
             if (!st && (r == 0 || rl.peak_total > lg->peak_total)) *lg = rl;
         }

@@ -9,10 +9,10 @@
 
 /* The step of n micro-batches over opts->comm's N = opts->seq_ranks processes, each running
  * every micro-batch on its rows through a link over the transport: *out (numel elements,
- * allocated here after the step, charged to SBP_MEM_GRADS; NULL on failure) is this process's
- * share (sharded: its owned blocks packed, as sbp_dist_grad's) or the whole gradient, the same
- * bits as one process; *loss on every process. so: the step's normalisers. The last rank of the
- * group holds the whole gradient while the step runs (charged to SBP_MEM_GRADS). */
+ * allocated here, charged to SBP_MEM_GRADS; NULL on failure) is this process's share (sharded:
+ * its owned blocks packed, as sbp_dist_grad's) or the whole gradient, the same bits as one
+ * process; *loss on every process. so: the step's normalisers. With more than one micro-batch a
+ * rank also holds a column of its share's size while the step runs. */
 sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model *m,
                         const sbp_batch *batches, int n, const sbp_grad_opts *opts,
                         const sbp_objective *so, sbp_ledger *lg, sbp_err *err);
