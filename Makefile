@@ -210,7 +210,7 @@ test: deps $(if $(SUITES),,linkcheck)
 	  $(if $(SUITES),,$(BUILD)/bench/pgemm_rates) $(if $(and $(RUN_DIST),$(filter 1,$(MPI))),$(FAULTS_BIN))
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(RUN_TESTS)
 	@if [ -n "$(RUN_DIST)" ]; then if [ "$(MPI)" = 1 ]; then echo "== tests/mpi_ranks.sh (mpirun)"; \
-	  STREAMBP=$(BIN) FAULTS=$(FAULTS_BIN) tests/mpi_ranks.sh; else echo "== tests/mpi_ranks.sh: skipped (no MPI)"; fi; fi
+	  STREAMBP=$(BIN) FAULTS=$(FAULTS_BIN) SBP_SAN=$(SAN) tests/mpi_ranks.sh; else echo "== tests/mpi_ranks.sh: skipped (no MPI)"; fi; fi
 ifeq ($(SAN)$(SUITES),0)
 	@echo "== golden digests on the CUDA kernels in the SIMT emulator, shuffled thread order"
 	@SBP_GOLDEN_DEVICE=cuda-emu SBP_EMU_ORDER=shuffle:7 STREAMBP=$(BIN) SBP_PYTHON_TESTS=0 \

@@ -253,6 +253,11 @@ rc=$?
 left=$(find "$TMPDIR" -maxdepth 1 -name 'streambp-rank-*' 2>/dev/null | wc -l)
 [ "$left" = 0 ] && ok "no rank's private directory left" || bad "$left private rank directories left"
 
+# Under the sanitizers (SBP_SAN=1, make test SAN=1) sequence parallel runs a few cases: the relay
+# (S = 2, 3), the tied embedding's carry, DPO's gathered log-probs, the pieces of micro-batches,
+# train and the failures; its peaks and plans (T = 4096) are the plain build's to check.
+SANQ=${SBP_SAN:-0}
+seq_full() { [ "$SANQ" != 1 ]; } # the case runs in the plain build only
 # sequence parallel (docs/distributed.md §8): `mpirun -np S grad --seq-ranks S`, each rank holding
 # whole 128-token blocks of every sequence (T = 450: a multiple of neither S nor a block; T = 300:
 # DPO, GRPO), is the same bytes as one process: stream, ckpt and full, tied and untied heads,
@@ -282,53 +287,64 @@ seq_same() { # NAME "S..." ARGS...: one process, then mpirun -np S --seq-ranks S
 }
 G3=$(model gemma3-tiny) S450=data/batches/seq-sft-450.safetensors
 SD="--batch data/batches/seq-dpo-300.safetensors --objective dpo --beta 0.1"
-seq_same seq-llama-stream "2 3 4" --model "$L" --batch $S450 $P --chunk 7 --block 4
+seq_same seq-llama-stream "$(seq_full && echo 2 3 4 || echo 2 3)" --model "$L" --batch $S450 $P \
+    --chunk 7 --block 4
 seq_same seq-qwen3-tied-stream "3" --model "$Q" --batch $S450 $P --chunk 50 --logit-chunk 33
-seq_same seq-qwen3-tied-full "4" --model "$Q" --batch $S450 $P --schedule full
-seq_same seq-llama-ckpt "3" --model "$L" --batch $S450 $P --schedule ckpt
-seq_same seq-llama-ckpt-chunked "2" --model "$L" --batch $S450 $P --schedule ckpt --chunked-logits \
-    --logit-chunk 3
-seq_same seq-gemma3-stream "2 4" --model "$G3" --batch $S450 $P --chunk 20
-seq_same seq-gemma3-full "2" --model "$G3" --batch $S450 $P --schedule full
-seq_same seq-qwen2-fp64 "3" --model "$Q2" --batch $S450 $P --precision fp64
-seq_same seq-llama-bf16 "2" --model "$L" --batch $S450 $P --precision bf16
+seq_full && seq_same seq-qwen3-tied-full "4" --model "$Q" --batch $S450 $P --schedule full
+seq_full && seq_same seq-llama-ckpt "3" --model "$L" --batch $S450 $P --schedule ckpt
+seq_full && seq_same seq-llama-ckpt-chunked "2" --model "$L" --batch $S450 $P --schedule ckpt \
+    --chunked-logits --logit-chunk 3
+seq_full && seq_same seq-gemma3-stream "2 4" --model "$G3" --batch $S450 $P --chunk 20
+seq_full && seq_same seq-gemma3-full "2" --model "$G3" --batch $S450 $P --schedule full
+seq_full && seq_same seq-qwen2-fp64 "3" --model "$Q2" --batch $S450 $P --precision fp64
+seq_full && seq_same seq-llama-bf16 "2" --model "$L" --batch $S450 $P --precision bf16
 seq_same seq-qwen2-dpo "3" --model "$Q2" $SD $P
-seq_same seq-qwen2-dpo-ipo "2" --model "$Q2" $SD $P --loss-type ipo
-seq_same seq-llama-grpo "2" --model "$L" --batch data/batches/seq-grpo-300.safetensors \
+seq_full && seq_same seq-qwen2-dpo-ipo "2" --model "$Q2" $SD $P --loss-type ipo
+seq_full && seq_same seq-llama-grpo "2" --model "$L" --batch data/batches/seq-grpo-300.safetensors \
     --objective grpo $P
-seq_same seq-qwen3-lora "3" --model "$Q" --lora "$A" --batch $S450 $P
+seq_full && seq_same seq-qwen3-lora "3" --model "$Q" --lora "$A" --batch $S450 $P
 seq_same seq-llama-micro "2" --model "$L" --batch $S450 --batch data/batches/sft-t700.safetensors \
     --batch $S450 $P --chunk 9
-seq_same seq-llama-fast "3" --model "$L" --batch $S450 --block 64 --chunk 64
+seq_full && seq_same seq-llama-fast "3" --model "$L" --batch $S450 --block 64 --chunk 64
+# ... and over TCP on loopback (no shared memory between the ranks' transports), once
+timeout 60 mpirun --oversubscribe --allow-run-as-root --mca btl self,tcp --mca btl_tcp_if_include lo \
+    -np 2 "$BIN" grad --model "$L" --batch $S450 $P --chunk 7 --block 4 --threads 1 --seq-ranks 2 \
+    --out "$TMP/seq-tcp.safetensors" >"$TMP/log" 2>&1
+rc=$?
+[ $rc = 0 ] && cmp -s "$TMP/seq-llama-stream-1p.safetensors" "$TMP/seq-tcp.safetensors" &&
+    ok "seq-llama-stream --seq-ranks 2 over TCP on loopback: the same bytes as one process" ||
+    bad "seq-llama-stream --seq-ranks 2 over TCP: exit $rc ($(grep -m1 streambp "$TMP/log"))"
 # a rank's ledger peak falls with S on a model whose layer inputs dominate (32 layers of 64,
 # T = 4096): S = 2 below 0.7 x one process's, S = 4 below S = 2; and plan --seq-ranks S plans the
 # rank holding the most to the byte (stream, S = 2, 3, 4; full, S = 2)
-python3 -c '
+if seq_full; then
+    python3 -c '
 import json, sys
 c = json.load(open("data/models/llama3-tiny.json")); c["num_hidden_layers"] = 32
 json.dump(c, open(sys.argv[1], "w"))' "$TMP/tall.json" &&
-    "$BIN" init --config "$TMP/tall.json" --seed 1 --out "$TMP/model-tall" >/dev/null &&
-    python3 -c '
+        "$BIN" init --config "$TMP/tall.json" --seed 1 --out "$TMP/model-tall" >/dev/null &&
+        python3 -c '
 import sys; sys.path.insert(0, "data"); import make_batches as mb
 u = mb.lcg(7); mb.write(sys.argv[1], [mb.custom(u, 4096, "i" * 100 + "v" * 3996)], "I64")' \
-        "$TMP/t4096.safetensors" || bad "the tall model or its batch"
-TALL="--model $TMP/model-tall --batch $TMP/t4096.safetensors --threads 1"
-SEQPEAK[1]=$("$BIN" grad $TALL --json 2>/dev/null | sed -n 's/.*"peak_total_bytes":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
-for sn in stream:2 stream:3 stream:4 full:2; do
-    sch=${sn%:*} n=${sn#*:}
-    got=$("${MPIRUN[@]}" -np $n "$BIN" grad $TALL --schedule $sch --seq-ranks $n 2>&1 |
-        sed -n 's/.*ledger peak of the rank holding the most: \([0-9]*\) bytes.*/\1/p')
-    [ $sch = stream ] && SEQPEAK[$n]=$got
-    want=$("$BIN" plan --config "$TMP/tall.json" --seq 4096 --schedules $sch --seq-ranks $n --json |
-        sed -n 's/.*"total":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
-    [ -n "$got" ] && [ "$got" = "$want" ] && ok "plan --seq-ranks $n ($sch): $want bytes, as measured" ||
-        bad "plan --seq-ranks $n ($sch): planned ${want:-?}, measured ${got:-?}"
-done
-if [ -n "${SEQPEAK[1]}" ] && [ -n "${SEQPEAK[2]}" ] && [ -n "${SEQPEAK[4]}" ] &&
-    [ $((SEQPEAK[2] * 10)) -lt $((SEQPEAK[1] * 7)) ] && [ "${SEQPEAK[4]}" -lt "${SEQPEAK[2]}" ]; then
-    ok "--seq-ranks: a rank's peak falls with S (${SEQPEAK[1]}, ${SEQPEAK[2]}, ${SEQPEAK[4]} bytes)"
-else
-    bad "--seq-ranks: peaks ${SEQPEAK[1]:-?}, ${SEQPEAK[2]:-?}, ${SEQPEAK[4]:-?} bytes (S = 1, 2, 4)"
+            "$TMP/t4096.safetensors" || bad "the tall model or its batch"
+    TALL="--model $TMP/model-tall --batch $TMP/t4096.safetensors --threads 1"
+    SEQPEAK[1]=$("$BIN" grad $TALL --json 2>/dev/null | sed -n 's/.*"peak_total_bytes":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
+    for sn in stream:2 stream:3 stream:4 full:2; do
+        sch=${sn%:*} n=${sn#*:}
+        got=$("${MPIRUN[@]}" -np $n "$BIN" grad $TALL --schedule $sch --seq-ranks $n 2>&1 |
+            sed -n 's/.*ledger peak of the rank holding the most: \([0-9]*\) bytes.*/\1/p')
+        [ $sch = stream ] && SEQPEAK[$n]=$got
+        want=$("$BIN" plan --config "$TMP/tall.json" --seq 4096 --schedules $sch --seq-ranks $n --json |
+            sed -n 's/.*"total":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
+        [ -n "$got" ] && [ "$got" = "$want" ] && ok "plan --seq-ranks $n ($sch): $want bytes, as measured" ||
+            bad "plan --seq-ranks $n ($sch): planned ${want:-?}, measured ${got:-?}"
+    done
+    if [ -n "${SEQPEAK[1]}" ] && [ -n "${SEQPEAK[2]}" ] && [ -n "${SEQPEAK[4]}" ] &&
+        [ $((SEQPEAK[2] * 10)) -lt $((SEQPEAK[1] * 7)) ] && [ "${SEQPEAK[4]}" -lt "${SEQPEAK[2]}" ]; then
+        ok "--seq-ranks: a rank's peak falls with S (${SEQPEAK[1]}, ${SEQPEAK[2]}, ${SEQPEAK[4]} bytes)"
+    else
+        bad "--seq-ranks: peaks ${SEQPEAK[1]:-?}, ${SEQPEAK[2]:-?}, ${SEQPEAK[4]:-?} bytes (S = 1, 2, 4)"
+    fi
 fi
 # refused on every rank with exit 2: S other than N (data parallel beside it is not built), and a
 # T too short for S whole blocks

@@ -4,8 +4,10 @@
  * every 4096-element block has one owner, and twelve synthetic micro-batch gradients "sent" as
  * pieces and folded by their owners in ascending micro-batch order give the 1-process fold's
  * bits, and the owners' block sums give sbp_grad_norm's bits. Also the transport of a build or a
- * run without MPI: one process, a launcher announcing two refused by a build without MPI. */
+ * run without MPI: one process, a launcher announcing two refused by a build without MPI; and
+ * sequence parallel's slices (the rows each rank holds). */
 #include "../src/dist/dist.h"
+#include "../src/dist/seqlink.h"
 #include "../src/train/zero2.h"
 #include "testutil.h"
 
@@ -283,6 +285,37 @@ START_TEST(transport_one_process) {
 }
 END_TEST
 
+/* Sequence parallel's slices: consecutive, covering [0, T), whole grains (the last rank's may
+ * end short at T), the first ranks the extra grains, balanced to one grain; refused with fewer
+ * grains than ranks. */
+START_TEST(seq_slices) {
+    static const int Ts[] = {1, 127, 128, 129, 300, 450, 512, 4096, 4097, 131072};
+    static const int grains[] = {1, 7, 128, 512};
+    int b[SBP_SEQ_MAX + 1];
+    for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++)
+        for (size_t j = 0; j < sizeof grains / sizeof *grains; j++)
+            for (int S = 1; S <= 9; S++) {
+                const int T = Ts[i], g = grains[j], n = (T + g - 1) / g;
+                const int ok = sbp_seq_slices(b, T, S, g);
+                ck_assert_int_eq(ok, n >= S);
+                if (!ok) continue;
+                ck_assert_int_eq(b[0], 0);
+                ck_assert_int_eq(b[S], T);
+                for (int q = 0; q < S; q++) {
+                    const int rows = b[q + 1] - b[q];
+                    ck_assert_int_gt(rows, 0);
+                    ck_assert_int_eq(b[q] % g, 0);          /* starts on a grain */
+                    ck_assert(rows % g == 0 || q == S - 1); /* whole grains */
+                    ck_assert_int_le(rows, (n / S + (n % S != 0)) * g);
+                    ck_assert_int_ge(b[q + 1], b[q]);
+                    if (q > 0) ck_assert_int_le(rows, b[q] - b[q - 1]); /* the first: no fewer */
+                }
+            }
+    ck_assert(!sbp_seq_slices(b, 100, 0, 8) && !sbp_seq_slices(b, 0, 2, 8) &&
+              !sbp_seq_slices(b, 100, 2, 0));
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("dist");
     TCase *tc = tcase_create("dist");
@@ -294,6 +327,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, net_step_against_traffic);
     tcase_add_test(tc, net_plan_cli);
     tcase_add_test(tc, transport_one_process);
+    tcase_add_test(tc, seq_slices);
     suite_add_tcase(s, tc);
     return s;
 }
