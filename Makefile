@@ -152,17 +152,17 @@ $(BUILD)/gen/golden_data.c: $(GOLDEN_FILES) src/cli/golden_embed.sh
 $(BUILD)/gen/golden_data.o: $(BUILD)/gen/golden_data.c src/cli/golden_data.h
 	$(CC) $(CFLAGS) -Isrc/cli -c $< -o $@
 
-# One relocatable object per precision; everything but the entry point becomes local.
+# One relocatable object per precision; everything but the entry points becomes local (the
+# planted binaries' engines too, tests/plant.sh).
+ENGINE_KEEP = $(foreach f,sbp_engine_grad sbp_portable_gemm sbp_engine_seq_grain,--keep-global-symbol=$(f)_$(1))
 $(BUILD)/engine_f32.o: $(F32_OBJ)
 	$(LD) -r -o $@.tmp $^
-	objcopy --keep-global-symbol=sbp_engine_grad_f32 --keep-global-symbol=sbp_portable_gemm_f32 \
-	    --keep-global-symbol=sbp_engine_seq_grain_f32 $@.tmp $@
+	objcopy $(call ENGINE_KEEP,f32) $@.tmp $@
 	@rm -f $@.tmp
 
 $(BUILD)/engine_f64.o: $(F64_OBJ)
 	$(LD) -r -o $@.tmp $^
-	objcopy --keep-global-symbol=sbp_engine_grad_f64 --keep-global-symbol=sbp_portable_gemm_f64 \
-	    --keep-global-symbol=sbp_engine_seq_grain_f64 $@.tmp $@
+	objcopy $(call ENGINE_KEEP,f64) $@.tmp $@
 	@rm -f $@.tmp
 
 $(LIB): $(COMMON_OBJ) $(BUILD)/engine_f32.o $(BUILD)/engine_f64.o
@@ -279,7 +279,8 @@ golden: all
 # (tests/plant.sh lists them).
 plants: $(BIN)
 	@CC="$(CC)" CFLAGS="$(CFLAGS)" LDFLAGS="$(LDFLAGS)" LDLIBS="$(LDLIBS)" LD="$(LD)" \
-	  BUILD=$(BUILD) OBJS="$(CLI_OBJ) $(COMMON_OBJ) $(BACKEND_OBJ)" F32_OBJ="$(F32_OBJ)" tests/plant.sh
+	  BUILD=$(BUILD) OBJS="$(CLI_OBJ) $(COMMON_OBJ) $(BACKEND_OBJ)" F32_OBJ="$(F32_OBJ)" \
+	  ENGINE_KEEP="$(call ENGINE_KEEP,f32)" tests/plant.sh
 
 # ---- demo ---------------------------------------------------------------------------------------
 # The bundled default: a seeded random Qwen3-tiny (tied embeddings, GQA 2:1, head_dim != C/NH)

@@ -3,7 +3,8 @@
 # $BUILD/plant/<name>/streambp is build/streambp with one source file recompiled with the flags
 # below (each #ifdef SBP_PLANT_* in that file is compiled out of every normal build). Called by
 # `make plants` (part of `make test`), which passes the compiler settings and object lists:
-# CC CFLAGS LDFLAGS LDLIBS LD BUILD OBJS (the objects of the binary but the engines) F32_OBJ.
+# CC CFLAGS LDFLAGS LDLIBS LD BUILD OBJS (the objects of the binary but the engines) F32_OBJ
+# ENGINE_KEEP (objcopy's --keep-global-symbol words: the engine's entry points).
 # A plant is rebuilt only when the binary or its source is newer than it.
 set -eu
 plants='
@@ -42,7 +43,8 @@ echo "$plants" | while read -r name src flags; do
         f32=$(echo "$F32_OBJ" | tr ' ' '\n' | sed "s|^$BUILD/f32/${src%.c}.o\$|$dir/planted.o|")
         # shellcheck disable=SC2086
         $LD -r -o "$dir/engine_f32.tmp.o" $f32
-        objcopy --keep-global-symbol=sbp_engine_grad_f32 --keep-global-symbol=sbp_portable_gemm_f32 "$dir/engine_f32.tmp.o" "$dir/engine_f32.o"
+        # shellcheck disable=SC2086 # the Makefile's --keep-global-symbol words
+        objcopy $ENGINE_KEEP "$dir/engine_f32.tmp.o" "$dir/engine_f32.o"
         rm -f "$dir/engine_f32.tmp.o"
         objs="$OBJS $dir/engine_f32.o $BUILD/engine_f64.o"
         ;;
