@@ -202,7 +202,9 @@ out:
     return SBP_OK;
 }
 
-/* sbp_engine_seq_grain_f32 / _f64 (entry.h): relay.c's grain, for the layers above. */
+/* relay.c's grain, for the layers above (entry.h); SBP_ENTRY names the two copies:
+ *   int sbp_engine_seq_grain_f32(int portable, int block)
+ *   int sbp_engine_seq_grain_f64(int portable, int block) */
 int SBP_ENTRY(sbp_engine_seq_grain)(int portable, int block) {
     return seq_grain(portable, block);
 }
