@@ -14,10 +14,11 @@
  * only on earlier ranks, which wait on theirs, down to rank 0, which waits on nobody — or on
  * that posted message, which the last rank has sent. The last rank flushes it before its next
  * hand-over arrives, when rank 0 has received it (the state reached the rank before the last
- * through rank 0), and so before the buffers are written again. */
+ * through rank 0), and so before the buffers are written again. Two other messages go to
+ * earlier ranks, neither inside a relay: DPO's log-probs, gathered while every rank is in the
+ * gather, and the result's pieces from the last rank, whose receives were posted before the
+ * step (src/api/seqpar.c). */
 #include "engine.h"
-
-#include <stdio.h>
 
 int seq_grain(int portable, int blk) {
     if (portable) return SUM_BLOCK;
