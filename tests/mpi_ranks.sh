@@ -43,8 +43,9 @@ for f in sft-tiny suite-chunk-starts-on-ignored suite-left-padding suite-right-p
 done
 
 # same NAME "RANKS" ARGS...: one process without mpirun, then mpirun -np N for each N: cmp.
+# With SEQ=1 in its environment each N also shares every sequence (--seq-ranks N, §8).
 same() {
-    local name=$1 ranks=$2
+    local name=$1 ranks=$2 tag
     shift 2
     local want=$TMP/$name-1p.safetensors
     if ! timeout 120 "$BIN" grad "$@" --threads 1 --out "$want" >"$TMP/log" 2>&1; then
@@ -52,15 +53,18 @@ same() {
         return
     fi
     for n in $ranks; do
-        local got=$TMP/$name-$n.safetensors
-        "${MPIRUN[@]}" -np "$n" "$BIN" grad "$@" --threads 1 --out "$got" >"$TMP/log" 2>&1
+        local got=$TMP/$name-$n.safetensors extra=()
+        tag="N=$n"
+        [ "${SEQ:-0}" = 1 ] && extra=(--seq-ranks "$n") tag="--seq-ranks $n"
+        "${MPIRUN[@]}" -np "$n" "$BIN" grad "$@" --threads 1 "${extra[@]}" --out "$got" \
+            >"$TMP/log" 2>&1
         local rc=$?
         if [ $rc != 0 ]; then
-            bad "$name N=$n: exit $rc ($(grep -m1 streambp "$TMP/log"))"
+            bad "$name $tag: exit $rc ($(grep -m1 streambp "$TMP/log"))"
         elif cmp -s "$want" "$got"; then
-            ok "$name N=$n: the same bytes as one process"
+            ok "$name $tag: the same bytes as one process"
         else
-            bad "$name N=$n: the gradient file differs from one process's"
+            bad "$name $tag: the gradient file differs from one process's"
         fi
     done
 }
@@ -263,28 +267,7 @@ seq_full() { [ "$SANQ" != 1 ]; } # the case runs in the plain build only
 # DPO, GRPO), is the same bytes as one process: stream, ckpt and full, tied and untied heads,
 # Gemma-3 with its window across the ranks' rows, DPO, GRPO, LoRA, fp64, bf16, micro-batches of
 # different T, the fast numerics
-seq_same() { # NAME "S..." ARGS...: one process, then mpirun -np S --seq-ranks S for each S: cmp
-    local name=$1 ranks=$2
-    shift 2
-    local want=$TMP/$name-1p.safetensors
-    if ! timeout 120 "$BIN" grad "$@" --threads 1 --out "$want" >"$TMP/log" 2>&1; then
-        bad "$name: one process failed: $(tail -1 "$TMP/log")"
-        return
-    fi
-    for n in $ranks; do
-        local got=$TMP/$name-s$n.safetensors
-        "${MPIRUN[@]}" -np "$n" "$BIN" grad "$@" --threads 1 --seq-ranks "$n" --out "$got" \
-            >"$TMP/log" 2>&1
-        local rc=$?
-        if [ $rc != 0 ]; then
-            bad "$name --seq-ranks $n: exit $rc ($(grep -m1 streambp "$TMP/log"))"
-        elif cmp -s "$want" "$got"; then
-            ok "$name --seq-ranks $n: the same bytes as one process"
-        else
-            bad "$name --seq-ranks $n: the gradient file differs from one process's"
-        fi
-    done
-}
+seq_same() { SEQ=1 same "$@"; } # NAME "S..." ARGS...: same, with --seq-ranks S
 G3=$(model gemma3-tiny) S450=data/batches/seq-sft-450.safetensors
 SD="--batch data/batches/seq-dpo-300.safetensors --objective dpo --beta 0.1"
 seq_same seq-llama-stream "$(seq_full && echo 2 3 4 || echo 2 3)" --model "$L" --batch $S450 $P \
