@@ -472,8 +472,8 @@ typedef struct {
     int sharded;
     /* with a comm of N > 1: S > 1 processes share every sequence (sequence parallel,
      * docs/distributed.md §8), each holding whole token blocks of it; the same bits as one
-     * process. S must be N for now (data parallel beside it, N = D × S, is not built); 0 or 1:
-     * every process holds whole sequences */
+     * process. S divides N: N / S groups of S, data parallel between the groups (N = D × S);
+     * 0 or 1: every process holds whole sequences */
     int seq_ranks;
     /* NULL, or where each operation's calls and time are added (sbp_profile; CPU only) */
     sbp_profile *profile;
@@ -496,9 +496,10 @@ sbp_status sbp_grad(sbp_grad_result *res, const sbp_model *m, const sbp_batch *b
 void sbp_grad_result_free(sbp_grad_result *res, sbp_ledger *lg);
 
 /* Sequence parallel (docs/distributed.md §8): SBP_OK when the N processes of g->comm can share
- * sequences of T tokens as g->seq_ranks asks — S = N, each rank whole blocks of the sequence
- * (the portable sums' 128 tokens; in the fast numerics also g->block) — else SBP_EUSAGE naming
- * what is wrong. Nothing to check with seq_ranks 0 or 1. */
+ * sequences of T tokens as g->seq_ranks asks — S dividing N, each rank whole blocks of the
+ * sequence (the portable sums' 128 tokens; in the fast numerics also g->block) — else SBP_EUSAGE
+ * naming what is wrong; T = 0 checks the settings alone. Nothing to check with seq_ranks 0 or
+ * 1. */
 sbp_status sbp_seq_check(int T, const sbp_grad_opts *g, sbp_err *err);
 
 /* Gradient accumulation: one step over n micro-batches, normalised as the concatenated batch
@@ -541,8 +542,9 @@ typedef struct {
                            * (the largest gradient bucket, and a tied embedding's) */
     int ranks;            /* N > 1: one process of N running the step (docs/distributed.md): the
                            * rank holding the most; n = 0 then means N micro-batches */
-    int seq_ranks;        /* S > 1: the N = S processes share every sequence (sequence parallel,
-                           * docs/distributed.md §8); the rank holding the most (ranks 0 or S) */
+    int seq_ranks;        /* S > 1: groups of S processes share every sequence (sequence parallel,
+                           * docs/distributed.md §8), ranks / S groups (ranks 0: one group);
+                           * the rank holding the most; n = 0 means one micro-batch a group */
     sbp_lora_config lora; /* r > 0: a LoRA adapter of this rank on these targets is trained:
                            * the base is frozen (its weights, no gradients), the adapter's
                            * weights, gradients (and moments) are charged; alpha is not read */

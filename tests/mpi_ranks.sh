@@ -43,7 +43,8 @@ for f in sft-tiny suite-chunk-starts-on-ignored suite-left-padding suite-right-p
 done
 
 # same NAME "RANKS" ARGS...: one process without mpirun, then mpirun -np N for each N: cmp.
-# With SEQ=1 in its environment each N also shares every sequence (--seq-ranks N, §8).
+# With SEQ=1 in its environment each N also shares every sequence (--seq-ranks N, §8); an entry
+# N:S runs N processes as N / S groups of S sharing each sequence (--seq-ranks S).
 same() {
     local name=$1 ranks=$2 tag
     shift 2
@@ -53,10 +54,11 @@ same() {
         return
     fi
     for n in $ranks; do
-        local got=$TMP/$name-$n.safetensors extra=()
+        local got=$TMP/$name-${n/:/x}.safetensors extra=() np=${n%%:*} sr=${n#*:}
         tag="N=$n"
-        [ "${SEQ:-0}" = 1 ] && extra=(--seq-ranks "$n") tag="--seq-ranks $n"
-        "${MPIRUN[@]}" -np "$n" "$BIN" grad "$@" --threads 1 "${extra[@]}" --out "$got" \
+        [ "${SEQ:-0}" = 1 ] && extra=(--seq-ranks "$sr") tag="--seq-ranks $sr"
+        [ "$np" != "$sr" ] && tag="N = $np as $((np / sr)) x $sr, $tag"
+        "${MPIRUN[@]}" -np "$np" "$BIN" grad "$@" --threads 1 "${extra[@]}" --out "$got" \
             >"$TMP/log" 2>&1
         local rc=$?
         if [ $rc != 0 ]; then
@@ -247,6 +249,24 @@ train_same "train --seq-ranks 2 stopped at 3, resumed with --seq-ranks 3" "$RS" 
     --save-every 3 --out "$TMP/res-s3n2" --resume "$TMP/res-s3n2" >"$TMP/log" 2>&1 ||
     bad "resume --seq-ranks 3 -> N = 2: $(grep -m1 streambp "$TMP/log")"
 train_same "train --seq-ranks 3 stopped at 3, resumed as data parallel N = 2" "$RS" "$TMP/res-s3n2"
+# ... and as 2 groups of 2 (N = 4), resumed from there on 3 ranks sharing each sequence; its
+# rank's peak is the plan's (train's: AdamW's moments of its share, the step's columns)
+STR4="${STR/--grad-accum 2/--grad-accum 4} --threads 2"
+RS4=$(train_ref seq4 --model "$Q" $STR4)
+"${MPIRUN[@]}" -np 4 "$BIN" train --model "$Q" $STR4 --seq-ranks 2 --save-every 3 \
+    --out "$TMP/train-seq22" >"$TMP/log" 2>&1 || bad "train N = 4 as 2 x 2: $(grep -m1 streambp "$TMP/log")"
+train_same "train N = 4 as 2 groups of 2 (--seq-ranks 2)" "$RS4" "$TMP/train-seq22"
+got=$(sed -n 's/.*ledger peak of the rank holding the most: \([0-9]*\) bytes/\1/p' "$TMP/log")
+want=$(OMP_NUM_THREADS=2 "$BIN" plan --config data/models/qwen3-tiny.json --seq 300 --grad-accum 4 \
+    --ranks 4 --seq-ranks 2 --optimizer --block 8 --chunk 40 --schedules stream --json |
+    sed -n 's/.*"total":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
+[ -n "$got" ] && [ "$got" = "$want" ] && ok "plan --ranks 4 --seq-ranks 2 --optimizer: $want bytes, as train measured" ||
+    bad "plan --ranks 4 --seq-ranks 2 --optimizer: planned ${want:-?}, train measured ${got:-?}"
+"${MPIRUN[@]}" -np 4 "$BIN" train --model "$Q" $STR4 --seq-ranks 2 --save-every 3 --stop-at 3 \
+    --out "$TMP/res-g22" >"$TMP/log" 2>&1 && "${MPIRUN[@]}" -np 3 "$BIN" train --model "$Q" $STR4 \
+    --seq-ranks 3 --save-every 3 --out "$TMP/res-g22" --resume "$TMP/res-g22" >"$TMP/log" 2>&1 ||
+    bad "resume N = 4 as 2 x 2 -> --seq-ranks 3: $(grep -m1 streambp "$TMP/log")"
+train_same "train N = 4 as 2 x 2 stopped at 3, resumed on 3 ranks sharing each sequence" "$RS4" "$TMP/res-g22"
 # ... and a T too short for S is refused before the run directory is begun
 "${MPIRUN[@]}" -np 4 "$BIN" train --model "$Q" ${STR/--seq 300/--seq 200} --seq-ranks 4 \
     --out "$TMP/fail-seq4" >"$TMP/log" 2>&1
@@ -289,6 +309,13 @@ seq_full && seq_same seq-qwen3-lora "3" --model "$Q" --lora "$A" --batch $S450 $
 seq_same seq-llama-micro "2" --model "$L" --batch $S450 --batch data/batches/sft-t700.safetensors \
     --batch $S450 $P --chunk 9
 seq_full && seq_same seq-llama-fast "3" --model "$L" --batch $S450 --block 64 --chunk 64
+# data parallel between groups sharing each sequence (N = D x S): group g runs micro-batches
+# k = g (mod D), the owners fold them in k order
+seq_same seq-llama-groups "$(seq_full && echo 4:2 6:3 || echo 4:2)" --model "$L" --batch $S450 \
+    --batch data/batches/sft-t700.safetensors --batch $S450 --batch data/batches/sft-t700.safetensors \
+    $P --chunk 9
+seq_full && seq_same seq-qwen2-dpo-groups "4:2" --model "$Q2" $SD \
+    --batch data/batches/seq-dpo-300.safetensors $P
 # ... and over TCP on loopback (no shared memory between the ranks' transports), once
 timeout 60 mpirun --oversubscribe --allow-run-as-root --mca btl self,tcp --mca btl_tcp_if_include lo \
     -np 2 "$BIN" grad --model "$L" --batch $S450 $P --chunk 7 --block 4 --threads 1 --seq-ranks 2 \
@@ -329,13 +356,20 @@ u = mb.lcg(7); mb.write(sys.argv[1], [mb.custom(u, 4096, "i" * 100 + "v" * 3996)
         bad "--seq-ranks: peaks ${SEQPEAK[1]:-?}, ${SEQPEAK[2]:-?}, ${SEQPEAK[4]:-?} bytes (S = 1, 2, 4)"
     fi
 fi
-# refused on every rank with exit 2: S other than N (data parallel beside it is not built), and a
-# T too short for S whole blocks
-"${MPIRUN[@]}" -np 2 "$BIN" grad --model "$L" --batch $S450 $P --seq-ranks 3 --threads 1 >"$TMP/log" 2>&1
+# refused on every rank with exit 2, nothing written: S not dividing N, groups not dividing the
+# micro-batches, and a T too short for S whole blocks
+"${MPIRUN[@]}" -np 2 "$BIN" grad --model "$L" --batch $S450 $P --seq-ranks 3 --threads 1 \
+    --out "$TMP/fail-s3" >"$TMP/log" 2>&1
 rc=$?
-[ $rc = 2 ] && grep -q -- "--seq-ranks 3 needs as many processes" "$TMP/log" &&
-    ok "--seq-ranks 3 under -np 2: exit 2, named" ||
+[ $rc = 2 ] && grep -q -- "--seq-ranks 3 must divide the process count" "$TMP/log" &&
+    [ ! -e "$TMP/fail-s3" ] && ok "--seq-ranks 3 under -np 2: exit 2, named, nothing written" ||
     bad "--seq-ranks 3 under -np 2: exit $rc ($(grep -m1 streambp "$TMP/log"))"
+"${MPIRUN[@]}" -np 4 "$BIN" grad --model "$L" --batch $S450 $P --seq-ranks 2 --threads 1 \
+    --out "$TMP/fail-g2" >"$TMP/log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "1 micro-batches cannot be shared by 2 groups of 2 ranks" "$TMP/log" &&
+    [ ! -e "$TMP/fail-g2" ] && ok "one micro-batch for 2 groups of 2: exit 2, named, nothing written" ||
+    bad "one micro-batch for 2 groups of 2: exit $rc ($(grep -m1 streambp "$TMP/log"))"
 "${MPIRUN[@]}" -np 4 "$BIN" grad --model "$L" --batch data/batches/seq-dpo-300.safetensors \
     --objective dpo $P --seq-ranks 4 --threads 1 >"$TMP/log" 2>&1
 rc=$?

@@ -186,7 +186,9 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
     sbp_ledger *host_lg = opts->device == SBP_DEVICE_CPU ? lg : NULL;
     const int dist = opts->comm && sbp_comm_size(opts->comm) > 1;
     const int seq = dist && opts->seq_ranks > 1;
-    for (int i = 0; i < n && !st; i++) /* every micro-batch, before anything runs */
+    /* the settings (T = 0: no length checked), then every micro-batch, before anything runs */
+    st = sbp_seq_check(0, opts, err);
+    for (int i = 0; i < n && !st; i++)
         if ((st = sbp_seq_check(batches[i].T, opts, err)) && n > 1)
             sbp_fail_prefix(err, "micro-batch %d: ", i);
     if (st) return st;

@@ -18,6 +18,7 @@
 #include "../core/objective.h"
 #include "../engine/entry.h"
 #include "resolve.h"
+#include "seqpar.h"
 #include "../streambp.h"
 #include "../core/err.h"
 #include "../dist/dist.h"
@@ -80,26 +81,33 @@ static int no_fold(void *ctx, int64_t off, int64_t n, const void *g) {
     return 1;
 }
 
-/* Rank r of a sequence group of S, planned (the step of seqpar.c): the weights and the
- * micro-batches, its share of the result and, with several micro-batches, the column its pieces
- * arrive in, then the engine run of its rows (a planning link: nothing moves, its buffers are
- * charged). */
+/* Rank q of a sequence group of S, owning own elements, planned (the step of seqpar.c): the
+ * weights, with optimizer AdamW's moments of its share, the micro-batches, its share of the
+ * result and the ncol columns its pieces arrive in, then the engine run of its rows (a planning
+ * link: nothing moves, its buffers are charged). */
 static sbp_status plan_seq_rank(sbp_ledger *lg, sbp_model *m, sbp_lora *a, sbp_batch *b,
-                                sbp_engine_opts *eo, int sb, int S, int r, int n, int64_t own,
-                                sbp_err *err) {
+                                sbp_engine_opts *eo, int sb, int S, int q, int n, int ncol,
+                                int optimizer, int64_t own, sbp_err *err) {
     const sbp_params *tps = eo->lora ? &a->params : &m->params;
-    const sbp_seq_link link = {.rank = r, .size = S};
+    const sbp_seq_link link = {.rank = q, .size = S};
     const int64_t batch_bytes = sbp_batch_bytes(b) * n;
     m->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * (size_t)m->params.total);
     if (eo->lora) a->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * tps->total);
+    void *adam[2] = {NULL, NULL}; /* as sbp_adamw_init allocates them: 4 bytes an element */
+    for (int k = 0; k < 2 && optimizer; k++)
+        adam[k] = sbp_ledger_alloc(lg, SBP_MEM_OPTIMIZER, 4 * (size_t)own);
     sbp_ledger_charge(lg, SBP_MEM_BATCH, batch_bytes);
     void *share = sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * (size_t)own);
-    void *col = n > 1 ? sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * (size_t)own) : NULL;
+    void *col[SBP_SEQ_MAX];
+    for (int j = 0; j < ncol; j++)
+        col[j] = sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * (size_t)own);
     double loss = 0;
     eo->link = &link, eo->fold = 1, eo->bucket_hook = no_fold;
     sbp_status st = sbp_engine_grad_f32(&loss, NULL, m, b, eo, lg, err);
-    sbp_ledger_free(lg, col), sbp_ledger_free(lg, share);
+    for (int j = ncol - 1; j >= 0; j--) sbp_ledger_free(lg, col[j]);
+    sbp_ledger_free(lg, share);
     sbp_ledger_charge(lg, SBP_MEM_BATCH, -batch_bytes);
+    sbp_ledger_free(lg, adam[1]), sbp_ledger_free(lg, adam[0]);
     sbp_ledger_free(lg, a->w), sbp_ledger_free(lg, m->w);
     a->w = NULL, m->w = NULL;
     return st;
@@ -108,13 +116,12 @@ static sbp_status plan_seq_rank(sbp_ledger *lg, sbp_model *m, sbp_lora *a, sbp_b
 sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *o, sbp_err *err) {
     memset(lg, 0, sizeof *lg);
     lg->plan = 1;
-    if (o->seq_ranks > 1 && ((o->ranks > 1 && o->ranks != o->seq_ranks) || o->optimizer ||
+    if (o->seq_ranks > 1 && ((o->ranks > 1 && o->ranks % o->seq_ranks) ||
                              o->seq_ranks > SBP_SEQ_MAX || o->grad.device != SBP_DEVICE_CPU))
         return sbp_fail(err, SBP_EUSAGE,
-                        "sequence parallel is planned for a gradient step on the CPU over "
-                        "N = S <= %d processes (data parallel beside it and train's optimizer are "
-                        "not built yet)",
-                        SBP_SEQ_MAX);
+                        "sequence parallel is planned on the CPU for S <= %d ranks a sequence, S "
+                        "dividing the process count N (got S = %d, N = %d)",
+                        SBP_SEQ_MAX, o->seq_ranks, o->ranks);
     int sb = o->storage_bytes ? o->storage_bytes : 4;
     if (sb != 2 && sb != 4 && sb != 8)
         return sbp_fail(err, SBP_EUSAGE,
@@ -122,7 +129,8 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
     if (o->micro_batches < 0 || o->ranks < 0)
         return sbp_fail(err, SBP_EUSAGE, "micro-batches and ranks must be >= 0 (got %d, %d)",
                         o->micro_batches, o->ranks);
-    if (o->ranks > 1 && o->micro_batches > 1 && o->micro_batches % o->ranks)
+    if (o->ranks > 1 && o->seq_ranks <= 1 && o->micro_batches > 1 &&
+        o->micro_batches % o->ranks) /* sequence parallel's groups: below */
         return sbp_fail(err, SBP_EUSAGE, "%d micro-batches cannot be shared by %d processes",
                         o->micro_batches, o->ranks);
     if (o->B < 1 || o->T < 1)
@@ -178,31 +186,38 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
         sbp_objective obj = o->grad.objective;
         if (obj.kind == SBP_OBJ_SFT && b.n_targets == 0 && obj.num_items == 0) obj.num_items = 1;
         sbp_obj_eval ev = {0};
-        const int n = o->micro_batches > 1 ? o->micro_batches : 1, S = o->seq_ranks;
+        const int S = o->seq_ranks, N = o->ranks > 1 ? o->ranks : S;
+        const int n = o->micro_batches > 1 ? o->micro_batches : N / S;
+        const int ncol = sbp_seq_columns(N, S, n);
         int bounds[SBP_SEQ_MAX + 1];
-        int64_t seen[SBP_SEQ_MAX][2];
+        int64_t seen[2 * SBP_SEQ_MAX][2];
+        int ns = 0;
         const int grain = sbp_engine_seq_grain_f32(eo.numerics == SBP_NUMERICS_PORTABLE, eo.block);
-        if (!sbp_seq_slices(bounds, o->T, S, grain))
+        if (ncol < 0)
+            st =
+                sbp_fail(err, SBP_EUSAGE,
+                         "%d micro-batches cannot be shared by %d groups of %d ranks", n, N / S, S);
+        else if (!sbp_seq_slices(bounds, o->T, S, grain))
             st = sbp_fail(err, SBP_EUSAGE,
                           "T = %d is too short to share among %d ranks in blocks of %d tokens",
                           o->T, S, grain);
-        for (int r = 0, ns = 0; r < S && !st; r++) {
+        for (int r = 0; r < N && !st; r++) {
             sbp_range *rg = NULL;
             int64_t own = 0;
-            if (sbp_dist_owned(&rg, &own, eo.lora ? &a.params : &m.params, S, r) < 0) {
+            if (sbp_dist_owned(&rg, &own, eo.lora ? &a.params : &m.params, N, r) < 0) {
                 st = sbp_fail(err, SBP_ENOMEM, "out of memory planning rank %d", r);
                 break;
             }
             free(rg);
+            const int q = r % S, held = bounds[q + 1] - bounds[q];
             int dup = 0;
-            for (int i = 0; i < ns; i++)
-                dup |= seen[i][0] == bounds[r + 1] - bounds[r] && seen[i][1] == own;
+            for (int i = 0; i < ns; i++) dup |= seen[i][0] == held && seen[i][1] == own;
             if (dup) continue;
-            seen[ns][0] = bounds[r + 1] - bounds[r], seen[ns++][1] = own;
+            if (ns < 2 * SBP_SEQ_MAX) seen[ns][0] = held, seen[ns++][1] = own;
             sbp_ledger rl = {.plan = 1};
             if ((st = sbp_obj_begin(&ev, &obj, &b, err))) break;
             eo.ev = &ev;
-            st = plan_seq_rank(&rl, &m, &a, &b, &eo, sb, S, r, n, own, err);
+            st = plan_seq_rank(&rl, &m, &a, &b, &eo, sb, S, q, n, ncol, o->optimizer, own, err);
             sbp_obj_end(&ev);
             if (!st && (r == 0 || rl.peak_total > lg->peak_total)) *lg = rl;
         }

@@ -1,10 +1,13 @@
-/* seqpar.c — a gradient step with the processes sharing every sequence (sequence parallel,
+/* seqpar.c — a gradient step with groups of processes sharing every sequence (sequence parallel,
  * docs/distributed.md §8, stage 1).
  *
- * Every process runs every micro-batch on its rows, the engine handing each sum that crosses the
- * rows on in token order through the link below (src/engine/relay.c). A bucket's sum is complete
- * on the last rank of the group, which cuts it into its owners' pieces and sends them as it
- * completes them (the shares, below): copies only, so the bytes are one process's. */
+ * The N processes form D = N / S groups of S consecutive ranks; group g runs micro-batches
+ * k ≡ g (mod D), in rounds of D (round ρ: k = ρD + g), every rank of the group the whole
+ * micro-batch on its rows, the engine handing each sum that crosses the rows on in token order
+ * through the link below (src/engine/relay.c). A bucket's sum is complete on the group's last
+ * rank, which cuts it into its owners' pieces (over all N ranks) and sends them as it completes
+ * them; each owner folds a round's micro-batches in k order (the shares, below): copies and one
+ * process's adds only, so the bytes are one process's for every D and S. */
 #include "seqpar.h"
 #include "../core/err.h"
 #include "../dist/seqlink.h"
@@ -21,9 +24,24 @@ enum { PART = 1 << 30 }; /* bytes a message at most (the transport's int counts)
 
 typedef struct {
     sbp_comm *c;
+    int base;    /* the group's first rank: the link's rank q is the transport's base + q */
+    int *posted; /* (cap) the requests of the posted hand-over, waited for by flush */
+    int nposted, cap;
     sbp_err err; /* the transport's first error */
     int failed;
 } link_ctx;
+
+/* A posted hand-over's request, for flush; 0 when out of memory (the error set). */
+static int remember(link_ctx *l, int r) {
+    if (l->nposted == l->cap) {
+        const int cap = l->cap ? 2 * l->cap : 16;
+        int *p = realloc(l->posted, sizeof *p * (size_t)cap);
+        if (!p) return sbp_fail(&l->err, SBP_ENOMEM, "out of memory"), 0;
+        l->posted = p, l->cap = cap;
+    }
+    l->posted[l->nposted++] = r;
+    return 1;
+}
 
 /* One copy to or from a peer, in parts of at most PART bytes, waited for unless posted. Each
  * wait is for its own request: the shares' receives stay posted beside it (below); every request
@@ -37,13 +55,15 @@ static int move_tag(void *ctx, int peer, void *buf, size_t bytes, int send, int 
         const int r = send ? sbp_comm_isend(l->c, p, n, peer, tag, &l->err)
                            : sbp_comm_irecv(l->c, p, n, peer, tag, &l->err);
         if (r < 0 || (!post && sbp_comm_wait(l->c, r, what, &l->err))) l->failed = 1;
+        if (r >= 0 && post && tag == SEQ_TAG && !remember(l, r)) l->failed = 1;
     }
     return !l->failed;
 }
 
 static int move(void *ctx, int peer, void *buf, size_t bytes, int send, int post,
                 const char *what) {
-    return move_tag(ctx, peer, buf, bytes, send, post, SEQ_TAG, what);
+    const link_ctx *l = ctx;
+    return move_tag(ctx, l->base + peer, buf, bytes, send, post, SEQ_TAG, what);
 }
 
 static int link_send(void *ctx, int to, const void *buf, size_t bytes, const char *what) {
@@ -58,39 +78,58 @@ static int link_post(void *ctx, int to, const void *buf, size_t bytes, const cha
     return move(ctx, to, (void *)buf, bytes, 1, 1, what);
 }
 
-/* Called on the last rank only, which keeps nothing else open: waits for every request. */
+/* The posted hand-over's requests, waited for: only those, as the pieces' receives from the
+ * other groups stay posted beside them (waiting for those here would tie this group to theirs). */
 static int link_flush(void *ctx) {
     link_ctx *l = ctx;
-    if (!l->failed && sbp_comm_waitall(l->c, "a hand-over to rank 0", &l->err)) l->failed = 1;
+    for (int i = 0; i < l->nposted && !l->failed; i++)
+        if (sbp_comm_wait(l->c, l->posted[i], "a hand-over to rank 0", &l->err)) l->failed = 1;
+    l->nposted = 0;
     return !l->failed;
 }
 
-/* The result, folded where it is owned. The last rank completes each bucket of a micro-batch;
- * its hook cuts the bucket into the owners' pieces (ZeRO-2's 4096-element blocks, owners.c;
- * unsharded, every rank owns every piece), folds its own into its share and sends the others,
- * whose receives each rank posted before the micro-batch began: into its share for micro-batch
- * 0 (S = g_0), else into the column, added after the run, S ← S + g_k (one IEEE add per
- * element, bf16: rounded, sbp_dist_fold) — one process's fold, element by element. No rank holds
- * a whole gradient (unless the result is unsharded). A rank waiting on a peer keeps testing its
- * requests, so the last rank's send of a piece completes whatever that rank waits on. */
+/* The result, folded where it is owned. The last rank of a group completes each bucket of its
+ * micro-batch; its hook cuts the bucket into the owners' pieces (ZeRO-2's 4096-element blocks
+ * over the N ranks, owners.c; unsharded, every rank owns every piece), copies its own into the
+ * slot's place and sends the others, whose receives each rank posted before the round began:
+ * slot j of round ρ (micro-batch ρD + j, from the last rank of group j) lands in the share itself
+ * for micro-batch 0 (S = g_0), else in the column of slot j. After the round the columns are
+ * added in j order, S ← S + g_k (one IEEE add per element, bf16: rounded, sbp_dist_fold): one
+ * process's fold, element by element. A rank holds its share and D columns of its size (D − 1
+ * with one round), never a whole gradient (unless the result is unsharded). A rank waiting on a
+ * peer keeps testing its requests, so a send of a piece completes whatever its owner waits on. */
 typedef struct {
     link_ctx *l;
-    int me, last, N, sharded, esz, bf16, k;
+    int me, S, D, N, sharded, esz, bf16, rho;
     sbp_piece *pc; /* (np) every bucket's pieces, in completion order */
     int np;
-    int64_t *pos; /* (np) where a piece this rank owns starts in out and col; −1 elsewhere */
-    char *out;    /* the share (sharded: the owned blocks packed), or the whole gradient */
-    char *col;    /* with more than one micro-batch: a micro-batch's pieces, laid out as out */
-    int64_t n;    /* elements of out and col */
+    int64_t
+        *pos;  /* (np) where a piece this rank owns starts in out and the columns; −1 elsewhere */
+    char *out; /* the share (sharded: the owned blocks packed), or the whole gradient */
+    char **col;  /* (ncol) the slots' places besides out, laid out as out */
+    int ncol, m; /* columns, rounds */
+    int64_t n;   /* elements of out and of each column */
 } shares;
 
 static int owns(const shares *h, const sbp_piece *p, int q) {
     return !h->sharded || p->owner == q;
 }
 
+/* Where slot j of the round lands: micro-batch 0 in the share, every other in a column. */
+static char *slot_at(const shares *h, int j) {
+    if (h->rho == 0 && j == 0) return h->out;
+    return h->col[h->m > 1 ? j : j - 1];
+}
+
+/* The rank completing micro-batch ρD + j: the last of group j. */
+static int producer(const shares *h, int j) {
+    return j * h->S + h->S - 1;
+}
+
 static int fold_hook(void *ctx, int64_t off, int64_t n, const void *g) {
     shares *h = ctx;
     link_ctx *l = h->l;
+    char *mine = slot_at(h, h->me / h->S);
     for (int i = 0; i < h->np && !l->failed; i++) {
         const sbp_piece *p = &h->pc[i];
         if (p->off < off || p->off >= off + n) continue; /* another bucket's */
@@ -100,28 +139,43 @@ static int fold_hook(void *ctx, int64_t off, int64_t n, const void *g) {
             if (!owns(h, p, q)) continue;
             if (q != h->me)
                 move_tag(l, q, (void *)src, bytes, 1, 0, PIECE_TAG, "the gradient's pieces");
-            else if (h->k == 0)
-                memcpy(h->out + h->pos[i] * h->esz, src, bytes);
             else
-                sbp_dist_fold(h->out + h->pos[i] * h->esz, src, p->n, h->esz, h->bf16);
+                memcpy(mine + h->pos[i] * h->esz, src, bytes);
         }
     }
     return !l->failed;
 }
 
-/* Before micro-batch k, on a rank other than the last: the receives of its pieces, posted. */
+/* Before round ρ: the receives of this rank's pieces from every group's last rank but itself,
+ * posted, in piece order (the order its producer sends them in). */
 static int post_receives(shares *h) {
-    char *to = h->k == 0 ? h->out : h->col;
-    for (int i = 0; i < h->np && !h->l->failed; i++)
-        if (owns(h, &h->pc[i], h->me))
-            move_tag(h->l, h->last, to + h->pos[i] * h->esz, (size_t)h->pc[i].n * (size_t)h->esz, 0,
-                     1, PIECE_TAG, "the gradient's pieces");
+    for (int j = 0; j < h->D && !h->l->failed; j++) {
+        if (producer(h, j) == h->me) continue;
+        char *to = slot_at(h, j);
+        for (int i = 0; i < h->np && !h->l->failed; i++)
+            if (owns(h, &h->pc[i], h->me))
+                move_tag(h->l, producer(h, j), to + h->pos[i] * h->esz,
+                         (size_t)h->pc[i].n * (size_t)h->esz, 0, 1, PIECE_TAG,
+                         "the gradient's pieces");
+    }
     return !h->l->failed;
 }
 
-/* The pieces, where this rank's start in its share, the share and the column (charged to
+/* After round ρ, every piece in: the columns added in slot order. */
+static void fold_round(shares *h) {
+    for (int j = h->rho == 0; j < h->D; j++)
+        sbp_dist_fold(h->out, slot_at(h, j), h->n, h->esz, h->bf16);
+}
+
+/* The columns a rank of D groups holds for a step of m rounds: one a slot, but micro-batch 0's,
+ * which lands in the share. */
+static int columns(int D, int m) {
+    return m > 1 ? D : D - 1;
+}
+
+/* The pieces, where this rank's start in its share, the share and the columns (charged to
  * SBP_MEM_GRADS); 0 when out of memory. */
-static int shares_begin(shares *h, const sbp_params *ps, int n_micro, sbp_ledger *lg) {
+static int shares_begin(shares *h, const sbp_params *ps, sbp_ledger *lg) {
     const int cap = ps->n + 2;
     sbp_bucket *b = malloc(sizeof *b * (size_t)cap);
     h->pc = malloc(sizeof *h->pc * (size_t)cap * (size_t)(h->N + 1));
@@ -132,7 +186,9 @@ static int shares_begin(shares *h, const sbp_params *ps, int n_micro, sbp_ledger
     int64_t owned = ps->total;
     const int nr = h->sharded ? sbp_dist_owned(&rg, &owned, ps, h->N, h->me) : 0;
     h->pos = h->np >= 0 ? malloc(sizeof *h->pos * (size_t)(h->np ? h->np : 1)) : NULL;
-    if (h->np < 0 || nr < 0 || !h->pos) return free(rg), 0;
+    h->ncol = columns(h->D, h->m);
+    h->col = calloc((size_t)(h->ncol ? h->ncol : 1), sizeof *h->col);
+    if (h->np < 0 || nr < 0 || !h->pos || !h->col) return free(rg), 0;
     for (int i = 0; i < h->np; i++) { /* the packed position of an owned piece */
         h->pos[i] = h->sharded ? -1 : h->pc[i].off;
         for (int64_t q = 0, at = 0; q < nr && h->pc[i].owner == h->me; q++) {
@@ -144,15 +200,22 @@ static int shares_begin(shares *h, const sbp_params *ps, int n_micro, sbp_ledger
     free(rg);
     h->n = owned;
     h->out = sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)h->esz * (size_t)owned);
-    h->col =
-        n_micro > 1 ? sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)h->esz * (size_t)owned) : NULL;
-    return h->out && (n_micro <= 1 || h->col);
+    int ok = h->out != NULL;
+    for (int j = 0; j < h->ncol && ok; j++)
+        ok = (h->col[j] = sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)h->esz * (size_t)owned)) !=
+             NULL;
+    return ok;
 }
 
 static void shares_end(shares *h, sbp_ledger *lg) {
-    sbp_ledger_free(lg, h->col);
-    free(h->pc), free(h->pos);
+    for (int j = h->ncol - 1; j >= 0 && h->col; j--) sbp_ledger_free(lg, h->col[j]);
+    free(h->pc), free(h->pos), free(h->col);
     h->col = NULL, h->pc = NULL, h->pos = NULL;
+}
+
+int sbp_seq_columns(int N, int S, int n) {
+    const int D = S > 1 ? N / S : N;
+    return D < 1 || n % D ? -1 : columns(D, n / D);
 }
 
 sbp_status sbp_seq_check(int T, const sbp_grad_opts *g, sbp_err *err) {
@@ -160,11 +223,11 @@ sbp_status sbp_seq_check(int T, const sbp_grad_opts *g, sbp_err *err) {
     if (S <= 1) return SBP_OK;
     if (S > SBP_SEQ_MAX)
         return sbp_fail(err, SBP_EUSAGE, "--seq-ranks must be 1 to %d, not %d", SBP_SEQ_MAX, S);
-    if (S != N)
+    if (N % S)
         return sbp_fail(err, SBP_EUSAGE,
-                        "--seq-ranks %d needs as many processes (mpirun -np %d), got %d; data "
-                        "parallel beside it (N = D x S) is not built yet",
-                        S, S, N);
+                        "--seq-ranks %d must divide the process count (mpirun -np N: N / S groups "
+                        "of S ranks, data parallel between the groups), got N = %d",
+                        S, N);
     if (g->device != SBP_DEVICE_CPU)
         return sbp_fail(err, SBP_EUSAGE, "sequence parallel runs on the CPU only");
     const int portable = g->numerics == SBP_NUMERICS_PORTABLE;
@@ -194,11 +257,18 @@ sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model
                         const sbp_batch *batches, int n, const sbp_grad_opts *opts,
                         const sbp_objective *so, sbp_ledger *lg, sbp_err *err) {
     sbp_comm *c = opts->comm;
-    const int N = sbp_comm_size(c), me = sbp_comm_rank(c), last = N - 1;
+    const int N = sbp_comm_size(c), me = sbp_comm_rank(c), S = opts->seq_ranks, D = N / S;
+    const int g = me / S;
+    *out = NULL;
+    if (n % D)
+        return sbp_fail(err, SBP_EUSAGE,
+                        "%d micro-batches cannot be shared by %d groups of %d ranks: the group "
+                        "count (N / --seq-ranks) must divide them",
+                        n, D, S);
     const sbp_params *ps = opts->lora ? &opts->lora->params : &m->params;
-    link_ctx l = {.c = c};
-    const sbp_seq_link link = {.rank = me,
-                               .size = N,
+    link_ctx l = {.c = c, .base = g * S};
+    const sbp_seq_link link = {.rank = me - g * S,
+                               .size = S,
                                .ctx = &l,
                                .send = link_send,
                                .recv = link_recv,
@@ -206,19 +276,21 @@ sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model
                                .flush = link_flush};
     shares h = {.l = &l,
                 .me = me,
-                .last = last,
+                .S = S,
+                .D = D,
                 .N = N,
+                .m = n / D,
                 .sharded = opts->sharded,
                 .esz = m->prec == SBP_FP64 ? 8 : 4,
                 .bf16 = opts->emulate_bf16};
+    double *mine = calloc((size_t)h.m, sizeof *mine), *all = calloc((size_t)N * h.m, sizeof *all);
     sbp_status st = SBP_OK;
-    *out = NULL;
-    if (!shares_begin(&h, ps, n, lg) || h.n != numel) {
-        sbp_ledger_free(lg, h.out), shares_end(&h, lg);
+    if (!mine || !all || !shares_begin(&h, ps, lg) || h.n != numel) {
+        sbp_ledger_free(lg, h.out), shares_end(&h, lg), free(mine), free(all);
         return sbp_fail(err, SBP_ENOMEM, "out of memory for the gradient's shares");
     }
-    double total = 0;
-    for (int k = 0; k < n && !st; k++) {
+    for (h.rho = 0; h.rho < h.m && !st; h.rho++) {
+        const int k = h.rho * D + g;
         sbp_engine_opts eo;
         sbp_obj_eval ev;
         if ((st = sbp_engine_resolve(&eo, opts, batches[k].T, err)) ||
@@ -226,23 +298,23 @@ sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model
             break;
         eo.ev = &ev, eo.link = &link;
         eo.fold = 1, eo.bucket_hook = fold_hook, eo.hook_ctx = &h;
-        h.k = k;
-        double loss_k = 0;
-        if (me != last) post_receives(&h);
-        if (!l.failed) st = run_engine(&loss_k, m, &batches[k], &eo, lg, err);
+        post_receives(&h);
+        if (!l.failed) st = run_engine(&mine[h.rho], m, &batches[k], &eo, lg, err);
         sbp_obj_end(&ev);
-        /* every request of the micro-batch done (the pieces are in), the list emptied */
+        /* every request of the round done (the pieces are in), the list emptied */
         if (!st && !l.failed && sbp_comm_waitall(c, "the gradient's pieces", &l.err)) l.failed = 1;
         if (l.failed) st = sbp_fail(err, l.err.status, "%s", l.err.msg);
         if (st && n > 1) sbp_fail_prefix(err, "micro-batch %d: ", k);
-        if (!st && k > 0 && me != last) sbp_dist_fold(h.out, h.col, h.n, h.esz, h.bf16);
-        total = k > 0 ? total + loss_k : loss_k; /* the last rank's is the step's */
+        if (!st) fold_round(&h);
     }
-    /* the loss from the last rank: a copy */
-    for (int q = 0; q < last && !st && me == last && !l.failed; q++)
-        link_send(&l, q, &total, sizeof total, "loss");
-    if (!st && me != last) link_recv(&l, last, &total, sizeof total, "the loss");
-    if (!st && l.failed) st = sbp_fail(err, l.err.status, "%s", l.err.msg);
+    /* the losses of every group's last rank, folded in k order on every rank */
+    if (!st) st = sbp_comm_allgather(c, all, mine, sizeof *mine * (size_t)h.m, "the losses", err);
+    double total = 0;
+    for (int k = 0; k < n && !st; k++) {
+        const double lk = all[producer(&h, k % D) * h.m + k / D];
+        total = k ? total + lk : lk;
+    }
+    free(mine), free(all), free(l.posted);
     shares_end(&h, lg);
     if (st)
         sbp_ledger_free(lg, h.out);

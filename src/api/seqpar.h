@@ -7,14 +7,19 @@
 #include "../dist/dist.h"
 #include "../streambp.h"
 
-/* The step of n micro-batches over opts->comm's N = opts->seq_ranks processes, each running
- * every micro-batch on its rows through a link over the transport: *out (numel elements,
- * allocated here, charged to SBP_MEM_GRADS; NULL on failure) is this process's share (sharded:
- * its owned blocks packed, as sbp_dist_grad's) or the whole gradient, the same bits as one
- * process; *loss on every process. so: the step's normalisers. With more than one micro-batch a
- * rank also holds a column of its share's size while the step runs. */
+/* The step of n micro-batches over opts->comm's N processes in D = N / S groups of
+ * S = opts->seq_ranks (D divides n), group g running micro-batches k ≡ g (mod D), each of its
+ * ranks on its rows through a link over the transport: *out (numel elements, allocated here,
+ * charged to SBP_MEM_GRADS; NULL on failure) is this process's share (sharded: its owned blocks
+ * of N ranks packed, as sbp_dist_grad's) or the whole gradient, the same bits as one process;
+ * *loss on every process. so: the step's normalisers. While the step runs a rank also holds
+ * sbp_seq_columns columns of its share's size. */
 sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model *m,
                         const sbp_batch *batches, int n, const sbp_grad_opts *opts,
                         const sbp_objective *so, sbp_ledger *lg, sbp_err *err);
+
+/* The columns a rank of a step of n micro-batches over N processes in groups of S holds beside
+ * its share (the planner charges them); −1 when N / S groups do not divide n. */
+int sbp_seq_columns(int N, int S, int n);
 
 #endif

@@ -50,7 +50,8 @@ static const char usage[] =
     "                     and the column of its blocks of one (docs/distributed.md)\n"
     "  --seq-ranks S      one of S processes sharing every sequence (grad --seq-ranks: sequence\n"
     "                     parallel, docs/distributed.md §8), the one holding the most: its rows'\n"
-    "                     layer inputs and working set; the last rank also the whole gradient\n"
+    "                     layer inputs and working set, its share and columns; with --ranks N\n"
+    "                     (S divides N) one of N / S such groups\n"
     "  --bandwidth B      with --ranks and --flops: the exposed communication time a step for a\n"
     "                     link of B bytes/s (10G; 100Gbit: bits/s), --latency S seconds a\n"
     "                     message (default 0), --flops G GFLOP/s a process (docs/distributed.md)\n"
@@ -612,9 +613,12 @@ static void print_heading(const plan_args *a, const char *path, int64_t nparam, 
     else
         printf(", T = %d", a->T);
     if (s->seq_ranks > 1) /* docs/distributed.md §8 */
-        printf("\n%d processes sharing every sequence: memory of the rank holding the most",
-               s->seq_ranks);
-    if (s->ranks > 1) /* docs/distributed.md §4 */
+        printf("\n%d processes, %d sharing every sequence, %d micro-batches a step: memory of the "
+               "rank holding the most",
+               s->ranks > 1 ? s->ranks : s->seq_ranks, s->seq_ranks,
+               s->micro_batches ? s->micro_batches
+                                : (s->ranks > 1 ? s->ranks : s->seq_ranks) / s->seq_ranks);
+    else if (s->ranks > 1) /* docs/distributed.md §4 */
         printf("\n%d processes, %d micro-batches a step: the rank sending the most sends %lld "
                "bytes in %lld messages a step; memory: the rank holding the most",
                s->ranks, s->micro_batches ? s->micro_batches : s->ranks, (long long)a->net_bytes,
@@ -648,8 +652,8 @@ static void print_plan_json(const plan_args *a, const char *path, int64_t nparam
     }
     if (a->budget) cJSON_AddNumberToObject(o, "budget_bytes", (double)a->budget);
     if (s->seq_ranks > 1) cJSON_AddNumberToObject(o, "seq_ranks", s->seq_ranks);
-    if (s->ranks > 1) {
-        cJSON_AddNumberToObject(o, "ranks", s->ranks);
+    if (s->ranks > 1) cJSON_AddNumberToObject(o, "ranks", s->ranks);
+    if (s->ranks > 1 && s->seq_ranks <= 1) {
         cJSON_AddNumberToObject(o, "sent_bytes_per_step", (double)a->net_bytes);
         cJSON_AddNumberToObject(o, "sent_messages_per_step", (double)a->net_messages);
     }
@@ -803,17 +807,23 @@ int cmd_plan(int argc, char **argv) {
         (s->lora.r && sbp_lora_params_build(&lps, &s->cfg, &s->lora, &err)))
         return report_error("plan", &err);
     int64_t nparam = ps.total, nadapter = lps.total;
-    const int n_micro = s->micro_batches ? s->micro_batches : s->ranks;
+    /* data parallel's groups: N processes, or with --seq-ranks S N / S groups of S */
+    const int S = s->seq_ranks > 1 ? s->seq_ranks : 1, groups = s->ranks > 1 ? s->ranks / S : 1;
+    const int n_micro = s->micro_batches ? s->micro_batches : groups;
     const int net_opts = a.net.bandwidth > 0 || a.net.flops > 0 || a.net.latency > 0;
-    if (s->seq_ranks > 1 && (s->ranks > 1 || net_opts))
+    if (S > 1 && net_opts)
         sbp_fail(&err, SBP_EUSAGE,
-                 "--seq-ranks S plans S processes sharing each sequence; --ranks (data parallel "
-                 "beside it) and the network model (--bandwidth, --latency, --flops) are not "
-                 "built for it yet");
-    else if (s->ranks > 1 && n_micro % s->ranks)
-        sbp_fail(&err, SBP_EUSAGE, "%d micro-batches cannot be shared by %d processes", n_micro,
-                 s->ranks);
-    else if (s->ranks > 1)
+                 "--seq-ranks S: the network model's time (--bandwidth, --latency, --flops) is not "
+                 "built for sequence parallel yet");
+    else if (S > 1 && s->ranks > 1 && s->ranks % S)
+        sbp_fail(&err, SBP_EUSAGE,
+                 "--seq-ranks %d must divide --ranks %d (N / S groups of S ranks, data parallel "
+                 "between the groups)",
+                 S, s->ranks);
+    else if (s->ranks > 1 && n_micro % groups)
+        sbp_fail(&err, SBP_EUSAGE, "%d micro-batches cannot be shared by %d %s", n_micro, groups,
+                 S > 1 ? "groups" : "processes");
+    else if (s->ranks > 1 && S == 1)
         sbp_dist_traffic(&a.net_bytes, &a.net_messages, s->lora.r ? &lps : &ps, s->storage,
                          s->ranks, n_micro, s->optimizer, &err);
     const int net_asked = a.net.bandwidth > 0 || a.net.flops > 0 || a.net.latency > 0;

@@ -92,9 +92,10 @@ static const char usage[] =
     "                       600). Micro-batch k of a step runs on rank k mod N (N must divide\n"
     "                       --grad-accum); the weights, checkpoints and logs are the bytes of\n"
     "                       one process, written by rank 0\n"
-    "  --seq-ranks S        the S = N processes share every sequence instead, each holding whole\n"
-    "                       blocks of its tokens (sequence parallel, docs/distributed.md §8); a\n"
-    "                       run may resume on another S or N\n"
+    "  --seq-ranks S        groups of S processes (S divides N) share every sequence, each\n"
+    "                       holding whole blocks of its tokens, the N / S groups sharing the\n"
+    "                       micro-batches (sequence parallel, docs/distributed.md §8); a run\n"
+    "                       may resume on another S or N\n"
     "\n";
 
 /* Every path option is at most SBP_RUN_PATH_MAX characters (checked when parsing): the library's

@@ -102,15 +102,18 @@ sbp_status sbp_train_run_open(sbp_train_run *r, const sbp_train_opts *o, const c
     /* before anything is loaded or written: the first step would refuse it (sbp_dist_grad) after
      * the run directory's logs were begun */
     const int N = sbp_comm_size(o->g.comm);
-    /* sequence parallel: every process runs every micro-batch (src/api/seqpar.c); a jsonl
+    /* sequence parallel: every rank of a group runs its micro-batches (src/api/seqpar.c); a jsonl
      * run's T is known now (a batch file's is checked by its step) */
     sbp_status st0 = sbp_seq_check(o->T, &o->g, err);
     if (st0) return st0;
-    if (o->g.seq_ranks <= 1 && o->grad_accum % N)
+    /* data parallel's groups: every process, or with --seq-ranks S groups of S */
+    const int groups = o->g.seq_ranks > 1 ? N / o->g.seq_ranks : N;
+    if (o->grad_accum % groups)
         return sbp_fail(err, SBP_EUSAGE,
-                        "%d micro-batches a step (--grad-accum) cannot be shared by %d processes: "
-                        "the process count must divide them",
-                        o->grad_accum, N);
+                        "%d micro-batches a step (--grad-accum) cannot be shared by %d %s: the "
+                        "%s must divide them",
+                        o->grad_accum, groups, o->g.seq_ranks > 1 ? "groups" : "processes",
+                        o->g.seq_ranks > 1 ? "group count (N / --seq-ranks)" : "process count");
     sbp_status st = load_inputs(r, o, lg, err);
     if (st) return st;
     int per = sbp_data_items_per_batch(r->data);
