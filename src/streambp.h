@@ -559,6 +559,15 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
  * step and its host arrays token by token (about 8 s and 1 GiB at this limit), so a larger step
  * is refused (SBP_EUSAGE) rather than left running for minutes. */
 #define SBP_PLAN_MAX_TOKENS (1 << 26)
+/* Sequence parallel's network model (o->seq_ranks S > 1, o->ranks N or S processes): what the
+ * rank sending the most sends in a step, in bytes and messages — its engine's K/V, hand-overs
+ * and gathers for each of its group's micro-batches (the planning walk with a link that
+ * counts), the pieces a group's last rank sends to their owners, the losses' all-gather, and
+ * then grad's share to rank 0 or, with o->optimizer, train's clip-norm block sums and updated
+ * weights (docs/distributed.md §8). A run's transport counters equal it, plus the start-up
+ * check, when its micro-batches have the planned shape. */
+sbp_status sbp_plan_seq_traffic(int64_t *bytes, int64_t *messages, const sbp_config *cfg,
+                                const sbp_plan_opts *o, sbp_err *err);
 /* The largest T of the step o (its T is not read) whose planned peak (lg.peak_total, bytes)
  * fits budget: 0 if not even the shortest fits (T = 1, or 2 for DPO, whose rows need a target);
  * that T's ledger in *at (zeroed when 0). A guess from the peak's slope, a widening bracket, then

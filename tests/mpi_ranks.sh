@@ -316,6 +316,23 @@ seq_same seq-llama-groups "$(seq_full && echo 4:2 6:3 || echo 4:2)" --model "$L"
     $P --chunk 9
 seq_full && seq_same seq-qwen2-dpo-groups "4:2" --model "$Q2" $SD \
     --batch data/batches/seq-dpo-300.safetensors $P
+# the network model (plan --seq-ranks, the rank sending the most: its K/V, hand-overs, pieces,
+# losses and share to rank 0's file) against the transport's counters, the start-up check's
+# all-gather of 5376 bytes, one message to each peer, taken off; N:S:micro-batches:schedule
+for c in 3:3:1:stream 4:2:2:stream 4:2:2:full; do
+    IFS=: read -r np sr nb sch <<<"$c"
+    bb=$(for _ in $(seq "$nb"); do printf -- "--batch %s " "$S450"; done)
+    "${MPIRUN[@]}" -np "$np" "$BIN" grad --model "$Q" $bb --block 8 --chunk 40 --threads 2 \
+        --schedule "$sch" --seq-ranks "$sr" --out "$TMP/seq-net.st" >"$TMP/log" 2>&1
+    got=$(grep -o 'sent per rank[^:]*: .*' "$TMP/log" | cut -d: -f2 | tr ' ' '\n' | grep / |
+        awk -F/ -v n="$np" '$1 > b { b = $1; m = $2 } END { print b - 5376 * (n - 1), m - (n - 1) }')
+    want=$(OMP_NUM_THREADS=2 "$BIN" plan --config data/models/qwen3-tiny.json --seq 450 \
+        --batch-size 2 --grad-accum "$nb" --ranks "$np" --seq-ranks "$sr" --block 8 --chunk 40 \
+        --schedules "$sch" --json |
+        sed -n 's/.*"sent_\(bytes\|messages\)_per_step":[^0-9]*\([0-9]*\).*/\2/p' | tr '\n' ' ')
+    [ "$got " = "$want" ] && ok "plan --ranks $np --seq-ranks $sr ($sch): the network model, $got bytes/messages, as sent" ||
+        bad "plan --ranks $np --seq-ranks $sr ($sch): network model ${want:-?}, sent ${got:-?}"
+done
 # ... and over TCP on loopback (no shared memory between the ranks' transports), once
 timeout 60 mpirun --oversubscribe --allow-run-as-root --mca btl self,tcp --mca btl_tcp_if_include lo \
     -np 2 "$BIN" grad --model "$L" --batch $S450 $P --chunk 7 --block 4 --threads 1 --seq-ranks 2 \

@@ -81,15 +81,38 @@ static int no_fold(void *ctx, int64_t off, int64_t n, const void *g) {
     return 1;
 }
 
+/* A counting link: what a rank's engine sends in a micro-batch, in the messages the transport's
+ * link cuts it into (seqpar.c); nothing moves, nothing is received. */
+typedef struct {
+    int64_t bytes, messages;
+} tally;
+
+static int tally_send(void *ctx, int to, const void *buf, size_t bytes, const char *what) {
+    tally *t = ctx;
+    (void)to, (void)buf, (void)what;
+    t->bytes += (int64_t)bytes;
+    t->messages += (int64_t)((bytes + SBP_SEQ_PART - 1) / SBP_SEQ_PART);
+    return 1;
+}
+
+static int tally_recv(void *ctx, int from, void *buf, size_t bytes, const char *what) {
+    (void)ctx, (void)from, (void)buf, (void)bytes, (void)what;
+    return 1;
+}
+
+static int tally_flush(void *ctx) {
+    (void)ctx;
+    return 1;
+}
+
 /* Rank q of a sequence group of S, owning own elements, planned (the step of seqpar.c): the
  * weights, with optimizer AdamW's moments of its share, the micro-batches, its share of the
  * result and the ncol columns its pieces arrive in, then the engine run of its rows (a planning
  * link: nothing moves, its buffers are charged). */
 static sbp_status plan_seq_rank(sbp_ledger *lg, sbp_model *m, sbp_lora *a, sbp_batch *b,
-                                sbp_engine_opts *eo, int sb, int S, int q, int n, int ncol,
-                                int optimizer, int64_t own, sbp_err *err) {
+                                sbp_engine_opts *eo, const sbp_seq_link *link, int sb, int n,
+                                int ncol, int optimizer, int64_t own, sbp_err *err) {
     const sbp_params *tps = eo->lora ? &a->params : &m->params;
-    const sbp_seq_link link = {.rank = q, .size = S};
     const int64_t batch_bytes = sbp_batch_bytes(b) * n;
     m->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * (size_t)m->params.total);
     if (eo->lora) a->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * tps->total);
@@ -102,7 +125,7 @@ static sbp_status plan_seq_rank(sbp_ledger *lg, sbp_model *m, sbp_lora *a, sbp_b
     for (int j = 0; j < ncol; j++)
         col[j] = sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * (size_t)own);
     double loss = 0;
-    eo->link = &link, eo->fold = 1, eo->bucket_hook = no_fold;
+    eo->link = link, eo->fold = 1, eo->bucket_hook = no_fold;
     sbp_status st = sbp_engine_grad_f32(&loss, NULL, m, b, eo, lg, err);
     for (int j = ncol - 1; j >= 0; j--) sbp_ledger_free(lg, col[j]);
     sbp_ledger_free(lg, share);
@@ -113,7 +136,9 @@ static sbp_status plan_seq_rank(sbp_ledger *lg, sbp_model *m, sbp_lora *a, sbp_b
     return st;
 }
 
-sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *o, sbp_err *err) {
+/* sbp_plan, and with net (sequence parallel only) the network model of sbp_plan_seq_traffic */
+static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_config *cfg,
+                            const sbp_plan_opts *o, sbp_err *err) {
     memset(lg, 0, sizeof *lg);
     lg->plan = 1;
     if (o->seq_ranks > 1 && ((o->ranks > 1 && o->ranks % o->seq_ranks) ||
@@ -210,16 +235,34 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
             }
             free(rg);
             const int q = r % S, held = bounds[q + 1] - bounds[q];
-            int dup = 0;
-            for (int i = 0; i < ns; i++) dup |= seen[i][0] == held && seen[i][1] == own;
+            int dup = 0; /* the traffic differs by rank (its pieces, its place in the relays) */
+            for (int i = 0; i < ns && !net; i++) dup |= seen[i][0] == held && seen[i][1] == own;
             if (dup) continue;
             if (ns < 2 * SBP_SEQ_MAX) seen[ns][0] = held, seen[ns++][1] = own;
             sbp_ledger rl = {.plan = 1};
+            tally t = {0, 0};
+            const sbp_seq_link link = {.rank = q,
+                                       .size = S,
+                                       .ctx = &t,
+                                       .send = net ? tally_send : NULL,
+                                       .recv = net ? tally_recv : NULL,
+                                       .post = net ? tally_send : NULL,
+                                       .flush = net ? tally_flush : NULL};
             if ((st = sbp_obj_begin(&ev, &obj, &b, err))) break;
             eo.ev = &ev;
-            st = plan_seq_rank(&rl, &m, &a, &b, &eo, sb, S, q, n, ncol, o->optimizer, own, err);
+            st = plan_seq_rank(&rl, &m, &a, &b, &eo, &link, sb, n, ncol, o->optimizer, own, err);
             sbp_obj_end(&ev);
             if (!st && (r == 0 || rl.peak_total > lg->peak_total)) *lg = rl;
+            /* the step: n / D micro-batches of the group's, its pieces and what follows; the
+             * gradient's elements at the run's size (bf16 storage is emulated in float32) */
+            int64_t by = 0, ms = 0;
+            if (!st && net &&
+                !(st = sbp_dist_traffic_rank(&by, &ms, eo.lora ? &a.params : &m.params,
+                                             sb == 8 ? 8 : 4, N, r, n / (N / S), q == S - 1,
+                                             o->optimizer, err))) {
+                by += (int64_t)(n / (N / S)) * t.bytes, ms += (int64_t)(n / (N / S)) * t.messages;
+                if (by > net->bytes) net->bytes = by, net->messages = ms;
+            }
         }
         sbp_batch_free(&b);
         sbp_params_free(&a.params);
@@ -272,6 +315,22 @@ sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *
     sbp_batch_free(&b);
     sbp_params_free(&a.params);
     sbp_params_free(&m.params);
+    return st;
+}
+
+sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *o, sbp_err *err) {
+    return plan_step(lg, NULL, cfg, o, err);
+}
+
+sbp_status sbp_plan_seq_traffic(int64_t *bytes, int64_t *messages, const sbp_config *cfg,
+                                const sbp_plan_opts *o, sbp_err *err) {
+    sbp_ledger lg;
+    tally t = {0, 0};
+    *bytes = *messages = 0;
+    if (o->seq_ranks <= 1)
+        return sbp_fail(err, SBP_EUSAGE, "sbp_plan_seq_traffic plans sequence parallel (S > 1)");
+    const sbp_status st = plan_step(&lg, &t, cfg, o, err);
+    if (!st) *bytes = t.bytes, *messages = t.messages;
     return st;
 }
 

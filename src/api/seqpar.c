@@ -20,7 +20,7 @@
 /* beside gather.c's: no other message is in flight then; the pieces of the result have a tag of
  * their own, since their receives are posted before the hand-overs from the same rank */
 enum { SEQ_TAG = (1 << 20) + 1, PIECE_TAG };
-enum { PART = 1 << 30 }; /* bytes a message at most (the transport's int counts) */
+enum { PART = SBP_SEQ_PART };
 
 typedef struct {
     sbp_comm *c;

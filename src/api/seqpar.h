@@ -18,6 +18,8 @@ sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model
                         const sbp_batch *batches, int n, const sbp_grad_opts *opts,
                         const sbp_objective *so, sbp_ledger *lg, sbp_err *err);
 
+enum { SBP_SEQ_PART = 1 << 30 }; /* bytes a message of the link at most (the transport's ints) */
+
 /* The columns a rank of a step of n micro-batches over N processes in groups of S holds beside
  * its share (the planner charges them); −1 when N / S groups do not divide n. */
 int sbp_seq_columns(int N, int S, int n);

@@ -438,7 +438,9 @@ typedef struct {
     int other; /* an option --paper does not take */
     int64_t budget;
     obj_args oa;
-    int64_t net_bytes, net_messages; /* --ranks: the network model a step (sbp_dist_traffic) */
+    int64_t net_bytes, net_messages; /* --ranks: the network model a step (sbp_dist_traffic);
+                                      * --seq-ranks: sbp_plan_seq_traffic's, at one --seq */
+    const char *seq_net_schedule;    /* --seq-ranks: the schedule it was planned for */
     sbp_net net; /* --bandwidth, --latency, --flops: the exposed time (sbp_dist_net) */
     sbp_net_time net_t;
     const char *net_schedule; /* the schedule whose backward it assumes */
@@ -618,6 +620,9 @@ static void print_heading(const plan_args *a, const char *path, int64_t nparam, 
                s->ranks > 1 ? s->ranks : s->seq_ranks, s->seq_ranks,
                s->micro_batches ? s->micro_batches
                                 : (s->ranks > 1 ? s->ranks : s->seq_ranks) / s->seq_ranks);
+    if (a->seq_net_schedule)
+        printf("; the rank sending the most sends %lld bytes in %lld messages a step (%s)",
+               (long long)a->net_bytes, (long long)a->net_messages, a->seq_net_schedule);
     else if (s->ranks > 1) /* docs/distributed.md §4 */
         printf("\n%d processes, %d micro-batches a step: the rank sending the most sends %lld "
                "bytes in %lld messages a step; memory: the rank holding the most",
@@ -653,7 +658,8 @@ static void print_plan_json(const plan_args *a, const char *path, int64_t nparam
     if (a->budget) cJSON_AddNumberToObject(o, "budget_bytes", (double)a->budget);
     if (s->seq_ranks > 1) cJSON_AddNumberToObject(o, "seq_ranks", s->seq_ranks);
     if (s->ranks > 1) cJSON_AddNumberToObject(o, "ranks", s->ranks);
-    if (s->ranks > 1 && s->seq_ranks <= 1) {
+    if (a->seq_net_schedule) cJSON_AddStringToObject(o, "sent_schedule", a->seq_net_schedule);
+    if ((s->ranks > 1 && s->seq_ranks <= 1) || a->seq_net_schedule) {
         cJSON_AddNumberToObject(o, "sent_bytes_per_step", (double)a->net_bytes);
         cJSON_AddNumberToObject(o, "sent_messages_per_step", (double)a->net_messages);
     }
@@ -826,6 +832,14 @@ int cmd_plan(int argc, char **argv) {
     else if (s->ranks > 1 && S == 1)
         sbp_dist_traffic(&a.net_bytes, &a.net_messages, s->lora.r ? &lps : &ps, s->storage,
                          s->ranks, n_micro, s->optimizer, &err);
+    else if (S > 1 && !a.budget) { /* the K/V traffic depends on the schedule: the first asked */
+        int k = 0;
+        while (k + 1 < PLAN_N_SCHEDULES && !use[k]) k++;
+        sbp_plan_opts po = plan_opts(s, &plan_schedules[k]);
+        po.T = a.T;
+        if (!sbp_plan_seq_traffic(&a.net_bytes, &a.net_messages, &s->cfg, &po, &err))
+            a.seq_net_schedule = plan_schedules[k].name;
+    }
     const int net_asked = a.net.bandwidth > 0 || a.net.flops > 0 || a.net.latency > 0;
     if (!err.status && net_asked &&
         (s->ranks < 2 || !(a.net.bandwidth > 0) || !(a.net.flops > 0) || a.budget))

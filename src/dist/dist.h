@@ -60,6 +60,14 @@ int sbp_dist_owned(sbp_range **out, int64_t *owned, const sbp_params *ps, int N,
 sbp_status sbp_dist_traffic(int64_t *bytes, int64_t *messages, const sbp_params *ps, int esz, int N,
                             int n, int optimizer, sbp_err *err);
 
+/* What rank r of N sends in such a step of the given rounds (m = n / N above): with produces,
+ * a round's pieces that others own (sequence parallel: only a group's last rank produces them,
+ * one micro-batch a round, src/api/seqpar.c); the losses' all-gather and what follows the
+ * rounds as above. */
+sbp_status sbp_dist_traffic_rank(int64_t *bytes, int64_t *messages, const sbp_params *ps, int esz,
+                                 int N, int r, int rounds, int produces, int optimizer,
+                                 sbp_err *err);
+
 /* What rank r sends to rank 0 when a sharded slab is gathered there a tensor at a time
  * (sbp_dist_gather over every tensor of ps): its elements and messages; rank 0 sends none. */
 sbp_status sbp_dist_gather_cost(int64_t *elements, int64_t *messages, const sbp_params *ps, int N,

@@ -115,6 +115,20 @@ sbp_status sbp_dist_gather_cost(int64_t *elements, int64_t *messages, const sbp_
 
 sbp_status sbp_dist_traffic(int64_t *bytes, int64_t *messages, const sbp_params *ps, int esz, int N,
                             int n, int optimizer, sbp_err *err) {
+    *bytes = *messages = 0;
+    for (int r = 0; r < N; r++) {
+        int64_t by = 0, ms = 0;
+        const sbp_status st =
+            sbp_dist_traffic_rank(&by, &ms, ps, esz, N, r, n / N, 1, optimizer, err);
+        if (st) return st;
+        if (by > *bytes) *bytes = by, *messages = ms;
+    }
+    return SBP_OK;
+}
+
+sbp_status sbp_dist_traffic_rank(int64_t *bytes, int64_t *messages, const sbp_params *ps, int esz,
+                                 int N, int r, int rounds, int produces, int optimizer,
+                                 sbp_err *err) {
     sbp_piece *pc = NULL;
     const int np = slab_pieces(&pc, ps, N);
     int64_t *own = calloc((size_t)N, sizeof *own), *owned_pieces = calloc((size_t)N, sizeof *own);
@@ -122,11 +136,11 @@ sbp_status sbp_dist_traffic(int64_t *bytes, int64_t *messages, const sbp_params 
         np >= 0 && own && owned_pieces ? SBP_OK : sbp_fail(err, SBP_ENOMEM, "out of memory");
     *bytes = *messages = 0;
     for (int i = 0; !st && i < np; i++) own[pc[i].owner] += pc[i].n, owned_pieces[pc[i].owner]++;
-    for (int r = 0; !st && r < N; r++) {
+    if (!st) {
         int64_t sent = 0, msgs = 0; /* one round: the pieces others own, each a message */
-        for (int i = 0; i < np; i++)
+        for (int i = 0; i < np && produces; i++)
             if (pc[i].owner != r) sent += pc[i].n, msgs++;
-        const int64_t m = n / N, peers = N - 1;
+        const int64_t m = rounds, peers = N - 1;
         /* m rounds; its m losses to each of the others (an all-gather) */
         int64_t by = m * sent * esz + peers * m * (int64_t)sizeof(double);
         int64_t ms = m * msgs + peers;
@@ -143,7 +157,7 @@ sbp_status sbp_dist_traffic(int64_t *bytes, int64_t *messages, const sbp_params 
             by += peers * blocks * (int64_t)sizeof(double);
             ms += peers;
         }
-        if (by > *bytes) *bytes = by, *messages = ms;
+        *bytes = by, *messages = ms;
     }
     free(pc), free(own), free(owned_pieces);
     return st;
