@@ -387,6 +387,18 @@ rc=$?
 [ $rc = 2 ] && grep -q "1 micro-batches cannot be shared by 2 groups of 2 ranks" "$TMP/log" &&
     [ ! -e "$TMP/fail-g2" ] && ok "one micro-batch for 2 groups of 2: exit 2, named, nothing written" ||
     bad "one micro-batch for 2 groups of 2: exit $rc ($(grep -m1 streambp "$TMP/log"))"
+# a token outside the vocabulary in rank 1's rows: every rank ends with one process's message
+python3 -c '
+import sys; sys.path.insert(0, "data"); import make_batches as mb
+u = mb.lcg(7); row = mb.custom(u, 450, "i" * 10 + "v" * 440); row[0][300] = 100000
+mb.write(sys.argv[1], [row], "I64")' "$TMP/badtok.safetensors"
+want=$("$BIN" grad --model "$L" --batch "$TMP/badtok.safetensors" $P 2>&1 | grep -o "input_ids.*")
+"${MPIRUN[@]}" -np 2 "$BIN" grad --model "$L" --batch "$TMP/badtok.safetensors" $P --seq-ranks 2 \
+    --threads 1 --out "$TMP/fail-tok" >"$TMP/log" 2>&1
+rc=$?
+[ $rc = 2 ] && [ -n "$want" ] && [ "$(grep -F -- "$want" "$TMP/log" | grep -c "rank [01]: ")" = 2 ] &&
+    [ ! -e "$TMP/fail-tok" ] && ok "a token outside the vocabulary in rank 1's rows: exit 2 on every rank, one process's message, nothing written" ||
+    bad "a token outside the vocabulary in rank 1's rows: exit $rc ($(grep -m1 streambp "$TMP/log"))"
 "${MPIRUN[@]}" -np 4 "$BIN" grad --model "$L" --batch data/batches/seq-dpo-300.safetensors \
     --objective dpo $P --seq-ranks 4 --threads 1 >"$TMP/log" 2>&1
 rc=$?
