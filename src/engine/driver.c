@@ -59,6 +59,7 @@ typedef struct {
     kv_work kvw;
     pend_work pd; /* the portable sums' open token blocks (steps/sums.c), in the backward */
     int kvwin;    /* the local layers' K/V side is bounded by the window (kv_window_*) */
+    int seqwin;   /* sequence parallel: the local layers' keys travel as far as the window */
     int kv_rows;  /* rows of the K/V buffers of a pass that does not keep them (T, or less) */
 } run_bufs;
 
@@ -83,8 +84,10 @@ static int unattended_rows(const eng *e, const sbp_batch *b, int W) {
 static void kv_plan(eng *e, run_bufs *r, const sched_row *row, const sbp_batch *b, int c) {
     int most = 0;
     /* sequence parallel holds the K/V side of all T rows (docs/distributed.md §8, stage 1) */
-    r->kvwin = row->chunked && e->gemma && e->cfg->sliding_window > 0 && !e->link &&
-               !unattended_rows(e, b, e->cfg->sliding_window);
+    const int local =
+        e->gemma && e->cfg->sliding_window > 0 && !unattended_rows(e, b, e->cfg->sliding_window);
+    r->kvwin = row->chunked && local && !e->link;
+    r->seqwin = local && e->link;
     for (int l = 0; l < e->L; l++) {
         const int need = r->kvwin ? kv_rows(e, sbp_layer_window(e->cfg, l), c) : e->T;
         most = need > most ? need : most;
@@ -138,6 +141,7 @@ static layer_run layer_at(eng *e, run_bufs *r, int l, int bi, size_t k, real *xs
                     .kmask = e->mask + (size_t)bi * e->T,
                     .window = W,
                     .kvwin = r->kvwin && W > 0,
+                    .relay_win = r->seqwin ? W : 0,
                     .kv = &r->kv[k],
                     .acts = &r->ca[k],
                     .fm = &r->fm,
@@ -203,15 +207,112 @@ static void layer_forward(eng *e, layer_run *lr, int fc) {
     }
 }
 
-/* dK, dV rows [lo, hi) of the K/V side and, with dgin, the local layer's K/V-path chain of the
- * input norm: the running state of a layer's backward beside its bucket (relay.c). */
-static int kv_items(relay_item *it, int n, const layer_run *lr, const eng *e, int lo, int hi,
-                    int dgin) {
+/* dK, dV rows [lo, hi) of the K/V side (nothing when empty) */
+static int kv_rows_item(relay_item *it, int n, const layer_run *lr, const eng *e, int lo, int hi) {
+    if (hi <= lo) return n;
     const size_t KV = (size_t)e->KV, n_rows = (size_t)(hi - lo);
     it[n++] = (relay_item){lr->kvw->dk + (size_t)lo * KV, sizeof(real) * n_rows * KV};
     it[n++] = (relay_item){lr->kvw->dv + (size_t)lo * KV, sizeof(real) * n_rows * KV};
-    if (dgin && lr->kvw->dgin) it[n++] = (relay_item){lr->kvw->dgin, sizeof(real) * e->C};
     return n;
+}
+
+/* The tensors of a layer's gradient that its K/V side's backward adds to (kv_backward_rows):
+ * wk, bk, wv, bv, k_norm and their adapters, and with in_norm the input norm's, whose query path
+ * the chunks add to as well. Their ranges, ascending in memory, into sp (at most 10). */
+typedef struct {
+    const char *p;
+    size_t bytes;
+} span;
+
+static int kv_side(span *sp, const layer_p *g, const eng *e, int in_norm) {
+    const size_t C = (size_t)e->C, KV = (size_t)e->KV, r = (size_t)e->lora_r, R = sizeof(real);
+    const span all[] = {{(const char *)g->wk, KV * C * R},    {(const char *)g->bk, KV * R},
+                        {(const char *)g->wv, KV * C * R},    {(const char *)g->bv, KV * R},
+                        {(const char *)g->k_norm, e->HD * R}, {(const char *)g->ak.A, r * C * R},
+                        {(const char *)g->ak.B, KV * r * R},  {(const char *)g->av.A, r * C * R},
+                        {(const char *)g->av.B, KV * r * R},  {(const char *)g->in_norm, C * R}};
+    int n = 0;
+    for (int i = 0; i < 10; i++) {
+        if (!all[i].p || (i == 9 && !in_norm)) continue;
+        int j = n++; /* insertion by address */
+        for (; j > 0 && sp[j - 1].p > all[i].p; j--) sp[j] = sp[j - 1];
+        sp[j] = all[i];
+    }
+    return n;
+}
+
+/* The part of a layer's bucket (b: its one buffer, bucket_items) that round 1 (the chunks) or 2
+ * (the K/V side) of its backward adds to, as relay items: round 2 the K/V side's tensors and the
+ * input norm's, round 1 everything else and the input norm's. A part travels only in its round:
+ * the chunks' tensors are complete on the last rank after round 1, which keeps them through
+ * round 2 and hands them to rank 0 for the next sequence's; the K/V side's reach rank 0 for
+ * round 2 from the last rank, which holds them from the sequence before (or from zero, as every
+ * rank does). The whole buffer when a tensor lies outside it (it cannot: layer_views). */
+static int bucket_part(relay_item *it, int n, const relay_item *b, int nb, const layer_run *lr,
+                       const eng *e, int round) {
+    span sp[10];
+    const int ns = nb == 1 ? kv_side(sp, lr->g, e, round == 2) : 0;
+    const char *lo = nb == 1 ? b->p : NULL, *hi = lo ? lo + b->bytes : NULL;
+    int inside = nb == 1;
+    for (int i = 0; i < ns && inside; i++)
+        inside = sp[i].p >= lo && sp[i].p + sp[i].bytes <= hi &&
+                 (i == 0 || sp[i].p >= sp[i - 1].p + sp[i - 1].bytes);
+    if (!inside) {
+        for (int i = 0; i < nb; i++) it[n++] = b[i];
+        return n;
+    }
+    if (round == 2) {
+        for (int i = 0; i < ns; i++) it[n++] = (relay_item){(void *)sp[i].p, sp[i].bytes};
+        return n;
+    }
+    for (int i = 0; i <= ns; i++) { /* the gaps between the K/V side's tensors */
+        const char *from = i ? sp[i - 1].p + sp[i - 1].bytes : lo, *to = i < ns ? sp[i].p : hi;
+        if (to > from) it[n++] = (relay_item){(void *)from, (size_t)(to - from)};
+    }
+    return n;
+}
+
+/* The running state of a layer's backward beside its bucket (relay.c) in the hand-over to rank
+ * `to` of round 1 (the chunks) or 2 (the K/V side); to = S: the next sequence's round 1, which
+ * starts from nothing. Round 1 brings rank p the dK, dV sums of the earlier keys its queries
+ * continue: rows [0, bounds[p]), or on a local layer (relay_win) only [need(p), bounds[p]) and
+ * the complete sums of each earlier rank's tail, the keys [need(q + 1), bounds[q + 1]) a later
+ * rank's queries saw, which travel on to their rank. Round 2 brings the complete sums of rank p's
+ * keys and the later ranks' — rows [bounds[p], T), or on a local layer the tails of ranks p on
+ * (the rest of a rank's keys are complete where its chunks left them) — and on a rank after the
+ * first the local layer's K/V-path chain of the input norm. (Both ends list the same items.) */
+static int hop_items(relay_item *it, int n, const layer_run *lr, const eng *e, int to, int round) {
+    const int S = e->link ? e->link->size : 1, W = lr->relay_win, *bd = e->bounds;
+    if (!e->link || to >= S) return n;
+    if (!W) {
+        n = round == 1 ? kv_rows_item(it, n, lr, e, 0, bd[to])
+                       : kv_rows_item(it, n, lr, e, bd[to], e->T);
+    } else if (round == 1) {
+        const int need = seq_need(e, W, to);
+        for (int q = 0; q < to; q++) { /* complete below need */
+            const int t = seq_need(e, W, q + 1), lo = t > bd[q] ? t : bd[q];
+            n = kv_rows_item(it, n, lr, e, lo, bd[q + 1] < need ? bd[q + 1] : need);
+        }
+        n = kv_rows_item(it, n, lr, e, need, bd[to]);
+    } else {
+        for (int q = to; q < S - 1; q++) {
+            const int t = seq_need(e, W, q + 1);
+            n = kv_rows_item(it, n, lr, e, t > bd[q] ? t : bd[q], bd[q + 1]);
+        }
+    }
+    if (round == 2 && to > 0 && lr->kvw->dgin)
+        it[n++] = (relay_item){lr->kvw->dgin, sizeof(real) * e->C};
+    return n;
+}
+
+/* The hand-over of a layer's backward to rank `to` in round 1 or 2: the bucket's part and the
+ * running dK, dV sums. Past the last rank, round 1 goes on as rank 0's round 2 and round 2 as
+ * rank 0's round 1 of the next sequence. */
+static int hand_over(relay_item *it, const relay_item *b, int nb, const layer_run *lr, const eng *e,
+                     int to, int round) {
+    if (e->link && to == e->link->size) to = 0, round = round == 1 ? 2 : 0;
+    if (round == 0) return bucket_part(it, 0, b, nb, lr, e, 1); /* the next sequence's */
+    return hop_items(it, bucket_part(it, 0, b, nb, lr, e, round), lr, e, to, round);
 }
 
 /* The backward of one layer and sequence in chunks of c rows, ascending; with a kept forward
@@ -223,16 +324,16 @@ static int kv_items(relay_item *it, int n, const layer_run *lr, const eng *e, in
  * complete dK, dV arrive with those of the later keys; a local layer's input-norm chain too).
  * first, last: the sequence is the batch's first, last (the bucket's relay starts, ends). */
 static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int first, int last) {
-    const int T = e->T, r0 = e->r0, r1 = e->r1, tail = !seq_last(e);
-    relay_item in[5], out[5];
-    int nb = bucket_items(e, (int)(lr->w - e->w), in);
-    for (int i = 0; i < nb; i++) out[i] = in[i];
+    const int r0 = e->r0, r1 = e->r1, tail = !seq_last(e);
+    const int me = e->link ? e->link->rank : 0;
+    relay_item b[2], it[16 + 2 * SBP_SEQ_MAX]; /* bucket_part: at most 11 items, hop_items 2S + 3 */
+    const int nb = bucket_items(e, (int)(lr->w - e->w), b);
     if (lr->kvwin)
         kv_window_begin(e, lr);
     else if (recompute)
         kv_forward(e, lr); /* K and V of all T tokens, once */
     kv_begin_backward(e, lr);
-    relay_in(e, first, in, kv_items(in, nb, lr, e, 0, r0, 0), "a layer's backward");
+    relay_in(e, first, it, hand_over(it, b, nb, lr, e, me, 1), "a layer's backward");
     for (int s = r0, end; s < r1 && !e->link_failed; s = end) { /* chunks in ascending order */
         end = s + c < r1 ? s + c : r1;
         if (lr->kvwin) kv_window_extend(e, lr, end, 1);
@@ -240,11 +341,11 @@ static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int firs
         chunk_backward(e, lr, s, end);
         if (lr->kvwin) kv_window_retire(e, lr, kv_window_next(e, lr->window, end), 1);
     }
-    relay_out(e, 0, out, kv_items(out, nb, lr, e, 0, r1, 0), "a layer's backward");
-    relay_in(e, 0, in, kv_items(in, nb, lr, e, r0, T, r0 > 0), "a layer's K/V backward");
+    relay_out(e, 0, it, hand_over(it, b, nb, lr, e, me + 1, 1), "a layer's backward");
+    relay_in(e, 0, it, hand_over(it, b, nb, lr, e, me, 2), "a layer's K/V backward");
     if (!lr->kvwin && !e->link_failed) kv_backward(e, lr); /* the K/V side of this rank's keys */
     if (!tail) kv_end_backward(e, lr);
-    relay_out(e, last, out, kv_items(out, nb, lr, e, r1, T, tail), "a layer's K/V backward");
+    relay_out(e, last, it, hand_over(it, b, nb, lr, e, me + 1, 2), "a layer's K/V backward");
 }
 
 /* The embedding's backward of every sequence: with a link, one relay round per sequence (the

@@ -276,6 +276,8 @@ typedef struct {
     const uint8_t *kmask; /* (T) */
     int window;           /* the layer's sliding window (sbp_attn_dims.window), 0: global */
     int kvwin;            /* the K/V side is bounded by the window (kv_window_*) */
+    int relay_win;        /* sequence parallel: K, V, dK and dV travel only where the window
+                           * reaches (a local layer's window; 0: every earlier row, relay.c) */
     kv_acts *kv;          /* the K/V side */
     chunk_acts *acts;     /* rows [0, T) when it holds T rows (full BP), else the current chunk */
     chunk_formed *fm;     /* the current chunk's formed rows */
@@ -348,8 +350,13 @@ int relay_out(eng *e, int final, const relay_item *it, int n, const char *what);
  * gradient from the head to the lookup). */
 int relay_carry(eng *e, const relay_item *it, int n, const char *what);
 /* K and V (T, KV) of a layer: this rank's rows to every later rank, every earlier rank's rows
- * received. */
-int relay_kv(eng *e, real *k, real *v);
+ * received; on a layer of window W > 0 only the rows from seq_need(e, W, p) on, the ones rank
+ * p's queries read. */
+int relay_kv(eng *e, real *k, real *v, int window);
+/* The first key row the queries of rank p read on a layer of window W: its first row's window
+ * start, down to the K/V grain (kv_grain: every kernel's key tiles start there); 0 on rank 0 or
+ * without a window. */
+int seq_need(const eng *e, int window, int p);
 /* a (B, T) array of doubles: every rank's rows gathered on every rank */
 int relay_gather_rows(eng *e, double *a, int B, int T);
 /* 1 when this rank holds the sequence's last rows (or there is no link) */

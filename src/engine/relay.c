@@ -94,20 +94,36 @@ static relay_item rows_of(const eng *e, void *a, int q, size_t width, size_t esz
                         (size_t)(bd[q + 1] - bd[q]) * width * esz};
 }
 
-int relay_kv(eng *e, real *k, real *v) {
+int seq_need(const eng *e, int window, int p) {
+    return p == 0 || window <= 0 ? 0 : kv_window_next(e, window, e->bounds[p]);
+}
+
+/* Rank q's rows of a (T, width) array that rank p reads on a layer of window W: from
+ * seq_need(e, W, p) on (all of them without a window). */
+static relay_item rows_for(const eng *e, void *a, int q, int p, int W, size_t width, size_t esz) {
+    relay_item it = rows_of(e, a, q, width, esz);
+    const int need = seq_need(e, W, p), lo = e->bounds[q], hi = e->bounds[q + 1];
+    const int from = need > hi ? hi : need > lo ? need : lo;
+    it.p = (char *)it.p + (size_t)(from - lo) * width * esz;
+    it.bytes = (size_t)(hi - from) * width * esz;
+    return it;
+}
+
+int relay_kv(eng *e, real *k, real *v, int window) {
     if (!moving(e)) return !e->link_failed;
     const int me = e->link->rank, S = e->link->size;
     const size_t KV = (size_t)e->KV;
     /* in rank order, so that every wait is on a rank that is not waiting on this one */
     for (int q = 0; q < me; q++) {
-        const relay_item it[2] = {rows_of(e, k, q, KV, sizeof(real)),
-                                  rows_of(e, v, q, KV, sizeof(real))};
+        const relay_item it[2] = {rows_for(e, k, q, me, window, KV, sizeof(real)),
+                                  rows_for(e, v, q, me, window, KV, sizeof(real))};
         if (!items_recv(e, q, it, 2, "keys and values")) return 0;
     }
-    const relay_item mine[2] = {rows_of(e, k, me, KV, sizeof(real)),
-                                rows_of(e, v, me, KV, sizeof(real))};
-    for (int q = me + 1; q < S; q++)
+    for (int q = me + 1; q < S; q++) {
+        const relay_item mine[2] = {rows_for(e, k, me, q, window, KV, sizeof(real)),
+                                    rows_for(e, v, me, q, window, KV, sizeof(real))};
         if (!items_send(e, q, mine, 2, "keys and values")) return 0;
+    }
     return 1;
 }
 

@@ -167,7 +167,8 @@ static void kv_forward_rows(const eng *e, layer_run *lr, int r0, int r1) {
 void kv_forward(eng *e, layer_run *lr) {
     lr->kv->lo = 0, lr->kv->hi = e->T;
     kv_forward_rows(e, lr, e->r0, e->r1);
-    relay_kv(e, lr->kv->k, lr->kv->v); /* the earlier ranks' keys (sequence parallel) */
+    /* the earlier ranks' keys (sequence parallel) */
+    relay_kv(e, lr->kv->k, lr->kv->v, lr->relay_win);
 }
 
 void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
