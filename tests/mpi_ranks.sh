@@ -480,6 +480,17 @@ else
                 bad "--seq-ranks 2: rank 1 stopped: exit $rc in $secs s$left ($(grep -m1 'streambp.*rank' "$TMP/log"))"
         fi
     done
+    # ... and as 2 groups of 2: group 1's last rank stopped in its second micro-batch; its group
+    # waits on it in a relay, group 0's ranks for its pieces, and every rank names it
+    t0=$(date +%s)
+    SBP_FAULT=stop:3:2:middle "${MPIRUN[@]}" -np 4 "$FAULTS" grad --model "$Q" --batch $S450 \
+        --batch $S450 --batch $S450 --batch $S450 $P --seq-ranks 2 --threads 1 --comm-timeout 3 \
+        --out "$TMP/fail-groups.st" >"$TMP/log" 2>&1
+    rc=$? secs=$(($(date +%s) - t0)) left=$(leftover)
+    [ $rc = 3 ] && [ $secs -le 12 ] && [ -z "$left" ] && grep -q "nothing from rank 3" "$TMP/log" &&
+        [ ! -e "$TMP/fail-groups.st" ] &&
+        ok "N = 4 as 2 x 2: rank 3 stopped mid-step: exit 3 in $secs s, rank 3 named, nothing written" ||
+        bad "N = 4 as 2 x 2: rank 3 stopped: exit $rc in $secs s$left ($(grep -m1 'streambp.*rank' "$TMP/log"))"
     FT="--model $Q --jsonl data/train/counting.jsonl --seq 32 --batch-size 1 --grad-accum 4 --steps 4 --threads 1"
     SBP_FAULT=nan:0:2:first "${MPIRUN[@]}" -np 2 "$FAULTS" train $FT --out "$TMP/fail-nan" >"$TMP/log" 2>&1
     rc=$?

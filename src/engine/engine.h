@@ -353,9 +353,9 @@ int relay_carry(eng *e, const relay_item *it, int n, const char *what);
  * received; on a layer of window W > 0 only the rows from seq_need(e, W, p) on, the ones rank
  * p's queries read. */
 int relay_kv(eng *e, real *k, real *v, int window);
-/* The first key row the queries of rank p read on a layer of window W: its first row's window
- * start, down to the K/V grain (kv_grain: every kernel's key tiles start there); 0 on rank 0 or
- * without a window. */
+/* The first key row the queries of rank p read on a layer of window W, or an earlier one: its
+ * first row's window start, down to the ranks' grain (a multiple of kv_grain, where every
+ * kernel's key tiles start); 0 on rank 0 or without a window. */
 int seq_need(const eng *e, int window, int p);
 /* a (B, T) array of doubles: every rank's rows gathered on every rank */
 int relay_gather_rows(eng *e, double *a, int B, int T);

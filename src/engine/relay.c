@@ -95,7 +95,9 @@ static relay_item rows_of(const eng *e, void *a, int q, size_t width, size_t esz
 }
 
 int seq_need(const eng *e, int window, int p) {
-    return p == 0 || window <= 0 ? 0 : kv_window_next(e, window, e->bounds[p]);
+    if (p == 0 || window <= 0) return 0;
+    const int j = e->bounds[p] - window + 1, g = seq_grain(e->portable, e->blk);
+    return j <= 0 ? 0 : j / g * g;
 }
 
 /* Rank q's rows of a (T, width) array that rank p reads on a layer of window W: from
