@@ -623,7 +623,7 @@ static void print_heading(const plan_args *a, const char *path, int64_t nparam, 
     if (a->seq_net_schedule)
         printf("; the rank sending the most sends %lld bytes in %lld messages a step (%s)",
                (long long)a->net_bytes, (long long)a->net_messages, a->seq_net_schedule);
-    else if (s->ranks > 1) /* docs/distributed.md §4 */
+    else if (s->ranks > 1 && s->seq_ranks <= 1) /* docs/distributed.md §4 */
         printf("\n%d processes, %d micro-batches a step: the rank sending the most sends %lld "
                "bytes in %lld messages a step; memory: the rank holding the most",
                s->ranks, s->micro_batches ? s->micro_batches : s->ranks, (long long)a->net_bytes,
