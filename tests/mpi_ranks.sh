@@ -389,6 +389,12 @@ rc=$?
 [ $rc = 2 ] && grep -q "1 micro-batches cannot be shared by 2 groups of 2 ranks" "$TMP/log" &&
     [ ! -e "$TMP/fail-g2" ] && ok "one micro-batch for 2 groups of 2: exit 2, named, nothing written" ||
     bad "one micro-batch for 2 groups of 2: exit $rc ($(grep -m1 streambp "$TMP/log"))"
+# ... and without a launcher
+"$BIN" grad --model "$L" --batch $S450 $P --seq-ranks 2 --out "$TMP/fail-1p" >"$TMP/log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "but this is one process: run it under mpirun" "$TMP/log" && [ ! -e "$TMP/fail-1p" ] &&
+    ok "--seq-ranks 2 without a launcher: exit 2, named, nothing written" ||
+    bad "--seq-ranks 2 without a launcher: exit $rc ($(grep -m1 streambp "$TMP/log"))"
 # a token outside the vocabulary in rank 1's rows: every rank ends with one process's message
 python3 -c '
 import sys; sys.path.insert(0, "data"); import make_batches as mb

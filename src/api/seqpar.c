@@ -223,6 +223,11 @@ sbp_status sbp_seq_check(int T, const sbp_grad_opts *g, sbp_err *err) {
     if (S <= 1) return SBP_OK;
     if (S > SBP_SEQ_MAX)
         return sbp_fail(err, SBP_EUSAGE, "--seq-ranks must be 1 to %d, not %d", SBP_SEQ_MAX, S);
+    if (N == 1)
+        return sbp_fail(err, SBP_EUSAGE,
+                        "--seq-ranks %d shares each sequence among %d processes, but this is one "
+                        "process: run it under mpirun -np N, N a multiple of %d",
+                        S, S, S);
     if (N % S)
         return sbp_fail(err, SBP_EUSAGE,
                         "--seq-ranks %d must divide the process count (mpirun -np N: N / S groups "
