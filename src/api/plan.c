@@ -114,6 +114,8 @@ static sbp_status plan_seq_rank(sbp_ledger *lg, sbp_model *m, sbp_lora *a, sbp_b
                                 int ncol, int optimizer, int64_t own, sbp_err *err) {
     const sbp_params *tps = eo->lora ? &a->params : &m->params;
     const int64_t batch_bytes = sbp_batch_bytes(b) * n;
+    void **col = calloc((size_t)(ncol > 0 ? ncol : 1), sizeof *col);
+    if (!col) return sbp_fail(err, SBP_ENOMEM, "out of memory planning %d columns", ncol);
     m->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * (size_t)m->params.total);
     if (eo->lora) a->w = sbp_ledger_alloc(lg, SBP_MEM_WEIGHTS, (size_t)sb * tps->total);
     void *adam[2] = {NULL, NULL}; /* as sbp_adamw_init allocates them: 4 bytes an element */
@@ -121,13 +123,13 @@ static sbp_status plan_seq_rank(sbp_ledger *lg, sbp_model *m, sbp_lora *a, sbp_b
         adam[k] = sbp_ledger_alloc(lg, SBP_MEM_OPTIMIZER, 4 * (size_t)own);
     sbp_ledger_charge(lg, SBP_MEM_BATCH, batch_bytes);
     void *share = sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * (size_t)own);
-    void *col[SBP_SEQ_MAX];
     for (int j = 0; j < ncol; j++)
         col[j] = sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * (size_t)own);
     double loss = 0;
     eo->link = link, eo->fold = 1, eo->bucket_hook = no_fold;
     sbp_status st = sbp_engine_grad_f32(&loss, NULL, m, b, eo, lg, err);
     for (int j = ncol - 1; j >= 0; j--) sbp_ledger_free(lg, col[j]);
+    free(col);
     sbp_ledger_free(lg, share);
     sbp_ledger_charge(lg, SBP_MEM_BATCH, -batch_bytes);
     sbp_ledger_free(lg, adam[1]), sbp_ledger_free(lg, adam[0]);

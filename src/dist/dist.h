@@ -183,7 +183,9 @@ int sbp_comm_irecv(sbp_comm *c, void *buf, size_t bytes, int from, int tag, sbp_
 /* 1 when request r is done (or no request), without waiting: the fold's progress between
  * buckets. */
 int sbp_comm_test(sbp_comm *c, int r);
-/* Waits for request r with the deadline (SBP_EPEER naming the peer and what on expiry). */
+/* Waits for request r with the deadline (SBP_EPEER naming the peer and what on expiry). Done,
+ * r is forgotten: the handle may name a later request (the last one added gives its place back,
+ * so that a run of send-and-wait messages does not grow the list). */
 sbp_status sbp_comm_wait(sbp_comm *c, int r, const char *what, sbp_err *err);
 /* Every outstanding request. */
 sbp_status sbp_comm_waitall(sbp_comm *c, const char *what, sbp_err *err);

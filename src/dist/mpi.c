@@ -16,15 +16,17 @@
 #include <string.h>
 #include <time.h>
 
-enum { MAX_REQ = 1 << 16 };
+enum {
+    FIRST_REQ = 64
+}; /* the request list's first size; it doubles as needed (every test run grows it) */
 
 struct sbp_comm {
     int mpi; /* MPI was started (else one process, no launcher) */
     int rank, size;
     double timeout;
-    MPI_Request *req; /* (nreq) outstanding */
-    int *peer;        /* (nreq) the other end of each */
-    int nreq;
+    MPI_Request *req; /* (cap) outstanding: [0, nreq) */
+    int *peer;        /* (cap) the other end of each */
+    int nreq, cap;
     int64_t bytes, messages;
     double waited; /* seconds spent waiting for requests and collectives */
 };
@@ -53,13 +55,14 @@ sbp_status sbp_comm_start(sbp_comm **out, double timeout_s, sbp_err *err) {
     if (!flag && MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
         return sbp_fail(err, SBP_EPEER, "MPI_Init_thread failed");
     sbp_comm *c = calloc(1, sizeof *c);
-    if (c) c->req = malloc(sizeof *c->req * MAX_REQ), c->peer = malloc(sizeof *c->peer * MAX_REQ);
+    if (c)
+        c->req = malloc(sizeof *c->req * FIRST_REQ), c->peer = malloc(sizeof *c->peer * FIRST_REQ);
     if (!c || !c->req || !c->peer) {
         if (c) free(c->req), free(c->peer);
         free(c);
         return sbp_fail(err, SBP_ENOMEM, "out of memory for the transport");
     }
-    c->mpi = 1;
+    c->mpi = 1, c->cap = FIRST_REQ;
     c->timeout = timeout_s > 0 ? timeout_s : 600;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
@@ -96,10 +99,16 @@ static int add_request(sbp_comm *c, const void *buf, size_t bytes, int peer, int
         return sbp_fail(err, SBP_EUSAGE, "rank %d: a message of %zu bytes (more than 2^31)",
                         c->rank, bytes),
                -1;
-    if (c->nreq == MAX_REQ)
-        return sbp_fail(err, SBP_EUSAGE, "rank %d: more than %d messages in flight", c->rank,
-                        MAX_REQ),
-               -1;
+    if (c->nreq == c->cap) { /* MPI_Request is a handle: its value may move */
+        const int cap = c->cap < INT_MAX / 2 ? 2 * c->cap : INT_MAX;
+        MPI_Request *req = c->nreq < cap ? realloc(c->req, sizeof *req * (size_t)cap) : NULL;
+        if (req) c->req = req;
+        int *peers = req ? realloc(c->peer, sizeof *peers * (size_t)cap) : NULL;
+        if (!peers)
+            return sbp_fail(err, SBP_ENOMEM, "out of memory for %d messages in flight", c->nreq),
+                   -1;
+        c->peer = peers, c->cap = cap;
+    }
     MPI_Request *r = &c->req[c->nreq];
     const int rc = send
                        ? MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, MPI_COMM_WORLD, r)
@@ -177,7 +186,9 @@ int sbp_comm_test(sbp_comm *c, int r) {
 
 sbp_status sbp_comm_wait(sbp_comm *c, int r, const char *what, sbp_err *err) {
     if (!c->mpi || r < 0 || r >= c->nreq) return SBP_OK;
-    return wait_all(c, &c->req[r], &c->peer[r], 1, what, err);
+    const sbp_status st = wait_all(c, &c->req[r], &c->peer[r], 1, what, err);
+    if (!st && r == c->nreq - 1) c->nreq--; /* the last one added, done: its place is free again */
+    return st;
 }
 
 sbp_status sbp_comm_waitall(sbp_comm *c, const char *what, sbp_err *err) {

@@ -261,8 +261,14 @@ static int bucket_part(relay_item *it, int n, const relay_item *b, int nb, const
         for (int i = 0; i < nb; i++) it[n++] = b[i];
         return n;
     }
-    if (round == 2) {
-        for (int i = 0; i < ns; i++) it[n++] = (relay_item){(void *)sp[i].p, sp[i].bytes};
+    if (round == 2) { /* adjacent tensors (wk and bk, ...) as one message */
+        for (int i = 0, m = 0; i < ns; i++, m = 1) {
+            relay_item *prev = &it[n - 1];
+            if (m && (const char *)prev->p + prev->bytes == sp[i].p)
+                prev->bytes += sp[i].bytes;
+            else
+                it[n++] = (relay_item){(void *)sp[i].p, sp[i].bytes};
+        }
         return n;
     }
     for (int i = 0; i <= ns; i++) { /* the gaps between the K/V side's tensors */
