@@ -351,24 +351,18 @@ bench: all
 
 # Data parallel over processes (docs/distributed.md): 1 process x 2 threads against mpirun -np 2
 # x 1 thread, the bench model, 4 micro-batches a step of T = $(T) tokens (default 512).
-.PHONY: bench-dist
-bench-dist: SHELL := /bin/bash
-bench-dist: .SHELLFLAGS := -o pipefail -c
-bench-dist: all
-	@[ "$(MPI)" = 1 ] || { echo "bench-dist: this build has no MPI (apt-get install openmpi-bin libopenmpi-dev)"; exit 2; }
-	@mkdir -p $(BENCH_DIR)
-	bench/dist.sh $(BIN) $(BENCH_DIR)/dist $(or $(T),512) | tee $(BENCH_DIR)/dist.txt
-
 # Sequence parallel (docs/distributed.md §8): 2 processes x 1 thread sharing one sequence of T
 # tokens (--seq-ranks 2) against 1 process x 2 threads, the bench model, stream; SEQ_T="8192
 # 16384" for more lengths (default 8192), ROUNDS=2 interleaved rounds.
-.PHONY: bench-seq
-bench-seq: SHELL := /bin/bash
-bench-seq: .SHELLFLAGS := -o pipefail -c
-bench-seq: all
-	@[ "$(MPI)" = 1 ] || { echo "bench-seq: this build has no MPI (apt-get install openmpi-bin libopenmpi-dev)"; exit 2; }
+.PHONY: bench-dist bench-seq
+bench-dist: MPI_BENCH = bench/dist.sh $(BIN) $(BENCH_DIR)/dist $(or $(T),512)
+bench-seq: MPI_BENCH = bench/seq.sh $(BIN) $(BENCH_DIR)/seq $(or $(SEQ_T),8192)
+bench-dist bench-seq: SHELL := /bin/bash
+bench-dist bench-seq: .SHELLFLAGS := -o pipefail -c
+bench-dist bench-seq: all
+	@[ "$(MPI)" = 1 ] || { echo "$@: this build has no MPI (apt-get install openmpi-bin libopenmpi-dev)"; exit 2; }
 	@mkdir -p $(BENCH_DIR)
-	bench/seq.sh $(BIN) $(BENCH_DIR)/seq $(or $(SEQ_T),8192) | tee $(BENCH_DIR)/seq.txt
+	$(MPI_BENCH) | tee $(BENCH_DIR)/$(@:bench-%=%).txt
 
 # Float32 accuracy against a float64 truth, per tensor (docs/accuracy.md, bench/accuracy.c):
 # qwen3, qwen2, llama3, gemma3 at T = 512, 2048, 8192 (about 6 minutes); ACC_SEQ=512,...,32768
