@@ -249,6 +249,8 @@ static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_config *cfg,
                                        .send = net ? tally_send : NULL,
                                        .recv = net ? tally_recv : NULL,
                                        .post = net ? tally_send : NULL,
+                                       .post_side = net ? tally_send : NULL,
+                                       .recv_side = net ? tally_recv : NULL,
                                        .flush = net ? tally_flush : NULL};
             if ((st = sbp_obj_begin(&ev, &obj, &b, err))) break;
             eo.ev = &ev;

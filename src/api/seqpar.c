@@ -18,20 +18,22 @@
 #include <string.h>
 
 /* beside gather.c's: no other message is in flight then; the pieces of the result have a tag of
- * their own, since their receives are posted before the hand-overs from the same rank */
-enum { SEQ_TAG = (1 << 20) + 1, PIECE_TAG };
+ * their own, since their receives are posted before the hand-overs from the same rank, and so do
+ * the query sides (seqlink.h) */
+enum { SEQ_TAG = (1 << 20) + 1, PIECE_TAG, SIDE_TAG };
 enum { PART = SBP_SEQ_PART };
 
 typedef struct {
     sbp_comm *c;
     int base;    /* the group's first rank: the link's rank q is the transport's base + q */
-    int *posted; /* (cap) the requests of the posted hand-over, waited for by flush */
+    int *posted; /* (cap) the requests of the posted messages, waited for by flush */
     int nposted, cap;
     sbp_err err; /* the transport's first error */
     int failed;
 } link_ctx;
 
-/* A posted hand-over's request, for flush; 0 when out of memory (the error set). */
+/* A posted message's request (a hand-over to rank 0, a query side), for flush; 0 when out of
+ * memory (the error set). */
 static int remember(link_ctx *l, int r) {
     if (l->nposted == l->cap) {
         const int cap = l->cap ? 2 * l->cap : 16;
@@ -55,7 +57,7 @@ static int move_tag(void *ctx, int peer, void *buf, size_t bytes, int send, int 
         const int r = send ? sbp_comm_isend(l->c, p, n, peer, tag, &l->err)
                            : sbp_comm_irecv(l->c, p, n, peer, tag, &l->err);
         if (r < 0 || (!post && sbp_comm_wait(l->c, r, what, &l->err))) l->failed = 1;
-        if (r >= 0 && post && tag == SEQ_TAG && !remember(l, r)) l->failed = 1;
+        if (r >= 0 && post && tag != PIECE_TAG && !remember(l, r)) l->failed = 1;
     }
     return !l->failed;
 }
@@ -78,12 +80,22 @@ static int link_post(void *ctx, int to, const void *buf, size_t bytes, const cha
     return move(ctx, to, (void *)buf, bytes, 1, 1, what);
 }
 
-/* The posted hand-over's requests, waited for: only those, as the pieces' receives from the
+static int link_post_side(void *ctx, int to, const void *buf, size_t bytes, const char *what) {
+    const link_ctx *l = ctx;
+    return move_tag(ctx, l->base + to, (void *)buf, bytes, 1, 1, SIDE_TAG, what);
+}
+
+static int link_recv_side(void *ctx, int from, void *buf, size_t bytes, const char *what) {
+    const link_ctx *l = ctx;
+    return move_tag(ctx, l->base + from, buf, bytes, 0, 0, SIDE_TAG, what);
+}
+
+/* The posted messages' requests, waited for: only those, as the pieces' receives from the
  * other groups stay posted beside them (waiting for those here would tie this group to theirs). */
 static int link_flush(void *ctx) {
     link_ctx *l = ctx;
     for (int i = 0; i < l->nposted && !l->failed; i++)
-        if (sbp_comm_wait(l->c, l->posted[i], "a hand-over to rank 0", &l->err)) l->failed = 1;
+        if (sbp_comm_wait(l->c, l->posted[i], "a posted message", &l->err)) l->failed = 1;
     l->nposted = 0;
     return !l->failed;
 }
@@ -278,6 +290,8 @@ sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model
                                .send = link_send,
                                .recv = link_recv,
                                .post = link_post,
+                               .post_side = link_post_side,
+                               .recv_side = link_recv_side,
                                .flush = link_flush};
     shares h = {.l = &l,
                 .me = me,

@@ -12,6 +12,10 @@
  * their buffer may be used again; post returns at once, its buffer untouched until flush returns
  * (the one message that goes from the last rank back to rank 0 is posted: with every other
  * message going to a later rank, no two ranks can then wait on each other; src/engine/relay.c).
+ * post_side and recv_side carry the query sides (dK, dV at the key's rank): posted and received
+ * as post and recv, but matched apart from the other messages, so that rank 0 may take the last
+ * rank's query side before the hand-over the last rank posted to it earlier; flush waits for
+ * them too. Messages of one kind between two ranks arrive in the order sent.
  * A planning link has no functions: nothing is sent, the buffers are charged as a run allocates
  * them. */
 typedef struct sbp_seq_link {
@@ -21,6 +25,8 @@ typedef struct sbp_seq_link {
     int (*recv)(void *ctx, int from, void *buf, size_t bytes, const char *what);
     int (*post)(void *ctx, int to, const void *buf, size_t bytes, const char *what);
     int (*flush)(void *ctx);
+    int (*post_side)(void *ctx, int to, const void *buf, size_t bytes, const char *what);
+    int (*recv_side)(void *ctx, int from, void *buf, size_t bytes, const char *what);
 } sbp_seq_link;
 
 /* The rows of T tokens cut for S ranks in whole grains (the token block and the portable sums'

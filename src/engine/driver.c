@@ -58,9 +58,10 @@ typedef struct {
     chunk_grads cg;
     kv_work kvw;
     pend_work pd; /* the portable sums' open token blocks (steps/sums.c), in the backward */
-    int kvwin;    /* the local layers' K/V side is bounded by the window (kv_window_*) */
-    int seqwin;   /* sequence parallel: the local layers' keys travel as far as the window */
-    int kv_rows;  /* rows of the K/V buffers of a pass that does not keep them (T, or less) */
+    query_side qs_mine, qs_in; /* sequence parallel, in the backward (relay.c) */
+    int kvwin;   /* the local layers' K/V side is bounded by the window (kv_window_*) */
+    int seqwin;  /* sequence parallel: the local layers' keys travel as far as the window */
+    int kv_rows; /* rows of the K/V buffers of a pass that does not keep them (T, or less) */
 } run_bufs;
 
 /* Whether a row of the batch sees no key on a local layer of window W while the unattended mode
@@ -105,8 +106,15 @@ static int pass_begin(eng *e, run_bufs *r, const sched_row *row, int c, int back
     if (!row->keep_all && (!kv_acts_alloc(e, &r->kv[0], kvr, SBP_MEM_LAYER) ||
                            !chunk_acts_alloc(e, &r->ca[0], c, SBP_MEM_LAYER)))
         return 0;
-    return !backward || (kv_work_alloc(e, &r->kvw, kvr) && chunk_grads_alloc(e, &r->cg, c) &&
-                         pend_work_alloc(e, &r->pd, kvr));
+    if (!backward) return 1;
+    if (!kv_work_alloc(e, &r->kvw, kvr) || !chunk_grads_alloc(e, &r->cg, c) ||
+        !pend_work_alloc(e, &r->pd, kvr))
+        return 0;
+    if (!e->link || e->link->size < 2) return 1;
+    /* sequence parallel: this rank's query side, and a piece of a later rank's */
+    const int piece = seq_piece(e, c), later = e->link->rank < e->link->size - 1;
+    return query_side_alloc(e, &r->qs_mine, e->r1 - e->r0, piece) &&
+           (!later || query_side_alloc(e, &r->qs_in, piece, piece));
 }
 
 static void pass_end(eng *e, run_bufs *r, const sched_row *row) {
@@ -117,6 +125,7 @@ static void pass_end(eng *e, run_bufs *r, const sched_row *row) {
     kv_work_free(e, &r->kvw);
     chunk_grads_free(e, &r->cg);
     pend_work_free(e, &r->pd);
+    query_side_free(e, &r->qs_mine), query_side_free(e, &r->qs_in);
 }
 
 /* Where layer l of sequence bi keeps its activations: its own slot when every activation is
@@ -149,7 +158,9 @@ static layer_run layer_at(eng *e, run_bufs *r, int l, int bi, size_t k, real *xs
                     .kvw = &r->kvw,
                     .nb = &r->nb,
                     .lw = &r->lw,
-                    .pd = r->pd.slab ? &r->pd : NULL};
+                    .pd = r->pd.slab ? &r->pd : NULL,
+                    .qs_mine = r->qs_mine.q ? &r->qs_mine : NULL,
+                    .qs_in = r->qs_in.q ? &r->qs_in : NULL};
     return lr;
 }
 
@@ -172,6 +183,7 @@ static void free_bufs(eng *e, run_bufs *r) {
     kv_work_free(e, &r->kvw);
     chunk_grads_free(e, &r->cg);
     pend_work_free(e, &r->pd);
+    query_side_free(e, &r->qs_mine), query_side_free(e, &r->qs_in);
     efree(e, r->g), efree(e, r->xL), efree(e, r->xs);
 }
 
@@ -205,15 +217,6 @@ static void layer_forward(eng *e, layer_run *lr, int fc) {
         chunk_forward(e, lr, s, end);
         if (lr->kvwin) kv_window_retire(e, lr, kv_window_next(e, lr->window, end), 0);
     }
-}
-
-/* dK, dV rows [lo, hi) of the K/V side (nothing when empty) */
-static int kv_rows_item(relay_item *it, int n, const layer_run *lr, const eng *e, int lo, int hi) {
-    if (hi <= lo) return n;
-    const size_t KV = (size_t)e->KV, n_rows = (size_t)(hi - lo);
-    it[n++] = (relay_item){lr->kvw->dk + (size_t)lo * KV, sizeof(real) * n_rows * KV};
-    it[n++] = (relay_item){lr->kvw->dv + (size_t)lo * KV, sizeof(real) * n_rows * KV};
-    return n;
 }
 
 /* The tensors of a layer's gradient that its K/V side's backward adds to (kv_backward_rows):
@@ -279,34 +282,12 @@ static int bucket_part(relay_item *it, int n, const relay_item *b, int nb, const
 }
 
 /* The running state of a layer's backward beside its bucket (relay.c) in the hand-over to rank
- * `to` of round 1 (the chunks) or 2 (the K/V side); to = S: the next sequence's round 1, which
- * starts from nothing. Round 1 brings rank p the dK, dV sums of the earlier keys its queries
- * continue: rows [0, bounds[p]), or on a local layer (relay_win) only [need(p), bounds[p]) and
- * the complete sums of each earlier rank's tail, the keys [need(q + 1), bounds[q + 1]) a later
- * rank's queries saw, which travel on to their rank. Round 2 brings the complete sums of rank p's
- * keys and the later ranks' — rows [bounds[p], T), or on a local layer the tails of ranks p on
- * (the rest of a rank's keys are complete where its chunks left them) — and on a rank after the
- * first the local layer's K/V-path chain of the input norm. (Both ends list the same items.) */
+ * `to` of round 2 (the K/V side): on a local layer the K/V path's chain of the input norm's
+ * weight gradient, from rank 1 on (to = S: the next sequence's round 1, which starts from
+ * nothing). dK and dV do not travel: a key's rank sums them (key_rank_pass). */
 static int hop_items(relay_item *it, int n, const layer_run *lr, const eng *e, int to, int round) {
-    const int S = e->link ? e->link->size : 1, W = lr->relay_win, *bd = e->bounds;
-    if (!e->link || to >= S) return n;
-    if (!W) {
-        n = round == 1 ? kv_rows_item(it, n, lr, e, 0, bd[to])
-                       : kv_rows_item(it, n, lr, e, bd[to], e->T);
-    } else if (round == 1) {
-        const int need = seq_need(e, W, to);
-        for (int q = 0; q < to; q++) { /* complete below need */
-            const int t = seq_need(e, W, q + 1), lo = t > bd[q] ? t : bd[q];
-            n = kv_rows_item(it, n, lr, e, lo, bd[q + 1] < need ? bd[q + 1] : need);
-        }
-        n = kv_rows_item(it, n, lr, e, need, bd[to]);
-    } else {
-        for (int q = to; q < S - 1; q++) {
-            const int t = seq_need(e, W, q + 1);
-            n = kv_rows_item(it, n, lr, e, t > bd[q] ? t : bd[q], bd[q + 1]);
-        }
-    }
-    if (round == 2 && to > 0 && lr->kvw->dgin)
+    const int S = e->link ? e->link->size : 1;
+    if (round == 2 && to > 0 && to < S && lr->kvw->dgin)
         it[n++] = (relay_item){lr->kvw->dgin, sizeof(real) * e->C};
     return n;
 }
@@ -321,18 +302,35 @@ static int hand_over(relay_item *it, const relay_item *b, int nb, const layer_ru
     return hop_items(it, bucket_part(it, 0, b, nb, lr, e, round), lr, e, to, round);
 }
 
+/* Sequence parallel's dK, dV at the key's rank: this rank's query side to the earlier ranks
+ * whose keys its queries see (posted), then the later ranks' queries that see this rank's keys,
+ * rank by rank ascending and in pieces ascending, each summed into this rank's dK, dV: the
+ * links of one process's chains, in its order (every later query after this rank's own). */
+static void key_rank_pass(eng *e, layer_run *lr) {
+    const int me = e->link->rank, S = e->link->size;
+    if (!relay_query_post(e, lr->qs_mine, lr->relay_win)) return;
+    for (int p = me + 1; p < S && !e->link_failed; p++) {
+        const int end = seq_seen_end(e, lr->relay_win, me, p), P = lr->qs_in->piece;
+        for (int a = e->bounds[p], b; a < end && !e->link_failed; a = b) {
+            b = a + P < end ? a + P : end;
+            if (relay_query_recv(e, lr->qs_in, p, a, b)) key_rank_backward(e, lr, a, b);
+        }
+    }
+}
+
 /* The backward of one layer and sequence in chunks of c rows, ascending; with a kept forward
  * (full BP) nothing is recomputed. The K/V side is backpropagated once after the last chunk,
  * or, bounded by the window, key block by key block as their queries are done.
- * Sequence parallel (relay.c): two rounds over the ranks, the layer's bucket travelling with
- * them — this rank's chunks continue the dK, dV sums of the earlier keys (rows [0, r0) arrive,
- * [0, r1) leave), then, after the last rank's chunks, the K/V side of this rank's keys (their
- * complete dK, dV arrive with those of the later keys; a local layer's input-norm chain too).
- * first, last: the sequence is the batch's first, last (the bucket's relay starts, ends). */
+ * Sequence parallel (relay.c): this rank's chunks sum dK, dV of its own keys and keep their query
+ * side; the later ranks' query sides complete those sums here (key_rank_pass) and this rank's go
+ * to the earlier ranks; then the K/V side of this rank's keys. The layer's bucket travels in two
+ * rounds over the ranks: the chunks' tensors, then the K/V side's (and a local layer's
+ * input-norm chain). first, last: the sequence is the batch's first, last (the bucket's relay
+ * starts, ends). */
 static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int first, int last) {
     const int r0 = e->r0, r1 = e->r1, tail = !seq_last(e);
     const int me = e->link ? e->link->rank : 0;
-    relay_item b[2], it[16 + 2 * SBP_SEQ_MAX]; /* bucket_part: at most 11 items, hop_items 2S + 3 */
+    relay_item b[2], it[16]; /* bucket_part: at most 11 items, hop_items 1 */
     const int nb = bucket_items(e, (int)(lr->w - e->w), b);
     if (lr->kvwin)
         kv_window_begin(e, lr);
@@ -340,6 +338,7 @@ static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int firs
         kv_forward(e, lr); /* K and V of all T tokens, once */
     kv_begin_backward(e, lr);
     relay_in(e, first, it, hand_over(it, b, nb, lr, e, me, 1), "a layer's backward");
+    if (lr->qs_mine) relay_flush(e); /* the query side posted last is read before it is rewritten */
     for (int s = r0, end; s < r1 && !e->link_failed; s = end) { /* chunks in ascending order */
         end = s + c < r1 ? s + c : r1;
         if (lr->kvwin) kv_window_extend(e, lr, end, 1);
@@ -348,6 +347,7 @@ static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int firs
         if (lr->kvwin) kv_window_retire(e, lr, kv_window_next(e, lr->window, end), 1);
     }
     relay_out(e, 0, it, hand_over(it, b, nb, lr, e, me + 1, 1), "a layer's backward");
+    if (lr->qs_mine && !e->link_failed) key_rank_pass(e, lr);
     relay_in(e, 0, it, hand_over(it, b, nb, lr, e, me, 2), "a layer's K/V backward");
     if (!lr->kvwin && !e->link_failed) kv_backward(e, lr); /* the K/V side of this rank's keys */
     if (!tail) kv_end_backward(e, lr);
@@ -428,6 +428,7 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
         /* the layer's gradient is complete: one fold or send per bucket */
         if (!bucket_end(e, l)) goto out;
     }
+    if (!relay_flush(e)) goto out; /* the query side is read before it is freed */
     pass_end(e, &r, row);
     bucket_begin(e, SBP_BUCKET_EMBED);
     ok = embed_step(e, &r, b, (size_t)R * e->C) && bucket_end(e, SBP_BUCKET_EMBED);

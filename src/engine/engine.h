@@ -90,7 +90,7 @@ struct eng {
     const sbp_seq_link *link;
     int *bounds; /* (link->size + 1) rank q holds rows [bounds[q], bounds[q + 1]) */
     int r0, r1, link_failed;
-    int wrap_pending; /* the last rank's posted message to rank 0 is not flushed yet */
+    int posted; /* a posted message (relay.c) is not flushed yet */
 
     /* Gemma-3 (gemma.c); gemma 0 and the rest unused in the other families */
     int gemma;                 /* sandwich norms, GeGLU, scaled embedding, two RoPE bases */
@@ -174,6 +174,18 @@ typedef struct {
                     * gradient, one chain per column from zero, added to it once at the end of
                     * the layer's backward (docs/numerics.md §4) */
 } kv_work;
+
+/* Sequence parallel: the query side of a layer's backward for `rows` rows of one sequence, what
+ * a key's rank reads to sum the dK, dV links of a later rank's queries itself (relay.c). */
+typedef struct {
+    int rows;
+    int piece;        /* rows a message carries at most (seq_piece): both ends cut the same */
+    real *q, *dout;   /* (rows, Q) the queries after RoPE, and dO */
+    real *lse, *dsum; /* (rows, NH) the row's log-sum-exp and D = rowsum(dO ⊙ O) */
+} query_side;
+
+int query_side_alloc(eng *e, query_side *qs, int rows, int piece);
+void query_side_free(eng *e, query_side *qs);
 
 /* Scratch of the adapters' products for up to `rows` rows (allocated only with adapters). */
 typedef struct {
@@ -276,8 +288,9 @@ typedef struct {
     const uint8_t *kmask; /* (T) */
     int window;           /* the layer's sliding window (sbp_attn_dims.window), 0: global */
     int kvwin;            /* the K/V side is bounded by the window (kv_window_*) */
-    int relay_win;        /* sequence parallel: K, V, dK and dV travel only where the window
-                           * reaches (a local layer's window; 0: every earlier row, relay.c) */
+    int relay_win;        /* sequence parallel: K and V, and the query side, travel only where
+                           * the window reaches (a local layer's window; 0: to every later or
+                           * earlier rank, relay.c) */
     kv_acts *kv;          /* the K/V side */
     chunk_acts *acts;     /* rows [0, T) when it holds T rows (full BP), else the current chunk */
     chunk_formed *fm;     /* the current chunk's formed rows */
@@ -286,14 +299,21 @@ typedef struct {
     norm_block *nb;
     lora_work *lw; /* the adapters' scratch (NULL without adapters) */
     pend_work *pd; /* the open token blocks' partial sums (NULL: none, pend_work) */
+    /* sequence parallel, in the backward (else NULL): this rank's query side, rows from r0, and
+     * a piece of a later rank's, received */
+    query_side *qs_mine, *qs_in;
 } layer_run;
 
 /* K and V of this rank's rows, and (sequence parallel) the earlier ranks' rows received */
 void kv_forward(eng *e, layer_run *lr);
 void chunk_forward(const eng *e, layer_run *lr, int s, int end);
 /* Rows [s, e): dx ← the residual path, then += the query path through the input norm; dY is
- * read before dX is written over it. kvw->dk, kvw->dv += keys [0, e). */
+ * read before dX is written over it. kvw->dk, kvw->dv += keys [0, e) (sequence parallel: this
+ * rank's keys only, the query side kept in lr->qs_mine for the earlier ranks' keys). */
 void chunk_backward(const eng *e, layer_run *lr, int s, int end);
+/* Sequence parallel: the dK, dV links of rows [a, b) of a later rank's queries (lr->qs_in, rows
+ * from 0) into this rank's keys' accumulators, in one process's order. */
+void key_rank_backward(const eng *e, layer_run *lr, int a, int b);
 /* Zeroes the dK, dV accumulators (before a layer's first chunk_backward; a windowed K/V side
  * zeroes its rows as they arrive) and kvw->dgin. */
 void kv_begin_backward(const eng *e, layer_run *lr);
@@ -357,6 +377,20 @@ int relay_kv(eng *e, real *k, real *v, int window);
  * first row's window start, down to the ranks' grain (a multiple of kv_grain, where every
  * kernel's key tiles start); 0 on rank 0 or without a window. */
 int seq_need(const eng *e, int window, int p);
+/* dK, dV at the key's rank (docs/distributed.md §8): the rows of rank p's queries that see a key
+ * of rank j on a layer of window W (0: every row of p > j), from bounds[p] to the returned end
+ * (at most bounds[p]: none), an end rounded up to the ranks' grain so that every token block it
+ * opens is complete. */
+int seq_seen_end(const eng *e, int window, int j, int p);
+/* The rows of a message of the query side: the chunk c rounded up to the ranks' grain, at most
+ * rank 1's rows (the most a later rank holds). */
+int seq_piece(const eng *e, int c);
+/* This rank's query side (rows from r0) to every earlier rank whose keys its queries see, posted
+ * in pieces of qs->piece rows from r0; flushed before qs is written again (relay_flush). */
+int relay_query_post(eng *e, const query_side *qs, int window);
+/* Rows [a, b) of rank p's query side into qs's rows from 0 (b − a ≤ qs->piece, a on the piece
+ * grid from bounds[p]). */
+int relay_query_recv(eng *e, query_side *qs, int p, int a, int b);
 /* a (B, T) array of doubles: every rank's rows gathered on every rank */
 int relay_gather_rows(eng *e, double *a, int B, int T);
 /* 1 when this rank holds the sequence's last rows (or there is no link) */

@@ -6,18 +6,20 @@
  * is a series of rounds, each visiting ranks 0, 1, …, S − 1, the state (its items) travelling
  * from each rank to the next and from the last rank to rank 0 between rounds. Both ends of a
  * hand-over list the same items (the sizes follow from the bounds); an empty item is no message.
- * With no link, or a planning link (no functions: its buffers are charged, nothing moves), every
- * call is a no-op.
+ * The dK, dV chains of a key run over the later queries: the key's rank sums them itself, sent
+ * the query side of every later rank's queries that see it (relay_query_*). With no link, or a
+ * planning link (no functions: its buffers are charged, nothing moves), every call is a no-op.
  *
- * No deadlock: every message goes to a later rank (keys and values, the relays' hand-overs)
- * except the last rank's hand-over to rank 0, which is posted and not waited for; so a rank waits
- * only on earlier ranks, which wait on theirs, down to rank 0, which waits on nobody — or on
- * that posted message, which the last rank has sent. The last rank flushes it before its next
- * hand-over arrives, when rank 0 has received it (the state reached the rank before the last
- * through rank 0), and so before the buffers are written again. Two other messages go to
- * earlier ranks, neither inside a relay: DPO's log-probs, gathered while every rank is in the
- * gather, and the result's pieces from the last rank, whose receives were posted before the
- * step (src/api/seqpar.c). */
+ * No deadlock. Blocking messages go to a later rank (keys and values, the relays' hand-overs);
+ * the two kinds that go to an earlier rank are posted and not waited for where they are sent:
+ * the last rank's hand-over to rank 0 and the query sides. So a rank waits on a receive only
+ * from an earlier rank in the same round, or for a query side of the same layer, which its
+ * sender posted once its own chunks were done — and those wait only on earlier ranks and on the
+ * layer above. A flush (before a posted buffer is written again) waits for receives that the
+ * earlier ranks make in the layer above or in the round before, before they reach this rank's
+ * next hand-over. Two other messages go to earlier ranks, neither inside a relay: DPO's
+ * log-probs, gathered while every rank is in the gather, and the result's pieces from the last
+ * rank, whose receives were posted before the step (src/api/seqpar.c). */
 #include "engine.h"
 
 int seq_grain(int portable, int blk) {
@@ -41,29 +43,42 @@ static int items_send(eng *e, int to, const relay_item *it, int n, const char *w
     return !e->link_failed;
 }
 
-static int items_recv(eng *e, int from, const relay_item *it, int n, const char *what) {
+/* side: the query sides' kind of message (seqlink.h) */
+static int items_recv_kind(eng *e, int from, const relay_item *it, int n, int side,
+                           const char *what) {
+    const sbp_seq_link *k = e->link;
     for (int i = 0; i < n && !e->link_failed; i++)
-        if (it[i].bytes && !e->link->recv(e->link->ctx, from, it[i].p, it[i].bytes, what))
+        if (it[i].bytes &&
+            !(side ? k->recv_side : k->recv)(k->ctx, from, it[i].p, it[i].bytes, what))
             e->link_failed = 1;
     return !e->link_failed;
+}
+
+static int items_recv(eng *e, int from, const relay_item *it, int n, const char *what) {
+    return items_recv_kind(e, from, it, n, 0, what);
 }
 
 int seq_last(const eng *e) {
     return !e->link || e->link->rank == e->link->size - 1;
 }
 
-/* The last rank's hand-over to rank 0: posted (the comment above). */
-static int items_wrap(eng *e, const relay_item *it, int n, const char *what) {
+/* Items posted to an earlier rank (the comment above), flushed before they are written again. */
+static int items_post(eng *e, int to, const relay_item *it, int n, int side, const char *what) {
+    const sbp_seq_link *k = e->link;
     for (int i = 0; i < n && !e->link_failed; i++)
-        if (it[i].bytes && !e->link->post(e->link->ctx, 0, it[i].p, it[i].bytes, what))
+        if (it[i].bytes && !(side ? k->post_side : k->post)(k->ctx, to, it[i].p, it[i].bytes, what))
             e->link_failed = 1;
-    e->wrap_pending = !e->link_failed;
+    e->posted = !e->link_failed;
     return !e->link_failed;
 }
 
+static int items_wrap(eng *e, const relay_item *it, int n, const char *what) {
+    return items_post(e, 0, it, n, 0, what);
+}
+
 int relay_flush(eng *e) {
-    if (!moving(e) || !e->wrap_pending) return !e->link_failed;
-    e->wrap_pending = 0;
+    if (!moving(e) || !e->posted) return !e->link_failed;
+    e->posted = 0;
     if (!e->link->flush(e->link->ctx)) e->link_failed = 1;
     return !e->link_failed;
 }
@@ -127,6 +142,53 @@ int relay_kv(eng *e, real *k, real *v, int window) {
         if (!items_send(e, q, mine, 2, "keys and values")) return 0;
     }
     return 1;
+}
+
+int seq_seen_end(const eng *e, int window, int j, int p) {
+    const int *bd = e->bounds;
+    if (!window) return bd[p + 1];
+    /* key bounds[j + 1] − 1 is seen by the queries before it + W, here up to the grain */
+    const int g = seq_grain(e->portable, e->blk);
+    const long end = ((long)bd[j + 1] - 1 + window + g - 1) / g * g;
+    return end < bd[p + 1] ? (int)end : bd[p + 1];
+}
+
+int seq_piece(const eng *e, int c) {
+    const int g = seq_grain(e->portable, e->blk), most = e->bounds[2] - e->bounds[1];
+    const long p = ((long)c + g - 1) / g * g;
+    return p < most ? (int)p : most;
+}
+
+/* Rows [a, b) of a query side whose row 0 is token r: its four items. */
+static int query_items(relay_item *it, const eng *e, const query_side *qs, int r, int a, int b) {
+    const size_t at = (size_t)(a - r), n = (size_t)(b - a), R = sizeof(real);
+    const size_t Q = (size_t)e->Q, NH = (size_t)e->NH;
+    it[0] = (relay_item){qs->q + at * Q, n * Q * R};
+    it[1] = (relay_item){qs->dout + at * Q, n * Q * R};
+    it[2] = (relay_item){qs->lse + at * NH, n * NH * R};
+    it[3] = (relay_item){qs->dsum + at * NH, n * NH * R};
+    return 4;
+}
+
+int relay_query_post(eng *e, const query_side *qs, int window) {
+    if (!moving(e)) return !e->link_failed;
+    const int me = e->link->rank, P = qs->piece;
+    for (int j = me - 1; j >= 0; j--) { /* the nearest first: it reads this rank's first */
+        const int end = seq_seen_end(e, window, j, me);
+        for (int a = e->r0, b; a < end; a = b) {
+            b = a + P < end ? a + P : end;
+            relay_item it[4];
+            if (!items_post(e, j, it, query_items(it, e, qs, e->r0, a, b), 1, "a query side"))
+                return 0;
+        }
+    }
+    return 1;
+}
+
+int relay_query_recv(eng *e, query_side *qs, int p, int a, int b) {
+    if (!moving(e)) return !e->link_failed;
+    relay_item it[4];
+    return items_recv_kind(e, p, it, query_items(it, e, qs, a, a, b), 1, "a query side");
 }
 
 int relay_gather_rows(eng *e, double *a, int B, int T) {

@@ -196,7 +196,7 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, cons
     const int kfirst = tile_first(s, win) / W, nktiles = (e + W - 1) / W - kfirst;
 
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < M; r++)
+    for (int r = 0; r < (dm->dsum_in ? 0 : M); r++)
         for (int h = 0; h < NH; h++) {
             const real *a = dout + (size_t)r * Q + (size_t)h * HD;
             const real *b = o + (size_t)r * Q + (size_t)h * HD;
@@ -209,6 +209,7 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, cons
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < nktiles * NKV; task++) {
         const int g = task % NKV, j0 = (kfirst + task / NKV) * W, nk = j0 + W < e ? W : e - j0;
+        if (!attn_kv_owned(dm, j0)) continue; /* another rank's keys */
         /* queries from last on see no key of the tile: i − win + 1 > j0 + nk − 1 */
         const int last = win && j0 + nk + win - 1 < e ? j0 + nk + win - 1 : e;
         const tile_ws t = carve(ws, HD);
@@ -248,7 +249,7 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, cons
 
     /* Pass 2: dQ of the query tile for head h, key tiles in ascending order. */
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int task = 0; task < NH * nqtiles; task++) {
+    for (int task = 0; task < (dm->no_dq ? 0 : NH * nqtiles); task++) {
         const int h = task % NH, g = h / rep, tile = first + nqtiles - 1 - task / NH;
         const int i0 = tile * W > s ? tile * W : s, i1 = tile_end(i0, e), nq = i1 - i0;
         const tile_ws t = carve(ws, HD);

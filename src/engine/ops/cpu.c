@@ -250,7 +250,7 @@ static void fast_attention_backward(const eng *e, real *dq, real *dk, real *dv, 
                                     const sbp_attn_dims *d) {
     unattended_backward(dq, dk, dv, e->ws, dout, o, q, k, v, kmask, d, e->unattended);
     tiled_attention_backward(dq, dk, dv, dsum, e->ws, dout, o, lse, q, k, v, kmask, d);
-    store(e, dq, (size_t)d->M * e->Q);
+    if (!d->no_dq) store(e, dq, (size_t)d->M * e->Q);
 }
 
 static void portable_attention_backward(const eng *e, real *dq, real *dk, real *dv, real *dsum,
@@ -259,7 +259,7 @@ static void portable_attention_backward(const eng *e, real *dq, real *dk, real *
                                         const uint8_t *kmask, const sbp_attn_dims *d) {
     unattended_backward(dq, dk, dv, e->ws, dout, o, q, k, v, kmask, d, e->unattended);
     attention_backward(dq, dk, dv, dsum, e->ws, dout, o, lse, q, k, v, kmask, d);
-    store(e, dq, (size_t)d->M * e->Q);
+    if (!d->no_dq) store(e, dq, (size_t)d->M * e->Q);
 }
 
 static void cpu_swiglu_forward(const eng *e, real *h, const real *g, const real *u, size_t n) {

@@ -125,6 +125,23 @@ void kv_work_free(eng *e, kv_work *d) {
     memset(d, 0, sizeof *d);
 }
 
+int query_side_alloc(eng *e, query_side *qs, int rows, int piece) {
+    const size_t R = (size_t)rows;
+    memset(qs, 0, sizeof *qs);
+    qs->rows = rows, qs->piece = piece;
+    qs->q = ealloc(e, SBP_MEM_LAYER, R * e->Q, "query side: queries");
+    qs->dout = ealloc(e, SBP_MEM_LAYER, R * e->Q, "query side: attention output gradient");
+    qs->lse = ealloc(e, SBP_MEM_LAYER, R * e->NH, "query side: log-sum-exp");
+    qs->dsum = ealloc(e, SBP_MEM_LAYER, R * e->NH, "query side: rowsum(dO * O)");
+    if (e->oom) query_side_free(e, qs);
+    return !e->oom;
+}
+
+void query_side_free(eng *e, query_side *qs) {
+    efree(e, qs->q), efree(e, qs->dout), efree(e, qs->lse), efree(e, qs->dsum);
+    memset(qs, 0, sizeof *qs);
+}
+
 int lora_work_alloc(eng *e, lora_work *lw, int rows) {
     memset(lw, 0, sizeof *lw);
     if (!e->lora_r) return 1;

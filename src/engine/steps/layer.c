@@ -217,11 +217,12 @@ void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
 /* ---- backward -------------------------------------------------------------------------------- */
 
 void kv_begin_backward(const eng *e, layer_run *lr) {
-    const size_t TKV = (size_t)e->T * e->KV;
+    /* this rank's keys (all T in one process): the only ones it sums dK, dV of */
+    const size_t at = (size_t)e->r0 * e->KV, n = (size_t)(e->r1 - e->r0) * e->KV;
     if (lr->kvw->dgin) e->ops->zero(e, lr->kvw->dgin, (size_t)e->C);
     if (lr->kvwin) return;
-    e->ops->zero(e, lr->kvw->dk, TKV);
-    e->ops->zero(e, lr->kvw->dv, TKV);
+    e->ops->zero(e, lr->kvw->dk + at, n);
+    e->ops->zero(e, lr->kvw->dv + at, n);
 }
 
 void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
@@ -277,11 +278,20 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     }
     proj_backward(e, lr->lw, d->dout, gw->wo, NULL, &gw->ao, pd->wo, NULL, &pd->ao, dao, a.o, w->wo,
                   &w->ao, s, end, C, Q);
-    /* o = attention(q, K, V) */
-    const sbp_attn_dims ad = attn_dims(e, lr, s, M);
+    /* o = attention(q, K, V); sequence parallel: dK, dV of this rank's keys only, the earlier
+     * ranks' from the query side (key_rank_backward there) */
+    sbp_attn_dims ad = attn_dims(e, lr, s, M);
+    if (lr->qs_mine) ad.kv_lo = e->r0 - lr->kv->lo, ad.kv_hi = e->r1 - lr->kv->lo;
     sum_attention_backward(e, d->dq, lr->kvw->dk, lr->kvw->dv, lr->pd ? lr->pd->dk : NULL,
                            lr->pd ? lr->pd->dv : NULL, d->dsum, d->dout, a.o, a.lse, a.q, lr->kv->k,
                            lr->kv->v, lr->kmask + lr->kv->lo, &ad, lr->kv->lo, lr->kv->hi);
+    if (lr->qs_mine) { /* before dq's RoPE backward: the queries' side as the kernel read it */
+        const query_side *qs = lr->qs_mine;
+        const size_t r = (size_t)(s - e->r0);
+        op->copy(e, qs->q + r * Q, a.q, MQ), op->copy(e, qs->dout + r * Q, d->dout, MQ);
+        op->copy(e, qs->lse + r * e->NH, a.lse, (size_t)M * e->NH);
+        op->copy(e, qs->dsum + r * e->NH, d->dsum, (size_t)M * e->NH);
+    }
     /* q = rope(q_norm(qpre)) */
     rope_bwd(e, lr, d->dq, s, M, e->NH);
     real *dqpre = d->dq;
@@ -295,6 +305,16 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     proj_backward(e, lr->lw, d->dxn, gw->wq, gw->bq, &gw->aq, pd->wq, pd->bq, &pd->aq, dqpre, xn,
                   w->wq, &w->aq, s, end, Q, C);
     sum_norm_backward(e, dx, gw->in_norm, pd->in_norm, d->dxn, x, rstd, w->in_norm, s, M, 1, C);
+}
+
+void key_rank_backward(const eng *e, layer_run *lr, int a, int b) {
+    const query_side *qs = lr->qs_in;
+    sbp_attn_dims ad = attn_dims(e, lr, a, b - a);
+    ad.kv_lo = e->r0 - lr->kv->lo, ad.kv_hi = e->r1 - lr->kv->lo, ad.no_dq = 1, ad.dsum_in = 1;
+    sum_attention_backward(e, NULL, lr->kvw->dk, lr->kvw->dv, lr->pd ? lr->pd->dk : NULL,
+                           lr->pd ? lr->pd->dv : NULL, qs->dsum, qs->dout, NULL, qs->lse, qs->q,
+                           lr->kv->k, lr->kv->v, lr->kmask + lr->kv->lo, &ad, lr->kv->lo,
+                           lr->kv->hi);
 }
 
 /* The K/V path of keys [r0, r1) (rows r − lo of the K/V side, dK and dV complete): k =

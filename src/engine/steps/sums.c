@@ -90,6 +90,18 @@ void sum_norm_backward(const eng *e, real *dx, real *dw, real *pw, const real *d
     }
 }
 
+/* The elements of key rows [lo, hi) of a (rows, KV) array, from *off, cut to the keys the call
+ * sums dK, dV of (d->kv_lo, d->kv_hi: a rank's own keys, sequence parallel). */
+static void key_rows(size_t *off, size_t *n, const sbp_attn_dims *d, int lo, int hi) {
+    const size_t KV = (size_t)d->NKV * d->HD;
+    if (d->kv_hi) {
+        lo = lo > d->kv_lo ? lo : d->kv_lo;
+        hi = hi < d->kv_hi ? hi : d->kv_hi;
+    }
+    *off = (size_t)lo * KV;
+    *n = hi > lo ? (size_t)(hi - lo) * KV : 0;
+}
+
 /* dK_j, dV_j sum over the queries i ≥ j (a window's): in the same token blocks, of the queries.
  * A block's partial sums cover the keys before its end; the fold adds the rows of those keys. */
 void sum_attention_backward(const eng *e, real *dq, real *dk, real *dv, real *pdk, real *pdv,
@@ -102,22 +114,23 @@ void sum_attention_backward(const eng *e, real *dq, real *dk, real *dv, real *pd
         return;
     }
     const int s = d->s + lo, end = s + d->M, Q = d->NH * d->HD;
-    const size_t KV = (size_t)d->NKV * d->HD;
     for (int b0 = s, b1; b0 < end; b0 = b1) {
         b1 = block_end(b0, end);
         const size_t r = (size_t)(b0 - s), rq = r * Q, rh = r * d->NH;
         sbp_attn_dims db = *d;
         db.s = b0 - lo, db.M = b1 - b0;
         const int first = b0 < SUM_BLOCK;
+        size_t at, n;
         if (!first && b0 % SUM_BLOCK == 0) { /* keys before the block's end: from +0 */
-            const int ke = b0 + SUM_BLOCK < hi ? b0 + SUM_BLOCK : hi;
-            op->zero(e, pdk, (size_t)(ke - lo) * KV), op->zero(e, pdv, (size_t)(ke - lo) * KV);
+            key_rows(&at, &n, d, 0, (b0 + SUM_BLOCK < hi ? b0 + SUM_BLOCK : hi) - lo);
+            op->zero(e, pdk + at, n), op->zero(e, pdv + at, n);
         }
-        op->attention_backward(e, dq + rq, first ? dk : pdk, first ? dv : pdv, dsum + rh, dout + rq,
-                               o + rq, lse + rh, q + rq, k, v, kmask, &db);
+        op->attention_backward(e, dq ? dq + rq : NULL, first ? dk : pdk, first ? dv : pdv,
+                               dsum + rh, dout + rq, o ? o + rq : NULL, lse + rh, q + rq, k, v,
+                               kmask, &db);
         if (first || !complete(e, b1)) continue;
-        const size_t n = (size_t)((b1 < hi ? b1 : hi) - lo) * KV; /* keys before b1 */
-        fold(e, dk, pdk, n), fold(e, dv, pdv, n);
+        key_rows(&at, &n, d, 0, (b1 < hi ? b1 : hi) - lo); /* keys before b1 */
+        fold(e, dk + at, pdk + at, n), fold(e, dv + at, pdv + at, n);
     }
 }
 

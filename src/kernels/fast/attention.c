@@ -229,11 +229,11 @@ static void tile_grads(const bwd_args *a, real *P, real *dS, real *dP, const rea
 }
 
 /* Key tile [j0, j0+W) of kv head g against every query tile of the chunk at or past it, in
- * ascending order, and each head of the group: dV_J += Pᵀ·dO_I, dK_J += dSᵀ·Q_I / sqrt(HD);
- * with_dq: also dQ_I += dS·K_J / sqrt(HD). With a window the query tiles stop at the first
+ * ascending order, and each head of the group: with_kv: dV_J += Pᵀ·dO_I, dK_J += dSᵀ·Q_I /
+ * sqrt(HD); with_dq: dQ_I += dS·K_J / sqrt(HD). With a window the query tiles stop at the first
  * whose rows all see past the key tile (i0 − win + 1 > j0 + nk − 1): its P and dS are 0, and
  * dK, dV, dQ (from +0, never −0) would not change. */
-static void key_tile(const bwd_args *a, int g, int j0, int with_dq) {
+static void key_tile(const bwd_args *a, int g, int j0, int with_kv, int with_dq) {
     const int W = a->W, e = a->e, s = a->s, rep = a->NH / a->NKV, nk = j0 + W < e ? W : e - j0;
     real *P = a->scratch + a->per_thread * (size_t)omp_get_thread_num();
     real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W, *kt = dP + (size_t)W * W;
@@ -252,8 +252,10 @@ static void key_tile(const bwd_args *a, int g, int j0, int with_dq) {
             copy_tile(qc, a->q + q_I, nq, a->Q, HD);
             copy_tile(doc, a->dout + q_I, nq, a->Q, HD);
             tile_grads(a, P, dS, dP, qc, doc, kt, vt, i0, nq, j0, nk, h);
-            tile_mm(a->dv + kv_J, a->KV, P, 1, W, doc, HD, nk, HD, nq, 1, 1);
-            tile_mm(a->dk + kv_J, a->KV, dS, 1, W, qc, HD, nk, HD, nq, a->scale, 1);
+            if (with_kv) {
+                tile_mm(a->dv + kv_J, a->KV, P, 1, W, doc, HD, nk, HD, nq, 1, 1);
+                tile_mm(a->dk + kv_J, a->KV, dS, 1, W, qc, HD, nk, HD, nq, a->scale, 1);
+            }
             if (with_dq) tile_mm(a->dq + q_I, a->Q, dS, W, 1, kc, HD, nq, HD, nk, a->scale, 1);
         }
     }
@@ -275,7 +277,7 @@ static void backward_pass(real *dq, real *dk, real *dv, real *dsum, real *scratc
     const int kfirst = tile_first(s, win, W), nktiles = (e + W - 1) / W - kfirst / W;
 
 #pragma omp parallel for schedule(static)
-    for (int r = 0; r < M; r++)
+    for (int r = 0; r < (dm->dsum_in ? 0 : M); r++)
         for (int h = 0; h < NH; h++) {
             const real *a = dout + (size_t)r * Q + (size_t)h * HD;
             const real *b = o + (size_t)r * Q + (size_t)h * HD;
@@ -313,19 +315,22 @@ static void backward_pass(real *dq, real *dk, real *dv, real *dsum, real *scratc
          * of P and dP (2 of the 7 tile products) and of the exponentials. */
 #pragma omp parallel for schedule(static)
         for (int g = 0; g < NKV; g++)
-            for (int j0 = kfirst; j0 < e; j0 += W) key_tile(&a, g, j0, 1);
+            for (int j0 = kfirst; j0 < e; j0 += W)
+                if (attn_kv_owned(dm, j0) || !dm->no_dq)
+                    key_tile(&a, g, j0, attn_kv_owned(dm, j0), !dm->no_dq);
         return;
     }
 
     /* Pass 1: dK, dV of key tile J for kv head g; early tiles see the most queries: first. */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < nktiles * NKV; task++) {
-        key_tile(&a, task % NKV, kfirst + (task / NKV) * W, 0);
+        const int j0 = kfirst + (task / NKV) * W;
+        if (attn_kv_owned(dm, j0)) key_tile(&a, task % NKV, j0, 1, 0);
     }
 
     /* Pass 2: dQ of query tile I for head h, key tiles in ascending order. */
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int task = 0; task < NH * nqtiles; task++) {
+    for (int task = 0; task < (dm->no_dq ? 0 : NH * nqtiles); task++) {
         const int h = task % NH, g = h / rep, tile = first + nqtiles - 1 - task / NH;
         const int i0 = tile * W > s ? tile * W : s, i1 = tile_end(i0, e, W), nq = i1 - i0;
         real *P = scratch + per_thread * (size_t)omp_get_thread_num();
