@@ -405,6 +405,14 @@ rc=$?
 [ $rc = 2 ] && [ -n "$want" ] && [ "$(grep -F -- "$want" "$TMP/log" | grep -c "rank [01]: ")" = 2 ] &&
     [ ! -e "$TMP/fail-tok" ] && ok "a token outside the vocabulary in rank 1's rows: exit 2 on every rank, one process's message, nothing written" ||
     bad "a token outside the vocabulary in rank 1's rows: exit $rc ($(grep -m1 streambp "$TMP/log"))"
+# HF's rows that see no key attend to every key, the later ranks' too: refused, not run wrong
+# (seq-sft-450's second row starts with 200 padding tokens)
+"${MPIRUN[@]}" -np 2 "$BIN" grad --model "$L" --batch $S450 --unattended hf-eager $P --seq-ranks 2 \
+    --threads 1 --out "$TMP/fail-un" >"$TMP/log" 2>&1
+rc=$?
+[ $rc = 2 ] && [ "$(grep -c "rank [01]: --unattended hf-eager with --seq-ranks: micro-batch 0 has queries that see no key" "$TMP/log")" = 2 ] &&
+    [ ! -e "$TMP/fail-un" ] && ok "--unattended hf-eager with rows that see no key: exit 2 on every rank, named, nothing written" ||
+    bad "--unattended hf-eager with rows that see no key: exit $rc ($(grep -m1 streambp "$TMP/log"))"
 "${MPIRUN[@]}" -np 4 "$BIN" grad --model "$L" --batch data/batches/seq-dpo-300.safetensors \
     --objective dpo $P --seq-ranks 4 --threads 1 >"$TMP/log" 2>&1
 rc=$?

@@ -270,6 +270,19 @@ static sbp_status run_engine(double *loss, const sbp_model *m, const sbp_batch *
                                : sbp_engine_grad_f32(loss, NULL, m, b, eo, lg, err);
 }
 
+/* Whether a row of b has a query that sees no key on a layer of window W (0: causal): a row
+ * starting with padding, or W padding keys in a row. */
+static int sees_no_key(const sbp_batch *b, int W) {
+    for (int r = 0; r < b->B; r++) {
+        const uint8_t *mask = b->mask + (size_t)r * b->T;
+        for (int t = 0, run = 0; t < b->T; t++) {
+            run = mask[t] ? 0 : run + 1;
+            if (run && (run == t + 1 || (W > 0 && run >= W))) return 1;
+        }
+    }
+    return 0;
+}
+
 sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model *m,
                         const sbp_batch *batches, int n, const sbp_grad_opts *opts,
                         const sbp_objective *so, sbp_ledger *lg, sbp_err *err) {
@@ -282,6 +295,16 @@ sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model
                         "%d micro-batches cannot be shared by %d groups of %d ranks: the group "
                         "count (N / --seq-ranks) must divide them",
                         n, D, S);
+    /* HF makes a query that sees no key attend to every key of the sequence, the later ranks'
+     * too, which no rank holds (docs/distributed.md §8) */
+    const int W = m->cfg.family == SBP_GEMMA3 ? m->cfg.sliding_window : 0;
+    for (int k = 0; k < n && opts->unattended != SBP_UNATTENDED_ZERO; k++)
+        if (batches[k].mask && sees_no_key(&batches[k], W))
+            return sbp_fail(err, SBP_EUSAGE,
+                            "--unattended %s with --seq-ranks: micro-batch %d has queries that "
+                            "see no key, which attend to every key of the sequence there; "
+                            "sequence parallel runs them only with --unattended zero",
+                            sbp_unattended_name(opts->unattended), k);
     const sbp_params *ps = opts->lora ? &opts->lora->params : &m->params;
     link_ctx l = {.c = c, .base = g * S};
     const sbp_seq_link link = {.rank = me - g * S,

@@ -107,10 +107,12 @@ static int pass_begin(eng *e, run_bufs *r, const sched_row *row, int c, int back
                            !chunk_acts_alloc(e, &r->ca[0], c, SBP_MEM_LAYER)))
         return 0;
     if (!backward) return 1;
-    if (!kv_work_alloc(e, &r->kvw, kvr) || !chunk_grads_alloc(e, &r->cg, c) ||
-        !pend_work_alloc(e, &r->pd, kvr))
+    /* dK, dV of the K/V side's keys, sequence parallel this rank's only */
+    const int seq = e->link && e->link->size > 1, dkr = seq ? e->r1 - e->r0 : kvr;
+    if (!kv_work_alloc(e, &r->kvw, dkr) || !chunk_grads_alloc(e, &r->cg, c) ||
+        !pend_work_alloc(e, &r->pd, dkr))
         return 0;
-    if (!e->link || e->link->size < 2) return 1;
+    if (!seq) return 1;
     /* sequence parallel: this rank's query side, and a piece of a later rank's */
     const int piece = seq_piece(e, c), later = e->link->rank < e->link->size - 1;
     return query_side_alloc(e, &r->qs_mine, e->r1 - e->r0, piece) &&

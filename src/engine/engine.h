@@ -168,8 +168,8 @@ typedef struct {
 
 /* The gradient accumulators of the K/V side of one sequence. */
 typedef struct {
-    real *dk, *dv; /* (T, KV), rows as kv_acts */
-    real *dkpre;   /* (T, KV) (Qwen3 only) */
+    real *dk, *dv; /* (T, KV), rows as kv_acts; sequence parallel (R, KV), this rank's keys */
+    real *dkpre;   /* (T, KV) (Qwen3 only), rows as dk's */
     real *dgin;    /* (C) Gemma-3: a local layer's K/V-path links of the input norm's weight
                     * gradient, one chain per column from zero, added to it once at the end of
                     * the layer's backward (docs/numerics.md §4) */

@@ -217,9 +217,9 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, cons
         pack_t(kt, k, j0, nk, g, KV, HD);
         pack_t(vt, v, j0, nk, g, KV, HD);
         for (int c = 0; c < nk; c++) {
-            memcpy(adk + (size_t)c * HD, dk + (size_t)(j0 + c) * KV + (size_t)g * HD,
+            memcpy(adk + (size_t)c * HD, dk + attn_kv_row(dm, j0 + c) * KV + (size_t)g * HD,
                    sizeof(real) * HD);
-            memcpy(adv + (size_t)c * HD, dv + (size_t)(j0 + c) * KV + (size_t)g * HD,
+            memcpy(adv + (size_t)c * HD, dv + attn_kv_row(dm, j0 + c) * KV + (size_t)g * HD,
                    sizeof(real) * HD);
         }
         for (int i = j0 > s ? j0 : s; i < last; i++) {
@@ -240,9 +240,9 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, cons
             }
         }
         for (int c = 0; c < nk; c++) {
-            memcpy(dk + (size_t)(j0 + c) * KV + (size_t)g * HD, adk + (size_t)c * HD,
+            memcpy(dk + attn_kv_row(dm, j0 + c) * KV + (size_t)g * HD, adk + (size_t)c * HD,
                    sizeof(real) * HD);
-            memcpy(dv + (size_t)(j0 + c) * KV + (size_t)g * HD, adv + (size_t)c * HD,
+            memcpy(dv + attn_kv_row(dm, j0 + c) * KV + (size_t)g * HD, adv + (size_t)c * HD,
                    sizeof(real) * HD);
         }
     }

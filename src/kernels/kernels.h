@@ -181,17 +181,23 @@ typedef struct {
     double scale; /* the scores are (q·k)·(real)scale: 1/sqrt(HD), or Gemma-3's
                      query_pre_attn_scalar^−0.5 */
     /* The backward split between ranks (sequence parallel, docs/distributed.md §8); all 0 in
-     * one process, and for the forward. kv_lo, kv_hi: dK and dV of the keys [kv_lo, kv_hi) only
-     * (kv_hi = 0: every key), multiples of every kernel's key tile; no_dq: dQ is not formed (dq
-     * unused); dsum_in: dsum holds D = rowsum(dO ⊙ O) on entry (o unused). A key's dK, dV and a
-     * query's dQ get the very terms, in the very order, of the call without them. The CPU
-     * kernels only (the CUDA ones are not run with them). */
+     * one process, and for the forward. kv_lo, kv_hi: dK and dV of the keys [kv_lo, kv_hi) only,
+     * which dk and dv then hold from row 0 (kv_hi = 0: every key, key j at row j), kv_lo a
+     * multiple of every kernel's key tile; no_dq: dQ is not formed (dq unused); dsum_in: dsum
+     * holds D = rowsum(dO ⊙ O) on entry (o unused). A key's dK, dV and a query's dQ get the very
+     * terms, in the very order, of the call without them. The CPU kernels only (the CUDA ones
+     * are not run with them). */
     int kv_lo, kv_hi, no_dq, dsum_in;
 } sbp_attn_dims;
 
 /* Whether the key tile at j0 receives dK and dV in the call d (kv_lo, kv_hi above). */
 static inline int attn_kv_owned(const sbp_attn_dims *d, int j0) {
     return !d->kv_hi || (j0 >= d->kv_lo && j0 < d->kv_hi);
+}
+
+/* The row of dk and dv that holds key j in the call d. */
+static inline size_t attn_kv_row(const sbp_attn_dims *d, int j) {
+    return (size_t)(d->kv_hi ? j - d->kv_lo : j);
 }
 
 /* portable (attention.c): key tiles of ATTN_TILE keys at fixed absolute positions; a query's

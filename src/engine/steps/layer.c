@@ -217,12 +217,12 @@ void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
 /* ---- backward -------------------------------------------------------------------------------- */
 
 void kv_begin_backward(const eng *e, layer_run *lr) {
-    /* this rank's keys (all T in one process): the only ones it sums dK, dV of */
-    const size_t at = (size_t)e->r0 * e->KV, n = (size_t)(e->r1 - e->r0) * e->KV;
+    /* this rank's keys (all T in one process), the only ones it sums dK, dV of */
+    const size_t n = (size_t)(e->r1 - e->r0) * e->KV;
     if (lr->kvw->dgin) e->ops->zero(e, lr->kvw->dgin, (size_t)e->C);
     if (lr->kvwin) return;
-    e->ops->zero(e, lr->kvw->dk + at, n);
-    e->ops->zero(e, lr->kvw->dv + at, n);
+    e->ops->zero(e, lr->kvw->dk, n);
+    e->ops->zero(e, lr->kvw->dv, n);
 }
 
 void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
@@ -327,20 +327,22 @@ static void kv_backward_rows(const eng *e, layer_run *lr, int r0, int r1) {
     const sbp_ops *op = e->ops;
     const int C = e->C, KV = e->KV, n = r1 - r0;
     const size_t nKV = (size_t)n * KV, off = (size_t)(r0 - lr->kv->lo) * KV;
+    /* kv_work's rows: from the K/V side's first (lo), sequence parallel from this rank's */
+    const size_t doff = (size_t)(r0 - (lr->qs_mine ? e->r0 : lr->kv->lo)) * KV;
     const layer_p *w = lr->w;
     layer_p *gw = lr->g;
     const layer_p *pd = pend_of(lr);
     kv_work *kvw = lr->kvw;
     const kv_acts *kv = lr->kv;
     norm_block *nb = lr->nb;
-    real *dk = kvw->dk + off, *dv = kvw->dv + off;
+    real *dk = kvw->dk + doff, *dv = kvw->dv + doff;
     /* dK and dV were accumulated over every chunk that sees these keys: complete now */
     op->store(e, dk, nKV), op->store(e, dv, nKV);
     /* k = rope(k_norm(kpre)) */
     rope_bwd(e, lr, dk, r0, n, e->NKV);
     real *dkpre = dk;
     if (kv->kpre) {
-        dkpre = kvw->dkpre + off;
+        dkpre = kvw->dkpre + doff;
         op->zero(e, dkpre, nKV);
         sum_norm_backward(e, dkpre, gw->k_norm, pd->k_norm, dk, kv->kpre + off,
                           kv->krstd + (off / KV) * e->NKV, w->k_norm, r0, n * e->NKV, e->NKV,

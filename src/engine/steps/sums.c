@@ -90,15 +90,15 @@ void sum_norm_backward(const eng *e, real *dx, real *dw, real *pw, const real *d
     }
 }
 
-/* The elements of key rows [lo, hi) of a (rows, KV) array, from *off, cut to the keys the call
- * sums dK, dV of (d->kv_lo, d->kv_hi: a rank's own keys, sequence parallel). */
+/* Keys [lo, hi) cut to those the call sums dK, dV of (d->kv_lo, d->kv_hi: a rank's own keys,
+ * sequence parallel), as elements of dK's layout (kernels.h): n from *off. */
 static void key_rows(size_t *off, size_t *n, const sbp_attn_dims *d, int lo, int hi) {
     const size_t KV = (size_t)d->NKV * d->HD;
     if (d->kv_hi) {
         lo = lo > d->kv_lo ? lo : d->kv_lo;
         hi = hi < d->kv_hi ? hi : d->kv_hi;
     }
-    *off = (size_t)lo * KV;
+    *off = hi > lo ? attn_kv_row(d, lo) * KV : 0;
     *n = hi > lo ? (size_t)(hi - lo) * KV : 0;
 }
 

@@ -205,6 +205,7 @@ typedef struct {
     real *scratch;
     size_t per_thread;
     int s, e, NH, NKV, HD, W, Q, KV, win;
+    int kv_base; /* the key dk and dv hold in row 0 (sbp_attn_dims.kv_lo) */
     real scale;
 } bwd_args;
 
@@ -241,6 +242,7 @@ static void key_tile(const bwd_args *a, int g, int j0, int with_kv, int with_dq)
     real *vt = kt + (size_t)W * HD, *kc = vt + (size_t)W * HD, *qc = kc + (size_t)W * HD;
     real *doc = qc + (size_t)W * HD;
     const size_t kv_J = (size_t)j0 * a->KV + (size_t)g * HD;
+    const size_t dkv_J = (size_t)(j0 - a->kv_base) * a->KV + (size_t)g * HD; /* in dk, dv */
     transpose_tile(kt, a->k + kv_J, nk, a->KV, HD, W);
     transpose_tile(vt, a->v + kv_J, nk, a->KV, HD, W);
     if (with_dq) copy_tile(kc, a->k + kv_J, nk, a->KV, HD);
@@ -253,8 +255,8 @@ static void key_tile(const bwd_args *a, int g, int j0, int with_kv, int with_dq)
             copy_tile(doc, a->dout + q_I, nq, a->Q, HD);
             tile_grads(a, P, dS, dP, qc, doc, kt, vt, i0, nq, j0, nk, h);
             if (with_kv) {
-                tile_mm(a->dv + kv_J, a->KV, P, 1, W, doc, HD, nk, HD, nq, 1, 1);
-                tile_mm(a->dk + kv_J, a->KV, dS, 1, W, qc, HD, nk, HD, nq, a->scale, 1);
+                tile_mm(a->dv + dkv_J, a->KV, P, 1, W, doc, HD, nk, HD, nq, 1, 1);
+                tile_mm(a->dk + dkv_J, a->KV, dS, 1, W, qc, HD, nk, HD, nq, a->scale, 1);
             }
             if (with_dq) tile_mm(a->dq + q_I, a->Q, dS, W, 1, kc, HD, nq, HD, nk, a->scale, 1);
         }
@@ -307,6 +309,7 @@ static void backward_pass(real *dq, real *dk, real *dv, real *dsum, real *scratc
                         .Q = Q,
                         .KV = KV,
                         .win = win,
+                        .kv_base = dm->kv_hi ? dm->kv_lo : 0,
                         .scale = scale};
     if (attention_one_pass(NKV)) {
         /* One pass: each thread takes whole kv heads and their key tiles in ascending order, so
