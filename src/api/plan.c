@@ -208,8 +208,9 @@ static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_config *cfg,
         return st;
     }
     if (o->seq_ranks > 1) {
-        /* the ledger of the rank holding the most; a rank's buffers depend on its rows and its
-         * share only, so a rank with the rows and share of one planned before adds nothing */
+        /* the ledger of the rank holding the most; a rank's buffers depend on its rows, its share
+         * and whether it is its group's first or last (no query side of its own to keep, none
+         * to receive) only, so a rank like one planned before adds nothing */
         sbp_objective obj = o->grad.objective;
         if (obj.kind == SBP_OBJ_SFT && b.n_targets == 0 && obj.num_items == 0) obj.num_items = 1;
         sbp_obj_eval ev = {0};
@@ -217,7 +218,7 @@ static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_config *cfg,
         const int n = o->micro_batches > 1 ? o->micro_batches : N / S;
         const int ncol = sbp_seq_columns(N, S, n);
         int bounds[SBP_SEQ_MAX + 1];
-        int64_t seen[2 * SBP_SEQ_MAX][2];
+        int64_t seen[2 * SBP_SEQ_MAX][3];
         int ns = 0;
         const int grain = sbp_engine_seq_grain_f32(eo.numerics == SBP_NUMERICS_PORTABLE, eo.block);
         if (ncol < 0)
@@ -236,11 +237,13 @@ static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_config *cfg,
                 break;
             }
             free(rg);
-            const int q = r % S, held = bounds[q + 1] - bounds[q];
+            const int q = r % S, held = bounds[q + 1] - bounds[q],
+                      end = (q == 0) + 2 * (q == S - 1);
             int dup = 0; /* the traffic differs by rank (its pieces, its place in the relays) */
-            for (int i = 0; i < ns && !net; i++) dup |= seen[i][0] == held && seen[i][1] == own;
+            for (int i = 0; i < ns && !net; i++)
+                dup |= seen[i][0] == held && seen[i][1] == own && seen[i][2] == end;
             if (dup) continue;
-            if (ns < 2 * SBP_SEQ_MAX) seen[ns][0] = held, seen[ns++][1] = own;
+            if (ns < 2 * SBP_SEQ_MAX) seen[ns][0] = held, seen[ns][1] = own, seen[ns++][2] = end;
             sbp_ledger rl = {.plan = 1};
             tally t = {0, 0};
             const sbp_seq_link link = {.rank = q,

@@ -108,15 +108,16 @@ static int pass_begin(eng *e, run_bufs *r, const sched_row *row, int c, int back
         return 0;
     if (!backward) return 1;
     /* dK, dV of the K/V side's keys, sequence parallel this rank's only */
-    const int seq = e->link && e->link->size > 1, dkr = seq ? e->r1 - e->r0 : kvr;
+    const int seq = seq_shared(e), dkr = seq ? e->r1 - e->r0 : kvr;
     if (!kv_work_alloc(e, &r->kvw, dkr) || !chunk_grads_alloc(e, &r->cg, c) ||
         !pend_work_alloc(e, &r->pd, dkr))
         return 0;
     if (!seq) return 1;
-    /* sequence parallel: this rank's query side, and a piece of a later rank's */
-    const int piece = seq_piece(e, c), later = e->link->rank < e->link->size - 1;
-    return query_side_alloc(e, &r->qs_mine, e->r1 - e->r0, piece) &&
-           (!later || query_side_alloc(e, &r->qs_in, piece, piece));
+    /* sequence parallel: this rank's query side for the earlier ranks, and a piece of a later
+     * rank's */
+    const int piece = seq_piece(e, c), me = e->link->rank, S = e->link->size;
+    return (me == 0 || query_side_alloc(e, &r->qs_mine, e->r1 - e->r0, piece)) &&
+           (me == S - 1 || query_side_alloc(e, &r->qs_in, piece, piece));
 }
 
 static void pass_end(eng *e, run_bufs *r, const sched_row *row) {
@@ -310,7 +311,7 @@ static int hand_over(relay_item *it, const relay_item *b, int nb, const layer_ru
  * links of one process's chains, in its order (every later query after this rank's own). */
 static void key_rank_pass(eng *e, layer_run *lr) {
     const int me = e->link->rank, S = e->link->size;
-    if (!relay_query_post(e, lr->qs_mine, lr->relay_win)) return;
+    if (lr->qs_mine && !relay_query_post(e, lr->qs_mine, lr->relay_win)) return;
     for (int p = me + 1; p < S && !e->link_failed; p++) {
         const int end = seq_seen_end(e, lr->relay_win, me, p), P = lr->qs_in->piece;
         for (int a = e->bounds[p], b; a < end && !e->link_failed; a = b) {
@@ -340,7 +341,8 @@ static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int firs
         kv_forward(e, lr); /* K and V of all T tokens, once */
     kv_begin_backward(e, lr);
     relay_in(e, first, it, hand_over(it, b, nb, lr, e, me, 1), "a layer's backward");
-    if (lr->qs_mine) relay_flush(e); /* the query side posted last is read before it is rewritten */
+    if (lr->qs_mine)
+        relay_flush(e); /* the query side posted last is taken before it is rewritten */
     for (int s = r0, end; s < r1 && !e->link_failed; s = end) { /* chunks in ascending order */
         end = s + c < r1 ? s + c : r1;
         if (lr->kvwin) kv_window_extend(e, lr, end, 1);
@@ -349,7 +351,7 @@ static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int firs
         if (lr->kvwin) kv_window_retire(e, lr, kv_window_next(e, lr->window, end), 1);
     }
     relay_out(e, 0, it, hand_over(it, b, nb, lr, e, me + 1, 1), "a layer's backward");
-    if (lr->qs_mine && !e->link_failed) key_rank_pass(e, lr);
+    if (seq_shared(e) && !e->link_failed) key_rank_pass(e, lr);
     relay_in(e, 0, it, hand_over(it, b, nb, lr, e, me, 2), "a layer's K/V backward");
     if (!lr->kvwin && !e->link_failed) kv_backward(e, lr); /* the K/V side of this rank's keys */
     if (!tail) kv_end_backward(e, lr);

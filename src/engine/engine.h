@@ -299,8 +299,8 @@ typedef struct {
     norm_block *nb;
     lora_work *lw; /* the adapters' scratch (NULL without adapters) */
     pend_work *pd; /* the open token blocks' partial sums (NULL: none, pend_work) */
-    /* sequence parallel, in the backward (else NULL): this rank's query side, rows from r0, and
-     * a piece of a later rank's, received */
+    /* sequence parallel, in the backward (else NULL): this rank's query side, rows from r0 (not
+     * on rank 0), and a piece of a later rank's, received (not on the last) */
     query_side *qs_mine, *qs_in;
 } layer_run;
 
@@ -393,6 +393,8 @@ int relay_query_post(eng *e, const query_side *qs, int window);
 int relay_query_recv(eng *e, query_side *qs, int p, int a, int b);
 /* a (B, T) array of doubles: every rank's rows gathered on every rank */
 int relay_gather_rows(eng *e, double *a, int B, int T);
+/* 1 when ranks share the sequence (a link of two or more ranks, a planning link too) */
+int seq_shared(const eng *e);
 /* 1 when this rank holds the sequence's last rows (or there is no link) */
 int seq_last(const eng *e);
 /* The run's posted messages completed (the end of a run). */

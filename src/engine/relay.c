@@ -58,6 +58,10 @@ static int items_recv(eng *e, int from, const relay_item *it, int n, const char 
     return items_recv_kind(e, from, it, n, 0, what);
 }
 
+int seq_shared(const eng *e) {
+    return e->link && e->link->size > 1;
+}
+
 int seq_last(const eng *e) {
     return !e->link || e->link->rank == e->link->size - 1;
 }

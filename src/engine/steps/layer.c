@@ -281,7 +281,7 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     /* o = attention(q, K, V); sequence parallel: dK, dV of this rank's keys only, the earlier
      * ranks' from the query side (key_rank_backward there) */
     sbp_attn_dims ad = attn_dims(e, lr, s, M);
-    if (lr->qs_mine) ad.kv_lo = e->r0 - lr->kv->lo, ad.kv_hi = e->r1 - lr->kv->lo;
+    if (seq_shared(e)) ad.kv_lo = e->r0 - lr->kv->lo, ad.kv_hi = e->r1 - lr->kv->lo;
     sum_attention_backward(e, d->dq, lr->kvw->dk, lr->kvw->dv, lr->pd ? lr->pd->dk : NULL,
                            lr->pd ? lr->pd->dv : NULL, d->dsum, d->dout, a.o, a.lse, a.q, lr->kv->k,
                            lr->kv->v, lr->kmask + lr->kv->lo, &ad, lr->kv->lo, lr->kv->hi);
@@ -328,7 +328,7 @@ static void kv_backward_rows(const eng *e, layer_run *lr, int r0, int r1) {
     const int C = e->C, KV = e->KV, n = r1 - r0;
     const size_t nKV = (size_t)n * KV, off = (size_t)(r0 - lr->kv->lo) * KV;
     /* kv_work's rows: from the K/V side's first (lo), sequence parallel from this rank's */
-    const size_t doff = (size_t)(r0 - (lr->qs_mine ? e->r0 : lr->kv->lo)) * KV;
+    const size_t doff = (size_t)(r0 - (seq_shared(e) ? e->r0 : lr->kv->lo)) * KV;
     const layer_p *w = lr->w;
     layer_p *gw = lr->g;
     const layer_p *pd = pend_of(lr);

@@ -376,7 +376,7 @@ void tiled_attention_backward(real *dq, real *dk, real *dv, real *dsum, real *sc
         sbp_attn_dims p = *dm;
         p.s = s, p.M = next - s;
         const size_t r = (size_t)(s - dm->s); /* the pass's first row in the call's arrays */
-        backward_pass(dq + r * Q, dk, dv, dsum + r * NH, scratch, dout + r * Q, o + r * Q,
-                      lse + r * NH, q + r * Q, k, v, kmask, &p);
+        backward_pass(dq ? dq + r * Q : NULL, dk, dv, dsum + r * NH, scratch, dout + r * Q,
+                      o ? o + r * Q : NULL, lse + r * NH, q + r * Q, k, v, kmask, &p);
     }
 }
