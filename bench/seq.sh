@@ -1,10 +1,10 @@
 #!/bin/bash
 # bench/seq.sh — `make bench-seq`: sequence parallel (docs/distributed.md §8) on the bench model
 # (data/models/bench.json), one sequence of T tokens, stream, fast numerics: 2 processes x 1
-# thread sharing it (--seq-ranks 2) against one process x 2 threads, in interleaved rounds. For
-# each T: the step time of each (grad's "seconds", rank 0's), the ratio, the bytes and messages
-# each rank sent against the planner's network model (plan --seq-ranks 2), and the seconds each
-# rank waited on the other.
+# thread sharing it (--seq-ranks 2, and with --seq-overlap) against one process x 2 threads, in
+# interleaved rounds. For each T: the step time of each (grad's "seconds", rank 0's), the ratios,
+# the bytes and messages each rank sent against the planner's network model (plan --seq-ranks
+# 2), the seconds each rank waited on the other, and the planned peaks.
 #   bench/seq.sh BIN OUTDIR [T ...]   (default T: 8192; ROUNDS=2)
 set -o pipefail
 BIN=$(realpath "$1") OUT=$2
@@ -25,7 +25,7 @@ import sys; sys.path.insert(0, "data"); import make_batches as mb
 T = int(sys.argv[2]); u = mb.lcg(7)
 mb.write(sys.argv[1], [mb.custom(u, T, "i" * 100 + "v" * (T - 100))], "I64")' "$B" "$T" || exit 1
     A=(grad --model "$M" --batch "$B" --schedule stream --json)
-    one=() two=()
+    one=() two=() ovl=()
     for r in $(seq "$ROUNDS"); do
         OMP_NUM_THREADS=2 "$BIN" "${A[@]}" --threads 2 --out "$OUT/one.st" >"$OUT/one-$T.json" \
             2>"$OUT/one-$T.log" || { tail -3 "$OUT/one-$T.log"; exit 1; }
@@ -34,14 +34,27 @@ mb.write(sys.argv[1], [mb.custom(u, T, "i" * 100 + "v" * (T - 100))], "I64")' "$
             --out "$OUT/two.st" >"$OUT/two-$T.json" 2>"$OUT/two-$T.log" ||
             { tail -3 "$OUT/two-$T.log"; exit 1; }
         two+=("$(secs "$OUT/two-$T.json")")
+        OMP_NUM_THREADS=1 "${MPI[@]}" -np 2 "$BIN" "${A[@]}" --threads 1 --seq-ranks 2 \
+            --seq-overlap --out "$OUT/two.st" >"$OUT/ovl-$T.json" 2>"$OUT/ovl-$T.log" ||
+            { tail -3 "$OUT/ovl-$T.log"; exit 1; }
+        ovl+=("$(secs "$OUT/ovl-$T.json")")
     done
     best() { printf '%s\n' "$@" | sort -g | head -1; }
-    b1=$(best "${one[@]}") b2=$(best "${two[@]}")
+    b1=$(best "${one[@]}") b2=$(best "${two[@]}") b3=$(best "${ovl[@]}")
+    ratio() { awk -v a="$1" -v b="$b1" 'BEGIN { printf "%.2fx", a / b }'; }
+    peak() { # the planned peak of the rank holding the most, MiB
+        OMP_NUM_THREADS=1 "$BIN" plan --config data/models/bench.json --seq "$T" --schedules stream \
+            "$@" --json | sed -n 's/.*"total":[^0-9]*\([0-9]*\).*/\1/p' | head -1 |
+            awk '{ printf "%.1f MiB", $1 / 1048576 }'
+    }
     echo "T = $T"
-    echo "  1 process x 2 threads:                 ${one[*]} s (best $b1)"
-    echo "  2 processes x 1 thread, --seq-ranks 2: ${two[*]} s (best $b2," \
-        "$(awk -v a="$b2" -v b="$b1" 'BEGIN { printf "%.2fx", a / b }'))"
+    echo "  1 process x 2 threads:                 ${one[*]} s (best $b1; peak $(peak))"
+    echo "  2 processes x 1 thread, --seq-ranks 2: ${two[*]} s (best $b2, $(ratio "$b2");" \
+        "peak $(peak --seq-ranks 2))"
+    echo "  the same with --seq-overlap:           ${ovl[*]} s (best $b3, $(ratio "$b3");" \
+        "peak $(peak --seq-ranks 2 --seq-overlap))"
     grep -o 'sent per rank.*' "$OUT/two-$T.log" | sed 's/^/  last round: /'
+    grep -o 'sent per rank.*' "$OUT/ovl-$T.log" | sed 's/^/  last round, --seq-overlap: /'
     # the planner's model of the rank sending the most, plus the start-up check's 5376 bytes in
     # one message to the other rank
     want=$(OMP_NUM_THREADS=1 "$BIN" plan --config data/models/bench.json --seq "$T" \

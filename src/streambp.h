@@ -475,6 +475,10 @@ typedef struct {
      * process. S divides N: N / S groups of S, data parallel between the groups (N = D × S);
      * 0 or 1: every process holds whole sequences */
     int seq_ranks;
+    /* with seq_ranks > 1: 1, a rank after the first runs each layer's backward without waiting
+     * for the previous rank's part of the layer's gradient, keeping the operands of its weight
+     * products until that arrives (faster, more memory; the same bits); 0: it waits */
+    int seq_overlap;
     /* NULL, or where each operation's calls and time are added (sbp_profile; CPU only) */
     sbp_profile *profile;
 } sbp_grad_opts;

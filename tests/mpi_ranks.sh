@@ -291,23 +291,24 @@ G3=$(model gemma3-tiny) S450=data/batches/seq-sft-450.safetensors
 SD="--batch data/batches/seq-dpo-300.safetensors --objective dpo --beta 0.1"
 seq_same seq-llama-stream "$(seq_full && echo 2 3 4 || echo 2 3)" --model "$L" --batch $S450 $P \
     --chunk 7 --block 4
-seq_same seq-qwen3-tied-stream "3" --model "$Q" --batch $S450 $P --chunk 50 --logit-chunk 33
+seq_same seq-qwen3-tied-stream "3" --model "$Q" --batch $S450 $P --chunk 50 --logit-chunk 33 \
+    --seq-overlap
 seq_full && seq_same seq-qwen3-tied-full "4" --model "$Q" --batch $S450 $P --schedule full
 seq_full && seq_same seq-llama-ckpt "3" --model "$L" --batch $S450 $P --schedule ckpt
 seq_full && seq_same seq-llama-ckpt-chunked "2" --model "$L" --batch $S450 $P --schedule ckpt \
     --chunked-logits --logit-chunk 3
 seq_same seq-gemma3-stream "$(seq_full && echo 2 3 4 || echo 3)" --model "$G3" --batch $S450 $P --chunk 20
-seq_full && seq_same seq-gemma3-full "2" --model "$G3" --batch $S450 $P --schedule full
+seq_full && seq_same seq-gemma3-full "2" --model "$G3" --batch $S450 $P --schedule full --seq-overlap
 seq_full && seq_same seq-qwen2-fp64 "3" --model "$Q2" --batch $S450 $P --precision fp64
-seq_full && seq_same seq-llama-bf16 "2" --model "$L" --batch $S450 $P --precision bf16
-seq_same seq-qwen2-dpo "3" --model "$Q2" $SD $P
+seq_full && seq_same seq-llama-bf16 "2" --model "$L" --batch $S450 $P --precision bf16 --seq-overlap
+seq_same seq-qwen2-dpo "3" --model "$Q2" $SD $P --seq-overlap
 seq_full && seq_same seq-qwen2-dpo-ipo "2" --model "$Q2" $SD $P --loss-type ipo
 seq_full && seq_same seq-llama-grpo "2" --model "$L" --batch data/batches/seq-grpo-300.safetensors \
     --objective grpo $P
-seq_full && seq_same seq-qwen3-lora "3" --model "$Q" --lora "$A" --batch $S450 $P
+seq_full && seq_same seq-qwen3-lora "3" --model "$Q" --lora "$A" --batch $S450 $P --seq-overlap
 seq_same seq-llama-micro "2" --model "$L" --batch $S450 --batch data/batches/sft-t700.safetensors \
     --batch $S450 $P --chunk 9
-seq_full && seq_same seq-llama-fast "3" --model "$L" --batch $S450 --block 64 --chunk 64
+seq_full && seq_same seq-llama-fast "3" --model "$L" --batch $S450 --block 64 --chunk 64 --seq-overlap
 # data parallel between groups sharing each sequence (N = D x S): group g runs micro-batches
 # k = g (mod D), the owners fold them in k order
 seq_same seq-llama-groups "$(seq_full && echo 4:2 6:3 || echo 4:2)" --model "$L" --batch $S450 \
@@ -356,15 +357,16 @@ u = mb.lcg(7); mb.write(sys.argv[1], [mb.custom(u, 4096, "i" * 100 + "v" * 3996)
             "$TMP/t4096.safetensors" || bad "the tall model or its batch"
     TALL="--model $TMP/model-tall --batch $TMP/t4096.safetensors --threads 1"
     SEQPEAK[1]=$("$BIN" grad $TALL --json 2>/dev/null | sed -n 's/.*"peak_total_bytes":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
-    for sn in stream:2 stream:4 full:2; do
-        sch=${sn%:*} n=${sn#*:}
-        got=$("${MPIRUN[@]}" -np $n "$BIN" grad $TALL --schedule $sch --seq-ranks $n 2>&1 |
+    # (and with --seq-overlap, which keeps a layer's weight-product operands: planned too)
+    for sn in stream:2 stream:4 full:2 stream:2:--seq-overlap; do
+        IFS=: read -r sch n ov <<<"$sn"
+        got=$("${MPIRUN[@]}" -np $n "$BIN" grad $TALL --schedule $sch --seq-ranks $n $ov 2>&1 |
             sed -n 's/.*ledger peak of the rank holding the most: \([0-9]*\) bytes.*/\1/p')
-        [ $sch = stream ] && SEQPEAK[$n]=$got
-        want=$("$BIN" plan --config "$TMP/tall.json" --seq 4096 --schedules $sch --seq-ranks $n --json |
+        [ $sch = stream ] && [ -z "$ov" ] && SEQPEAK[$n]=$got
+        want=$("$BIN" plan --config "$TMP/tall.json" --seq 4096 --schedules $sch --seq-ranks $n $ov --json |
             sed -n 's/.*"total":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
-        [ -n "$got" ] && [ "$got" = "$want" ] && ok "plan --seq-ranks $n ($sch): $want bytes, as measured" ||
-            bad "plan --seq-ranks $n ($sch): planned ${want:-?}, measured ${got:-?}"
+        [ -n "$got" ] && [ "$got" = "$want" ] && ok "plan --seq-ranks $n $ov${ov:+ }($sch): $want bytes, as measured" ||
+            bad "plan --seq-ranks $n $ov${ov:+ }($sch): planned ${want:-?}, measured ${got:-?}"
     done
     if [ -n "${SEQPEAK[1]}" ] && [ -n "${SEQPEAK[2]}" ] && [ -n "${SEQPEAK[4]}" ] &&
         [ $((SEQPEAK[2] * 10)) -lt $((SEQPEAK[1] * 7)) ] && [ "${SEQPEAK[4]}" -lt "${SEQPEAK[2]}" ]; then

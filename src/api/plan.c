@@ -100,7 +100,7 @@ static int tally_recv(void *ctx, int from, void *buf, size_t bytes, const char *
     return 1;
 }
 
-static int tally_flush(void *ctx) {
+static int tally_flush(void *ctx, int side) {
     (void)ctx;
     return 1;
 }

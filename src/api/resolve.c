@@ -42,6 +42,7 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
     eo->schedule = opts->schedule;
     eo->numerics = opts->numerics;
     eo->unattended = opts->unattended;
+    eo->seq_overlap = opts->seq_overlap;
     eo->lora = opts->lora;
     eo->emulate_bf16 = opts->emulate_bf16;
     eo->profile = opts->profile;

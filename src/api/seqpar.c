@@ -25,23 +25,24 @@ enum { PART = SBP_SEQ_PART };
 
 typedef struct {
     sbp_comm *c;
-    int base;    /* the group's first rank: the link's rank q is the transport's base + q */
-    int *posted; /* (cap) the requests of the posted messages, waited for by flush */
-    int nposted, cap;
+    int base;       /* the group's first rank: the link's rank q is the transport's base + q */
+    int *posted[2]; /* (cap) the requests of the posted messages, [0] the hand-overs, [1] the
+                     * query sides, each waited for by its flush */
+    int nposted[2], cap[2];
     sbp_err err; /* the transport's first error */
     int failed;
 } link_ctx;
 
-/* A posted message's request (a hand-over to rank 0, a query side), for flush; 0 when out of
- * memory (the error set). */
-static int remember(link_ctx *l, int r) {
-    if (l->nposted == l->cap) {
-        const int cap = l->cap ? 2 * l->cap : 16;
-        int *p = realloc(l->posted, sizeof *p * (size_t)cap);
+/* A posted message's request (side 0: a hand-over to rank 0, 1: a query side), for its flush;
+ * 0 when out of memory (the error set). */
+static int remember(link_ctx *l, int side, int r) {
+    if (l->nposted[side] == l->cap[side]) {
+        const int cap = l->cap[side] ? 2 * l->cap[side] : 16;
+        int *p = realloc(l->posted[side], sizeof *p * (size_t)cap);
         if (!p) return sbp_fail(&l->err, SBP_ENOMEM, "out of memory"), 0;
-        l->posted = p, l->cap = cap;
+        l->posted[side] = p, l->cap[side] = cap;
     }
-    l->posted[l->nposted++] = r;
+    l->posted[side][l->nposted[side]++] = r;
     return 1;
 }
 
@@ -57,7 +58,7 @@ static int move_tag(void *ctx, int peer, void *buf, size_t bytes, int send, int 
         const int r = send ? sbp_comm_isend(l->c, p, n, peer, tag, &l->err)
                            : sbp_comm_irecv(l->c, p, n, peer, tag, &l->err);
         if (r < 0 || (!post && sbp_comm_wait(l->c, r, what, &l->err))) l->failed = 1;
-        if (r >= 0 && post && tag != PIECE_TAG && !remember(l, r)) l->failed = 1;
+        if (r >= 0 && post && tag != PIECE_TAG && !remember(l, tag == SIDE_TAG, r)) l->failed = 1;
     }
     return !l->failed;
 }
@@ -90,13 +91,14 @@ static int link_recv_side(void *ctx, int from, void *buf, size_t bytes, const ch
     return move_tag(ctx, l->base + from, buf, bytes, 0, 0, SIDE_TAG, what);
 }
 
-/* The posted messages' requests, waited for: only those, as the pieces' receives from the
- * other groups stay posted beside them (waiting for those here would tie this group to theirs). */
-static int link_flush(void *ctx) {
+/* The posted messages' requests of one kind, waited for: only those, as the pieces' receives
+ * from the other groups stay posted beside them (waiting for those here would tie this group to
+ * theirs), and the other kind's buffers are not about to be written. */
+static int link_flush(void *ctx, int side) {
     link_ctx *l = ctx;
-    for (int i = 0; i < l->nposted && !l->failed; i++)
-        if (sbp_comm_wait(l->c, l->posted[i], "a posted message", &l->err)) l->failed = 1;
-    l->nposted = 0;
+    for (int i = 0; i < l->nposted[side] && !l->failed; i++)
+        if (sbp_comm_wait(l->c, l->posted[side][i], "a posted message", &l->err)) l->failed = 1;
+    l->nposted[side] = 0;
     return !l->failed;
 }
 
@@ -356,7 +358,7 @@ sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model
         const double lk = all[producer(&h, k % D) * h.m + k / D];
         total = k ? total + lk : lk;
     }
-    free(mine), free(all), free(l.posted);
+    free(mine), free(all), free(l.posted[0]), free(l.posted[1]);
     shares_end(&h, lg);
     if (st)
         sbp_ledger_free(lg, h.out);

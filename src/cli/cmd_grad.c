@@ -52,8 +52,12 @@ static const char usage[] =
     "  --seq-ranks S        under mpirun -np N (S divides N): groups of S processes share every\n"
     "                       sequence, each holding whole blocks of its tokens and their layer\n"
     "                       inputs; the N / S groups share the micro-batches (sequence\n"
-    "                       parallel, docs/distributed.md §8; memory falls with S, time does\n"
-    "                       not yet)\n"
+    "                       parallel, docs/distributed.md §8; memory falls with S)\n"
+    "  --seq-overlap        with --seq-ranks: a rank runs each layer's backward without waiting "
+    "for\n"
+    "                       the previous rank's part of its gradient, keeping the operands of its\n"
+    "                       weight products until that arrives (faster, more memory; the same "
+    "bits)\n"
     "\n"
     "Under `mpirun -np N`, every process runs micro-batches k = rank (mod N) (N must divide the\n"
     "--batch count) and rank 0 writes: the same bits as one process (docs/distributed.md).\n"
@@ -98,6 +102,7 @@ static int parse(grad_args *a, int argc, char **argv) {
                                          {"force", no_argument, 0, 'F'},
                                          {"comm-timeout", required_argument, 0, 'W'},
                                          {"seq-ranks", required_argument, 0, 'S'},
+                                         {"seq-overlap", no_argument, 0, 'V'},
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
@@ -151,6 +156,7 @@ static int parse(grad_args *a, int argc, char **argv) {
             a->g.seq_ranks = (int)v;
             break;
         }
+        case 'V': a->g.seq_overlap = 1; break;
         case 'h': printf("%s%s", usage, obj_usage); return -1;
         default:
             if (common_opt_code(c)) {

@@ -52,6 +52,8 @@ static const char usage[] =
     "                     parallel, docs/distributed.md §8), the one holding the most: its rows'\n"
     "                     layer inputs and working set, its share and columns; with --ranks N\n"
     "                     (S divides N) one of N / S such groups\n"
+    "  --seq-overlap      with --seq-ranks: as grad's (the operands of a layer's weight products\n"
+    "                     kept on every rank after the first)\n"
     "  --bandwidth B      with --ranks and --flops: the exposed communication time a step for a\n"
     "                     link of B bytes/s (10G; 100Gbit: bits/s), --latency S seconds a\n"
     "                     message (default 0), --flops G GFLOP/s a process (docs/distributed.md)\n"
@@ -96,6 +98,7 @@ typedef struct {
     int B, storage, optimizer, block, chunk, logit_chunk;
     int micro_batches, ranks; /* --grad-accum, --ranks (docs/distributed.md) */
     int seq_ranks;            /* --seq-ranks (docs/distributed.md §8) */
+    int seq_overlap;          /* --seq-overlap */
     sbp_objective obj;
     sbp_lora_config lora; /* r 0: full gradients */
 } plan_setup;
@@ -106,6 +109,7 @@ static sbp_plan_opts plan_opts(const plan_setup *s, const sched_row *r) {
                                 .chunk = s->chunk,
                                 .logit_chunk = s->logit_chunk,
                                 .chunked_logits = r->chunked_logits,
+                                .seq_overlap = s->seq_overlap,
                                 .objective = s->obj},
                        .B = s->B,
                        .storage_bytes = s->storage,
@@ -459,6 +463,7 @@ static int parse_args(plan_args *a, int argc, char **argv) {
                                          {"grad-accum", required_argument, 0, 'G'},
                                          {"ranks", required_argument, 0, 'R'},
                                          {"seq-ranks", required_argument, 0, 'Q'},
+                                         {"seq-overlap", no_argument, 0, 'V'},
                                          {"bandwidth", required_argument, 0, OPT_BANDWIDTH},
                                          {"latency", required_argument, 0, OPT_LATENCY},
                                          {"flops", required_argument, 0, OPT_FLOPS},
@@ -524,6 +529,7 @@ static int parse_args(plan_args *a, int argc, char **argv) {
         case 'R':
             if (!parse_pos_int("plan", "ranks", optarg, &s->ranks)) return EXIT_USAGE;
             break;
+        case 'V': s->seq_overlap = 1; break;
         case 'Q':
             if (!parse_pos_int("plan", "seq-ranks", optarg, &s->seq_ranks)) return EXIT_USAGE;
             break;

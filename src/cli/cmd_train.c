@@ -96,6 +96,11 @@ static const char usage[] =
     "                       holding whole blocks of its tokens, the N / S groups sharing the\n"
     "                       micro-batches (sequence parallel, docs/distributed.md §8); a run\n"
     "                       may resume on another S or N\n"
+    "  --seq-overlap        with --seq-ranks: a rank runs each layer's backward without waiting "
+    "for\n"
+    "                       the previous rank's part of its gradient, keeping the operands of its\n"
+    "                       weight products until that arrives (faster, more memory; the same "
+    "bits)\n"
     "\n";
 
 /* Every path option is at most SBP_RUN_PATH_MAX characters (checked when parsing): the library's
@@ -142,6 +147,7 @@ enum {
     OPT_LORA,
     OPT_COMM_TIMEOUT,
     OPT_SEQ_RANKS,
+    OPT_SEQ_OVERLAP,
     OPT_HELP
 };
 
@@ -202,6 +208,7 @@ static int parse_option(train_args *a, int c, const char *arg) {
     case OPT_LORA: o->lora = arg; return 1;
     case OPT_COMM_TIMEOUT: return parse_comm_timeout("train", arg, &a->comm_timeout);
     case OPT_SEQ_RANKS: return parse_pos_int("train", "seq-ranks", arg, &o->g.seq_ranks);
+    case OPT_SEQ_OVERLAP: o->g.seq_overlap = 1; return 1;
     }
     if (c >= OBJ_OPT_OBJECTIVE && c <= OBJ_OPT_REF_MODEL)
         return obj_args_option(&a->obj, "train", c, arg);
@@ -304,6 +311,7 @@ static int parse(train_args *a, int argc, char **argv) {
                                          {"lora", required_argument, 0, OPT_LORA},
                                          {"comm-timeout", required_argument, 0, OPT_COMM_TIMEOUT},
                                          {"seq-ranks", required_argument, 0, OPT_SEQ_RANKS},
+                                         {"seq-overlap", no_argument, 0, OPT_SEQ_OVERLAP},
                                          {"help", no_argument, 0, OPT_HELP},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};

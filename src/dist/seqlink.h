@@ -24,7 +24,7 @@ typedef struct sbp_seq_link {
     int (*send)(void *ctx, int to, const void *buf, size_t bytes, const char *what);
     int (*recv)(void *ctx, int from, void *buf, size_t bytes, const char *what);
     int (*post)(void *ctx, int to, const void *buf, size_t bytes, const char *what);
-    int (*flush)(void *ctx);
+    int (*flush)(void *ctx, int side); /* side 0: the posted hand-overs, 1: the query sides */
     int (*post_side)(void *ctx, int to, const void *buf, size_t bytes, const char *what);
     int (*recv_side)(void *ctx, int from, void *buf, size_t bytes, const char *what);
 } sbp_seq_link;

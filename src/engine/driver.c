@@ -305,13 +305,12 @@ static int hand_over(relay_item *it, const relay_item *b, int nb, const layer_ru
     return hop_items(it, bucket_part(it, 0, b, nb, lr, e, round), lr, e, to, round);
 }
 
-/* Sequence parallel's dK, dV at the key's rank: this rank's query side to the earlier ranks
- * whose keys its queries see (posted), then the later ranks' queries that see this rank's keys,
- * rank by rank ascending and in pieces ascending, each summed into this rank's dK, dV: the
- * links of one process's chains, in its order (every later query after this rank's own). */
+/* Sequence parallel's dK, dV at the key's rank: the later ranks' queries that see this rank's
+ * keys (their query sides, posted to it by relay_query_post), rank by rank ascending and in
+ * pieces ascending, each summed into this rank's dK, dV: the links of one process's chains, in
+ * its order (every later query after this rank's own). */
 static void key_rank_pass(eng *e, layer_run *lr) {
     const int me = e->link->rank, S = e->link->size;
-    if (lr->qs_mine && !relay_query_post(e, lr->qs_mine, lr->relay_win)) return;
     for (int p = me + 1; p < S && !e->link_failed; p++) {
         const int end = seq_seen_end(e, lr->relay_win, me, p), P = lr->qs_in->piece;
         for (int a = e->bounds[p], b; a < end && !e->link_failed; a = b) {
@@ -321,41 +320,97 @@ static void key_rank_pass(eng *e, layer_run *lr) {
     }
 }
 
+/* Where a layer's backward writes its gradient (ops/defer.c): its bucket (b, nb), the open
+ * blocks' partial sums before their dK, dV (pend_work's layout, steps/sums.c) and a local
+ * layer's K/V-path chain of the input norm. */
+static int grad_regions(relay_item *reg, const relay_item *b, int nb, const layer_run *lr,
+                        const eng *e) {
+    int n = 0;
+    for (int i = 0; i < nb && n < DEFER_REGIONS; i++) reg[n++] = b[i];
+    if (lr->pd && n < DEFER_REGIONS)
+        reg[n++] = (relay_item){lr->pd->slab, (size_t)((char *)lr->pd->dk - (char *)lr->pd->slab)};
+    if (lr->kvw->dgin && n < DEFER_REGIONS)
+        reg[n++] = (relay_item){lr->kvw->dgin, sizeof(real) * e->C};
+    return n;
+}
+
+/* A part of a layer's backward with its gradient calls deferred (ops/defer.c) on a rank after
+ * the first: `part` runs the dX path at once; then the rank takes the relay's state from the
+ * rank before (in), adds its own links to it in order (the log replayed) and hands it on (out).
+ * Without deferral the state is taken first and the part adds to it as it runs. */
+typedef struct {
+    const relay_item *b;
+    int nb, round, first, last;
+} relay_round;
+
+static void round_in(eng *e, const layer_run *lr, const relay_round *rr) {
+    relay_item it[16]; /* bucket_part: at most 11 items, hop_items 1 */
+    const int me = e->link ? e->link->rank : 0;
+    relay_in(e, rr->round == 1 && rr->first, it, hand_over(it, rr->b, rr->nb, lr, e, me, rr->round),
+             rr->round == 1 ? "a layer's backward" : "a layer's K/V backward");
+}
+
+static void round_out(eng *e, const layer_run *lr, const relay_round *rr) {
+    relay_item it[16];
+    const int me = e->link ? e->link->rank : 0;
+    relay_out(e, rr->round == 2 && rr->last, it,
+              hand_over(it, rr->b, rr->nb, lr, e, me + 1, rr->round),
+              rr->round == 1 ? "a layer's backward" : "a layer's K/V backward");
+}
+
 /* The backward of one layer and sequence in chunks of c rows, ascending; with a kept forward
  * (full BP) nothing is recomputed. The K/V side is backpropagated once after the last chunk,
  * or, bounded by the window, key block by key block as their queries are done.
  * Sequence parallel (relay.c): this rank's chunks sum dK, dV of its own keys and keep their query
- * side; the later ranks' query sides complete those sums here (key_rank_pass) and this rank's go
- * to the earlier ranks; then the K/V side of this rank's keys. The layer's bucket travels in two
+ * side, which goes to the earlier ranks; the later ranks' query sides complete those sums here
+ * (key_rank_pass); then the K/V side of this rank's keys. The layer's bucket travels in two
  * rounds over the ranks: the chunks' tensors, then the K/V side's (and a local layer's
- * input-norm chain). first, last: the sequence is the batch's first, last (the bucket's relay
- * starts, ends). */
+ * input-norm chain). A rank after the first runs each part's dX path first and its gradient
+ * calls when the round reaches it (deferred), so that it need not wait for the rank before.
+ * first, last: the sequence is the batch's first, last (the bucket's relay starts, ends). */
 static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int first, int last) {
     const int r0 = e->r0, r1 = e->r1, tail = !seq_last(e);
-    const int me = e->link ? e->link->rank : 0;
-    relay_item b[2], it[16]; /* bucket_part: at most 11 items, hop_items 1 */
-    const int nb = bucket_items(e, (int)(lr->w - e->w), b);
+    const int defer = seq_shared(e) && e->link->rank > 0 && e->seq_overlap;
+    relay_item b[2], reg[DEFER_REGIONS];
+    const int nb = bucket_items(e, (int)(lr->w - e->w), b), nreg = grad_regions(reg, b, nb, lr, e);
+    relay_round rr = {.b = b, .nb = nb, .round = 1, .first = first, .last = last};
+    struct defer_log *dl = NULL;
     if (lr->kvwin)
         kv_window_begin(e, lr);
     else if (recompute)
         kv_forward(e, lr); /* K and V of all T tokens, once */
+    if (defer && !defer_begin(e, &dl, reg, nreg)) return;
     kv_begin_backward(e, lr);
-    relay_in(e, first, it, hand_over(it, b, nb, lr, e, me, 1), "a layer's backward");
-    if (lr->qs_mine)
-        relay_flush(e); /* the query side posted last is taken before it is rewritten */
-    for (int s = r0, end; s < r1 && !e->link_failed; s = end) { /* chunks in ascending order */
+    if (!defer) round_in(e, lr, &rr);
+    if (lr->qs_mine) relay_flush_sides(e); /* the query side posted last taken before rewritten */
+    for (int s = r0, end; s < r1 && !e->link_failed && !e->oom; s = end) { /* chunks ascending */
         end = s + c < r1 ? s + c : r1;
         if (lr->kvwin) kv_window_extend(e, lr, end, 1);
         if (recompute) chunk_forward(e, lr, s, end);
         chunk_backward(e, lr, s, end);
         if (lr->kvwin) kv_window_retire(e, lr, kv_window_next(e, lr->window, end), 1);
     }
-    relay_out(e, 0, it, hand_over(it, b, nb, lr, e, me + 1, 1), "a layer's backward");
+    if (lr->qs_mine && !e->link_failed) relay_query_post(e, lr->qs_mine, lr->relay_win);
+    if (defer) {
+        defer_pause(e, dl);
+        round_in(e, lr, &rr);
+        if (!e->link_failed && !e->oom) defer_replay(e, dl);
+        defer_end(e, dl), dl = NULL;
+    }
+    round_out(e, lr, &rr);
     if (seq_shared(e) && !e->link_failed) key_rank_pass(e, lr);
-    relay_in(e, 0, it, hand_over(it, b, nb, lr, e, me, 2), "a layer's K/V backward");
+    rr.round = 2;
+    if (defer && !defer_begin(e, &dl, reg, nreg)) return;
+    if (!defer) round_in(e, lr, &rr);
     if (!lr->kvwin && !e->link_failed) kv_backward(e, lr); /* the K/V side of this rank's keys */
+    if (defer) {
+        defer_pause(e, dl);
+        round_in(e, lr, &rr);
+        if (!e->link_failed && !e->oom) defer_replay(e, dl);
+        defer_end(e, dl);
+    }
     if (!tail) kv_end_backward(e, lr);
-    relay_out(e, last, it, hand_over(it, b, nb, lr, e, me + 1, 2), "a layer's K/V backward");
+    round_out(e, lr, &rr);
 }
 
 /* The embedding's backward of every sequence: with a link, one relay round per sequence (the

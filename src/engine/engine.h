@@ -46,6 +46,9 @@ typedef struct {
 /* Everything a run needs that does not change while it runs. */
 struct eng {
     const sbp_ops *ops;
+    /* while a rank defers its gradient calls (ops/defer.c): ops is the deferring table, and this
+     * its log */
+    struct defer_log *defer;
     /* with a profile: ops is the timing table (ops/profile.c), which calls inner's operations
      * and adds their calls and time to prof */
     const sbp_ops *inner;
@@ -90,7 +93,8 @@ struct eng {
     const sbp_seq_link *link;
     int *bounds; /* (link->size + 1) rank q holds rows [bounds[q], bounds[q + 1]) */
     int r0, r1, link_failed;
-    int posted; /* a posted message (relay.c) is not flushed yet */
+    int posted[2];   /* a posted message (relay.c: a hand-over, a query side) not flushed yet */
+    int seq_overlap; /* defer a rank's gradient calls behind the relay (ops/defer.c) */
 
     /* Gemma-3 (gemma.c); gemma 0 and the rest unused in the other families */
     int gemma;                 /* sandwich norms, GeGLU, scaled embedding, two RoPE bases */
@@ -399,11 +403,26 @@ int seq_shared(const eng *e);
 int seq_last(const eng *e);
 /* The run's posted messages completed (the end of a run). */
 int relay_flush(eng *e);
+/* The query sides posted (relay_query_post) taken, before their buffer is written again. */
+int relay_flush_sides(eng *e);
 /* The rows a rank holds come in whole grains, so that no block, and no block's partial sum, is
  * split between ranks: SUM_BLOCK (the portable sums' blocks; the portable kernels' chains are
  * row by row and their key tiles divide it), and in the fast numerics also the token block (the
  * fast products' and attention tiles' grid): lcm(blk, SUM_BLOCK). */
 int seq_grain(int portable, int blk);
+
+/* ---- deferred gradient calls (ops/defer.c, sequence parallel) --------------------------------
+ * defer_begin puts the deferring table in front of e->ops: calls writing into the regions (at
+ * most DEFER_REGIONS: the layer's bucket, the open blocks' partial sums, a local layer's
+ * K/V-path chain) keep their dX part and log the rest; defer_pause takes it away (the log
+ * kept), defer_replay runs the log in order, defer_end frees it (and pauses). 0: out of memory
+ * (e->oom set). */
+enum { DEFER_REGIONS = 4 };
+struct defer_log;
+int defer_begin(eng *e, struct defer_log **log, const relay_item *region, int n);
+void defer_pause(eng *e, struct defer_log *d);
+void defer_replay(eng *e, struct defer_log *d);
+void defer_end(eng *e, struct defer_log *d);
 
 /* ---- the LM head and the objective (steps/head.c) -------------------------------------------- */
 

@@ -97,6 +97,7 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
              .lora_s = o->lora ? (real)sbp_lora_scaling(&o->lora->cfg) : 0,
              .lg = lg,
              .link = o->link,
+             .seq_overlap = o->seq_overlap,
              .r0 = 0,
              .r1 = b->T};
     const sbp_ops *op = e.ops;

@@ -40,6 +40,9 @@ typedef struct {
      * travel from rank to rank, the last rank's go to the hook or the fold). NULL: one process
      * holds every row. */
     const sbp_seq_link *link;
+    /* with a link: a rank after the first runs a layer's dX path before the previous rank's
+     * gradient arrives, its gradient calls deferred (sbp_grad_opts.seq_overlap) */
+    int seq_overlap;
 } sbp_engine_opts;
 
 /* The op table of a CUDA device in precision p (cuda/registry.cc), or NULL where this build has

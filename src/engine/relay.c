@@ -12,13 +12,16 @@
  *
  * No deadlock. Blocking messages go to a later rank (keys and values, the relays' hand-overs);
  * the two kinds that go to an earlier rank are posted and not waited for where they are sent:
- * the last rank's hand-over to rank 0 and the query sides. So a rank waits on a receive only
- * from an earlier rank in the same round, or for a query side of the same layer, which its
- * sender posted once its own chunks were done — and those wait only on earlier ranks and on the
- * layer above. A flush (before a posted buffer is written again) waits for receives that the
- * earlier ranks make in the layer above or in the round before, before they reach this rank's
- * next hand-over. Two other messages go to earlier ranks, neither inside a relay: DPO's
- * log-probs, gathered while every rank is in the gather, and the result's pieces from the last
+ * the last rank's hand-over to rank 0 and the query sides. A rank waits on a receive only from
+ * an earlier rank (its K/V, its round's hand-over, sent once that rank's part of the layer is
+ * done) or for a query side of the same layer, which its sender posted as soon as its chunks
+ * were done, before it waits on anything of the layer's rounds; so a part of a layer waits on
+ * later ranks only for what they post first, and on earlier ranks and the layer above. Each kind is
+ * flushed apart, before its buffer is written again: a hand-over before the next is posted
+ * (rank 0 took the last one in the round before), a query side before the next layer's chunks
+ * (every earlier rank took it in that layer's key pass, which waits only on the ranks after
+ * it). Two other messages go to earlier ranks, neither inside a relay: DPO's log-probs,
+ * gathered while every rank is in the gather, and the result's pieces from the last
  * rank, whose receives were posted before the step (src/api/seqpar.c). */
 #include "engine.h"
 
@@ -72,7 +75,7 @@ static int items_post(eng *e, int to, const relay_item *it, int n, int side, con
     for (int i = 0; i < n && !e->link_failed; i++)
         if (it[i].bytes && !(side ? k->post_side : k->post)(k->ctx, to, it[i].p, it[i].bytes, what))
             e->link_failed = 1;
-    e->posted = !e->link_failed;
+    e->posted[side] = !e->link_failed;
     return !e->link_failed;
 }
 
@@ -80,29 +83,38 @@ static int items_wrap(eng *e, const relay_item *it, int n, const char *what) {
     return items_post(e, 0, it, n, 0, what);
 }
 
-int relay_flush(eng *e) {
-    if (!moving(e) || !e->posted) return !e->link_failed;
-    e->posted = 0;
-    if (!e->link->flush(e->link->ctx)) e->link_failed = 1;
+/* The posted messages of one kind (0: the hand-overs, 1: the query sides) taken. */
+static int flush_kind(eng *e, int side) {
+    if (!moving(e) || !e->posted[side]) return !e->link_failed;
+    e->posted[side] = 0;
+    if (!e->link->flush(e->link->ctx, side)) e->link_failed = 1;
     return !e->link_failed;
+}
+
+int relay_flush(eng *e) {
+    return flush_kind(e, 0) && flush_kind(e, 1);
+}
+
+int relay_flush_sides(eng *e) {
+    return flush_kind(e, 1);
 }
 
 int relay_in(eng *e, int fresh, const relay_item *it, int n, const char *what) {
     if (!moving(e) || (fresh && e->link->rank == 0)) return !e->link_failed;
     const int S = e->link->size;
-    return relay_flush(e) && items_recv(e, (e->link->rank + S - 1) % S, it, n, what);
+    return flush_kind(e, 0) && items_recv(e, (e->link->rank + S - 1) % S, it, n, what);
 }
 
 int relay_out(eng *e, int final, const relay_item *it, int n, const char *what) {
     if (!moving(e) || (final && seq_last(e))) return !e->link_failed;
-    if (seq_last(e)) return relay_flush(e) && items_wrap(e, it, n, what);
+    if (seq_last(e)) return flush_kind(e, 0) && items_wrap(e, it, n, what);
     return items_send(e, e->link->rank + 1, it, n, what);
 }
 
 int relay_carry(eng *e, const relay_item *it, int n, const char *what) {
     if (!moving(e)) return !e->link_failed;
     const int last = e->link->size - 1;
-    if (e->link->rank == last) return relay_flush(e) && items_wrap(e, it, n, what);
+    if (e->link->rank == last) return flush_kind(e, 0) && items_wrap(e, it, n, what);
     return e->link->rank == 0 ? items_recv(e, last, it, n, what) : !e->link_failed;
 }
 

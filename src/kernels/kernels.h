@@ -133,7 +133,7 @@ void rmsnorm_forward(real *out,     /* (M, C) */
                      const real *x, /* (M, C) */
                      const real *w, /* (C) */
                      int M, int C, double eps);
-void rmsnorm_backward(real *dx,         /* (M, C) += */
+void rmsnorm_backward(real *dx,         /* (M, C) += (NULL: dw alone) */
                       real *dw,         /* (C) += , a chain over the rows; or NULL */
                       const real *dout, /* (M, C) */
                       const real *x,    /* (M, C) */

@@ -24,11 +24,11 @@ void rmsnorm_forward(real *out, real *rstd, const real *x, const real *w, int M,
  *   dx = rstd · (g − xhat · mean(g·xhat)),   dw = Σ_rows dout·xhat. */
 void rmsnorm_backward(real *dx, real *dw, const real *dout, const real *x, const real *rstd,
                       const real *w, int M, int C) {
-#pragma omp parallel
+#pragma omp parallel if (dx)
     {
         real g[C], xh[C]; /* one row; C is at most a few thousand */
 #pragma omp for schedule(static)
-        for (int r = 0; r < M; r++) {
+        for (int r = 0; r < (dx ? M : 0); r++) { /* dx NULL: dw alone */
             const real *x_r = x + (size_t)r * C, *d_r = dout + (size_t)r * C;
             real *dx_r = dx + (size_t)r * C;
             const real rs = rstd[r];

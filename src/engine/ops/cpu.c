@@ -214,7 +214,7 @@ static void cpu_rmsnorm_backward(const eng *e, real *dx, real *dw, const real *d
         rmsnorm_backward(dx, dw, dout, x, rstd, w, M, C);
     else /* dw per token block: docs/numerics.md §10 */
         rmsnorm_backward_blocked(dx, dw, dout, x, rstd, w, M, C, e->blk);
-    store(e, dx, (size_t)M * C);
+    if (dx) store(e, dx, (size_t)M * C);
 }
 
 static void cpu_rope_forward(const eng *e, real *x, int s, int M, int H) {
