@@ -1,5 +1,5 @@
 /* seqpar.c — a gradient step with groups of processes sharing every sequence (sequence parallel,
- * docs/distributed.md §8, stage 1).
+ * docs/distributed.md §8).
  *
  * The N processes form D = N / S groups of S consecutive ranks; group g runs micro-batches
  * k ≡ g (mod D), in rounds of D (round ρ: k = ρD + g), every rank of the group the whole
@@ -299,7 +299,8 @@ sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model
                         n, D, S);
     /* HF makes a query that sees no key attend to every key of the sequence, the later ranks'
      * too, which no rank holds (docs/distributed.md §8) */
-    const int W = m->cfg.family == SBP_GEMMA3 ? m->cfg.sliding_window : 0;
+    int W = 0; /* a local layer's window, if the model has one (every local layer's is the same) */
+    for (int l = 0; l < m->cfg.layers && !W; l++) W = sbp_layer_window(&m->cfg, l);
     for (int k = 0; k < n && opts->unattended != SBP_UNATTENDED_ZERO; k++)
         if (batches[k].mask && sees_no_key(&batches[k], W))
             return sbp_fail(err, SBP_EUSAGE,

@@ -9,13 +9,13 @@
 /* S ranks share every sequence of a step; rank q holds rows [bounds[q], bounds[q + 1]) of it
  * (sbp_seq_slices, with the engine's grain). The sends and receives are exact copies; each
  * returns 0 when the transport failed (the provider keeps its error). send and recv return when
- * their buffer may be used again; post returns at once, its buffer untouched until flush returns
- * (the one message that goes from the last rank back to rank 0 is posted: with every other
- * message going to a later rank, no two ranks can then wait on each other; src/engine/relay.c).
- * post_side and recv_side carry the query sides (dK, dV at the key's rank): posted and received
- * as post and recv, but matched apart from the other messages, so that rank 0 may take the last
- * rank's query side before the hand-over the last rank posted to it earlier; flush waits for
- * them too. Messages of one kind between two ranks arrive in the order sent.
+ * their buffer may be used again; post returns at once, its buffer untouched until flush returns.
+ * The messages that go to an earlier rank are posted, so no two ranks wait on each other
+ * (src/engine/relay.c): the last rank's hand-over to rank 0 (post) and the query sides (dK, dV at
+ * the key's rank: post_side, received with recv_side, matched apart from the other messages, so
+ * that rank 0 may take the last rank's query side before the hand-over the last rank posted to
+ * it earlier). flush(side) waits for the posted messages of one kind (0: post's, 1: post_side's).
+ * Messages of one kind between two ranks arrive in the order sent.
  * A planning link has no functions: nothing is sent, the buffers are charged as a run allocates
  * them. */
 typedef struct sbp_seq_link {

@@ -295,9 +295,9 @@ static int hop_items(relay_item *it, int n, const layer_run *lr, const eng *e, i
     return n;
 }
 
-/* The hand-over of a layer's backward to rank `to` in round 1 or 2: the bucket's part and the
- * running dK, dV sums. Past the last rank, round 1 goes on as rank 0's round 2 and round 2 as
- * rank 0's round 1 of the next sequence. */
+/* The hand-over of a layer's backward to rank `to` in round 1 or 2: the bucket's part and, in
+ * round 2, a local layer's input-norm chain (hop_items). Past the last rank, round 1 goes on as
+ * rank 0's round 2 and round 2 as rank 0's round 1 of the next sequence. */
 static int hand_over(relay_item *it, const relay_item *b, int nb, const layer_run *lr, const eng *e,
                      int to, int round) {
     if (e->link && to == e->link->size) to = 0, round = round == 1 ? 2 : 0;

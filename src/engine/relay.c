@@ -165,13 +165,13 @@ int seq_seen_end(const eng *e, int window, int j, int p) {
     if (!window) return bd[p + 1];
     /* key bounds[j + 1] − 1 is seen by the queries before it + W, here up to the grain */
     const int g = seq_grain(e->portable, e->blk);
-    const long end = ((long)bd[j + 1] - 1 + window + g - 1) / g * g;
+    const int64_t end = ((int64_t)bd[j + 1] - 1 + window + g - 1) / g * g;
     return end < bd[p + 1] ? (int)end : bd[p + 1];
 }
 
 int seq_piece(const eng *e, int c) {
     const int g = seq_grain(e->portable, e->blk), most = e->bounds[2] - e->bounds[1];
-    const long p = ((long)c + g - 1) / g * g;
+    const int64_t p = ((int64_t)c + g - 1) / g * g;
     return p < most ? (int)p : most;
 }
 

@@ -183,7 +183,8 @@ typedef struct {
     /* The backward split between ranks (sequence parallel, docs/distributed.md §8); all 0 in
      * one process, and for the forward. kv_lo, kv_hi: dK and dV of the keys [kv_lo, kv_hi) only,
      * which dk and dv then hold from row 0 (kv_hi = 0: every key, key j at row j), kv_lo a
-     * multiple of every kernel's key tile; no_dq: dQ is not formed (dq unused); dsum_in: dsum
+     * multiple of every kernel's key tile and kv_hi one too, or past the call's last key (a
+     * tile is owned by where it starts); no_dq: dQ is not formed (dq unused); dsum_in: dsum
      * holds D = rowsum(dO ⊙ O) on entry (o unused). A key's dK, dV and a query's dQ get the very
      * terms, in the very order, of the call without them. The CPU kernels only (the CUDA ones
      * are not run with them). */
