@@ -290,7 +290,7 @@ static int bucket_part(relay_item *it, int n, const relay_item *b, int nb, const
  * nothing). dK and dV do not travel: a key's rank sums them (key_rank_pass). */
 static int hop_items(relay_item *it, int n, const layer_run *lr, const eng *e, int to, int round) {
     const int S = e->link ? e->link->size : 1;
-    if (round == 2 && to > 0 && to < S && lr->kvw->dgin)
+    if (round == 2 && to > 0 && to < S && lr->window && lr->kvw->dgin)
         it[n++] = (relay_item){lr->kvw->dgin, sizeof(real) * e->C};
     return n;
 }
