@@ -44,22 +44,22 @@ mb.write(sys.argv[1], [mb.custom(u, T, "i" * 100 + "v" * (T - 100))], "I64")' "$
     ratio() { awk -v a="$1" -v b="$b1" 'BEGIN { printf "%.2fx", a / b }'; }
     peak() { # the planned peak of the rank holding the most, MiB
         OMP_NUM_THREADS=1 "$BIN" plan --config data/models/bench.json --seq "$T" --schedules stream \
-            "$@" --json | sed -n 's/.*"total":[^0-9]*\([0-9]*\).*/\1/p' | head -1 |
-            awk '{ printf "%.1f MiB", $1 / 1048576 }'
+            "$@" --json | sed -n 's/.*"total":[^0-9]*\([0-9]*\).*/\1/p' |
+            awk 'NR == 1 { printf "%.1f MiB", $1 / 1048576 }'
     }
+    p1=$(peak) && p2=$(peak --seq-ranks 2) && p3=$(peak --seq-ranks 2 --seq-overlap) || exit 1
     echo "T = $T"
-    echo "  1 process x 2 threads:                 ${one[*]} s (best $b1; peak $(peak))"
-    echo "  2 processes x 1 thread, --seq-ranks 2: ${two[*]} s (best $b2, $(ratio "$b2");" \
-        "peak $(peak --seq-ranks 2))"
-    echo "  the same with --seq-overlap:           ${ovl[*]} s (best $b3, $(ratio "$b3");" \
-        "peak $(peak --seq-ranks 2 --seq-overlap))"
+    echo "  1 process x 2 threads:                 ${one[*]} s (best $b1; peak $p1)"
+    echo "  2 processes x 1 thread, --seq-ranks 2: ${two[*]} s (best $b2, $(ratio "$b2"); peak $p2)"
+    echo "  the same with --seq-overlap:           ${ovl[*]} s (best $b3, $(ratio "$b3"); peak $p3)"
     grep -o 'sent per rank.*' "$OUT/two-$T.log" | sed 's/^/  last round: /'
     grep -o 'sent per rank.*' "$OUT/ovl-$T.log" | sed 's/^/  last round, --seq-overlap: /'
     # the planner's model of the rank sending the most, plus the start-up check's 5376 bytes in
     # one message to the other rank
     want=$(OMP_NUM_THREADS=1 "$BIN" plan --config data/models/bench.json --seq "$T" \
         --schedules stream --seq-ranks 2 --json |
-        sed -n 's/.*"sent_\(bytes\|messages\)_per_step":[^0-9]*\([0-9]*\).*/\2/p' | tr '\n' ' ')
+        sed -n 's/.*"sent_\(bytes\|messages\)_per_step":[^0-9]*\([0-9]*\).*/\2/p' | tr '\n' ' ') ||
+        exit 1
     set -- $want
     got=$(grep -o 'sent per rank[^:]*: .*' "$OUT/two-$T.log" | cut -d: -f2 | tr ' ' '\n' | grep / |
         awk -F/ '$1 > b { b = $1; m = $2 } END { print b - 5376, m - 1 }')
