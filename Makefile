@@ -269,7 +269,7 @@ test-avx2:
 	if objdump -d $(AVX2_BUILD)/streambp | grep -q zmm; then \
 	  echo "test-avx2: $(AVX2_BUILD)/streambp holds AVX-512 instructions"; exit 1; fi && \
 	SBP_PYTHON_TESTS=0 $(MAKE) --no-print-directory BUILD=$(AVX2_BUILD) ARCH=x86-64-v3 test \
-	  SUITES="golden schedules kernels pgemm pgemmfold attnout accuracy vexp"
+	  SUITES="golden schedules kernels pgemm pgemmfold attnout accuracy vexp vtanh"
 
 golden: all
 	@$(MAKE) --no-print-directory $(BUILD)/tests/test_golden
