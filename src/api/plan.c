@@ -100,6 +100,8 @@ static int tally_recv(void *ctx, int from, void *buf, size_t bytes, const char *
     return 1;
 }
 
+static void tally_progress(void *ctx) {}
+
 static int tally_flush(void *ctx, int side) {
     (void)ctx;
     return 1;
@@ -254,6 +256,8 @@ static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_config *cfg,
                                        .post = net ? tally_send : NULL,
                                        .post_side = net ? tally_send : NULL,
                                        .recv_side = net ? tally_recv : NULL,
+                                       .post_ahead = net ? tally_send : NULL,
+                                       .progress = net ? tally_progress : NULL,
                                        .flush = net ? tally_flush : NULL};
             if ((st = sbp_obj_begin(&ev, &obj, &b, err))) break;
             eo.ev = &ev;

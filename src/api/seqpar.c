@@ -25,31 +25,36 @@ enum { PART = SBP_SEQ_PART };
 
 typedef struct {
     sbp_comm *c;
-    int base;       /* the group's first rank: the link's rank q is the transport's base + q */
-    int *posted[2]; /* (cap) the requests of the posted messages, [0] the hand-overs, [1] the
-                     * query sides, each waited for by its flush */
-    int nposted[2], cap[2];
+    int base; /* the group's first rank: the link's rank q is the transport's base + q */
+    int *posted[SBP_SEQ_KINDS]; /* (cap) the requests of the posted messages of each kind
+                                 * (sbp_seq_kind), each waited for by its flush */
+    int nposted[SBP_SEQ_KINDS], cap[SBP_SEQ_KINDS];
     sbp_err err; /* the transport's first error */
     int failed;
 } link_ctx;
 
-/* A posted message's request (side 0: a hand-over to rank 0, 1: a query side), for its flush;
- * 0 when out of memory (the error set). */
-static int remember(link_ctx *l, int side, int r) {
-    if (l->nposted[side] == l->cap[side]) {
-        const int cap = l->cap[side] ? 2 * l->cap[side] : 16;
-        int *p = realloc(l->posted[side], sizeof *p * (size_t)cap);
+/* A posted message's request of one kind (sbp_seq_kind), for its flush; 0 when out of memory
+ * (the error set). */
+static int remember(link_ctx *l, int kind, int r) {
+    if (l->nposted[kind] == l->cap[kind]) {
+        const int cap = l->cap[kind] ? 2 * l->cap[kind] : 16;
+        int *p = realloc(l->posted[kind], sizeof *p * (size_t)cap);
         if (!p) return sbp_fail(&l->err, SBP_ENOMEM, "out of memory"), 0;
-        l->posted[side] = p, l->cap[side] = cap;
+        l->posted[kind] = p, l->cap[kind] = cap;
     }
-    l->posted[side][l->nposted[side]++] = r;
+    l->posted[kind][l->nposted[kind]++] = r;
     return 1;
 }
 
-/* One copy to or from a peer, in parts of at most PART bytes, waited for unless posted. Each
- * wait is for its own request: the shares' receives stay posted beside it (below); every request
- * of a micro-batch is done, and the transport's list emptied, at its end. */
-static int move_tag(void *ctx, int peer, void *buf, size_t bytes, int send, int post, int tag,
+/* move_tag's kinds besides sbp_seq_kind: waited for where it is sent or received; posted and
+ * completed by the transport's end of the micro-batch (the pieces' receives) */
+enum { WAIT = -1, UNTRACKED = -2 };
+
+/* One copy to or from a peer, in parts of at most PART bytes, waited for (kind WAIT) or posted
+ * as a message of that kind. Each wait is for its own request: the shares' receives stay posted
+ * beside it (below); every request of a micro-batch is done, and the transport's list emptied,
+ * at its end. */
+static int move_tag(void *ctx, int peer, void *buf, size_t bytes, int send, int kind, int tag,
                     const char *what) {
     link_ctx *l = ctx;
     for (size_t at = 0; at < bytes && !l->failed; at += PART) {
@@ -57,48 +62,57 @@ static int move_tag(void *ctx, int peer, void *buf, size_t bytes, int send, int 
         char *p = (char *)buf + at;
         const int r = send ? sbp_comm_isend(l->c, p, n, peer, tag, &l->err)
                            : sbp_comm_irecv(l->c, p, n, peer, tag, &l->err);
-        if (r < 0 || (!post && sbp_comm_wait(l->c, r, what, &l->err))) l->failed = 1;
-        if (r >= 0 && post && tag != PIECE_TAG && !remember(l, tag == SIDE_TAG, r)) l->failed = 1;
+        if (r < 0 || (kind == WAIT && sbp_comm_wait(l->c, r, what, &l->err))) l->failed = 1;
+        if (r >= 0 && kind >= 0 && !remember(l, kind, r)) l->failed = 1;
     }
     return !l->failed;
 }
 
-static int move(void *ctx, int peer, void *buf, size_t bytes, int send, int post,
+static int move(void *ctx, int peer, void *buf, size_t bytes, int send, int kind,
                 const char *what) {
     const link_ctx *l = ctx;
-    return move_tag(ctx, l->base + peer, buf, bytes, send, post, SEQ_TAG, what);
+    return move_tag(ctx, l->base + peer, buf, bytes, send, kind, SEQ_TAG, what);
 }
 
 static int link_send(void *ctx, int to, const void *buf, size_t bytes, const char *what) {
-    return move(ctx, to, (void *)buf, bytes, 1, 0, what);
+    return move(ctx, to, (void *)buf, bytes, 1, WAIT, what);
 }
 
 static int link_recv(void *ctx, int from, void *buf, size_t bytes, const char *what) {
-    return move(ctx, from, buf, bytes, 0, 0, what);
+    return move(ctx, from, buf, bytes, 0, WAIT, what);
 }
 
 static int link_post(void *ctx, int to, const void *buf, size_t bytes, const char *what) {
-    return move(ctx, to, (void *)buf, bytes, 1, 1, what);
+    return move(ctx, to, (void *)buf, bytes, 1, SBP_SEQ_HANDOVER, what);
+}
+
+static int link_post_ahead(void *ctx, int to, const void *buf, size_t bytes, const char *what) {
+    return move(ctx, to, (void *)buf, bytes, 1, SBP_SEQ_AHEAD, what);
 }
 
 static int link_post_side(void *ctx, int to, const void *buf, size_t bytes, const char *what) {
     const link_ctx *l = ctx;
-    return move_tag(ctx, l->base + to, (void *)buf, bytes, 1, 1, SIDE_TAG, what);
+    return move_tag(ctx, l->base + to, (void *)buf, bytes, 1, SBP_SEQ_SIDE, SIDE_TAG, what);
 }
 
 static int link_recv_side(void *ctx, int from, void *buf, size_t bytes, const char *what) {
     const link_ctx *l = ctx;
-    return move_tag(ctx, l->base + from, buf, bytes, 0, 0, SIDE_TAG, what);
+    return move_tag(ctx, l->base + from, buf, bytes, 0, WAIT, SIDE_TAG, what);
+}
+
+static void link_progress(void *ctx) {
+    link_ctx *l = ctx;
+    sbp_comm_progress(l->c);
 }
 
 /* The posted messages' requests of one kind, waited for: only those, as the pieces' receives
  * from the other groups stay posted beside them (waiting for those here would tie this group to
- * theirs), and the other kind's buffers are not about to be written. */
-static int link_flush(void *ctx, int side) {
+ * theirs), and the other kinds' buffers are not about to be written. */
+static int link_flush(void *ctx, int kind) {
     link_ctx *l = ctx;
-    for (int i = 0; i < l->nposted[side] && !l->failed; i++)
-        if (sbp_comm_wait(l->c, l->posted[side][i], "a posted message", &l->err)) l->failed = 1;
-    l->nposted[side] = 0;
+    for (int i = 0; i < l->nposted[kind] && !l->failed; i++)
+        if (sbp_comm_wait(l->c, l->posted[kind][i], "a posted message", &l->err)) l->failed = 1;
+    l->nposted[kind] = 0;
     return !l->failed;
 }
 
@@ -152,7 +166,7 @@ static int fold_hook(void *ctx, int64_t off, int64_t n, const void *g) {
         for (int q = 0; q < h->N && !l->failed; q++) {
             if (!owns(h, p, q)) continue;
             if (q != h->me)
-                move_tag(l, q, (void *)src, bytes, 1, 0, PIECE_TAG, "the gradient's pieces");
+                move_tag(l, q, (void *)src, bytes, 1, WAIT, PIECE_TAG, "the gradient's pieces");
             else
                 memcpy(mine + h->pos[i] * h->esz, src, bytes);
         }
@@ -169,7 +183,7 @@ static int post_receives(shares *h) {
         for (int i = 0; i < h->np && !h->l->failed; i++)
             if (owns(h, &h->pc[i], h->me))
                 move_tag(h->l, producer(h, j), to + h->pos[i] * h->esz,
-                         (size_t)h->pc[i].n * (size_t)h->esz, 0, 1, PIECE_TAG,
+                         (size_t)h->pc[i].n * (size_t)h->esz, 0, UNTRACKED, PIECE_TAG,
                          "the gradient's pieces");
     }
     return !h->l->failed;
@@ -317,6 +331,8 @@ sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model
                                .recv = link_recv,
                                .post = link_post,
                                .post_side = link_post_side,
+                               .post_ahead = link_post_ahead,
+                               .progress = link_progress,
                                .recv_side = link_recv_side,
                                .flush = link_flush};
     shares h = {.l = &l,
@@ -359,7 +375,8 @@ sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model
         const double lk = all[producer(&h, k % D) * h.m + k / D];
         total = k ? total + lk : lk;
     }
-    free(mine), free(all), free(l.posted[0]), free(l.posted[1]);
+    free(mine), free(all);
+    for (int k = 0; k < SBP_SEQ_KINDS; k++) free(l.posted[k]);
     shares_end(&h, lg);
     if (st)
         sbp_ledger_free(lg, h.out);

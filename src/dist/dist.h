@@ -183,6 +183,10 @@ int sbp_comm_irecv(sbp_comm *c, void *buf, size_t bytes, int from, int tag, sbp_
 /* 1 when request r is done (or no request), without waiting: the fold's progress between
  * buckets. */
 int sbp_comm_test(sbp_comm *c, int r);
+/* Every outstanding request tested once, without waiting: lets the transport move what others
+ * wait on (a large message is matched only while its receiver is inside the transport) during a
+ * long computation. */
+void sbp_comm_progress(sbp_comm *c);
 /* Waits for request r with the deadline (SBP_EPEER naming the peer and what on expiry). Done,
  * r is forgotten: the handle may name a later request (the last one added gives its place back,
  * so that a run of send-and-wait messages does not grow the list). */

@@ -184,6 +184,14 @@ int sbp_comm_test(sbp_comm *c, int r) {
     return MPI_Test(&c->req[r], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done;
 }
 
+void sbp_comm_progress(sbp_comm *c) {
+    if (!c->mpi) return;
+    for (int i = 0; i < c->nreq; i++) {
+        int done = 0; /* a failure shows in the wait that follows */
+        if (c->req[i] != MPI_REQUEST_NULL) MPI_Test(&c->req[i], &done, MPI_STATUS_IGNORE);
+    }
+}
+
 sbp_status sbp_comm_wait(sbp_comm *c, int r, const char *what, sbp_err *err) {
     if (!c->mpi || r < 0 || r >= c->nreq) return SBP_OK;
     const sbp_status st = wait_all(c, &c->req[r], &c->peer[r], 1, what, err);

@@ -14,8 +14,10 @@
  * (src/engine/relay.c): the last rank's hand-over to rank 0 (post) and the query sides (dK, dV at
  * the key's rank: post_side, received with recv_side, matched apart from the other messages, so
  * that rank 0 may take the last rank's query side before the hand-over the last rank posted to
- * it earlier). flush(side) waits for the posted messages of one kind (0: post's, 1: post_side's).
- * Messages of one kind between two ranks arrive in the order sent.
+ * it earlier). Some that go to a later rank are posted too, so that the sender runs on (K and V,
+ * a layer's first hand-over: post_ahead, received with recv, in the order sent among send's).
+ * flush(kind) waits for the posted messages of one kind (0: post's, 1: post_side's, 2:
+ * post_ahead's). Messages of one kind between two ranks arrive in the order sent.
  * A planning link has no functions: nothing is sent, the buffers are charged as a run allocates
  * them. */
 typedef struct sbp_seq_link {
@@ -24,10 +26,15 @@ typedef struct sbp_seq_link {
     int (*send)(void *ctx, int to, const void *buf, size_t bytes, const char *what);
     int (*recv)(void *ctx, int from, void *buf, size_t bytes, const char *what);
     int (*post)(void *ctx, int to, const void *buf, size_t bytes, const char *what);
-    int (*flush)(void *ctx, int side); /* side 0: the posted hand-overs, 1: the query sides */
+    int (*flush)(void *ctx, int kind); /* kind: one of sbp_seq_kind */
     int (*post_side)(void *ctx, int to, const void *buf, size_t bytes, const char *what);
     int (*recv_side)(void *ctx, int from, void *buf, size_t bytes, const char *what);
+    int (*post_ahead)(void *ctx, int to, const void *buf, size_t bytes, const char *what);
+    void (*progress)(void *ctx); /* the transport moves what others wait on, waiting for nothing */
 } sbp_seq_link;
+
+/* The kinds of posted messages, each flushed apart */
+typedef enum { SBP_SEQ_HANDOVER, SBP_SEQ_SIDE, SBP_SEQ_AHEAD, SBP_SEQ_KINDS } sbp_seq_kind;
 
 /* The rows of T tokens cut for S ranks in whole grains (the token block and the portable sums'
  * block, so that no block and no sum is split between ranks): ceil(T / grain) grains, the first

@@ -219,6 +219,7 @@ static void layer_forward(eng *e, layer_run *lr, int fc) {
         if (lr->kvwin) kv_window_extend(e, lr, end, 0);
         chunk_forward(e, lr, s, end);
         if (lr->kvwin) kv_window_retire(e, lr, kv_window_next(e, lr->window, end), 0);
+        relay_progress(e);
     }
 }
 
@@ -350,12 +351,16 @@ static void round_in(eng *e, const layer_run *lr, const relay_round *rr) {
              rr->round == 1 ? "a layer's backward" : "a layer's K/V backward");
 }
 
+/* Round 1's hand-over is posted (this rank goes on to its key pass; flushed before round 2
+ * writes the bucket), round 2's sent. */
 static void round_out(eng *e, const layer_run *lr, const relay_round *rr) {
     relay_item it[16];
     const int me = e->link ? e->link->rank : 0;
-    relay_out(e, rr->round == 2 && rr->last, it,
-              hand_over(it, rr->b, rr->nb, lr, e, me + 1, rr->round),
-              rr->round == 1 ? "a layer's backward" : "a layer's K/V backward");
+    const int n = hand_over(it, rr->b, rr->nb, lr, e, me + 1, rr->round);
+    if (rr->round == 1)
+        relay_out_ahead(e, it, n, "a layer's backward");
+    else
+        relay_out(e, rr->last, it, n, "a layer's K/V backward");
 }
 
 /* The backward of one layer and sequence in chunks of c rows, ascending; with a kept forward
@@ -383,14 +388,18 @@ static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int firs
     kv_begin_backward(e, lr);
     if (!defer) round_in(e, lr, &rr);
     if (lr->qs_mine) relay_flush_sides(e); /* the query side posted last taken before rewritten */
+    int qs_from = r0;                      /* the query side's first row not posted yet */
     for (int s = r0, end; s < r1 && !e->link_failed && !e->oom; s = end) { /* chunks ascending */
         end = s + c < r1 ? s + c : r1;
         if (lr->kvwin) kv_window_extend(e, lr, end, 1);
         if (recompute) chunk_forward(e, lr, s, end);
         chunk_backward(e, lr, s, end);
         if (lr->kvwin) kv_window_retire(e, lr, kv_window_next(e, lr->window, end), 1);
+        /* its pieces that are complete, so that the earlier ranks' key passes start */
+        if (lr->qs_mine && !e->link_failed && !e->oom)
+            relay_query_post(e, lr->qs_mine, lr->relay_win, &qs_from, end);
+        relay_progress(e);
     }
-    if (lr->qs_mine && !e->link_failed) relay_query_post(e, lr->qs_mine, lr->relay_win);
     if (defer) {
         defer_pause(e, dl);
         round_in(e, lr, &rr);
@@ -399,6 +408,7 @@ static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int firs
     }
     round_out(e, lr, &rr);
     if (seq_shared(e) && !e->link_failed) key_rank_pass(e, lr);
+    relay_flush_ahead(e); /* round 1's hand-over taken: round 2 writes the input norm's part */
     rr.round = 2;
     if (defer && !defer_begin(e, &dl, reg, nreg)) return;
     if (!defer) round_in(e, lr, &rr);
@@ -462,6 +472,7 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
             layer_forward(e, &lr, fc);
             if (e->link_failed) goto out;
         }
+    if (!relay_flush_ahead(e)) goto out; /* the last K and V posted read before freed */
     pass_end(e, &r, row);
 
     /* the head: the loss and dH */

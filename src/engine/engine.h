@@ -93,8 +93,8 @@ struct eng {
     const sbp_seq_link *link;
     int *bounds; /* (link->size + 1) rank q holds rows [bounds[q], bounds[q + 1]) */
     int r0, r1, link_failed;
-    int posted[2];   /* a posted message (relay.c: a hand-over, a query side) not flushed yet */
-    int seq_overlap; /* defer a rank's gradient calls behind the relay (ops/defer.c) */
+    int posted[SBP_SEQ_KINDS]; /* a posted message of each kind (relay.c) not flushed yet */
+    int seq_overlap;           /* defer a rank's gradient calls behind the relay (ops/defer.c) */
 
     /* Gemma-3 (gemma.c); gemma 0 and the rest unused in the other families */
     int gemma;                 /* sandwich norms, GeGLU, scaled embedding, two RoPE bases */
@@ -370,12 +370,16 @@ int relay_in(eng *e, int fresh, const relay_item *it, int n, const char *what);
 /* After it: the items to the next rank, except from the last rank when the relay ends here
  * (final). */
 int relay_out(eng *e, int final, const relay_item *it, int n, const char *what);
+/* relay_out's items, not final, posted to the next rank (flushed by relay_flush_ahead before
+ * they are written again), so that this rank runs on: a layer's first round. */
+int relay_out_ahead(eng *e, const relay_item *it, int n, const char *what);
 /* The last rank's items to rank 0: a relay that goes on after others ran (a tied embedding's
  * gradient from the head to the lookup). */
 int relay_carry(eng *e, const relay_item *it, int n, const char *what);
-/* K and V (T, KV) of a layer: this rank's rows to every later rank, every earlier rank's rows
- * received; on a layer of window W > 0 only the rows from seq_need(e, W, p) on, the ones rank
- * p's queries read. */
+/* K and V (T, KV) of a layer: this rank's rows posted to every later rank (flushed by
+ * relay_flush_ahead before they are written again), every earlier rank's rows received; on a
+ * layer of window W > 0 only the rows from seq_need(e, W, p) on, the ones rank p's queries
+ * read. */
 int relay_kv(eng *e, real *k, real *v, int window);
 /* The first key row the queries of rank p read on a layer of window W, or an earlier one: its
  * first row's window start, down to the ranks' grain (a multiple of kv_grain, where every
@@ -390,8 +394,10 @@ int seq_seen_end(const eng *e, int window, int j, int p);
  * rank 1's rows (the most a later rank holds). */
 int seq_piece(const eng *e, int c);
 /* This rank's query side (rows from r0) to every earlier rank whose keys its queries see, posted
- * in pieces of qs->piece rows from r0; flushed before qs is written again (relay_flush). */
-int relay_query_post(eng *e, const query_side *qs, int window);
+ * in pieces of qs->piece rows from r0 as their rows are done: the pieces from row *from (on the
+ * grid) that end by row `done` (every piece once done = r1), *from moved past them; flushed
+ * before qs is written again (relay_flush_sides). */
+int relay_query_post(eng *e, const query_side *qs, int window, int *from, int done);
 /* Rows [a, b) of rank p's query side into qs's rows from 0 (b − a ≤ qs->piece, a on the piece
  * grid from bounds[p]). */
 int relay_query_recv(eng *e, query_side *qs, int p, int a, int b);
@@ -405,6 +411,12 @@ int seq_last(const eng *e);
 int relay_flush(eng *e);
 /* The query sides posted (relay_query_post) taken, before their buffer is written again. */
 int relay_flush_sides(eng *e);
+/* The messages posted to later ranks (K and V, relay_out_ahead) taken, before their buffers are
+ * written again. */
+int relay_flush_ahead(eng *e);
+/* Between two long computations: the link moves what the other ranks wait on from this one
+ * (their sends of large messages are matched only while it is inside the transport). */
+void relay_progress(const eng *e);
 /* The rows a rank holds come in whole grains, so that no block, and no block's partial sum, is
  * split between ranks: SUM_BLOCK (the portable sums' blocks; the portable kernels' chains are
  * row by row and their key tiles divide it), and in the fast numerics also the token block (the

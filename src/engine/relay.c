@@ -10,18 +10,25 @@
  * the query side of every later rank's queries that see it (relay_query_*). With no link, or a
  * planning link (no functions: its buffers are charged, nothing moves), every call is a no-op.
  *
- * No deadlock. Blocking messages go to a later rank (keys and values, the relays' hand-overs);
- * the two kinds that go to an earlier rank are posted and not waited for where they are sent:
- * the last rank's hand-over to rank 0 and the query sides. A rank waits on a receive only from
- * an earlier rank (its K/V, its round's hand-over, sent once that rank's part of the layer is
- * done) or for a query side of the same layer, which its sender posted as soon as its chunks
- * were done, before it waits on anything of the layer's rounds; so a part of a layer waits on
- * later ranks only for what they post first, and on earlier ranks and the layer above. Each kind is
- * flushed apart, before its buffer is written again: a hand-over before the next is posted
- * (rank 0 took the last one in the round before), a query side before the next layer's chunks
- * (every earlier rank took it in that layer's key pass, which waits only on the ranks after
- * it). Two other messages go to earlier ranks, neither inside a relay: DPO's log-probs,
- * gathered while every rank is in the gather, and the result's pieces from the last
+ * No deadlock. A rank waits in three ways: on a receive, on a send to a later rank (a relay's
+ * hand-over but a layer's first, the head's, the embedding's) and on a flush of what it posted.
+ * Everything that goes to an earlier rank is posted (the last rank's hand-over to rank 0, the
+ * query sides), and so are K and V and a layer's first hand-over to a later rank. A receive
+ * waits on an earlier rank (its K/V, its round's hand-over, sent once that rank's part of the
+ * layer is done) or for a query side of the same layer, which its sender posted piece by piece
+ * as its chunks were done, before it waits on anything of the layer's rounds; so a part of a
+ * layer waits on later ranks only for what they post first, and on earlier ranks and the layer
+ * above. A flush waits for a receive that waits on nothing this rank has still to do: K and V
+ * are flushed before they are written again (the later rank took them when it began the layer,
+ * having waited on this rank only for the layer above), a layer's first hand-over before its
+ * second round writes the bucket (the next rank takes it once its chunks are done), the query
+ * sides before the next layer's chunks (every earlier rank took them in this layer's key pass,
+ * which waits only on the ranks after it), a hand-over to rank 0 before the next is posted
+ * (rank 0 took it in the round before). A large message moves only while its receiver is inside
+ * the transport: ranks call relay_progress between their long computations, so that a rank
+ * sending to one that computes waits for one call, not for its layer. Two other messages go to
+ * earlier ranks, neither inside a relay: DPO's log-probs, gathered while every rank is in the
+ * gather, and the result's pieces from the last
  * rank, whose receives were posted before the step (src/api/seqpar.c). */
 #include "engine.h"
 
@@ -69,46 +76,66 @@ int seq_last(const eng *e) {
     return !e->link || e->link->rank == e->link->size - 1;
 }
 
-/* Items posted to an earlier rank (the comment above), flushed before they are written again. */
-static int items_post(eng *e, int to, const relay_item *it, int n, int side, const char *what) {
+/* Items posted as messages of one kind (sbp_seq_kind; the comment above), flushed before they
+ * are written again. */
+static int items_post(eng *e, int to, const relay_item *it, int n, int kind, const char *what) {
     const sbp_seq_link *k = e->link;
+    int (*post)(void *, int, const void *, size_t, const char *) =
+        kind == SBP_SEQ_SIDE    ? k->post_side
+        : kind == SBP_SEQ_AHEAD ? k->post_ahead
+                                : k->post;
     for (int i = 0; i < n && !e->link_failed; i++)
-        if (it[i].bytes && !(side ? k->post_side : k->post)(k->ctx, to, it[i].p, it[i].bytes, what))
-            e->link_failed = 1;
-    e->posted[side] = !e->link_failed;
+        if (it[i].bytes && !post(k->ctx, to, it[i].p, it[i].bytes, what)) e->link_failed = 1;
+    e->posted[kind] = !e->link_failed;
     return !e->link_failed;
 }
 
 static int items_wrap(eng *e, const relay_item *it, int n, const char *what) {
-    return items_post(e, 0, it, n, 0, what);
+    return items_post(e, 0, it, n, SBP_SEQ_HANDOVER, what);
 }
 
-/* The posted messages of one kind (0: the hand-overs, 1: the query sides) taken. */
-static int flush_kind(eng *e, int side) {
-    if (!moving(e) || !e->posted[side]) return !e->link_failed;
-    e->posted[side] = 0;
-    if (!e->link->flush(e->link->ctx, side)) e->link_failed = 1;
+/* The posted messages of one kind taken. */
+static int flush_kind(eng *e, int kind) {
+    if (!moving(e) || !e->posted[kind]) return !e->link_failed;
+    e->posted[kind] = 0;
+    if (!e->link->flush(e->link->ctx, kind)) e->link_failed = 1;
     return !e->link_failed;
 }
 
 int relay_flush(eng *e) {
-    return flush_kind(e, 0) && flush_kind(e, 1);
+    return flush_kind(e, SBP_SEQ_HANDOVER) && flush_kind(e, SBP_SEQ_SIDE) &&
+           flush_kind(e, SBP_SEQ_AHEAD);
 }
 
 int relay_flush_sides(eng *e) {
-    return flush_kind(e, 1);
+    return flush_kind(e, SBP_SEQ_SIDE);
+}
+
+int relay_flush_ahead(eng *e) {
+    return flush_kind(e, SBP_SEQ_AHEAD);
+}
+
+void relay_progress(const eng *e) {
+    if (moving(e) && !e->link_failed) e->link->progress(e->link->ctx);
 }
 
 int relay_in(eng *e, int fresh, const relay_item *it, int n, const char *what) {
     if (!moving(e) || (fresh && e->link->rank == 0)) return !e->link_failed;
     const int S = e->link->size;
-    return flush_kind(e, 0) && items_recv(e, (e->link->rank + S - 1) % S, it, n, what);
+    return flush_kind(e, SBP_SEQ_HANDOVER) &&
+           items_recv(e, (e->link->rank + S - 1) % S, it, n, what);
 }
 
 int relay_out(eng *e, int final, const relay_item *it, int n, const char *what) {
     if (!moving(e) || (final && seq_last(e))) return !e->link_failed;
-    if (seq_last(e)) return flush_kind(e, 0) && items_wrap(e, it, n, what);
+    if (seq_last(e)) return flush_kind(e, SBP_SEQ_HANDOVER) && items_wrap(e, it, n, what);
     return items_send(e, e->link->rank + 1, it, n, what);
+}
+
+int relay_out_ahead(eng *e, const relay_item *it, int n, const char *what) {
+    if (!moving(e)) return !e->link_failed;
+    if (seq_last(e)) return flush_kind(e, SBP_SEQ_HANDOVER) && items_wrap(e, it, n, what);
+    return items_post(e, e->link->rank + 1, it, n, SBP_SEQ_AHEAD, what);
 }
 
 int relay_carry(eng *e, const relay_item *it, int n, const char *what) {
@@ -155,7 +182,7 @@ int relay_kv(eng *e, real *k, real *v, int window) {
     for (int q = me + 1; q < S; q++) {
         const relay_item mine[2] = {rows_for(e, k, me, q, window, KV, sizeof(real)),
                                     rows_for(e, v, me, q, window, KV, sizeof(real))};
-        if (!items_send(e, q, mine, 2, "keys and values")) return 0;
+        if (!items_post(e, q, mine, 2, SBP_SEQ_AHEAD, "keys and values")) return 0;
     }
     return 1;
 }
@@ -186,25 +213,29 @@ static int query_items(relay_item *it, const eng *e, const query_side *qs, int r
     return 4;
 }
 
-int relay_query_post(eng *e, const query_side *qs, int window) {
+int relay_query_post(eng *e, const query_side *qs, int window, int *from, int done) {
     if (!moving(e)) return !e->link_failed;
     const int me = e->link->rank, P = qs->piece;
-    for (int j = me - 1; j >= 0; j--) { /* the nearest first: it reads this rank's first */
-        const int end = seq_seen_end(e, window, j, me);
-        for (int a = e->r0, b; a < end; a = b) {
-            b = a + P < end ? a + P : end;
+    int a = *from;
+    for (int b; a < e->r1; a = b) { /* the pieces on the grid from r0 whose rows are all done */
+        b = a + P < e->r1 ? a + P : e->r1;
+        if (b > done) break;
+        for (int j = me - 1; j >= 0; j--) { /* the nearest first: it reads this rank's first */
+            const int end = seq_seen_end(e, window, j, me);
+            if (a >= end) continue;
             relay_item it[4];
-            if (!items_post(e, j, it, query_items(it, e, qs, e->r0, a, b), 1, "a query side"))
-                return 0;
+            const int n = query_items(it, e, qs, e->r0, a, b < end ? b : end);
+            if (!items_post(e, j, it, n, SBP_SEQ_SIDE, "a query side")) return 0;
         }
     }
+    *from = a;
     return 1;
 }
 
 int relay_query_recv(eng *e, query_side *qs, int p, int a, int b) {
     if (!moving(e)) return !e->link_failed;
     relay_item it[4];
-    return items_recv_kind(e, p, it, query_items(it, e, qs, a, a, b), 1, "a query side");
+    return items_recv_kind(e, p, it, query_items(it, e, qs, a, a, b), SBP_SEQ_SIDE, "a query side");
 }
 
 int relay_gather_rows(eng *e, double *a, int B, int T) {

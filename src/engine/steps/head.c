@@ -115,10 +115,47 @@ static int first_pass(eng *e, double *loss, head_work *w, const real *hL, const 
     return got;
 }
 
+/* What head_rows forms of a pass: the path to dH, the weight gradients' chains, or both. */
+enum { HEAD_DX = 1, HEAD_DW = 2, HEAD_ALL = HEAD_DX | HEAD_DW };
+
+/* Rows [s, end) of sequence bi: the forward, the loss terms (added to *loss) and the parts of the
+ * backward: dhn = dlogits·W_head and dH through the final norm (HEAD_DX), dW_head and the final
+ * norm's weight gradient (HEAD_DW). kept: the pass's dhn rows where they outlive the pass (formed
+ * by HEAD_DX, read by a later HEAD_DW of the same rows), else NULL. Either part alone runs the
+ * same calls on the same values as both together: the products' dX and dW halves and the norm's
+ * dx and dw loops are separate computations in every table (ops/defer.c relies on it too). */
+static void head_rows(eng *e, head_work *w, const head_opts *o, double *loss, real *dh,
+                      const real *hL, int bi, int s, int end, int parts, real *kept) {
+    const sbp_ops *op = e->ops;
+    const int T = e->T, C = e->C, V = e->V, M = end - s;
+    const real *h_s = hL + at(e, bi, s, C);
+    real *z = logits_at(e, w, o, bi, s), *dhn = kept ? kept : w->dhn;
+    head_forward(e, w, w->logp, z, h_s, bi, s, end, o->inv_tau);
+    op->download(e, w->h_logp, w->logp, sizeof(double) * M);
+    sbp_obj_terms(o->ev, loss, w->h_coef, bi, s, M, w->h_logp);
+    /* the gradient of the scaled logits, then through the scaling by 1/τ */
+    for (int r = 0; r < M; r++) w->h_coef[r] *= o->inv_tau;
+    op->upload(e, w->coef, w->h_coef, sizeof(double) * M);
+    op->logprob_backward(e, z, w->coef, w->lse, e->tgt + (size_t)bi * T + s, M);
+    const int dx = parts & HEAD_DX, dw = parts & HEAD_DW;
+    if (dx) op->zero(e, dhn, (size_t)M * C);
+    if (w->pdx) { /* dW_head over the tokens, then dx over the vocabulary, in blocks */
+        if (dw && e->ghead)
+            sum_linear_backward(e, NULL, e->ghead, w->phead, NULL, NULL, z, w->hn, e->head, s, end,
+                                V, C);
+        if (dx) sum_vocab_dx(e, dhn, w->pdx, w->pdy, z, e->head, s, end, V, C);
+    } else if (dx || e->ghead) {
+        sum_linear_backward(e, dx ? dhn : NULL, dw ? e->ghead : NULL, w->phead, NULL, NULL, z,
+                            w->hn, e->head, s, end, V, C);
+    }
+    if (dx || e->gfnorm)
+        sum_norm_backward(e, dx ? dh + at(e, bi, s, C) : NULL, dw ? e->gfnorm : NULL, w->pfnorm,
+                          dhn, h_s, w->rstd, e->fnorm, s, M, 1, C);
+    relay_progress(e);
+}
+
 int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
               const head_opts *o) {
-    const sbp_ops *op = e->ops;
-    const int T = e->T, C = e->C, V = e->V;
     head_work w;
     if (!work_alloc(e, &w, b, o, 1)) return 0;
     if (o->ev->needs_logps && !first_pass(e, loss, &w, hL, b, o)) {
@@ -126,40 +163,34 @@ int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b
         return 0;
     }
     /* sequence parallel: a relay round per sequence carries the head's bucket and the loss on in
-     * token order (relay.c) */
+     * token order (relay.c). With --seq-overlap a rank after the first forms its rows' dH before
+     * the round reaches it, keeping dhn, and its weight gradients' links once it has: the
+     * logits formed twice, the dX product once, while the ranks before it run their rows. */
+    const int ahead = seq_shared(e) && e->link->rank > 0 && e->seq_overlap;
+    real *kept = ahead ? ealloc(e, SBP_MEM_LOGITS, (size_t)(e->r1 - e->r0) * e->C,
+                                "the head's dhn, formed before its relay")
+                       : NULL;
     relay_item it[3];
     const int nb = bucket_items(e, SBP_BUCKET_HEAD, it);
     it[nb] = (relay_item){loss, sizeof *loss};
-    for (int bi = 0; bi < b->B; bi++) {
+    for (int bi = 0; bi < b->B && !e->oom; bi++) {
+        for (int s = e->r0, end; ahead && s < e->r1; s = end) {
+            end = s + o->rows < e->r1 ? s + o->rows : e->r1;
+            double terms = 0; /* added to the loss in the relay's round, in token order */
+            head_rows(e, &w, o, &terms, dh, hL, bi, s, end, HEAD_DX,
+                      kept + (size_t)(s - e->r0) * e->C);
+        }
         if (!relay_in(e, bi == 0, it, nb + 1, "the head's backward")) break;
         for (int s = e->r0, end; s < e->r1; s = end) {
             end = s + o->rows < e->r1 ? s + o->rows : e->r1;
-            const int M = end - s;
-            const real *h_s = hL + at(e, bi, s, C);
-            real *z = logits_at(e, &w, o, bi, s);
-            head_forward(e, &w, w.logp, z, h_s, bi, s, end, o->inv_tau);
-            op->download(e, w.h_logp, w.logp, sizeof(double) * M);
-            sbp_obj_terms(o->ev, loss, w.h_coef, bi, s, M, w.h_logp);
-            /* the gradient of the scaled logits, then through the scaling by 1/τ */
-            for (int r = 0; r < M; r++) w.h_coef[r] *= o->inv_tau;
-            op->upload(e, w.coef, w.h_coef, sizeof(double) * M);
-            op->logprob_backward(e, z, w.coef, w.lse, e->tgt + (size_t)bi * T + s, M);
-            op->zero(e, w.dhn, (size_t)M * C);
-            if (w.pdx) { /* dW_head over the tokens, then dx over the vocabulary, in blocks */
-                sum_linear_backward(e, NULL, e->ghead, w.phead, NULL, NULL, z, w.hn, e->head, s,
-                                    end, V, C);
-                sum_vocab_dx(e, w.dhn, w.pdx, w.pdy, z, e->head, s, end, V, C);
-            } else {
-                sum_linear_backward(e, w.dhn, e->ghead, w.phead, NULL, NULL, z, w.hn, e->head, s,
-                                    end, V, C);
-            }
-            sum_norm_backward(e, dh + at(e, bi, s, C), e->gfnorm, w.pfnorm, w.dhn, h_s, w.rstd,
-                              e->fnorm, s, M, 1, C);
+            head_rows(e, &w, o, loss, dh, hL, bi, s, end, ahead ? HEAD_DW : HEAD_ALL,
+                      kept ? kept + (size_t)(s - e->r0) * e->C : NULL);
         }
         if (!relay_out(e, bi == b->B - 1, it, nb + 1, "the head's backward")) break;
     }
+    efree(e, kept);
     work_free(e, &w);
-    return !e->link_failed;
+    return !e->link_failed && !e->oom;
 }
 
 int head_logprobs(eng *e, double *logp, const real *hL, const sbp_batch *b, const head_opts *o) {

@@ -165,6 +165,7 @@ static void kv_forward_rows(const eng *e, layer_run *lr, int r0, int r1) {
 }
 
 void kv_forward(eng *e, layer_run *lr) {
+    relay_flush_ahead(e); /* the rows posted last (relay_kv) taken before rewritten */
     lr->kv->lo = 0, lr->kv->hi = e->T;
     kv_forward_rows(e, lr, e->r0, e->r1);
     /* the earlier ranks' keys (sequence parallel) */
@@ -186,6 +187,7 @@ void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
     rope_fwd(e, lr, a.q, s, M, e->NH);
     const sbp_attn_dims ad = attn_dims(e, lr, s, M);
     op->attention_forward(e, a.o, a.lse, a.q, lr->kv->k, lr->kv->v, lr->kmask + lr->kv->lo, &ad);
+    relay_progress(e); /* between the long calls: what other ranks wait on moves (relay.c) */
     /* x2 = x + o·Woᵀ (Gemma-3: x + rmsnorm(ao, w_post), ao = o·Woᵀ) */
     if (e->gemma) {
         proj_forward(e, lr->lw, a.ao, a.o, w->wo, NULL, &w->ao, s, end, C, Q);
@@ -198,6 +200,7 @@ void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
     op->rmsnorm_forward(e, xn2, rstd, a.x2, w_mlp, M, C);
     proj_forward(e, lr->lw, a.g, xn2, w->wg, NULL, &w->ag, s, end, F, C);
     proj_forward(e, lr->lw, a.u, xn2, w->wu, NULL, &w->au, s, end, F, C);
+    relay_progress(e);
     /* a recompute needs the activations, not the output (Gemma-3: mo too) */
     if (!lr->y && !e->gemma) return;
     /* y = x2 + h·Wdᵀ (Gemma-3: x2 + rmsnorm(mo, w_post_ff), mo = h·Wdᵀ) */
@@ -254,6 +257,7 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     act_forward(e, h, a.g, a.u, MF); /* formed again */
     proj_backward(e, lr->lw, d->dh, gw->wd, NULL, &gw->ad, pd->wd, NULL, &pd->ad, dmo, h, w->wd,
                   &w->ad, s, end, C, F);
+    relay_progress(e);
     /* h = silu(g) ⊙ u (Gemma-3: gelu_tanh) */
     act_backward(e, d->dg, d->du, d->dh, a.g, a.u, MF);
     /* g = xn2·Wgᵀ, u = xn2·Wuᵀ */
@@ -265,6 +269,7 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
                   w->wg, &w->ag, s, end, F, C);
     proj_backward(e, lr->lw, d->dxn2, gw->wu, NULL, &gw->au, pd->wu, NULL, &pd->au, d->du, xn2,
                   w->wu, &w->au, s, end, F, C);
+    relay_progress(e);
     /* xn2 = rmsnorm(x2, w_post) (Gemma-3: w_pre_ff) */
     sum_norm_backward(e, d->dx2, g_mlp, p_mlp, d->dxn2, a.x2, rstd, w_mlp, s, M, 1, C);
     /* x2 = x + o·Woᵀ: the residual path is dx's first term, and dO (Gemma-3: through
@@ -285,6 +290,7 @@ void chunk_backward(const eng *e, layer_run *lr, int s, int end) {
     sum_attention_backward(e, d->dq, lr->kvw->dk, lr->kvw->dv, lr->pd ? lr->pd->dk : NULL,
                            lr->pd ? lr->pd->dv : NULL, d->dsum, d->dout, a.o, a.lse, a.q, lr->kv->k,
                            lr->kv->v, lr->kmask + lr->kv->lo, &ad, lr->kv->lo, lr->kv->hi);
+    relay_progress(e);
     if (lr->qs_mine) { /* before dq's RoPE backward: the queries' side as the kernel read it */
         const query_side *qs = lr->qs_mine;
         const size_t r = (size_t)(s - e->r0);

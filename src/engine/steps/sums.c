@@ -80,12 +80,13 @@ void sum_norm_backward(const eng *e, real *dx, real *dw, real *pw, const real *d
         /* rows of tokens [b0, b1): every token's rpt rows (token-major) */
         const size_t r = (size_t)(b0 - t0) * rpt, rc = r * C;
         const int m = (b1 - b0) * rpt;
+        real *dx_b = dx ? dx + rc : NULL;
         if (b0 < SUM_BLOCK) {
-            op->rmsnorm_backward(e, dx + rc, dw, dout + rc, x + rc, rstd + r, w, m, C);
+            op->rmsnorm_backward(e, dx_b, dw, dout + rc, x + rc, rstd + r, w, m, C);
             continue;
         }
         if (b0 % SUM_BLOCK == 0) op->zero(e, pw, (size_t)C);
-        op->rmsnorm_backward(e, dx + rc, pw, dout + rc, x + rc, rstd + r, w, m, C);
+        op->rmsnorm_backward(e, dx_b, pw, dout + rc, x + rc, rstd + r, w, m, C);
         if (complete(e, b1)) fold(e, dw, pw, (size_t)C);
     }
 }
