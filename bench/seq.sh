@@ -55,15 +55,21 @@ mb.write(sys.argv[1], [mb.custom(u, T, "i" * 100 + "v" * (T - 100))], "I64")' "$
     grep -o 'sent per rank.*' "$OUT/two-$T.log" | sed 's/^/  last round: /'
     grep -o 'sent per rank.*' "$OUT/ovl-$T.log" | sed 's/^/  last round, --seq-overlap: /'
     # the planner's model of the rank sending the most, plus the start-up check's 5376 bytes in
-    # one message to the other rank
-    want=$(OMP_NUM_THREADS=1 "$BIN" plan --config data/models/bench.json --seq "$T" \
-        --schedules stream --seq-ranks 2 --json |
-        sed -n 's/.*"sent_\(bytes\|messages\)_per_step":[^0-9]*\([0-9]*\).*/\2/p' | tr '\n' ' ') ||
-        exit 1
-    set -- $want
-    got=$(grep -o 'sent per rank[^:]*: .*' "$OUT/two-$T.log" | cut -d: -f2 | tr ' ' '\n' | grep / |
-        awk -F/ '$1 > b { b = $1; m = $2 } END { print b - 5376, m - 1 }')
-    [ "$got" = "$1 $2" ] && v="as sent" || v="SENT $got"
-    echo "  model (plan --seq-ranks 2): $1 bytes in $2 messages for the rank sending the most," \
-        "besides the start-up check: $v"
+    # one message to the other rank; --seq-overlap cuts the rows by work, so its own model
+    model() { # LOG [PLAN ARGS...]
+        local log=$1 want got
+        shift
+        want=$(OMP_NUM_THREADS=1 "$BIN" plan --config data/models/bench.json --seq "$T" \
+            --schedules stream --seq-ranks 2 "$@" --json |
+            sed -n 's/.*"sent_\(bytes\|messages\)_per_step":[^0-9]*\([0-9]*\).*/\2/p' |
+            tr '\n' ' ') || return 1
+        set -- $want
+        got=$(grep -o 'sent per rank[^:]*: .*' "$log" | cut -d: -f2 | tr ' ' '\n' | grep / |
+            awk -F/ '$1 > b { b = $1; m = $2 } END { print b - 5376, m - 1 }')
+        [ "$got" = "$1 $2" ] && v="as sent" || v="SENT $got"
+        echo "$1 bytes in $2 messages for the rank sending the most, besides the start-up check: $v"
+    }
+    m2=$(model "$OUT/two-$T.log") && m3=$(model "$OUT/ovl-$T.log" --seq-overlap) || exit 1
+    echo "  model (plan --seq-ranks 2): $m2"
+    echo "  model (plan --seq-ranks 2 --seq-overlap): $m3"
 done

@@ -593,6 +593,13 @@ sbp_status sbp_check_writable(const char *path, sbp_err *err);
  * recomputation included (src/core/flops.c gives the formula). */
 double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o);
 
+/* The rows of T tokens cut for S ranks of a sequence group (sequence parallel) in whole grains,
+ * as sbp_seq_slices (src/dist/seqlink.h) but by a stream step's work instead of by rows: the
+ * later tokens' queries see more keys, so the earlier ranks take more rows. The bits do not
+ * depend on the cut; its memory does (the first rank holds the most rows). bounds (S + 1);
+ * 0 when there are fewer grains than ranks. */
+int sbp_seq_slices_by_work(int *bounds, const sbp_config *c, int T, int S, int grain);
+
 /* C (M, N) = A (M, K) · Bᵀ (B: (N, K)), all row-major, with the portable product of the
  * portable numerics: every element one chain of fused multiply-adds in ascending k, so the bits
  * are the same on every machine and thread count (docs/numerics.md §4). 0 on success, -1 when out

@@ -356,11 +356,13 @@ import sys; sys.path.insert(0, "data"); import make_batches as mb
 u = mb.lcg(7); mb.write(sys.argv[1], [mb.custom(u, 4096, "i" * 100 + "v" * 3996)], "I64")' \
             "$TMP/t4096.safetensors" || bad "the tall model or its batch"
     TALL="--model $TMP/model-tall --batch $TMP/t4096.safetensors --threads 1"
-    SEQPEAK[1]=$("$BIN" grad $TALL --json 2>/dev/null | sed -n 's/.*"peak_total_bytes":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
-    # (and with --seq-overlap, which keeps a layer's weight-product operands: planned too)
+    SEQPEAK[1]=$("$BIN" grad $TALL --json --out "$TMP/tall-1.st" 2>/dev/null | sed -n 's/.*"peak_total_bytes":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
+    # (and with --seq-overlap, which keeps a layer's weight-product operands and cuts the rows by
+    # work, 2560 and 1536 here: planned too, and one process's bytes)
     for sn in stream:2 stream:4 full:2 stream:2:--seq-overlap; do
         IFS=: read -r sch n ov <<<"$sn"
-        got=$("${MPIRUN[@]}" -np $n "$BIN" grad $TALL --schedule $sch --seq-ranks $n $ov 2>&1 |
+        got=$("${MPIRUN[@]}" -np $n "$BIN" grad $TALL --schedule $sch --seq-ranks $n $ov \
+            ${ov:+--out "$TMP/tall-ov.st"} 2>&1 |
             sed -n 's/.*ledger peak of the rank holding the most: \([0-9]*\) bytes.*/\1/p')
         [ $sch = stream ] && [ -z "$ov" ] && SEQPEAK[$n]=$got
         want=$("$BIN" plan --config "$TMP/tall.json" --seq 4096 --schedules $sch --seq-ranks $n $ov --json |
@@ -368,6 +370,9 @@ u = mb.lcg(7); mb.write(sys.argv[1], [mb.custom(u, 4096, "i" * 100 + "v" * 3996)
         [ -n "$got" ] && [ "$got" = "$want" ] && ok "plan --seq-ranks $n $ov${ov:+ }($sch): $want bytes, as measured" ||
             bad "plan --seq-ranks $n $ov${ov:+ }($sch): planned ${want:-?}, measured ${got:-?}"
     done
+    cmp -s "$TMP/tall-1.st" "$TMP/tall-ov.st" &&
+        ok "--seq-ranks 2 --seq-overlap, rows cut by work (tall model): one process's bytes" ||
+        bad "--seq-ranks 2 --seq-overlap, rows cut by work (tall model): not one process's bytes"
     if [ -n "${SEQPEAK[1]}" ] && [ -n "${SEQPEAK[2]}" ] && [ -n "${SEQPEAK[4]}" ] &&
         [ $((SEQPEAK[2] * 10)) -lt $((SEQPEAK[1] * 7)) ] && [ "${SEQPEAK[4]}" -lt "${SEQPEAK[2]}" ]; then
         ok "--seq-ranks: a rank's peak falls with S (${SEQPEAK[1]}, ${SEQPEAK[2]}, ${SEQPEAK[4]} bytes)"

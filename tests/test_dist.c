@@ -316,6 +316,52 @@ START_TEST(seq_slices) {
 }
 END_TEST
 
+/* The cut by work (--seq-overlap): the same shape rules as the even cut, at least one grain a
+ * rank; on a causal model the earlier ranks take more rows, never fewer; the bench model at
+ * T = 8192 on the 512-token grain cuts at 4608 (the calibration that sbp_seq_slices_by_work
+ * names); a window short against T leaves little to balance (Gemma-3's local layers: within a
+ * grain of even for the 1B model's 5:1 layers at T = 32768); and the refusals of the even cut. */
+START_TEST(seq_slices_by_work) {
+    sbp_config bench, gemma;
+    sbp_err err = {0};
+    ck_assert_msg(!sbp_config_load(&bench, "data/models/bench.json", &err), "%s", err.msg);
+    ck_assert_msg(!sbp_config_load(&gemma, "data/configs/gemma3-1b.json", &err), "%s", err.msg);
+    int b[SBP_SEQ_MAX + 1];
+    static const int Ts[] = {1, 127, 300, 450, 4096, 8192, 65536};
+    static const int grains[] = {1, 128, 512};
+    for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++)
+        for (size_t j = 0; j < sizeof grains / sizeof *grains; j++)
+            for (int S = 1; S <= 8; S++) {
+                const int T = Ts[i], g = grains[j], n = (T + g - 1) / g;
+                const int ok = sbp_seq_slices_by_work(b, &bench, T, S, g);
+                ck_assert_int_eq(ok, n >= S);
+                if (!ok) continue;
+                ck_assert_int_eq(b[0], 0);
+                ck_assert_int_eq(b[S], T);
+                for (int q = 0; q < S; q++) {
+                    const int rows = b[q + 1] - b[q];
+                    ck_assert_int_gt(rows, 0);
+                    ck_assert_int_eq(b[q] % g, 0);
+                    ck_assert(rows % g == 0 || q == S - 1);
+                    /* causal: a later rank's rows cost more, so it takes no more rows than the
+                     * rank before but for the rounding to a grain */
+                    if (q > 0 && q < S - 1) ck_assert_int_le(rows, b[q] - b[q - 1] + g);
+                }
+            }
+    ck_assert(sbp_seq_slices_by_work(b, &bench, 8192, 2, 512) && b[1] == 4608);
+    ck_assert(sbp_seq_slices_by_work(b, &bench, 65536, 4, 512));
+    ck_assert_msg(b[1] - b[0] > 16384 && b[4] - b[3] < 16384, "bench S = 4: %d %d %d", b[1], b[2],
+                  b[3]);
+    ck_assert(sbp_seq_slices_by_work(b, &gemma, 32768, 4, 512));
+    for (int q = 0; q < 4; q++)
+        ck_assert_msg(abs(b[q + 1] - b[q] - 8192) <= 512 + 512, "gemma3-1b: rank %d has %d rows", q,
+                      b[q + 1] - b[q]);
+    ck_assert(!sbp_seq_slices_by_work(b, &bench, 100, 0, 8) &&
+              !sbp_seq_slices_by_work(b, &bench, 0, 2, 8) &&
+              !sbp_seq_slices_by_work(b, &bench, 100, 2, 0));
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("dist");
     TCase *tc = tcase_create("dist");
@@ -328,6 +374,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, net_plan_cli);
     tcase_add_test(tc, transport_one_process);
     tcase_add_test(tc, seq_slices);
+    tcase_add_test(tc, seq_slices_by_work);
     suite_add_tcase(s, tc);
     return s;
 }

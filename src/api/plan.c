@@ -227,7 +227,8 @@ static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_config *cfg,
             st =
                 sbp_fail(err, SBP_EUSAGE,
                          "%d micro-batches cannot be shared by %d groups of %d ranks", n, N / S, S);
-        else if (!sbp_seq_slices(bounds, o->T, S, grain))
+        else if (!(eo.seq_overlap ? sbp_seq_slices_by_work(bounds, cfg, o->T, S, grain)
+                                  : sbp_seq_slices(bounds, o->T, S, grain)))
             st = sbp_fail(err, SBP_EUSAGE,
                           "T = %d is too short to share among %d ranks in blocks of %d tokens",
                           o->T, S, grain);

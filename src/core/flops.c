@@ -20,7 +20,10 @@
  * N, rank r) adds per token 2r(K + N) forward (again in a recompute, except the down
  * projection's), and 6rK + 4rN backward (x·Aᵀ again, dt and dB, dX and dA). */
 #include "../streambp.h"
+#include "../dist/seqlink.h"
 #include "tiles.h"
+
+#include <stdlib.h>
 
 double attention_tile_pairs(int s, int e, int W, int win) {
     double pairs = 0;
@@ -75,4 +78,96 @@ double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o)
     if (recompute) f += c->layers * (P - (gem ? 0 : 2 * F * C)) * T + afwd;
     if (o->objective.kind == SBP_OBJ_DPO) f += H * T;
     return f * B;
+}
+
+/* The work of a stream step by token, for cutting a sequence among the ranks that share it:
+ * each token's projections (the forward, the recompute, dX and dW: 4P) and its head rows (3H),
+ * and, per layer, its attention: as a query, per key it sees, the forward twice and the
+ * backward's score, dP and dQ products (4 + 4 + 6 per head and HD); as a key, in its rank's key
+ * pass, per later query that sees it, the score, dP, dK and dV products (8). A window caps both
+ * counts. The attention's FLOPs weigh twice the products' (ATTN_WEIGHT): its tiles run slower,
+ * and the ranks after the first carry the overlap's extra head pass and copies. Calibrated on
+ * the bench model at T = 8192, S = 2 under --seq-overlap, where the cuts on the 512-token grain
+ * measured 10.17 s (4096 rows first), 9.70 s (4608) and 10.19 s (5120) on 2026-12-06 (Intel
+ * Xeon, 2 vCPUs): this weight picks 4608, FLOPs alone 4096. */
+enum { ATTN_WEIGHT = 2 };
+
+typedef struct {
+    double row, q;        /* per token; per (head·HD) of a query-key pair */
+    int global, local, W; /* layers without a window, with window W */
+    int T;
+} seq_work;
+
+static double token_work(const seq_work *w, int t) {
+    const int seen = t + 1, seen_by = w->T - 1 - t;
+    double pairs = (double)w->global * (14.0 * seen + 8.0 * seen_by);
+    if (w->local)
+        pairs += (double)w->local * (14.0 * (seen < w->W ? seen : w->W) +
+                                     8.0 * (seen_by < w->W - 1 ? seen_by : w->W - 1));
+    return w->row + w->q * pairs;
+}
+
+static double grain_work(const seq_work *w, int g, int grain) {
+    double s = 0;
+    for (int t = g * grain; t < w->T && t < (g + 1) * grain; t++) s += token_work(w, t);
+    return s;
+}
+
+/* Grains [0, n) (work gw) packed greedily into runs of work at most `most` (a grain over it
+ * alone makes a run): start[q] the first grain of run q; the number of runs, S + 1 as soon as
+ * there would be more than S. */
+static int pack(int *start, const double *gw, int n, int S, double most) {
+    int q = 0;
+    double run = 0;
+    start[0] = 0;
+    for (int g = 0; g < n; g++) {
+        if (run > 0 && run + gw[g] > most) {
+            if (++q == S) return S + 1;
+            start[q] = g, run = 0;
+        }
+        run += gw[g];
+    }
+    return q + 1;
+}
+
+/* The cut whose largest rank's work is least (the step waits on that rank): the least bound
+ * that S greedy runs meet, by bisection; where the runs are fewer than S, the last run of two
+ * grains or more gives its last grain to a new run after it, until every rank has one. */
+int sbp_seq_slices_by_work(int *bounds, const sbp_config *c, int T, int S, int grain) {
+    if (S < 1 || T < 1 || grain < 1) return 0;
+    const int n = T / grain + (T % grain != 0); /* grains, the last possibly short */
+    if (n < S) return 0;
+    double *gw = malloc(sizeof *gw * (size_t)n);
+    if (!gw) return sbp_seq_slices(bounds, T, S, grain); /* the even cut: the same bits */
+    const double C = c->hidden, F = c->ffn, V = c->vocab, HD = c->head_dim;
+    const double Q = (double)c->heads * HD, KV = (double)c->kv_heads * HD;
+    const double P = 2 * (C * Q + 2 * C * KV + Q * C + 3 * C * F), H = 2 * C * V;
+    seq_work w = {
+        .row = c->layers * 4 * P + 3 * H, .q = ATTN_WEIGHT * Q, .W = c->sliding_window, .T = T};
+    for (int l = 0; l < c->layers; l++) {
+        if (sbp_layer_window(c, l))
+            w.local++;
+        else
+            w.global++;
+    }
+    double lo = 0, hi = 0; /* the least bound S runs meet lies in (lo, hi] */
+    for (int g = 0; g < n; g++) gw[g] = grain_work(&w, g, grain), hi += gw[g];
+    for (int i = 0; i < 100 && hi - lo > 1e-12 * hi; i++) {
+        const double mid = lo + (hi - lo) / 2;
+        if (pack(bounds, gw, n, S, mid) <= S)
+            hi = mid;
+        else
+            lo = mid;
+    }
+    int runs = pack(bounds, gw, n, S, hi); /* bounds: the runs' first grains, then n */
+    free(gw);
+    for (bounds[runs] = n; runs < S; runs++) {
+        int at = runs - 1;
+        while (bounds[at + 1] - bounds[at] < 2) at--; /* n ≥ S: one has two grains */
+        for (int q = runs + 1; q > at + 1; q--) bounds[q] = bounds[q - 1];
+        bounds[at + 1] = bounds[at + 2] - 1;
+    }
+    for (int q = 1; q < S; q++) bounds[q] *= grain;
+    bounds[S] = T;
+    return 1;
 }

@@ -119,7 +119,9 @@ sbp_status SBP_ENTRY(sbp_engine_grad)(double *loss, void *grads, const sbp_model
                             "sequence parallel: a gradient step with the fold, "
                             "at most %d ranks (internal)",
                             SBP_SEQ_MAX);
-        if (!sbp_seq_slices(bounds, b->T, S, grain)) /* sbp_seq_check refused it before */
+        /* --seq-overlap, the speed mode: the rows cut by work (the causal triangle) */
+        if (!(o->seq_overlap ? sbp_seq_slices_by_work(bounds, c, b->T, S, grain)
+                             : sbp_seq_slices(bounds, b->T, S, grain))) /* refused before */
             return sbp_fail(err, SBP_EUSAGE,
                             "T = %d is too short to share among %d ranks in blocks of %d tokens",
                             b->T, S, grain);
