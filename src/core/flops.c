@@ -20,10 +20,9 @@
  * N, rank r) adds per token 2r(K + N) forward (again in a recompute, except the down
  * projection's), and 6rK + 4rN backward (x·Aᵀ again, dt and dB, dX and dA). */
 #include "../streambp.h"
-#include "../dist/seqlink.h"
 #include "tiles.h"
 
-#include <stdlib.h>
+#include <stdint.h>
 
 double attention_tile_pairs(int s, int e, int W, int win) {
     double pairs = 0;
@@ -95,55 +94,66 @@ enum { ATTN_WEIGHT = 2 };
 typedef struct {
     double row, q;        /* per token; per (head·HD) of a query-key pair */
     int global, local, W; /* layers without a window, with window W */
-    int T;
+    int T, grain;
 } seq_work;
 
-static double token_work(const seq_work *w, int t) {
-    const int seen = t + 1, seen_by = w->T - 1 - t;
-    double pairs = (double)w->global * (14.0 * seen + 8.0 * seen_by);
-    if (w->local)
-        pairs += (double)w->local * (14.0 * (seen < w->W ? seen : w->W) +
-                                     8.0 * (seen_by < w->W - 1 ? seen_by : w->W - 1));
-    return w->row + w->q * pairs;
+/* Σ_{u = 1..n} min(u, cap), cap < 0: no cap */
+static double sum_min(int64_t n, int64_t cap) {
+    if (n <= 0) return 0;
+    if (cap < 0 || n <= cap) return (double)n * (double)(n + 1) / 2;
+    return (double)cap * (double)(cap + 1) / 2 + (double)(n - cap) * (double)cap;
 }
 
-static double grain_work(const seq_work *w, int g, int grain) {
-    double s = 0;
-    for (int t = g * grain; t < w->T && t < (g + 1) * grain; t++) s += token_work(w, t);
-    return s;
+/* Σ over tokens t in [a, b) of min(t + 1, cap) (keys seen) and of min(T − 1 − t, cap − 1) (later
+ * queries seeing t), weighted 14 and 8 */
+static double pairs_of(const seq_work *w, int64_t a, int64_t b, int64_t cap) {
+    const int64_t T = w->T, cap_by = cap < 0 ? -1 : cap - 1;
+    return 14 * (sum_min(b, cap) - sum_min(a, cap)) +
+           8 * (sum_min(T - 1 - a, cap_by) - sum_min(T - 1 - b, cap_by));
 }
 
-/* Grains [0, n) (work gw) packed greedily into runs of work at most `most` (a grain over it
- * alone makes a run): start[q] the first grain of run q; the number of runs, S + 1 as soon as
- * there would be more than S. */
-static int pack(int *start, const double *gw, int n, int S, double most) {
+/* the work of grain g, in closed form */
+static double grain_work(const seq_work *w, int g) {
+    const int64_t a = (int64_t)g * w->grain, e = a + w->grain, b = e < w->T ? e : w->T;
+    double pairs = (double)w->global * pairs_of(w, a, b, -1);
+    if (w->local) pairs += (double)w->local * pairs_of(w, a, b, w->W);
+    return (double)(b - a) * w->row + w->q * pairs;
+}
+
+/* Grains [0, n) packed greedily into runs of work at most `most` (a grain over it alone makes a
+ * run): start[q] the first grain of run q; the number of runs, S + 1 as soon as there would be
+ * more than S. */
+static int pack(int *start, const seq_work *w, int n, int S, double most) {
     int q = 0;
     double run = 0;
     start[0] = 0;
     for (int g = 0; g < n; g++) {
-        if (run > 0 && run + gw[g] > most) {
+        const double gw = grain_work(w, g);
+        if (run > 0 && run + gw > most) {
             if (++q == S) return S + 1;
             start[q] = g, run = 0;
         }
-        run += gw[g];
+        run += gw;
     }
     return q + 1;
 }
 
 /* The cut whose largest rank's work is least (the step waits on that rank): the least bound
  * that S greedy runs meet, by bisection; where the runs are fewer than S, the last run of two
- * grains or more gives its last grain to a new run after it, until every rank has one. */
+ * grains or more gives its last grain to a new run after it, until every rank has one. Every
+ * rank computes it alike: no allocation, nothing that could differ between them. */
 int sbp_seq_slices_by_work(int *bounds, const sbp_config *c, int T, int S, int grain) {
     if (S < 1 || T < 1 || grain < 1) return 0;
     const int n = T / grain + (T % grain != 0); /* grains, the last possibly short */
     if (n < S) return 0;
-    double *gw = malloc(sizeof *gw * (size_t)n);
-    if (!gw) return sbp_seq_slices(bounds, T, S, grain); /* the even cut: the same bits */
     const double C = c->hidden, F = c->ffn, V = c->vocab, HD = c->head_dim;
     const double Q = (double)c->heads * HD, KV = (double)c->kv_heads * HD;
     const double P = 2 * (C * Q + 2 * C * KV + Q * C + 3 * C * F), H = 2 * C * V;
-    seq_work w = {
-        .row = c->layers * 4 * P + 3 * H, .q = ATTN_WEIGHT * Q, .W = c->sliding_window, .T = T};
+    seq_work w = {.row = c->layers * 4 * P + 3 * H,
+                  .q = ATTN_WEIGHT * Q,
+                  .W = c->sliding_window,
+                  .T = T,
+                  .grain = grain};
     for (int l = 0; l < c->layers; l++) {
         if (sbp_layer_window(c, l))
             w.local++;
@@ -151,16 +161,15 @@ int sbp_seq_slices_by_work(int *bounds, const sbp_config *c, int T, int S, int g
             w.global++;
     }
     double lo = 0, hi = 0; /* the least bound S runs meet lies in (lo, hi] */
-    for (int g = 0; g < n; g++) gw[g] = grain_work(&w, g, grain), hi += gw[g];
+    for (int g = 0; g < n; g++) hi += grain_work(&w, g);
     for (int i = 0; i < 100 && hi - lo > 1e-12 * hi; i++) {
         const double mid = lo + (hi - lo) / 2;
-        if (pack(bounds, gw, n, S, mid) <= S)
+        if (pack(bounds, &w, n, S, mid) <= S)
             hi = mid;
         else
             lo = mid;
     }
-    int runs = pack(bounds, gw, n, S, hi); /* bounds: the runs' first grains, then n */
-    free(gw);
+    int runs = pack(bounds, &w, n, S, hi); /* bounds: the runs' first grains, then n */
     for (bounds[runs] = n; runs < S; runs++) {
         int at = runs - 1;
         while (bounds[at + 1] - bounds[at] < 2) at--; /* n ≥ S: one has two grains */

@@ -28,7 +28,8 @@ struct sbp_comm {
     int *peer;        /* (cap) the other end of each */
     int nreq, cap;
     int64_t bytes, messages;
-    double waited; /* seconds spent waiting for requests and collectives */
+    double waited;   /* seconds spent waiting for requests and collectives */
+    int test_failed; /* an MPI error sbp_comm_progress met, reported by the next wait */
 };
 
 static sbp_comm single = {.size = 1};
@@ -131,6 +132,7 @@ int sbp_comm_irecv(sbp_comm *c, void *buf, size_t bytes, int from, int tag, sbp_
 static sbp_status wait_all(sbp_comm *c, MPI_Request *r, const int *peer, int n, const char *what,
                            sbp_err *err) {
     double last = sbp_now_seconds(), t0 = last;
+    if (c->test_failed) return mpi_fail(c, c->test_failed, what, err);
     int left = 0; /* requests already completed by sbp_comm_test are null */
     for (int i = 0; i < n; i++) left += r[i] != MPI_REQUEST_NULL;
     while (left > 0) {
@@ -186,9 +188,12 @@ int sbp_comm_test(sbp_comm *c, int r) {
 
 void sbp_comm_progress(sbp_comm *c) {
     if (!c->mpi) return;
-    for (int i = 0; i < c->nreq; i++) {
-        int done = 0; /* a failure shows in the wait that follows */
-        if (c->req[i] != MPI_REQUEST_NULL) MPI_Test(&c->req[i], &done, MPI_STATUS_IGNORE);
+    for (int i = 0; i < c->nreq && !c->test_failed; i++) {
+        int done = 0; /* a failure is kept for the wait that follows (the request may be gone) */
+        if (c->req[i] != MPI_REQUEST_NULL) {
+            const int rc = MPI_Test(&c->req[i], &done, MPI_STATUS_IGNORE);
+            if (rc != MPI_SUCCESS) c->test_failed = rc;
+        }
     }
 }
 

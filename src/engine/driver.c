@@ -400,6 +400,10 @@ static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int firs
             relay_query_post(e, lr->qs_mine, lr->relay_win, &qs_from, end);
         relay_progress(e);
     }
+    /* the rest, after a chunk that ran out of memory: the earlier ranks' key passes wait on it
+     * (this rank's step fails; its peers hear of it at the end of the layer, not at a timeout) */
+    if (lr->qs_mine && !e->link_failed)
+        relay_query_post(e, lr->qs_mine, lr->relay_win, &qs_from, r1);
     if (defer) {
         defer_pause(e, dl);
         round_in(e, lr, &rr);

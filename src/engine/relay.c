@@ -16,12 +16,14 @@
  * query sides), and so are K and V and a layer's first hand-over to a later rank. A receive
  * waits on an earlier rank (its K/V, its round's hand-over, sent once that rank's part of the
  * layer is done) or for a query side of the same layer, which its sender posted piece by piece
- * as its chunks were done, before it waits on anything of the layer's rounds; so a part of a
- * layer waits on later ranks only for what they post first, and on earlier ranks and the layer
+ * as its chunks were done, before it waits on anything of the layer's rounds but its first
+ * hand-over from the rank before (which every rank posts before its own key pass); so a part of
+ * a layer waits on later ranks only for what they post first, and on earlier ranks and the layer
  * above. A flush waits for a receive that waits on nothing this rank has still to do: K and V
  * are flushed before they are written again (the later rank took them when it began the layer,
  * having waited on this rank only for the layer above), a layer's first hand-over before its
- * second round writes the bucket (the next rank takes it once its chunks are done), the query
+ * second round writes the bucket (the next rank takes it before its chunks, or after them under
+ * --seq-overlap; either waits only on this rank's K/V and first hand-over), the query
  * sides before the next layer's chunks (every earlier rank took them in this layer's key pass,
  * which waits only on the ranks after it), a hand-over to rank 0 before the next is posted
  * (rank 0 took it in the round before). A large message moves only while its receiver is inside
