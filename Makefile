@@ -205,16 +205,25 @@ RUN_DIST  = $(if $(SUITES),$(filter dist,$(SUITES)),1)
 # test`: a clean clone's took 11 min 22 s with one compile at a time on 2 vCPUs, 2026-12-06).
 JOBS = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(shell nproc))
 
+# The CUDA emulator's golden digests (one core, about 75 s) run beside tests/mpi_ranks.sh, whose
+# ranks mostly wait (on mpirun's start-ups and each other: 36 s of CPU in its 130 s); their
+# output follows mpi_ranks.sh's, and either failing fails the target.
 test: deps $(if $(SUITES),,linkcheck)
 	@$(MAKE) --no-print-directory $(JOBS) $(BIN) $(RUN_TESTS) $(if $(filter %/test_plant %/test_selftest %/test_reach,$(RUN_TESTS)),plants) \
 	  $(if $(SUITES),,$(BUILD)/bench/pgemm_rates) $(if $(and $(RUN_DIST),$(filter 1,$(MPI))),$(FAULTS_BIN))
 	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(RUN_TESTS)
-	@if [ -n "$(RUN_DIST)" ]; then if [ "$(MPI)" = 1 ]; then echo "== tests/mpi_ranks.sh (mpirun)"; \
-	  STREAMBP=$(BIN) FAULTS=$(FAULTS_BIN) SBP_SAN=$(SAN) tests/mpi_ranks.sh; else echo "== tests/mpi_ranks.sh: skipped (no MPI)"; fi; fi
+	@rc=0 emu= log=; \
+	if [ "$(SAN)$(SUITES)" = 0 ]; then log=$$(mktemp) || exit 1; \
+	  SBP_GOLDEN_DEVICE=cuda-emu SBP_EMU_ORDER=shuffle:7 STREAMBP=$(BIN) SBP_PYTHON_TESTS=0 \
+	    tests/run.sh $(BUILD)/tests/test_golden >"$$log" 2>&1 & emu=$$!; fi; \
+	if [ -n "$(RUN_DIST)" ]; then if [ "$(MPI)" = 1 ]; then echo "== tests/mpi_ranks.sh (mpirun)"; \
+	  STREAMBP=$(BIN) FAULTS=$(FAULTS_BIN) SBP_SAN=$(SAN) tests/mpi_ranks.sh || rc=1; \
+	  else echo "== tests/mpi_ranks.sh: skipped (no MPI)"; fi; fi; \
+	if [ -n "$$emu" ]; then \
+	  echo "== golden digests on the CUDA kernels in the SIMT emulator, shuffled thread order (run beside mpi_ranks.sh)"; \
+	  wait $$emu || rc=1; cat "$$log"; rm -f "$$log"; fi; \
+	exit $$rc
 ifeq ($(SAN)$(SUITES),0)
-	@echo "== golden digests on the CUDA kernels in the SIMT emulator, shuffled thread order"
-	@SBP_GOLDEN_DEVICE=cuda-emu SBP_EMU_ORDER=shuffle:7 STREAMBP=$(BIN) SBP_PYTHON_TESTS=0 \
-	  tests/run.sh $(BUILD)/tests/test_golden
 	@$(MAKE) --no-print-directory portable-builds
 	@for b in $(PORTABLE_BUILDS); do \
 	  STREAMBP=$$b/streambp SBP_PYTHON_TESTS=0 tests/run.sh $(BUILD)/tests/test_golden || exit 1; done
