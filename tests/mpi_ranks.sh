@@ -305,7 +305,8 @@ seq_same seq-qwen2-dpo "3" --model "$Q2" $SD $P --seq-overlap
 seq_full && seq_same seq-qwen2-dpo-ipo "2" --model "$Q2" $SD $P --loss-type ipo
 seq_full && seq_same seq-llama-grpo "2" --model "$L" --batch data/batches/seq-grpo-300.safetensors \
     --objective grpo $P
-seq_full && seq_same seq-qwen3-lora "3" --model "$Q" --lora "$A" --batch $S450 $P --seq-overlap
+seq_full && seq_same seq-qwen3-lora "3" --model "$Q" --lora "$A" --batch $S450 $P --seq-overlap \
+    --logit-chunk 50
 seq_same seq-llama-micro "2" --model "$L" --batch $S450 --batch data/batches/sft-t700.safetensors \
     --batch $S450 $P --chunk 9
 seq_full && seq_same seq-llama-fast "3" --model "$L" --batch $S450 --block 64 --chunk 64 --seq-overlap

@@ -15,6 +15,7 @@
 #include "../fold.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     real *logits;              /* (rows or T·B, V) */
@@ -167,9 +168,14 @@ int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b
      * the round reaches it, keeping dhn, and its weight gradients' links once it has: the
      * logits formed twice, the dX product once, while the ranks before it run their rows. */
     const int ahead = seq_shared(e) && e->link->rank > 0 && e->seq_overlap;
-    real *kept = ahead ? ealloc(e, SBP_MEM_LOGITS, (size_t)(e->r1 - e->r0) * e->C,
-                                "the head's dhn, formed before its relay")
-                       : NULL;
+    const size_t R = (size_t)(e->r1 - e->r0);
+    real *kept =
+        ahead ? ealloc(e, SBP_MEM_LOGITS, R * e->C, "the head's dhn, formed before its relay")
+              : NULL;
+    /* a frozen head and final norm (LoRA): the round adds only the loss terms, from the rows'
+     * log-probs kept here (on the host) instead of the logits formed again */
+    double *logp = ahead && !e->ghead && !e->gfnorm ? malloc(sizeof(double) * R) : NULL;
+    if (ahead && !e->ghead && !e->gfnorm && !logp) e->oom = 1;
     relay_item it[3];
     const int nb = bucket_items(e, SBP_BUCKET_HEAD, it);
     it[nb] = (relay_item){loss, sizeof *loss};
@@ -179,15 +185,20 @@ int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b
             double terms = 0; /* added to the loss in the relay's round, in token order */
             head_rows(e, &w, o, &terms, dh, hL, bi, s, end, HEAD_DX,
                       kept + (size_t)(s - e->r0) * e->C);
+            if (logp) memcpy(logp + (s - e->r0), w.h_logp, sizeof(double) * (size_t)(end - s));
         }
         if (!relay_in(e, bi == 0, it, nb + 1, "the head's backward")) break;
         for (int s = e->r0, end; s < e->r1; s = end) {
             end = s + o->rows < e->r1 ? s + o->rows : e->r1;
-            head_rows(e, &w, o, loss, dh, hL, bi, s, end, ahead ? HEAD_DW : HEAD_ALL,
-                      kept ? kept + (size_t)(s - e->r0) * e->C : NULL);
+            if (logp) /* the same terms on the same log-probs, in the same order */
+                sbp_obj_terms(o->ev, loss, w.h_coef, bi, s, end - s, logp + (s - e->r0));
+            else
+                head_rows(e, &w, o, loss, dh, hL, bi, s, end, ahead ? HEAD_DW : HEAD_ALL,
+                          kept ? kept + (size_t)(s - e->r0) * e->C : NULL);
         }
         if (!relay_out(e, bi == b->B - 1, it, nb + 1, "the head's backward")) break;
     }
+    free(logp);
     efree(e, kept);
     work_free(e, &w);
     return !e->link_failed && !e->oom;
