@@ -285,6 +285,18 @@ START_TEST(transport_one_process) {
 }
 END_TEST
 
+/* What every cut of T tokens for S ranks on grain g is: from 0 to T, every rank some rows,
+ * starting on a grain, whole grains but the last rank's */
+static void check_cut(const int *b, int T, int S, int g) {
+    ck_assert_int_eq(b[0], 0);
+    ck_assert_int_eq(b[S], T);
+    for (int q = 0; q < S; q++) {
+        ck_assert_int_gt(b[q + 1] - b[q], 0);
+        ck_assert_int_eq(b[q] % g, 0);
+        ck_assert((b[q + 1] - b[q]) % g == 0 || q == S - 1);
+    }
+}
+
 /* Sequence parallel's slices: consecutive, covering [0, T), whole grains (the last rank's may
  * end short at T), the first ranks the extra grains, balanced to one grain; refused with fewer
  * grains than ranks. */
@@ -299,15 +311,10 @@ START_TEST(seq_slices) {
                 const int ok = sbp_seq_slices(b, T, S, g);
                 ck_assert_int_eq(ok, n >= S);
                 if (!ok) continue;
-                ck_assert_int_eq(b[0], 0);
-                ck_assert_int_eq(b[S], T);
+                check_cut(b, T, S, g);
                 for (int q = 0; q < S; q++) {
                     const int rows = b[q + 1] - b[q];
-                    ck_assert_int_gt(rows, 0);
-                    ck_assert_int_eq(b[q] % g, 0);          /* starts on a grain */
-                    ck_assert(rows % g == 0 || q == S - 1); /* whole grains */
                     ck_assert_int_le(rows, (n / S + (n % S != 0)) * g);
-                    ck_assert_int_ge(b[q + 1], b[q]);
                     if (q > 0) ck_assert_int_le(rows, b[q] - b[q - 1]); /* the first: no fewer */
                 }
             }
@@ -336,17 +343,11 @@ START_TEST(seq_slices_by_work) {
                 const int ok = sbp_seq_slices_by_work(b, &bench, T, S, g);
                 ck_assert_int_eq(ok, n >= S);
                 if (!ok) continue;
-                ck_assert_int_eq(b[0], 0);
-                ck_assert_int_eq(b[S], T);
-                for (int q = 0; q < S; q++) {
-                    const int rows = b[q + 1] - b[q];
-                    ck_assert_int_gt(rows, 0);
-                    ck_assert_int_eq(b[q] % g, 0);
-                    ck_assert(rows % g == 0 || q == S - 1);
-                    /* causal: a later rank's rows cost more, so it takes no more rows than the
-                     * rank before but for the rounding to a grain */
-                    if (q > 0 && q < S - 1) ck_assert_int_le(rows, b[q] - b[q - 1] + g);
-                }
+                check_cut(b, T, S, g);
+                /* causal: a later rank's rows cost more, so it takes no more rows than the rank
+                 * before but for the rounding to a grain */
+                for (int q = 1; q < S - 1; q++)
+                    ck_assert_int_le(b[q + 1] - b[q], b[q] - b[q - 1] + g);
             }
     ck_assert(sbp_seq_slices_by_work(b, &bench, 8192, 2, 512) && b[1] == 4608);
     ck_assert(sbp_seq_slices_by_work(b, &bench, 65536, 4, 512));

@@ -189,18 +189,6 @@ END_TEST
 /* ---------------------------------------------------------------------------------------------
  * float16 / bfloat16 */
 
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float from_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* The value of a binary16 pattern, from its definition: (−1)^s · m·2^−24 (exponent field 0),
  * (−1)^s · (1024 + m)·2^(e−25) (1..30), ±inf or NaN (31). */
 static double f16_value(uint16_t h) {
@@ -237,7 +225,7 @@ START_TEST(half_exhaustive) {
         require(f == want && !signbit(f) == !signbit(want), "f16 0x%04x: %a, want %a", h, f, want);
         require(sbp_f32_to_f16(f) == h, "f16 0x%04x → %a → 0x%04x", h, f, sbp_f32_to_f16(f));
         float b = sbp_bf16_to_f32((uint16_t)h);
-        ck_assert_uint_eq(bits(b), h << 16);
+        ck_assert_uint_eq(tu_bits(b), h << 16);
         if (!isnan(b))
             require(sbp_f32_to_bf16(b) == h, "bf16 0x%04x → %a → 0x%04x", h, b, sbp_f32_to_bf16(b));
         else
@@ -255,7 +243,7 @@ START_TEST(half_rounding) {
     sbp_rng r;
     sbp_rng_seed(&r, 31);
     for (int i = 0; i < 2000000; i++) {
-        float f = from_bits((uint32_t)sbp_rng_next(&r));
+        float f = tu_float((uint32_t)sbp_rng_next(&r));
         if (isnan(f)) continue;
         double w16 = round_ref(f, 11, -14, f16_max), wb = round_ref(f, 8, -126, bf16_max);
         float g16 = sbp_f16_to_f32(sbp_f32_to_f16(f)), gb = sbp_bf16_to_f32(sbp_f32_to_bf16(f));

@@ -35,22 +35,10 @@
 
 enum { BATCH = 4096 };
 
-static float from_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* the tests' inputs: a 64-bit linear congruential generator (Knuth's MMIX constants), its new
  * state */
 static uint64_t lcg_next(uint64_t *s) {
     return *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-}
-
-static uint32_t to_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
 }
 
 /* exp_shift (shift 0, scale 1), or exp_neg (neg), on n inputs against rexp one by one; returns
@@ -67,10 +55,10 @@ static long check_batch(const float *x, int n, int neg) {
     long bad = 0;
     for (int i = 0; i < n; i++) {
         const float want = neg ? rexp(-x[i]) : rexp(x[i] - zero);
-        if (to_bits(want) != to_bits(y[i]) && bad++ < 5)
+        if (tu_bits(want) != tu_bits(y[i]) && bad++ < 5)
             fprintf(stderr, "exp(%s%a = 0x%08x): rexp %a (0x%08x), %s %a (0x%08x)\n",
-                    neg ? "-" : "", (double)x[i], to_bits(x[i]), (double)want, to_bits(want),
-                    neg ? "exp_neg" : "exp_shift", (double)y[i], to_bits(y[i]));
+                    neg ? "-" : "", (double)x[i], tu_bits(x[i]), (double)want, tu_bits(want),
+                    neg ? "exp_neg" : "exp_shift", (double)y[i], tu_bits(y[i]));
     }
     return bad;
 }
@@ -81,7 +69,7 @@ static long check_range(uint64_t lo, uint64_t hi, uint64_t step) {
     long bad = 0;
     int n = 0;
     for (uint64_t u = lo; u <= hi; u += step) {
-        x[n++] = from_bits((uint32_t)u);
+        x[n++] = tu_float((uint32_t)u);
         if (n == BATCH) bad += check_batch(x, n, 0) + check_batch(x, n, 1), n = 0;
     }
     return bad + check_batch(x, n, 0) + check_batch(x, n, 1);
@@ -89,7 +77,7 @@ static long check_range(uint64_t lo, uint64_t hi, uint64_t step) {
 
 /* every float between a and b (same sign, |a| ≤ |b|) */
 static long check_floats(float a, float b) {
-    return check_range(to_bits(a), to_bits(b), 1);
+    return check_range(tu_bits(a), tu_bits(b), 1);
 }
 
 START_TEST(vexp_bits) {
@@ -104,16 +92,16 @@ START_TEST(vexp_bits) {
     bad += check_floats(-86.5f, -88.5f);       /* normal → subnormal results */
     bad += check_floats(-68.5f, -70.5f);       /* sbp_pexpf's tiny path: n < −100 */
     bad += check_floats(88.0f, 89.5f);         /* overflow past 88.7 */
-    bad += check_range(0, to_bits(1.0f), 997); /* towards 0, both signs */
-    bad += check_range(0x80000000u, to_bits(-1.0f), 997);
+    bad += check_range(0, tu_bits(1.0f), 997); /* towards 0, both signs */
+    bad += check_range(0x80000000u, tu_bits(-1.0f), 997);
     const float special[] = {INFINITY,
                              -INFINITY,
                              NAN,
                              -NAN,
-                             from_bits(0x7f800001u),
-                             from_bits(0xff800001u),
-                             from_bits(0x7fc12345u),
-                             from_bits(0xffc54321u),
+                             tu_float(0x7f800001u),
+                             tu_float(0xff800001u),
+                             tu_float(0x7fc12345u),
+                             tu_float(0xffc54321u),
                              0x1p-149f,
                              -0x1p-149f,
                              3.4028235e38f,
@@ -173,7 +161,7 @@ START_TEST(vexp_neg_rows) {
             for (int i = 0; i < n; i++) want[i] = rexp(-x[i]);
             exp_neg(y, x, n);
             for (int i = 0; i < n; i++)
-                ck_assert_msg(to_bits(y[i]) == to_bits(want[i]), "n %d, x[%d] = %a: %a, want %a", n,
+                ck_assert_msg(tu_bits(y[i]) == tu_bits(want[i]), "n %d, x[%d] = %a: %a, want %a", n,
                               i, (double)x[i], (double)y[i], (double)want[i]);
             for (int i = n; i < N + G; i++) ck_assert_msg(y[i] == -9.0f, "wrote past n = %d", n);
             exp_neg(x, x, n); /* in place */
@@ -185,7 +173,7 @@ END_TEST
 /* the same bits, or both NaN: which of two NaN operands an x86 operation passes on depends on
  * the operand order the compiler picked, not on the values */
 static int same(float a, float b) {
-    return to_bits(a) == to_bits(b) || (isnan(a) && isnan(b));
+    return tu_bits(a) == tu_bits(b) || (isnan(a) && isnan(b));
 }
 
 /* swiglu_forward / _backward in float against the element-by-element formulas with rexp, bit
@@ -275,7 +263,7 @@ START_TEST(lanes_reductions) {
             /* pass 1: zeros of both signs and infinities; pass 2: NaNs too */
             if (pass >= 1 && r % 7 == 0) x[i] = r % 2 ? 0.0f : -0.0f;
             if (pass >= 1 && r % 11 == 0) x[i] = r % 2 ? INFINITY : -INFINITY;
-            if (pass == 2 && r % 13 == 0) x[i] = from_bits(0x7fc00000u | (r & 0xff));
+            if (pass == 2 && r % 13 == 0) x[i] = tu_float(0x7fc00000u | (r & 0xff));
         }
         for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++) {
             const int n = lens[t];

@@ -29,18 +29,6 @@
 
 enum { BATCH = 4096 };
 
-static float from_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint32_t to_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
 /* gelu_t_row on n inputs against gelu_tanh_t one by one; returns the mismatches, the first few
  * reported */
 static long check_batch(const float *x, int n) {
@@ -49,10 +37,10 @@ static long check_batch(const float *x, int n) {
     long bad = 0;
     for (int i = 0; i < n; i++) {
         const float want = gelu_tanh_t(x[i]);
-        if (to_bits(want) != to_bits(y[i]) && bad++ < 5)
+        if (tu_bits(want) != tu_bits(y[i]) && bad++ < 5)
             fprintf(stderr, "gelu t(%a = 0x%08x): scalar %a (0x%08x), row %a (0x%08x)\n",
-                    (double)x[i], to_bits(x[i]), (double)want, to_bits(want), (double)y[i],
-                    to_bits(y[i]));
+                    (double)x[i], tu_bits(x[i]), (double)want, tu_bits(want), (double)y[i],
+                    tu_bits(y[i]));
     }
     return bad;
 }
@@ -63,7 +51,7 @@ static long check_range(uint64_t lo, uint64_t hi, uint64_t step) {
     long bad = 0;
     int n = 0;
     for (uint64_t u = lo; u <= hi; u += step) {
-        x[n++] = from_bits((uint32_t)u);
+        x[n++] = tu_float((uint32_t)u);
         if (n == BATCH) bad += check_batch(x, n), n = 0;
     }
     return bad + check_batch(x, n);
@@ -71,7 +59,7 @@ static long check_range(uint64_t lo, uint64_t hi, uint64_t step) {
 
 /* every float between a and b (same sign, |a| ≤ |b|), and their negatives */
 static long check_floats(float a, float b) {
-    return check_range(to_bits(a), to_bits(b), 1) + check_range(to_bits(-a), to_bits(-b), 1);
+    return check_range(tu_bits(a), tu_bits(b), 1) + check_range(tu_bits(-a), tu_bits(-b), 1);
 }
 
 START_TEST(vtanh_bits) {
@@ -91,18 +79,18 @@ START_TEST(vtanh_bits) {
     /* exp(2|arg|) rounds to 1 below |arg| = 2^-54 ≈ 5.6e-17 (g ≈ 7.0e-17), so tanh =
      * arg·2 / (arg·2 + 2) there: every float across the switch, a stride past it */
     bad += check_floats(6.0e-17f, 8.0e-17f);
-    bad += check_range(to_bits(8.0e-17f), to_bits(1.0f), 997);
-    bad += check_range(to_bits(-8.0e-17f), to_bits(-1.0f), 997);
+    bad += check_range(tu_bits(8.0e-17f), tu_bits(1.0f), 997);
+    bad += check_range(tu_bits(-8.0e-17f), tu_bits(-1.0f), 997);
     const float special[] = {0.0f,
                              -0.0f,
                              INFINITY,
                              -INFINITY,
                              NAN,
                              -NAN,
-                             from_bits(0x7f800001u),
-                             from_bits(0xff800001u),
-                             from_bits(0x7fc12345u),
-                             from_bits(0xffc54321u),
+                             tu_float(0x7f800001u),
+                             tu_float(0xff800001u),
+                             tu_float(0x7fc12345u),
+                             tu_float(0xffc54321u),
                              0x1p-149f,
                              -0x1p-149f,
                              3.4028235e38f,
@@ -116,7 +104,7 @@ START_TEST(vtanh_bits) {
     float y[4];
     const float in[4] = {NAN, -0.0f, 0.0f, -INFINITY};
     gelu_t_row(y, in, 4);
-    ck_assert(isnan(y[0]) && to_bits(y[1]) == 0x80000000u && to_bits(y[2]) == 0 && y[3] == -1.0f);
+    ck_assert(isnan(y[0]) && tu_bits(y[1]) == 0x80000000u && tu_bits(y[2]) == 0 && y[3] == -1.0f);
 }
 END_TEST
 
@@ -130,7 +118,7 @@ START_TEST(vtanh_rows) {
         gelu_t_row(y, x, n);
         for (int i = 0; i < n; i++) {
             const float want = gelu_tanh_t(x[i]);
-            ck_assert_msg(to_bits(y[i]) == to_bits(want), "n %d: t[%d] = %a, want %a", n, i,
+            ck_assert_msg(tu_bits(y[i]) == tu_bits(want), "n %d: t[%d] = %a, want %a", n, i,
                           (double)y[i], (double)want);
         }
         for (int i = n; i < N + GUARD; i++)
@@ -166,9 +154,9 @@ START_TEST(vtanh_geglu_blocks) {
         const float want_h = gelu_tanh_value(x, th) * u[i];
         const float want_dg = r + (dh[i] * u[i]) * gelu_tanh_grad(x, th);
         const float want_du = -r + dh[i] * gelu_tanh_value(x, th);
-        ck_assert_msg(to_bits(h[i]) == to_bits(want_h), "h[%d]", i);
-        ck_assert_msg(to_bits(dg[i]) == to_bits(want_dg), "dg[%d]", i);
-        ck_assert_msg(to_bits(du[i]) == to_bits(want_du), "du[%d]", i);
+        ck_assert_msg(tu_bits(h[i]) == tu_bits(want_h), "h[%d]", i);
+        ck_assert_msg(tu_bits(dg[i]) == tu_bits(want_dg), "dg[%d]", i);
+        ck_assert_msg(tu_bits(du[i]) == tu_bits(want_du), "du[%d]", i);
     }
     free(g), free(u), free(dh), free(h), free(dg), free(du);
 }

@@ -7,6 +7,21 @@
 
 #include <check.h>
 #include <stdint.h>
+#include <string.h>
+
+/* A float's bit pattern and back (the bitwise tests of the vectorized functions and of the
+ * 16-bit formats). */
+static inline uint32_t tu_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float tu_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 /* A per-process scratch directory under $TMPDIR (removed at exit). */
 const char *tu_tmpdir(void);

@@ -39,10 +39,18 @@ static double tile_pairs(int T, int W, int win) {
     return attention_tile_pairs(0, T, W, win);
 }
 
-double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o) {
-    const double C = c->hidden, F = c->ffn, V = c->vocab, HD = c->head_dim;
+/* P and H of the head comment: a token's projections and its head row, forward */
+static void token_products(const sbp_config *c, double *P, double *H) {
+    const double C = c->hidden, F = c->ffn, HD = c->head_dim;
     const double Q = (double)c->heads * HD, KV = (double)c->kv_heads * HD;
-    const double P = 2 * (C * Q + 2 * C * KV + Q * C + 3 * C * F), H = 2 * C * V;
+    *P = 2 * (C * Q + 2 * C * KV + Q * C + 3 * C * F), *H = 2 * C * c->vocab;
+}
+
+double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o) {
+    const double C = c->hidden, F = c->ffn, HD = c->head_dim;
+    const double Q = (double)c->heads * HD, KV = (double)c->kv_heads * HD;
+    double P, H;
+    token_products(c, &P, &H);
     const int W = attention_tile(o->block ? o->block : SBP_DEFAULT_BLOCK);
     /* Σ over the layers of their pairs: the global layers' and the local layers' */
     int local = 0;
@@ -146,11 +154,10 @@ int sbp_seq_slices_by_work(int *bounds, const sbp_config *c, int T, int S, int g
     if (S < 1 || T < 1 || grain < 1) return 0;
     const int n = T / grain + (T % grain != 0); /* grains, the last possibly short */
     if (n < S) return 0;
-    const double C = c->hidden, F = c->ffn, V = c->vocab, HD = c->head_dim;
-    const double Q = (double)c->heads * HD, KV = (double)c->kv_heads * HD;
-    const double P = 2 * (C * Q + 2 * C * KV + Q * C + 3 * C * F), H = 2 * C * V;
+    double P, H;
+    token_products(c, &P, &H);
     seq_work w = {.row = c->layers * 4 * P + 3 * H,
-                  .q = ATTN_WEIGHT * Q,
+                  .q = ATTN_WEIGHT * (double)c->heads * c->head_dim,
                   .W = c->sliding_window,
                   .T = T,
                   .grain = grain};
