@@ -282,6 +282,11 @@ def seq_parallel():
     grpo(d + "grpo-300.safetensors", u,
          ["i" * 120 + "c" * 170 + "p" * 10, "p" * 3 + "i" * 117 + "c" * 180],
          advantages=[0.75, -0.75])
+    # one sequence (B = 1), the case whose head's round goes late under --seq-overlap
+    # (head_late in src/engine/engine.h): its own generator, so the fixtures above keep their
+    # bytes; padding on rank 0's rows, the prompt across the first boundary (128)
+    write(d + "sft-1x450.safetensors",
+          [custom(lcg(56), 450, "p" * 60 + "i" * 100 + "v" * 290)], "I64")
 
 
 def gemma3():

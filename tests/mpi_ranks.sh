@@ -288,6 +288,7 @@ seq_full() { [ "$SANQ" != 1 ]; } # the case runs in the plain build only
 # different T, the fast numerics
 seq_same() { SEQ=1 same "$@"; } # NAME "S..." ARGS...: same, with --seq-ranks S
 G3=$(model gemma3-tiny) S450=data/batches/seq-sft-450.safetensors
+S1=data/batches/seq-sft-1x450.safetensors # one sequence: --seq-overlap's late head round
 SD="--batch data/batches/seq-dpo-300.safetensors --objective dpo --beta 0.1"
 seq_same seq-llama-stream "$(seq_full && echo 2 3 4 || echo 2 3)" --model "$L" --batch $S450 $P \
     --chunk 7 --block 4
@@ -300,16 +301,25 @@ seq_full && seq_same seq-llama-ckpt-chunked "2" --model "$L" --batch $S450 $P --
 seq_same seq-gemma3-stream "$(seq_full && echo 2 3 4 || echo 3)" --model "$G3" --batch $S450 $P --chunk 20
 seq_full && seq_same seq-gemma3-full "2" --model "$G3" --batch $S450 $P --schedule full --seq-overlap
 seq_full && seq_same seq-qwen2-fp64 "3" --model "$Q2" --batch $S450 $P --precision fp64
-seq_full && seq_same seq-llama-bf16 "2" --model "$L" --batch $S450 $P --precision bf16 --seq-overlap
+seq_full && seq_same seq-llama-bf16 "2" --model "$L" --batch $S1 $P --precision bf16 --seq-overlap
 seq_same seq-qwen2-dpo "3" --model "$Q2" $SD $P --seq-overlap
 seq_full && seq_same seq-qwen2-dpo-ipo "2" --model "$Q2" $SD $P --loss-type ipo
 seq_full && seq_same seq-llama-grpo "2" --model "$L" --batch data/batches/seq-grpo-300.safetensors \
     --objective grpo $P
-seq_full && seq_same seq-qwen3-lora "3" --model "$Q" --lora "$A" --batch $S450 $P --seq-overlap \
+seq_full && seq_same seq-qwen3-lora "3" --model "$Q" --lora "$A" --batch $S1 $P --seq-overlap \
     --logit-chunk 50
 seq_same seq-llama-micro "2" --model "$L" --batch $S450 --batch data/batches/sft-t700.safetensors \
     --batch $S450 $P --chunk 9
-seq_full && seq_same seq-llama-fast "3" --model "$L" --batch $S450 --block 64 --chunk 64 --seq-overlap
+seq_full && seq_same seq-llama-fast "3" --model "$L" --batch $S1 --block 64 --chunk 64 --seq-overlap
+# --seq-overlap with one sequence: the head's round of a rank after the first runs inside its
+# layers' backward, from a scratch of its own, and the top layer's K/V side is kept from the
+# forward (untied, tied, Gemma-3's window, full BP with logits in passes)
+seq_same seq-llama-late "$(seq_full && echo 2 3 || echo 2)" --model "$L" --batch $S1 $P --chunk 7 \
+    --block 4 --seq-overlap
+seq_full && seq_same seq-qwen3-tied-late "2" --model "$Q" --batch $S1 $P --logit-chunk 33 --seq-overlap
+seq_full && seq_same seq-gemma3-late "3" --model "$G3" --batch $S1 $P --chunk 20 --seq-overlap
+seq_full && seq_same seq-qwen2-full-late "2" --model "$Q2" --batch $S1 $P --schedule full \
+    --chunked-logits --logit-chunk 40 --seq-overlap
 # data parallel between groups sharing each sequence (N = D x S): group g runs micro-batches
 # k = g (mod D), the owners fold them in k order
 seq_same seq-llama-groups "$(seq_full && echo 4:2 6:3 || echo 4:2)" --model "$L" --batch $S450 \
@@ -317,6 +327,8 @@ seq_same seq-llama-groups "$(seq_full && echo 4:2 6:3 || echo 4:2)" --model "$L"
     $P --chunk 9
 seq_full && seq_same seq-qwen2-dpo-groups "4:2" --model "$Q2" $SD \
     --batch data/batches/seq-dpo-300.safetensors $P
+seq_full && seq_same seq-llama-groups-late "4:2" --model "$L" --batch $S1 --batch $S450 --batch $S1 \
+    --batch $S1 $P --chunk 9 --seq-overlap
 # the network model (plan --seq-ranks, the rank sending the most: its K/V, hand-overs, pieces,
 # losses and share to rank 0's file) against the transport's counters, the start-up check's
 # all-gather of 5376 bytes, one message to each peer, taken off; family:N:S:micro-batches:schedule

@@ -107,6 +107,11 @@ static int tally_flush(void *ctx, int side) {
     return 1;
 }
 
+static int tally_done(void *ctx, int kind) {
+    (void)ctx, (void)kind;
+    return 1;
+}
+
 /* Rank q of a sequence group of S, owning own elements, planned (the step of seqpar.c): the
  * weights, with optimizer AdamW's moments of its share, the micro-batches, its share of the
  * result and the ncol columns its pieces arrive in, then the engine run of its rows (a planning
@@ -258,6 +263,9 @@ static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_config *cfg,
                                        .post_side = net ? tally_send : NULL,
                                        .recv_side = net ? tally_recv : NULL,
                                        .post_ahead = net ? tally_send : NULL,
+                                       .send_head = net ? tally_send : NULL,
+                                       .post_recv_head = net ? tally_recv : NULL,
+                                       .done = net ? tally_done : NULL,
                                        .progress = net ? tally_progress : NULL,
                                        .flush = net ? tally_flush : NULL};
             if ((st = sbp_obj_begin(&ev, &obj, &b, err))) break;

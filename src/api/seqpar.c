@@ -19,8 +19,11 @@
 
 /* beside gather.c's: no other message is in flight then; the pieces of the result have a tag of
  * their own, since their receives are posted before the hand-overs from the same rank, and so do
- * the query sides (seqlink.h) */
-enum { SEQ_TAG = (1 << 20) + 1, PIECE_TAG, SIDE_TAG };
+ * the query sides and the head's hand-over received ahead (seqlink.h); the head bucket's pieces
+ * too, since under --seq-overlap with one sequence that bucket completes at a layer the timing
+ * picks (head_late in src/engine/engine.h), so they cannot be matched by order among the
+ * layers' */
+enum { SEQ_TAG = (1 << 20) + 1, PIECE_TAG, SIDE_TAG, HEAD_TAG, HEAD_PIECE_TAG };
 enum { PART = SBP_SEQ_PART };
 
 typedef struct {
@@ -100,6 +103,23 @@ static int link_recv_side(void *ctx, int from, void *buf, size_t bytes, const ch
     return move_tag(ctx, l->base + from, buf, bytes, 0, WAIT, SIDE_TAG, what);
 }
 
+static int link_send_head(void *ctx, int to, const void *buf, size_t bytes, const char *what) {
+    const link_ctx *l = ctx;
+    return move_tag(ctx, l->base + to, (void *)buf, bytes, 1, WAIT, HEAD_TAG, what);
+}
+
+static int link_post_recv_head(void *ctx, int from, void *buf, size_t bytes, const char *what) {
+    const link_ctx *l = ctx;
+    return move_tag(ctx, l->base + from, buf, bytes, 0, SBP_SEQ_HEAD, HEAD_TAG, what);
+}
+
+static int link_done(void *ctx, int kind) {
+    link_ctx *l = ctx;
+    for (int i = 0; i < l->nposted[kind]; i++)
+        if (!sbp_comm_test(l->c, l->posted[kind][i])) return 0;
+    return 1;
+}
+
 static void link_progress(void *ctx) {
     link_ctx *l = ctx;
     sbp_comm_progress(l->c);
@@ -131,6 +151,7 @@ typedef struct {
     int me, S, D, N, sharded, esz, bf16, rho;
     sbp_piece *pc; /* (np) every bucket's pieces, in completion order */
     int np;
+    int head; /* the head's bucket's index in that order, or −1 */
     int64_t
         *pos;  /* (np) where a piece this rank owns starts in out and the columns; −1 elsewhere */
     char *out; /* the share (sharded: the owned blocks packed), or the whole gradient */
@@ -141,6 +162,10 @@ typedef struct {
 
 static int owns(const shares *h, const sbp_piece *p, int q) {
     return !h->sharded || p->owner == q;
+}
+
+static int piece_tag(const shares *h, const sbp_piece *p) {
+    return p->bucket == h->head ? HEAD_PIECE_TAG : PIECE_TAG;
 }
 
 /* Where slot j of the round lands: micro-batch 0 in the share, every other in a column. */
@@ -166,7 +191,8 @@ static int fold_hook(void *ctx, int64_t off, int64_t n, const void *g) {
         for (int q = 0; q < h->N && !l->failed; q++) {
             if (!owns(h, p, q)) continue;
             if (q != h->me)
-                move_tag(l, q, (void *)src, bytes, 1, WAIT, PIECE_TAG, "the gradient's pieces");
+                move_tag(l, q, (void *)src, bytes, 1, WAIT, piece_tag(h, p),
+                         "the gradient's pieces");
             else
                 memcpy(mine + h->pos[i] * h->esz, src, bytes);
         }
@@ -183,7 +209,7 @@ static int post_receives(shares *h) {
         for (int i = 0; i < h->np && !h->l->failed; i++)
             if (owns(h, &h->pc[i], h->me))
                 move_tag(h->l, producer(h, j), to + h->pos[i] * h->esz,
-                         (size_t)h->pc[i].n * (size_t)h->esz, 0, UNTRACKED, PIECE_TAG,
+                         (size_t)h->pc[i].n * (size_t)h->esz, 0, UNTRACKED, piece_tag(h, &h->pc[i]),
                          "the gradient's pieces");
     }
     return !h->l->failed;
@@ -209,6 +235,9 @@ static int shares_begin(shares *h, const sbp_params *ps, sbp_ledger *lg) {
     h->pc = malloc(sizeof *h->pc * (size_t)cap * (size_t)(h->N + 1));
     const int nb = b && h->pc ? sbp_grad_buckets(b, cap, ps) : -1;
     h->np = nb >= 0 ? sbp_dist_pieces(h->pc, cap * (h->N + 1), b, nb, h->N) : -1;
+    h->head = -1;
+    for (int i = 0; i < nb; i++)
+        if (b[i].id == SBP_BUCKET_HEAD) h->head = i;
     free(b);
     sbp_range *rg = NULL;
     int64_t owned = ps->total;
@@ -334,6 +363,9 @@ sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model
                                .post_ahead = link_post_ahead,
                                .progress = link_progress,
                                .recv_side = link_recv_side,
+                               .send_head = link_send_head,
+                               .post_recv_head = link_post_recv_head,
+                               .done = link_done,
                                .flush = link_flush};
     shares h = {.l = &l,
                 .me = me,

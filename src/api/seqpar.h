@@ -14,7 +14,8 @@
  * of N ranks packed, as sbp_dist_grad's) or the whole gradient, the same bits as one process;
  * *loss on every process. so: the step's normalisers. While the step runs a rank also holds
  * sbp_seq_columns columns of its share's size. A failed step leaves the transport unusable: the
- * receives it had posted (and posted hand-overs, query sides, K/V and first-round hand-overs)
+ * receives it had posted (the pieces', the head's round under --seq-overlap; and posted
+ * hand-overs, query sides, K/V and first-round hand-overs)
  * may still be in flight into buffers it freed, so the caller ends the job (the command line calls
  * sbp_comm_abort), as after any failed distributed step. */
 sbp_status sbp_seq_grad(void **out, int64_t numel, double *loss, const sbp_model *m,

@@ -16,8 +16,11 @@
  * that rank 0 may take the last rank's query side before the hand-over the last rank posted to
  * it earlier). Some that go to a later rank are posted too, so that the sender runs on (K and V,
  * a layer's first hand-over: post_ahead, received with recv, in the order sent among send's).
- * flush(kind) waits for the posted messages of one kind (0: post's, 1: post_side's, 2:
- * post_ahead's). Messages of one kind between two ranks arrive in the order sent.
+ * One is received ahead of where it is used: the head's hand-over under --seq-overlap with one
+ * sequence (send_head, its receive posted by post_recv_head before the layers' messages from
+ * the same rank, and matched apart from them). flush(kind) waits for the posted messages of one
+ * kind (0: post's, 1: post_side's, 2: post_ahead's, 3: post_recv_head's). Messages of one kind
+ * between two ranks arrive in the order sent.
  * A planning link has no functions: nothing is sent, the buffers are charged as a run allocates
  * them. */
 typedef struct sbp_seq_link {
@@ -31,10 +34,19 @@ typedef struct sbp_seq_link {
     int (*recv_side)(void *ctx, int from, void *buf, size_t bytes, const char *what);
     int (*post_ahead)(void *ctx, int to, const void *buf, size_t bytes, const char *what);
     void (*progress)(void *ctx); /* the transport moves what others wait on, waiting for nothing */
+    int (*send_head)(void *ctx, int to, const void *buf, size_t bytes, const char *what);
+    int (*post_recv_head)(void *ctx, int from, void *buf, size_t bytes, const char *what);
+    int (*done)(void *ctx, int kind); /* the posted messages of a kind are done (no waiting) */
 } sbp_seq_link;
 
 /* The kinds of posted messages, each flushed apart */
-typedef enum { SBP_SEQ_HANDOVER, SBP_SEQ_SIDE, SBP_SEQ_AHEAD, SBP_SEQ_KINDS } sbp_seq_kind;
+typedef enum {
+    SBP_SEQ_HANDOVER,
+    SBP_SEQ_SIDE,
+    SBP_SEQ_AHEAD,
+    SBP_SEQ_HEAD,
+    SBP_SEQ_KINDS
+} sbp_seq_kind;
 
 /* The rows of T tokens cut for S ranks in whole grains (the token block and the portable sums'
  * block, so that no block and no sum is split between ranks): ceil(T / grain) grains, the first

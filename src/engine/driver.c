@@ -62,6 +62,8 @@ typedef struct {
     int kvwin;   /* the local layers' K/V side is bounded by the window (kv_window_*) */
     int seqwin;  /* sequence parallel: the local layers' keys travel as far as the window */
     int kv_rows; /* rows of the K/V buffers of a pass that does not keep them (T, or less) */
+    int kv_kept; /* the top layer's K/V side kept from the forward through the head (head_late,
+                  * a rank after the first): the pass's buffers outlive the forward's pass */
 } run_bufs;
 
 /* Whether a row of the batch sees no key on a local layer of window W while the unattended mode
@@ -103,7 +105,7 @@ static int pass_begin(eng *e, run_bufs *r, const sched_row *row, int c, int back
         !chunk_formed_alloc(e, &r->fm, c))
         return 0;
     const int kvr = row->keep_all ? e->T : r->kv_rows;
-    if (!row->keep_all && (!kv_acts_alloc(e, &r->kv[0], kvr, SBP_MEM_LAYER) ||
+    if (!row->keep_all && ((!r->kv[0].k && !kv_acts_alloc(e, &r->kv[0], kvr, SBP_MEM_LAYER)) ||
                            !chunk_acts_alloc(e, &r->ca[0], c, SBP_MEM_LAYER)))
         return 0;
     if (!backward) return 1;
@@ -120,11 +122,12 @@ static int pass_begin(eng *e, run_bufs *r, const sched_row *row, int c, int back
            (me == S - 1 || query_side_alloc(e, &r->qs_in, piece, piece));
 }
 
-static void pass_end(eng *e, run_bufs *r, const sched_row *row) {
+static void pass_end(eng *e, run_bufs *r, const sched_row *row, int kv_kept) {
     norm_block_free(e, &r->nb);
     lora_work_free(e, &r->lw);
     chunk_formed_free(e, &r->fm);
-    if (!row->keep_all) kv_acts_free(e, &r->kv[0]), chunk_acts_free(e, &r->ca[0]);
+    if (!row->keep_all && !kv_kept) kv_acts_free(e, &r->kv[0]);
+    if (!row->keep_all) chunk_acts_free(e, &r->ca[0]);
     kv_work_free(e, &r->kvw);
     chunk_grads_free(e, &r->cg);
     pend_work_free(e, &r->pd);
@@ -372,8 +375,10 @@ static void round_out(eng *e, const layer_run *lr, const relay_round *rr) {
  * rounds over the ranks: the chunks' tensors, then the K/V side's (and a local layer's
  * input-norm chain). A rank after the first runs each part's dX path first and its gradient
  * calls when the round reaches it (deferred), so that it need not wait for the rank before.
- * first, last: the sequence is the batch's first, last (the bucket's relay starts, ends). */
-static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int first, int last) {
+ * first, last: the sequence is the batch's first, last (the bucket's relay starts, ends).
+ * late: the head's late links (head_late) on a rank after the first, else NULL. */
+static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int first, int last,
+                           head_late *late) {
     const int r0 = e->r0, r1 = e->r1, tail = !seq_last(e);
     const int defer = seq_shared(e) && e->link->rank > 0 && e->seq_overlap;
     relay_item b[2], reg[DEFER_REGIONS];
@@ -382,8 +387,8 @@ static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int firs
     struct defer_log *dl = NULL;
     if (lr->kvwin)
         kv_window_begin(e, lr);
-    else if (recompute)
-        kv_forward(e, lr); /* K and V of all T tokens, once */
+    else if (recompute && !(lr->kv_kept && e->link->rank > 0))
+        kv_forward(e, lr); /* K and V of all T tokens, once (kept from the forward: head_late) */
     if (defer && !defer_begin(e, &dl, reg, nreg)) return;
     kv_begin_backward(e, lr);
     if (!defer) round_in(e, lr, &rr);
@@ -406,6 +411,8 @@ static void layer_backward(eng *e, layer_run *lr, int c, int recompute, int firs
         relay_query_post(e, lr->qs_mine, lr->relay_win, &qs_from, r1);
     if (defer) {
         defer_pause(e, dl);
+        /* the head's late links, where this rank would wait for the round of the rank before */
+        if (late && head_late_step(e, late)) bucket_end(e, SBP_BUCKET_HEAD);
         round_in(e, lr, &rr);
         if (!e->link_failed && !e->oom) defer_replay(e, dl);
         defer_end(e, dl), dl = NULL;
@@ -453,6 +460,10 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
     const size_t BTC = (size_t)B * R * e->C;
     const sbp_mem_cat kept = row->keep_all ? SBP_MEM_ACTIVATIONS : SBP_MEM_CHECKPOINTS;
     run_bufs r = {.n_kept = row->keep_all ? L * B : 1};
+    head_late late;
+    head_late_begin(e, &late, b, h);
+    const int apart = late.on && late.rank > 0; /* the head's round in the top layer's backward */
+    r.kv_kept = apart && !row->keep_all;
     int ok = 0;
     r.kv = calloc((size_t)r.n_kept, sizeof *r.kv);
     r.ca = calloc((size_t)r.n_kept, sizeof *r.ca);
@@ -477,16 +488,20 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
             if (e->link_failed) goto out;
         }
     if (!relay_flush_ahead(e)) goto out; /* the last K and V posted read before freed */
-    pass_end(e, &r, row);
+    pass_end(e, &r, row, r.kv_kept);
 
-    /* the head: the loss and dH */
+    /* the head: the loss and dH (with its round apart, the rest in the top layer's backward) */
     r.g = ealloc(e, SBP_MEM_LAYER, BTC, "hidden-state gradient");
     if (e->oom) goto out;
     e->ops->zero(e, r.g, BTC); /* the head adds dH into it */
-    bucket_begin(e, SBP_BUCKET_HEAD);
-    if (!head_step(e, loss, r.g, r.xL, b, h) || !bucket_end(e, SBP_BUCKET_HEAD)) goto out;
-    efree(e, r.xL);
-    r.xL = NULL;
+    if (apart)
+        bucket_begin_apart(e, SBP_BUCKET_HEAD);
+    else
+        bucket_begin(e, SBP_BUCKET_HEAD);
+    if (e->oom || !head_step(e, loss, r.g, r.xL, b, h, &late) ||
+        (!apart && !bucket_end(e, SBP_BUCKET_HEAD)))
+        goto out;
+    if (!apart) efree(e, r.xL), r.xL = NULL;
 
     /* backward */
     if (!pass_begin(e, &r, row, c, 1)) goto out;
@@ -495,18 +510,26 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
         for (int bi = 0; bi < B; bi++) {
             layer_run lr =
                 layer_at(e, &r, l, bi, kept_slot(row, l, B, bi), input_of(&r, l, BTC), NULL, r.g);
-            layer_backward(e, &lr, c, !row->keep_all, bi == 0, bi == B - 1);
+            lr.kv_kept = late.on && l == L - 1 && !row->keep_all; /* one sequence */
+            late.last = l == 0;
+            layer_backward(e, &lr, c, !row->keep_all, bi == 0, bi == B - 1, apart ? &late : NULL);
             if (row->keep_all) kv_acts_free(e, lr.kv), chunk_acts_free(e, lr.acts);
             if (e->link_failed) goto out;
         }
         /* the layer's gradient is complete: one fold or send per bucket */
         if (!bucket_end(e, l)) goto out;
     }
+    if (apart) { /* what the head's late passes read, at a point that does not move with them */
+        head_late_end(e, &late);
+        bucket_free_apart(e);
+        efree(e, r.xL), r.xL = NULL;
+    }
     if (!relay_flush(e)) goto out; /* the query side is read before it is freed */
-    pass_end(e, &r, row);
+    pass_end(e, &r, row, 0);
     bucket_begin(e, SBP_BUCKET_EMBED);
     ok = embed_step(e, &r, b, (size_t)R * e->C) && bucket_end(e, SBP_BUCKET_EMBED);
 out:
+    head_late_end(e, &late);
     free_bufs(e, &r);
     return ok && !e->oom && !e->link_failed;
 }
@@ -535,12 +558,12 @@ int drive_logprobs(eng *e, double *logp, const sbp_batch *b, int chunk, const he
         real *t = x;
         x = y, y = t;
     }
-    pass_end(e, &r, row);
+    pass_end(e, &r, row, 0);
     efree(e, y);
     y = NULL;
     ok = head_logprobs(e, logp, x, b, h);
 out:
-    pass_end(e, &r, row);
+    pass_end(e, &r, row, 0);
     efree(e, x), efree(e, y);
     return ok && !e->oom;
 }

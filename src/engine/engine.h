@@ -296,10 +296,12 @@ typedef struct {
                            * the window reaches (a local layer's window; 0: to every later or
                            * earlier rank, relay.c) */
     kv_acts *kv;          /* the K/V side */
-    chunk_acts *acts;     /* rows [0, T) when it holds T rows (full BP), else the current chunk */
-    chunk_formed *fm;     /* the current chunk's formed rows */
-    chunk_grads *cg;      /* the chunk's gradients */
-    kv_work *kvw;         /* dK, dV accumulators */
+    int kv_kept; /* sequence parallel, the top layer's backward under head_late: the later ranks
+                  * kept its K/V side from the forward (rank 0 forms its rows again, sends none) */
+    chunk_acts *acts; /* rows [0, T) when it holds T rows (full BP), else the current chunk */
+    chunk_formed *fm; /* the current chunk's formed rows */
+    chunk_grads *cg;  /* the chunk's gradients */
+    kv_work *kvw;     /* dK, dV accumulators */
     norm_block *nb;
     lora_work *lw; /* the adapters' scratch (NULL without adapters) */
     pend_work *pd; /* the open token blocks' partial sums (NULL: none, pend_work) */
@@ -376,6 +378,16 @@ int relay_out_ahead(eng *e, const relay_item *it, int n, const char *what);
 /* The last rank's items to rank 0: a relay that goes on after others ran (a tied embedding's
  * gradient from the head to the lookup). */
 int relay_carry(eng *e, const relay_item *it, int n, const char *what);
+/* The head's hand-over received ahead (--seq-overlap with one sequence, head_late): on a rank
+ * after the first, the receive of the items from the rank before posted (before the layers'
+ * messages from it arrive, on a kind of its own); relay_head_in waits for it; relay_head_out
+ * sends them on to the next rank (nothing from the last), which posted its receive. */
+int relay_head_post_in(eng *e, const relay_item *it, int n);
+int relay_head_in(eng *e);
+int relay_head_out(eng *e, const relay_item *it, int n);
+/* Without waiting: whether the head's round posted by relay_head_post_in is in (1 with nothing
+ * to move). */
+int relay_head_ready(const eng *e);
 /* K and V (T, KV) of a layer: this rank's rows posted to every later rank (flushed by
  * relay_flush_ahead before they are written again), every earlier rank's rows received; on a
  * layer of window W > 0 only the rows from seq_need(e, W, p) on, the ones rank p's queries
@@ -445,12 +457,47 @@ typedef struct {
     double inv_tau;   /* 1 / temperature */
 } head_opts;
 
+/* The head's weight-gradient links off the critical path (sequence parallel, --seq-overlap,
+ * one sequence, logits in passes of rows: head_late_begin decides, alike on every rank). A rank
+ * after the first forms its rows' dH in head_step and posts the receive of the head's round
+ * from the rank before; the rank before sends it there once its own links are in. The rank adds
+ * its links in head_late_step, called in each layer's backward where the rank would wait for
+ * the round of the rank before (driver.c): at the first such point where the head's round is
+ * in (at the bottom layer it waits for it), then it hands the head's round on. Its bucket
+ * meanwhile forms in a scratch of its own (bucket_begin_apart). What the passes need lives from
+ * the head to the end of the backward, wherever they run, so that the ledger's account does not
+ * depend on the timing. */
+struct head_work;
+typedef struct {
+    int on;              /* the head's round goes late on this run (every rank of the group) */
+    int rank;            /* this rank's place in the group (0: its round runs in head_step) */
+    int last;            /* head_late_step's last chance: it waits for the round */
+    int done;            /* head_late_step ran */
+    struct head_work *w; /* the passes' buffers; NULL: nothing late on this rank */
+    const real *hL;      /* (R, C) the final hidden state */
+    real *dh;            /* (R, C) the hidden-state gradient (written in head_step) */
+    real *dhn;           /* (R, C) the rows' dhn, formed in head_step */
+    double *logp;        /* (R) a frozen head's log-probs (on the host), else NULL */
+    double loss_in;      /* the loss as the rank before hands it on */
+    double *loss;        /* the caller's loss */
+    const sbp_batch *b;
+    const head_opts *o;
+} head_late;
+void head_late_begin(const eng *e, head_late *late, const sbp_batch *b, const head_opts *o);
 /* Final norm, logits in passes of rows, the objective, and the backward down to dH: for each
  * sequence b, dh[b] (T, C) is written, the head, final-norm (and tied embedding) gradients
  * accumulate, and the loss terms are added to *loss in ascending (sequence, token) order. DPO
- * first runs the forward alone over every row to learn each pair's factor (objective.h). */
+ * first runs the forward alone over every row to learn each pair's factor (objective.h). With
+ * late->on on a rank after the first, only dh is written, and the rest is head_late_step's. */
 int head_step(eng *e, double *loss, real *dh /* (B, T, C) */, const real *hL /* (B, T, C) */,
-              const sbp_batch *b, const head_opts *o);
+              const sbp_batch *b, const head_opts *o, head_late *late);
+/* The late links (a rank after the first; nothing elsewhere): once the round from the rank
+ * before is in, the passes of dW_head and the final norm's (the logits formed again) and the
+ * loss terms; 1 when they ran and the round was handed on (its bucket is complete here), else 0
+ * (failures flag e). */
+int head_late_step(eng *e, head_late *late);
+/* What head_step kept for head_late_step freed (and the receive waited for), whatever failed. */
+void head_late_end(eng *e, head_late *late);
 /* Forward only: logp (B·T, backend memory) = the log-prob of every target, 0 elsewhere. */
 int head_logprobs(eng *e, double *logp, const real *hL /* (B, T, C) */, const sbp_batch *b,
                   const head_opts *o);

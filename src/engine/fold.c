@@ -19,7 +19,8 @@ static void point(eng *e, struct grad_fold *f, int id, real *buf, int64_t off) {
     }
 }
 
-static real *buffer_of(struct grad_fold *f, int id) {
+static real *buffer_of(const struct grad_fold *f, int id) {
+    if (id == SBP_BUCKET_HEAD && f->hscratch) return f->hscratch;
     return id == SBP_BUCKET_EMBED && f->tied ? f->escratch : f->scratch;
 }
 
@@ -40,6 +41,14 @@ void bucket_begin(eng *e, int id) {
     if (id == SBP_BUCKET_HEAD && f->tied) open_bucket(e, f, SBP_BUCKET_EMBED);
 }
 
+void bucket_begin_apart(eng *e, int id) {
+    struct grad_fold *f = e->fold;
+    const sbp_bucket *bk = f ? sbp_bucket_find(f->b, f->nb, id) : NULL;
+    if (bk && !f->failed && id == SBP_BUCKET_HEAD)
+        f->hscratch = ealloc(e, SBP_MEM_GRADS, (size_t)bk->n, "head bucket's own scratch");
+    if (!e->oom) bucket_begin(e, id);
+}
+
 int bucket_items(const eng *e, int id, relay_item *it) {
     struct grad_fold *f = e->fold;
     int n = 0;
@@ -52,9 +61,7 @@ int bucket_items(const eng *e, int id, relay_item *it) {
     return n;
 }
 
-int bucket_end(eng *e, int id) {
-    struct grad_fold *f = e->fold;
-    if (!f) return 1;
+static int complete_bucket(eng *e, struct grad_fold *f, int id) {
     if (f->failed) return 0;    /* the hook's first failure stands: nothing more is handed on */
     if (!seq_last(e)) return 1; /* its sum went on to the ranks after this one */
     const sbp_bucket *bk = sbp_bucket_find(f->b, f->nb, id);
@@ -67,6 +74,16 @@ int bucket_end(eng *e, int id) {
         e->ops->add(e, f->S + bk->off, f->S + bk->off, buf, (size_t)bk->n); /* S ← S + g */
     }
     return !f->failed;
+}
+
+int bucket_end(eng *e, int id) {
+    struct grad_fold *f = e->fold;
+    return f ? complete_bucket(e, f, id) : 1;
+}
+
+void bucket_free_apart(eng *e) {
+    struct grad_fold *f = e->fold;
+    if (f) efree(e, f->hscratch), f->hscratch = NULL;
 }
 
 int fold_begin(eng *e, struct grad_fold *f, const sbp_model *m, const sbp_lora *lora, real *S,
@@ -97,7 +114,7 @@ int fold_begin(eng *e, struct grad_fold *f, const sbp_model *m, const sbp_lora *
 }
 
 void fold_end(eng *e, struct grad_fold *f) {
-    efree(e, f->escratch), efree(e, f->scratch);
+    efree(e, f->hscratch), efree(e, f->escratch), efree(e, f->scratch);
     free(f->b);
     e->fold = NULL;
 }

@@ -14,10 +14,12 @@
 
 /* Where a micro-batch's gradient forms when it is folded: one bucket at a time in scratch, the
  * whole step's sum S in the slab. A tied embedding is written by the head and by the lookup, so
- * its bucket lives from the head to the end in a scratch of its own. */
+ * its bucket lives from the head to the end in a scratch of its own; so does the head's bucket
+ * whose round goes late (head_late, engine.h), from the head to the end of the backward. */
 struct grad_fold {
     real *S;                  /* (P) the slab on the backend; NULL with a hook */
     real *scratch, *escratch; /* (largest other bucket), (V·C) with a tied head */
+    real *hscratch;           /* (the head's bucket) while it forms apart, else NULL */
     sbp_bucket *b;            /* (nb) completion order */
     int nb, tied;
     int failed; /* the hook refused a bucket: no later bucket is formed or handed on */
@@ -40,6 +42,11 @@ void fold_end(eng *e, struct grad_fold *f);
  * (now or for an earlier bucket): the driver stops there. */
 void bucket_begin(eng *e, int id);
 int bucket_end(eng *e, int id);
+/* bucket_begin in a scratch of the bucket's own (the head's only), so that other buckets form
+ * while it does; freed by bucket_free_apart (or fold_end), at a fixed point after its
+ * bucket_end, which may come at any layer (head_late). */
+void bucket_begin_apart(eng *e, int id);
+void bucket_free_apart(eng *e);
 /* Sequence parallel (relay.c): the buffers bucket id's sum forms in, as relay items (at most 2:
  * with a tied head, the head's bucket and the embedding's); 0 without a fold. Only the rank
  * holding the sequence's last rows ends a bucket: the others handed their part of the sum on. */

@@ -12,6 +12,11 @@
  *
  * No deadlock. A rank waits in three ways: on a receive, on a send to a later rank (a relay's
  * hand-over but a layer's first, the head's, the embedding's) and on a flush of what it posted.
+ * (The head's round under --seq-overlap with one sequence, head_late: a rank after the first
+ * posts its receive before the layers, so the send to it waits only for the transport; the rank
+ * takes it in a layer's backward after the chunks, once it is in, or at the bottom layer
+ * waiting: the rank before sends it at such a point of its own or in its head, having waited
+ * only on the ranks before it and the layers above.)
  * Everything that goes to an earlier rank is posted (the last rank's hand-over to rank 0, the
  * query sides), and so are K and V and a layer's first hand-over to a later rank. A receive
  * waits on an earlier rank (its K/V, its round's hand-over, sent once that rank's part of the
@@ -48,26 +53,37 @@ static int moving(const eng *e) {
     return e->link && e->link->size > 1 && e->link->send;
 }
 
-static int items_send(eng *e, int to, const relay_item *it, int n, const char *what) {
+/* head: the head's hand-over received ahead (seqlink.h's send_head) */
+static int items_send_kind(eng *e, int to, const relay_item *it, int n, int head,
+                           const char *what) {
+    const sbp_seq_link *k = e->link;
     for (int i = 0; i < n && !e->link_failed; i++)
-        if (it[i].bytes && !e->link->send(e->link->ctx, to, it[i].p, it[i].bytes, what))
+        if (it[i].bytes && !(head ? k->send_head : k->send)(k->ctx, to, it[i].p, it[i].bytes, what))
             e->link_failed = 1;
     return !e->link_failed;
 }
 
-/* side: the query sides' kind of message (seqlink.h) */
-static int items_recv_kind(eng *e, int from, const relay_item *it, int n, int side,
+static int items_send(eng *e, int to, const relay_item *it, int n, const char *what) {
+    return items_send_kind(e, to, it, n, 0, what);
+}
+
+/* kind: SBP_SEQ_SIDE (the query sides), SBP_SEQ_HEAD (posted: the head's hand-over received
+ * ahead, flushed by relay_head_in) or −1 (the others) */
+static int items_recv_kind(eng *e, int from, const relay_item *it, int n, int kind,
                            const char *what) {
     const sbp_seq_link *k = e->link;
+    int (*recv)(void *, int, void *, size_t, const char *) = kind == SBP_SEQ_SIDE ? k->recv_side
+                                                             : kind == SBP_SEQ_HEAD
+                                                                 ? k->post_recv_head
+                                                                 : k->recv;
     for (int i = 0; i < n && !e->link_failed; i++)
-        if (it[i].bytes &&
-            !(side ? k->recv_side : k->recv)(k->ctx, from, it[i].p, it[i].bytes, what))
-            e->link_failed = 1;
+        if (it[i].bytes && !recv(k->ctx, from, it[i].p, it[i].bytes, what)) e->link_failed = 1;
+    if (kind == SBP_SEQ_HEAD) e->posted[kind] = !e->link_failed;
     return !e->link_failed;
 }
 
 static int items_recv(eng *e, int from, const relay_item *it, int n, const char *what) {
-    return items_recv_kind(e, from, it, n, 0, what);
+    return items_recv_kind(e, from, it, n, -1, what);
 }
 
 int seq_shared(const eng *e) {
@@ -106,7 +122,7 @@ static int flush_kind(eng *e, int kind) {
 
 int relay_flush(eng *e) {
     return flush_kind(e, SBP_SEQ_HANDOVER) && flush_kind(e, SBP_SEQ_SIDE) &&
-           flush_kind(e, SBP_SEQ_AHEAD);
+           flush_kind(e, SBP_SEQ_AHEAD) && flush_kind(e, SBP_SEQ_HEAD);
 }
 
 int relay_flush_sides(eng *e) {
@@ -138,6 +154,25 @@ int relay_out_ahead(eng *e, const relay_item *it, int n, const char *what) {
     if (!moving(e)) return !e->link_failed;
     if (seq_last(e)) return flush_kind(e, SBP_SEQ_HANDOVER) && items_wrap(e, it, n, what);
     return items_post(e, e->link->rank + 1, it, n, SBP_SEQ_AHEAD, what);
+}
+
+int relay_head_post_in(eng *e, const relay_item *it, int n) {
+    if (!moving(e) || e->link->rank == 0) return !e->link_failed;
+    return items_recv_kind(e, e->link->rank - 1, it, n, SBP_SEQ_HEAD, "the head's backward");
+}
+
+int relay_head_in(eng *e) {
+    return flush_kind(e, SBP_SEQ_HEAD);
+}
+
+int relay_head_ready(const eng *e) {
+    if (!moving(e) || !e->posted[SBP_SEQ_HEAD] || e->link_failed) return 1;
+    return e->link->done(e->link->ctx, SBP_SEQ_HEAD);
+}
+
+int relay_head_out(eng *e, const relay_item *it, int n) {
+    if (!moving(e) || seq_last(e)) return !e->link_failed;
+    return items_send_kind(e, e->link->rank + 1, it, n, 1, "the head's backward");
 }
 
 int relay_carry(eng *e, const relay_item *it, int n, const char *what) {

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
+typedef struct head_work {
     real *logits;              /* (rows or T·B, V) */
     real *hn, *dhn, *rstd;     /* (rows, C), (rows, C), (rows) */
     double *logp, *lse, *coef; /* (rows) each */
@@ -155,8 +155,40 @@ static void head_rows(eng *e, head_work *w, const head_opts *o, double *loss, re
     relay_progress(e);
 }
 
+void head_late_begin(const eng *e, head_late *late, const sbp_batch *b, const head_opts *o) {
+    *late = (head_late){.on = seq_shared(e) && e->seq_overlap && b->B == 1 && !o->materialise,
+                        .rank = e->link ? e->link->rank : 0,
+                        .b = b,
+                        .o = o};
+}
+
+/* The head's round as relay items: its bucket (bucket_items) and the loss. */
+static int round_items(const eng *e, relay_item *it, double *loss) {
+    const int nb = bucket_items(e, SBP_BUCKET_HEAD, it);
+    it[nb] = (relay_item){loss, sizeof *loss};
+    return nb + 1;
+}
+
+/* Rows [s, end) of sequence bi: the parts of head_rows (kept: rows [r0, r1)'s dhn), or with a
+ * frozen head's log-probs kept (logp, rows from r0) only the loss terms, on the same values in
+ * the same order as head_rows adds them. */
+static void head_pass(eng *e, head_work *w, const head_opts *o, double *loss, real *dh,
+                      const real *hL, int bi, int s, int end, int parts, real *kept,
+                      const double *logp) {
+    if (logp)
+        sbp_obj_terms(o->ev, loss, w->h_coef, bi, s, end - s, logp + (s - e->r0));
+    else
+        head_rows(e, w, o, loss, dh, hL, bi, s, end, parts,
+                  kept ? kept + (size_t)(s - e->r0) * e->C : NULL);
+}
+
+/* The end of the pass of rows that starts at row s. */
+static int pass_end_row(const eng *e, const head_opts *o, int s) {
+    return s + o->rows < e->r1 ? s + o->rows : e->r1;
+}
+
 int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
-              const head_opts *o) {
+              const head_opts *o, head_late *late) {
     head_work w;
     if (!work_alloc(e, &w, b, o, 1)) return 0;
     if (o->ev->needs_logps && !first_pass(e, loss, &w, hL, b, o)) {
@@ -166,8 +198,10 @@ int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b
     /* sequence parallel: a relay round per sequence carries the head's bucket and the loss on in
      * token order (relay.c). With --seq-overlap a rank after the first forms its rows' dH before
      * the round reaches it, keeping dhn, and its weight gradients' links once it has: the
-     * logits formed twice, the dX product once, while the ranks before it run their rows. */
+     * logits formed twice, the dX product once, while the ranks before it run their rows; with
+     * a late round (head_late) those links wait for head_late_step. */
     const int ahead = seq_shared(e) && e->link->rank > 0 && e->seq_overlap;
+    const int later = late->on && late->rank > 0; /* this rank's links in head_late_step */
     const size_t R = (size_t)(e->r1 - e->r0);
     real *kept =
         ahead ? ealloc(e, SBP_MEM_LOGITS, R * e->C, "the head's dhn, formed before its relay")
@@ -176,32 +210,68 @@ int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b
      * log-probs kept here (on the host) instead of the logits formed again */
     double *logp = ahead && !e->ghead && !e->gfnorm ? malloc(sizeof(double) * R) : NULL;
     if (ahead && !e->ghead && !e->gfnorm && !logp) e->oom = 1;
-    relay_item it[3];
-    const int nb = bucket_items(e, SBP_BUCKET_HEAD, it);
-    it[nb] = (relay_item){loss, sizeof *loss};
-    for (int bi = 0; bi < b->B && !e->oom; bi++) {
+    relay_item it[4];
+    const int n = round_items(e, it, later ? &late->loss_in : loss);
+    if (later && !e->oom) relay_head_post_in(e, it, n); /* one sequence: its round, ahead */
+    for (int bi = 0; bi < b->B && !e->oom && !e->link_failed; bi++) {
         for (int s = e->r0, end; ahead && s < e->r1; s = end) {
-            end = s + o->rows < e->r1 ? s + o->rows : e->r1;
+            end = pass_end_row(e, o, s);
             double terms = 0; /* added to the loss in the relay's round, in token order */
             head_rows(e, &w, o, &terms, dh, hL, bi, s, end, HEAD_DX,
                       kept + (size_t)(s - e->r0) * e->C);
             if (logp) memcpy(logp + (s - e->r0), w.h_logp, sizeof(double) * (size_t)(end - s));
         }
-        if (!relay_in(e, bi == 0, it, nb + 1, "the head's backward")) break;
+        if (later) break;
+        if (!relay_in(e, bi == 0, it, n, "the head's backward")) break;
         for (int s = e->r0, end; s < e->r1; s = end) {
-            end = s + o->rows < e->r1 ? s + o->rows : e->r1;
-            if (logp) /* the same terms on the same log-probs, in the same order */
-                sbp_obj_terms(o->ev, loss, w.h_coef, bi, s, end - s, logp + (s - e->r0));
-            else
-                head_rows(e, &w, o, loss, dh, hL, bi, s, end, ahead ? HEAD_DW : HEAD_ALL,
-                          kept ? kept + (size_t)(s - e->r0) * e->C : NULL);
+            end = pass_end_row(e, o, s);
+            head_pass(e, &w, o, loss, dh, hL, bi, s, end, ahead ? HEAD_DW : HEAD_ALL, kept, logp);
         }
-        if (!relay_out(e, bi == b->B - 1, it, nb + 1, "the head's backward")) break;
+        if (!(late->on ? relay_head_out(e, it, n)
+                       : relay_out(e, bi == b->B - 1, it, n, "the head's backward")))
+            break;
+    }
+    if (later && !e->oom && !e->link_failed) { /* head_late_step's, freed by head_late_end */
+        late->w = malloc(sizeof w);
+        if (late->w) {
+            *late->w = w;
+            late->hL = hL, late->dh = dh, late->dhn = kept, late->logp = logp, late->loss = loss;
+            return 1;
+        }
+        e->oom = 1;
     }
     free(logp);
     efree(e, kept);
     work_free(e, &w);
     return !e->link_failed && !e->oom;
+}
+
+int head_late_step(eng *e, head_late *late) {
+    if (!late->w || late->done || e->oom || e->link_failed) return 0; /* none, or done */
+    if (!late->last && !relay_head_ready(e)) return 0; /* the round is not here yet */
+    if (!relay_head_in(e)) return 0;
+    /* every pass at once (spread over the layers' waits they measured slower: the rank before
+     * then waits on this one's next chunks) */
+    *late->loss = late->loss_in;
+    for (int s = e->r0, end; s < e->r1 && !e->oom; s = end) {
+        end = pass_end_row(e, late->o, s);
+        head_pass(e, late->w, late->o, late->loss, late->dh, late->hL, 0, s, end, HEAD_DW,
+                  late->dhn, late->logp);
+    }
+    late->done = 1;
+    if (e->oom) return 0;
+    relay_item it[4];
+    const int n = round_items(e, it, &late->loss_in);
+    late->loss_in = *late->loss;
+    return relay_head_out(e, it, n);
+}
+
+void head_late_end(eng *e, head_late *late) {
+    relay_head_in(e); /* the receive's buffers outlive it */
+    if (late->w) work_free(e, late->w);
+    free(late->w);
+    efree(e, late->dhn), free(late->logp);
+    late->w = NULL, late->dhn = NULL, late->logp = NULL;
 }
 
 int head_logprobs(eng *e, double *logp, const real *hL, const sbp_batch *b, const head_opts *o) {

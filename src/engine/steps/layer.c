@@ -168,8 +168,8 @@ void kv_forward(eng *e, layer_run *lr) {
     relay_flush_ahead(e); /* the rows posted last (relay_kv) taken before rewritten */
     lr->kv->lo = 0, lr->kv->hi = e->T;
     kv_forward_rows(e, lr, e->r0, e->r1);
-    /* the earlier ranks' keys (sequence parallel) */
-    relay_kv(e, lr->kv->k, lr->kv->v, lr->relay_win);
+    /* the earlier ranks' keys (sequence parallel), unless the later ranks kept this layer's */
+    if (!lr->kv_kept) relay_kv(e, lr->kv->k, lr->kv->v, lr->relay_win);
 }
 
 void chunk_forward(const eng *e, layer_run *lr, int s, int end) {
