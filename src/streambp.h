@@ -599,6 +599,9 @@ double sbp_step_flops(const sbp_config *c, int B, int T, const sbp_grad_opts *o)
  * depend on the cut; its memory does (the first rank holds the most rows). bounds (S + 1);
  * 0 when there are fewer grains than ranks. */
 int sbp_seq_slices_by_work(int *bounds, const sbp_config *c, int T, int S, int grain);
+/* The share of a step's FLOPs on rows [r0, r1) of T (0 … 1): the per-token work above, its
+ * attention at its FLOP count (the network model's compute of a rank, plan --seq-ranks). */
+double sbp_seq_work_share(const sbp_config *c, int T, int r0, int r1);
 
 /* C (M, N) = A (M, K) · Bᵀ (B: (N, K)), all row-major, with the portable product of the
  * portable numerics: every element one chain of fused multiply-adds in ascending k, so the bits

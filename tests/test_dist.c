@@ -6,6 +6,7 @@
  * bits, and the owners' block sums give sbp_grad_norm's bits. Also the transport of a build or a
  * run without MPI: one process, a launcher announcing two refused by a build without MPI; and
  * sequence parallel's slices (the rows each rank holds). */
+#include "../src/api/seqpar.h"
 #include "../src/dist/dist.h"
 #include "../src/dist/seqlink.h"
 #include "../src/train/zero2.h"
@@ -260,7 +261,8 @@ START_TEST(net_plan_cli) {
                   "plan says %s, the library %.17g", at, t.exposed);
     sbp_params_free(&ps);
     tu_expect_usage("--bandwidth takes bytes per second", "%s --bandwidth 10X --flops 1", q);
-    tu_expect_usage("needs --ranks N (N > 1), --bandwidth and --flops", "%s --bandwidth 10G", q);
+    tu_expect_usage("needs --ranks N (N > 1) or --seq-ranks S, --bandwidth and --flops",
+                    "%s --bandwidth 10G", q);
 }
 END_TEST
 
@@ -363,6 +365,78 @@ START_TEST(seq_slices_by_work) {
 }
 END_TEST
 
+/* A rank's share of a step's FLOPs: the shares of a cut add up to 1; under a causal mask a
+ * later range of as many rows costs more (its queries see more keys); a range's share grows
+ * with the range. */
+START_TEST(seq_work_share) {
+    sbp_config c;
+    sbp_err err = {0};
+    ck_assert_msg(!sbp_config_load(&c, "data/models/bench.json", &err), "%s", err.msg);
+    for (int S = 1; S <= 5; S++) {
+        int b[SBP_SEQ_MAX + 1];
+        ck_assert(sbp_seq_slices(b, 8192, S, 512));
+        double sum = 0;
+        for (int q = 0; q < S; q++) sum += sbp_seq_work_share(&c, 8192, b[q], b[q + 1]);
+        ck_assert_double_eq_tol(sum, 1, 1e-12);
+    }
+    ck_assert(sbp_seq_work_share(&c, 8192, 4096, 8192) > sbp_seq_work_share(&c, 8192, 0, 4096));
+    ck_assert(sbp_seq_work_share(&c, 8192, 0, 4097) > sbp_seq_work_share(&c, 8192, 0, 4096));
+    ck_assert_double_eq(sbp_seq_work_share(&c, 8192, 0, 8192), 1);
+    ck_assert(sbp_seq_work_share(&c, 8192, 5, 5) == 0 &&
+              sbp_seq_work_share(&c, 8192, 0, 9000) == 0);
+}
+END_TEST
+
+/* Sequence parallel's exposed time (plan --seq-ranks S --bandwidth ...): with no compute to hide
+ * behind, every byte and message of the rank exposing the most is exposed, so the time is at
+ * least the rank sending the most's (the model's traffic) at the link's rate and at most every
+ * rank's; with a compute that hides every round, only the exchanges after the rounds are; the
+ * command line prints the library's figure. */
+START_TEST(seq_net_model) {
+    sbp_config c;
+    sbp_err err = {0};
+    ck_assert_msg(!sbp_config_load(&c, "data/models/llama3-tiny.json", &err), "%s", err.msg);
+    for (int S = 2; S <= 3; S++) {
+        sbp_plan_opts o = {.B = 1,
+                           .T = 450,
+                           .seq_ranks = S,
+                           .micro_batches = 2,
+                           .ranks = 2 * S,
+                           .grad = {.schedule = SBP_STREAM, .block = 8, .chunk = 40}};
+        int64_t bytes = 0, msgs = 0;
+        ck_assert_msg(!sbp_plan_seq_traffic(&bytes, &msgs, &c, &o, &err), "%s", err.msg);
+        const sbp_net fast = {.bandwidth = 1e6, .latency = 1e-3, .flops = 1e30};
+        sbp_net_time t;
+        ck_assert_msg(!sbp_plan_seq_net(&t, &c, &o, &fast, &err), "%s", err.msg);
+        const double sent = bytes / 1e6 + msgs * 1e-3;
+        ck_assert_msg(t.exposed >= sent * (1 - 1e-12) && t.exposed <= S * sent,
+                      "S = %d: exposed %g, the rank sending the most %g", S, t.exposed, sent);
+        ck_assert(t.compute < 1e-9 && t.per_round > 0 && t.after > 0);
+        const sbp_net slow = {.bandwidth = 1e6, .latency = 1e-3, .flops = 1};
+        ck_assert_msg(!sbp_plan_seq_net(&t, &c, &o, &slow, &err), "%s", err.msg);
+        ck_assert(t.compute > 1e3 && t.per_round == 0 && t.exposed == t.after && t.after > 0);
+    }
+    sbp_plan_opts one = {.B = 1, .T = 450, .seq_ranks = 1};
+    sbp_net_time t;
+    const sbp_net net = {.bandwidth = 1e6, .latency = 0, .flops = 1e9};
+    ck_assert_int_eq(sbp_plan_seq_net(&t, &c, &one, &net, &err), SBP_EUSAGE);
+    const char *q = "plan --config data/models/llama3-tiny.json --seq 450 --schedules stream "
+                    "--seq-ranks 2 --block 8 --chunk 40";
+    int rc = tu_cli("", 60, "%s --bandwidth 1M --latency 1e-3 --flops 0.001 --json", q);
+    tu_check_run(rc, 0, "\"network_time\"", "\"exposed_s\"", "\"sent_bytes_per_step\"");
+    sbp_plan_opts o = {.B = 1,
+                       .T = 450,
+                       .seq_ranks = 2,
+                       .grad = {.schedule = SBP_STREAM, .block = 8, .chunk = 40}};
+    const sbp_net cli = {.bandwidth = 1e6, .latency = 1e-3, .flops = 1e6};
+    ck_assert_msg(!sbp_plan_seq_net(&t, &c, &o, &cli, &err), "%s", err.msg);
+    const char *at = strstr(tu_last_output(), "\"exposed_s\"");
+    ck_assert_msg(at != NULL, "no exposed_s in %s", tu_last_output());
+    ck_assert_msg(fabs(strtod(at + strlen("\"exposed_s\":"), NULL) - t.exposed) <= 1e-9 * t.exposed,
+                  "plan says %s, the library %.17g", at, t.exposed);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("dist");
     TCase *tc = tcase_create("dist");
@@ -376,6 +450,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, transport_one_process);
     tcase_add_test(tc, seq_slices);
     tcase_add_test(tc, seq_slices_by_work);
+    tcase_add_test(tc, seq_work_share);
+    tcase_add_test(tc, seq_net_model);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -145,9 +145,33 @@ static sbp_status plan_seq_rank(sbp_ledger *lg, sbp_model *m, sbp_lora *a, sbp_b
     return st;
 }
 
-/* sbp_plan, and with net (sequence parallel only) the network model of sbp_plan_seq_traffic */
-static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_config *cfg,
-                            const sbp_plan_opts *o, sbp_err *err) {
+/* Rank r's exposed communication in a step of m rounds (sbp_plan_seq_net): a round's sends (its
+ * engine's, t, and a group's last rank's pieces) against its compute (its rows' FLOPs at
+ * nw->flops), what they exceed it by a round, and the exchanges after the rounds; nt keeps the
+ * rank exposing the most, and the most compute. */
+static sbp_status seq_rank_net(sbp_net_time *nt, const sbp_net *nw, const tally *t, double flops,
+                               const sbp_params *ps, int esz, int N, int r, int m, int last,
+                               int optimizer, sbp_err *err) {
+    int64_t b1 = 0, m1 = 0, b0 = 0, m0 = 0, ab = 0, am = 0; /* a round with and without pieces */
+    sbp_status st;
+    if ((st = sbp_dist_traffic_rank(&b1, &m1, ps, esz, N, r, 1, last, optimizer, err)) ||
+        (st = sbp_dist_traffic_rank(&b0, &m0, ps, esz, N, r, 1, 0, optimizer, err)) ||
+        (st = sbp_dist_traffic_rank(&ab, &am, ps, esz, N, r, m, 0, optimizer, err)))
+        return st;
+    const double d = (double)(t->bytes + b1 - b0) / nw->bandwidth +
+                     (double)(t->messages + m1 - m0) * nw->latency;
+    const double c = flops / nw->flops, per_round = d > c ? d - c : 0;
+    const double after = (double)ab / nw->bandwidth + (double)am * nw->latency;
+    if (m * c > nt->compute) nt->compute = m * c;
+    if (m * per_round + after > nt->exposed)
+        nt->exposed = m * per_round + after, nt->per_round = per_round, nt->after = after;
+    return SBP_OK;
+}
+
+/* sbp_plan, and with net (sequence parallel only) the network model of sbp_plan_seq_traffic,
+ * with nw its time (sbp_plan_seq_net) into nt */
+static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_net *nw, sbp_net_time *nt,
+                            const sbp_config *cfg, const sbp_plan_opts *o, sbp_err *err) {
     memset(lg, 0, sizeof *lg);
     lg->plan = 1;
     if (o->seq_ranks > 1 && ((o->ranks > 1 && o->ranks % o->seq_ranks) ||
@@ -283,6 +307,12 @@ static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_config *cfg,
                 by += (int64_t)(n / (N / S)) * t.bytes, ms += (int64_t)(n / (N / S)) * t.messages;
                 if (by > net->bytes) net->bytes = by, net->messages = ms;
             }
+            if (!st && net && nw) {
+                const double f = sbp_step_flops(cfg, o->B, o->T, &o->grad) *
+                                 sbp_seq_work_share(cfg, o->T, bounds[q], bounds[q + 1]);
+                st = seq_rank_net(nt, nw, &t, f, eo.lora ? &a.params : &m.params, sb == 8 ? 8 : 4,
+                                  N, r, n / (N / S), q == S - 1, o->optimizer, err);
+            }
         }
         sbp_batch_free(&b);
         sbp_params_free(&a.params);
@@ -339,7 +369,7 @@ static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_config *cfg,
 }
 
 sbp_status sbp_plan(sbp_ledger *lg, const sbp_config *cfg, const sbp_plan_opts *o, sbp_err *err) {
-    return plan_step(lg, NULL, cfg, o, err);
+    return plan_step(lg, NULL, NULL, NULL, cfg, o, err);
 }
 
 sbp_status sbp_plan_seq_traffic(int64_t *bytes, int64_t *messages, const sbp_config *cfg,
@@ -349,9 +379,23 @@ sbp_status sbp_plan_seq_traffic(int64_t *bytes, int64_t *messages, const sbp_con
     *bytes = *messages = 0;
     if (o->seq_ranks <= 1)
         return sbp_fail(err, SBP_EUSAGE, "sbp_plan_seq_traffic plans sequence parallel (S > 1)");
-    const sbp_status st = plan_step(&lg, &t, cfg, o, err);
+    const sbp_status st = plan_step(&lg, &t, NULL, NULL, cfg, o, err);
     if (!st) *bytes = t.bytes, *messages = t.messages;
     return st;
+}
+
+sbp_status sbp_plan_seq_net(sbp_net_time *out, const sbp_config *cfg, const sbp_plan_opts *o,
+                            const sbp_net *nw, sbp_err *err) {
+    sbp_ledger lg;
+    tally t = {0, 0};
+    memset(out, 0, sizeof *out);
+    if (o->seq_ranks <= 1)
+        return sbp_fail(err, SBP_EUSAGE, "sbp_plan_seq_net plans sequence parallel (S > 1)");
+    if (!(nw->bandwidth > 0) || !(nw->latency >= 0) || !(nw->flops > 0))
+        return sbp_fail(err, SBP_EUSAGE,
+                        "the network model needs bandwidth > 0, latency >= 0 "
+                        "and a FLOP rate > 0");
+    return plan_step(&lg, &t, nw, out, cfg, o, err);
 }
 
 /* ---------------------------------------------------------------------------------------------

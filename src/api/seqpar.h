@@ -28,4 +28,14 @@ enum { SBP_SEQ_PART = 1 << 30 }; /* bytes a message of the link at most (the tra
  * its share (the planner charges them); −1 when N / S groups do not divide n. */
 int sbp_seq_columns(int N, int S, int n);
 
+/* The exposed communication of a step of o (o->seq_ranks S > 1; docs/distributed.md §8) on the
+ * network nw, a bound: each rank's link runs beside its whole compute, so a round exposes only
+ * what its sends (sbp_plan_seq_traffic's count: its engine's K/V, query sides, hand-overs and
+ * gathers, a last rank's pieces) take beyond its compute (its rows' share of sbp_step_flops,
+ * sbp_seq_work_share, at nw->flops); the exchanges after the rounds are exposed whole. out: the
+ * rank exposing the most (compute: the most a rank computes). The waits on another rank's
+ * compute are not in it (make bench-seq measures them). */
+sbp_status sbp_plan_seq_net(sbp_net_time *out, const sbp_config *cfg, const sbp_plan_opts *o,
+                            const sbp_net *nw, sbp_err *err);
+
 #endif

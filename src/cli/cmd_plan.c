@@ -2,6 +2,7 @@
  * that fits a budget, by walking the real schedule code with allocation only (sbp_plan); and
  * the StreamBP paper's Table 3 computed that way, beside the paper's numbers. */
 #include "../core/err.h"
+#include "../api/seqpar.h"
 #include "../dist/dist.h"
 #include "cli.h"
 #include "objopts.h"
@@ -53,10 +54,12 @@ static const char usage[] =
     "                     layer inputs and working set, its share and columns; with --ranks N\n"
     "                     (S divides N) one of N / S such groups\n"
     "  --seq-overlap      with --seq-ranks: as grad's (the operands of a layer's weight products\n"
-    "                     kept on every rank after the first)\n"
-    "  --bandwidth B      with --ranks and --flops: the exposed communication time a step for a\n"
-    "                     link of B bytes/s (10G; 100Gbit: bits/s), --latency S seconds a\n"
-    "                     message (default 0), --flops G GFLOP/s a process (docs/distributed.md)\n"
+    "                     kept on every rank after the first; with one sequence the head's\n"
+    "                     round and a top layer's K/V too)\n"
+    "  --bandwidth B      with --ranks or --seq-ranks, and --flops: the exposed communication\n"
+    "                     time a step for a link of B bytes/s (10G; 100Gbit: bits/s), --latency\n"
+    "                     S seconds a message (default 0), --flops G GFLOP/s a process\n"
+    "                     (docs/distributed.md; --seq-ranks: a bound, §8)\n"
     "  --block N          token block (default 512)\n"
     "  --chunk N          stream chunk (default 2 blocks)\n"
     "  --logit-chunk N    rows per logits pass (default one block)\n"
@@ -634,7 +637,14 @@ static void print_heading(const plan_args *a, const char *path, int64_t nparam, 
                "bytes in %lld messages a step; memory: the rank holding the most",
                s->ranks, s->micro_batches ? s->micro_batches : s->ranks, (long long)a->net_bytes,
                (long long)a->net_messages);
-    if (a->net_schedule) /* docs/distributed.md §7 */
+    if (a->net_schedule && s->seq_ranks > 1) /* docs/distributed.md §8 */
+        printf("\nat %.4g bytes/s, %.3g s a message, %.4g GFLOP/s a process (%s): %.4g s of "
+               "compute a step (the rank computing the most), at least %.4g s of communication "
+               "exposed (%.4g s a round beyond the rank's compute, %.4g s after the last; the "
+               "waits on the other ranks' compute not included)",
+               a->net.bandwidth, a->net.latency, a->net.flops / 1e9, a->net_schedule,
+               a->net_t.compute, a->net_t.exposed, a->net_t.per_round, a->net_t.after);
+    else if (a->net_schedule) /* docs/distributed.md §7 */
         printf("\nat %.4g bytes/s, %.3g s a message, %.4g GFLOP/s a process (%s's backward): %.4g "
                "s of compute a step, %.4g s of communication exposed (%.4g s a round after its "
                "backward, %.4g s after the last)",
@@ -822,12 +832,7 @@ int cmd_plan(int argc, char **argv) {
     /* data parallel's groups: N processes, or with --seq-ranks S N / S groups of S */
     const int S = s->seq_ranks > 1 ? s->seq_ranks : 1, groups = s->ranks > 1 ? s->ranks / S : 1;
     const int n_micro = s->micro_batches ? s->micro_batches : groups;
-    const int net_opts = a.net.bandwidth > 0 || a.net.flops > 0 || a.net.latency > 0;
-    if (S > 1 && net_opts)
-        sbp_fail(&err, SBP_EUSAGE,
-                 "--seq-ranks S: the network model's time (--bandwidth, --latency, --flops) is not "
-                 "built for sequence parallel yet");
-    else if (S > 1 && s->ranks > 1 && s->ranks % S)
+    if (S > 1 && s->ranks > 1 && s->ranks % S)
         sbp_fail(&err, SBP_EUSAGE,
                  "--seq-ranks %d must divide --ranks %d (N / S groups of S ranks, data parallel "
                  "between the groups)",
@@ -848,11 +853,18 @@ int cmd_plan(int argc, char **argv) {
     }
     const int net_asked = a.net.bandwidth > 0 || a.net.flops > 0 || a.net.latency > 0;
     if (!err.status && net_asked &&
-        (s->ranks < 2 || !(a.net.bandwidth > 0) || !(a.net.flops > 0) || a.budget))
+        ((s->ranks < 2 && S < 2) || !(a.net.bandwidth > 0) || !(a.net.flops > 0) || a.budget))
         sbp_fail(&err, SBP_EUSAGE,
-                 "the network model's time needs --ranks N (N > 1), --bandwidth "
-                 "and --flops, at one --seq (not --budget)");
-    else if (!err.status && net_asked) { /* for the first schedule asked for */
+                 "the network model's time needs --ranks N (N > 1) or --seq-ranks S, "
+                 "--bandwidth and --flops, at one --seq (not --budget)");
+    else if (!err.status && net_asked && S > 1) { /* the K/V traffic's schedule, as above */
+        int k = 0;
+        while (k + 1 < PLAN_N_SCHEDULES && !use[k]) k++;
+        sbp_plan_opts po = plan_opts(s, &plan_schedules[k]);
+        po.T = a.T;
+        if (!sbp_plan_seq_net(&a.net_t, &s->cfg, &po, &a.net, &err))
+            a.net_schedule = plan_schedules[k].name;
+    } else if (!err.status && net_asked) { /* for the first schedule asked for */
         int k = 0;
         while (k + 1 < PLAN_N_SCHEDULES && !use[k]) k++;
         sbp_plan_opts po = plan_opts(s, &plan_schedules[k]);

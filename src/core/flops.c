@@ -120,12 +120,43 @@ static double pairs_of(const seq_work *w, int64_t a, int64_t b, int64_t cap) {
            8 * (sum_min(T - 1 - a, cap_by) - sum_min(T - 1 - b, cap_by));
 }
 
-/* the work of grain g, in closed form */
-static double grain_work(const seq_work *w, int g) {
-    const int64_t a = (int64_t)g * w->grain, e = a + w->grain, b = e < w->T ? e : w->T;
+/* the work of tokens [a, b), in closed form */
+static double range_work(const seq_work *w, int64_t a, int64_t b) {
     double pairs = (double)w->global * pairs_of(w, a, b, -1);
     if (w->local) pairs += (double)w->local * pairs_of(w, a, b, w->W);
     return (double)(b - a) * w->row + w->q * pairs;
+}
+
+/* the work of grain g */
+static double grain_work(const seq_work *w, int g) {
+    const int64_t a = (int64_t)g * w->grain, e = a + w->grain;
+    return range_work(w, a, e < w->T ? e : w->T);
+}
+
+/* The per-token work of a step of T tokens on c, with attention weighed `weight` times the
+ * products, on the grain (0: none). */
+static seq_work work_of(const sbp_config *c, int T, int grain, double weight) {
+    double P, H;
+    token_products(c, &P, &H);
+    seq_work w = {.row = c->layers * 4 * P + 3 * H,
+                  .q = weight * (double)c->heads * c->head_dim,
+                  .W = c->sliding_window,
+                  .T = T,
+                  .grain = grain};
+    for (int l = 0; l < c->layers; l++) {
+        if (sbp_layer_window(c, l))
+            w.local++;
+        else
+            w.global++;
+    }
+    return w;
+}
+
+double sbp_seq_work_share(const sbp_config *c, int T, int r0, int r1) {
+    if (T < 1 || r0 < 0 || r1 > T || r1 <= r0) return 0;
+    const seq_work w = work_of(c, T, 0, 1);
+    const double all = range_work(&w, 0, T);
+    return all > 0 ? range_work(&w, r0, r1) / all : 0;
 }
 
 /* Grains [0, n) packed greedily into runs of work at most `most` (a grain over it alone makes a
@@ -154,19 +185,7 @@ int sbp_seq_slices_by_work(int *bounds, const sbp_config *c, int T, int S, int g
     if (S < 1 || T < 1 || grain < 1) return 0;
     const int n = T / grain + (T % grain != 0); /* grains, the last possibly short */
     if (n < S) return 0;
-    double P, H;
-    token_products(c, &P, &H);
-    seq_work w = {.row = c->layers * 4 * P + 3 * H,
-                  .q = ATTN_WEIGHT * (double)c->heads * c->head_dim,
-                  .W = c->sliding_window,
-                  .T = T,
-                  .grain = grain};
-    for (int l = 0; l < c->layers; l++) {
-        if (sbp_layer_window(c, l))
-            w.local++;
-        else
-            w.global++;
-    }
+    const seq_work w = work_of(c, T, grain, ATTN_WEIGHT);
     double lo = 0, hi = 0; /* the least bound S runs meet lies in (lo, hi] */
     for (int g = 0; g < n; g++) hi += grain_work(&w, g);
     for (int i = 0; i < 100 && hi - lo > 1e-12 * hi; i++) {
