@@ -388,10 +388,11 @@ START_TEST(seq_work_share) {
 END_TEST
 
 /* Sequence parallel's exposed time (plan --seq-ranks S --bandwidth ...): with no compute to hide
- * behind, every byte and message of the rank exposing the most is exposed, so the time is at
- * least the rank sending the most's (the model's traffic) at the link's rate and at most every
- * rank's; with a compute that hides every round, only the exchanges after the rounds are; the
- * command line prints the library's figure. */
+ * behind and no latency, every byte is exposed, so the time is the rank sending the most's
+ * bytes (the model's traffic) at the link's rate; with latency it lies between that and every
+ * rank's; with a compute that hides every round, only the exchanges after the rounds are, and
+ * the compute is the m = 2 rounds' of the rank with the most work (at least 1/S of each step);
+ * the command line prints the library's figure. */
 START_TEST(seq_net_model) {
     sbp_config c;
     sbp_err err = {0};
@@ -400,13 +401,18 @@ START_TEST(seq_net_model) {
         sbp_plan_opts o = {.B = 1,
                            .T = 450,
                            .seq_ranks = S,
-                           .micro_batches = 2,
+                           .micro_batches = 4,
                            .ranks = 2 * S,
                            .grad = {.schedule = SBP_STREAM, .block = 8, .chunk = 40}};
         int64_t bytes = 0, msgs = 0;
         ck_assert_msg(!sbp_plan_seq_traffic(&bytes, &msgs, &c, &o, &err), "%s", err.msg);
-        const sbp_net fast = {.bandwidth = 1e6, .latency = 1e-3, .flops = 1e30};
+        const sbp_net bare = {.bandwidth = 1e6, .latency = 0, .flops = 1e30};
         sbp_net_time t;
+        ck_assert_msg(!sbp_plan_seq_net(&t, &c, &o, &bare, &err), "%s", err.msg);
+        ck_assert_msg(fabs(t.exposed - bytes / 1e6) <= 1e-12 * t.exposed,
+                      "S = %d: exposed %.17g, the rank sending the most %.17g", S, t.exposed,
+                      bytes / 1e6);
+        const sbp_net fast = {.bandwidth = 1e6, .latency = 1e-3, .flops = 1e30};
         ck_assert_msg(!sbp_plan_seq_net(&t, &c, &o, &fast, &err), "%s", err.msg);
         const double sent = bytes / 1e6 + msgs * 1e-3;
         ck_assert_msg(t.exposed >= sent * (1 - 1e-12) && t.exposed <= S * sent,
@@ -414,8 +420,25 @@ START_TEST(seq_net_model) {
         ck_assert(t.compute < 1e-9 && t.per_round > 0 && t.after > 0);
         const sbp_net slow = {.bandwidth = 1e6, .latency = 1e-3, .flops = 1};
         ck_assert_msg(!sbp_plan_seq_net(&t, &c, &o, &slow, &err), "%s", err.msg);
-        ck_assert(t.compute > 1e3 && t.per_round == 0 && t.exposed == t.after && t.after > 0);
+        const double step = sbp_step_flops(&c, 1, 450, &o.grad);
+        ck_assert_msg(t.compute >= 2 * step / S && t.compute <= 2 * step, "S = %d: %g of %g", S,
+                      t.compute, step);
+        ck_assert(t.per_round == 0 && t.exposed == t.after && t.after > 0);
     }
+    /* the bench model's gradient (44.6M elements) outweighs its K/V at T = 1024: the group's last
+     * rank, which sends the pieces, sends the most */
+    sbp_config bench;
+    ck_assert_msg(!sbp_config_load(&bench, "data/models/bench.json", &err), "%s", err.msg);
+    sbp_plan_opts big = {
+        .B = 1, .T = 1024, .seq_ranks = 2, .micro_batches = 2, .ranks = 4, .grad = {.block = 512}};
+    int64_t bytes = 0, msgs = 0;
+    ck_assert_msg(!sbp_plan_seq_traffic(&bytes, &msgs, &bench, &big, &err), "%s", err.msg);
+    ck_assert(bytes > (int64_t)4 * 44000000);
+    const sbp_net bare = {.bandwidth = 1e9, .latency = 0, .flops = 1e30};
+    sbp_net_time bt;
+    ck_assert_msg(!sbp_plan_seq_net(&bt, &bench, &big, &bare, &err), "%s", err.msg);
+    ck_assert_msg(fabs(bt.exposed - bytes / 1e9) <= 1e-12 * bt.exposed, "bench: %.17g, %.17g",
+                  bt.exposed, bytes / 1e9);
     sbp_plan_opts one = {.B = 1, .T = 450, .seq_ranks = 1};
     sbp_net_time t;
     const sbp_net net = {.bandwidth = 1e6, .latency = 0, .flops = 1e9};
