@@ -301,22 +301,26 @@ seq_full && seq_same seq-llama-ckpt-chunked "2" --model "$L" --batch $S450 $P --
 seq_same seq-gemma3-stream "$(seq_full && echo 2 3 4 || echo 3)" --model "$G3" --batch $S450 $P --chunk 20
 seq_full && seq_same seq-gemma3-full "2" --model "$G3" --batch $S450 $P --schedule full --seq-overlap
 seq_full && seq_same seq-qwen2-fp64 "3" --model "$Q2" --batch $S450 $P --precision fp64
-seq_full && seq_same seq-llama-bf16 "2" --model "$L" --batch $S1 $P --precision bf16 --seq-overlap
+seq_full && seq_same seq-llama-bf16 "2" --model "$L" --batch $S450 $P --precision bf16 --seq-overlap
 seq_same seq-qwen2-dpo "3" --model "$Q2" $SD $P --seq-overlap
 seq_full && seq_same seq-qwen2-dpo-ipo "2" --model "$Q2" $SD $P --loss-type ipo
 seq_full && seq_same seq-llama-grpo "2" --model "$L" --batch data/batches/seq-grpo-300.safetensors \
     --objective grpo $P
-seq_full && seq_same seq-qwen3-lora "3" --model "$Q" --lora "$A" --batch $S1 $P --seq-overlap \
+seq_full && seq_same seq-qwen3-lora "3" --model "$Q" --lora "$A" --batch $S450 $P --seq-overlap \
     --logit-chunk 50
 seq_same seq-llama-micro "2" --model "$L" --batch $S450 --batch data/batches/sft-t700.safetensors \
     --batch $S450 $P --chunk 9
-seq_full && seq_same seq-llama-fast "3" --model "$L" --batch $S1 --block 64 --chunk 64 --seq-overlap
+seq_full && seq_same seq-llama-fast "3" --model "$L" --batch $S450 --block 64 --chunk 64 --seq-overlap
 # --seq-overlap with one sequence: the head's round of a rank after the first runs inside its
 # layers' backward, from a scratch of its own, and the top layer's K/V side is kept from the
-# forward (untied, tied, Gemma-3's window, full BP with logits in passes)
+# forward (untied; tied in the fast numerics; a frozen head; Gemma-3's window; full BP with
+# logits in passes)
 seq_same seq-llama-late "$(seq_full && echo 2 3 || echo 2)" --model "$L" --batch $S1 $P --chunk 7 \
     --block 4 --seq-overlap
-seq_full && seq_same seq-qwen3-tied-late "2" --model "$Q" --batch $S1 $P --logit-chunk 33 --seq-overlap
+seq_full && seq_same seq-qwen3-tied-late "2" --model "$Q" --batch $S1 --block 64 --chunk 64 \
+    --logit-chunk 32 --seq-overlap
+seq_full && seq_same seq-qwen3-lora-late "2" --model "$Q" --lora "$A" --batch $S1 $P --seq-overlap \
+    --logit-chunk 50
 seq_full && seq_same seq-gemma3-late "3" --model "$G3" --batch $S1 $P --chunk 20 --seq-overlap
 seq_full && seq_same seq-qwen2-full-late "2" --model "$Q2" --batch $S1 $P --schedule full \
     --chunked-logits --logit-chunk 40 --seq-overlap
@@ -372,7 +376,7 @@ u = mb.lcg(7); mb.write(sys.argv[1], [mb.custom(u, 4096, "i" * 100 + "v" * 3996)
     SEQPEAK[1]=$("$BIN" grad $TALL --json --out "$TMP/tall-1.st" 2>/dev/null | sed -n 's/.*"peak_total_bytes":[^0-9]*\([0-9]*\).*/\1/p' | head -1)
     # (and with --seq-overlap, which keeps a layer's weight-product operands and cuts the rows by
     # work, 2560 and 1536 here: planned too, and one process's bytes)
-    for sn in stream:2 stream:4 full:2 stream:2:--seq-overlap; do
+    for sn in stream:2 stream:4 full:2 stream:3:--seq-overlap stream:2:--seq-overlap; do
         IFS=: read -r sch n ov <<<"$sn"
         got=$("${MPIRUN[@]}" -np $n "$BIN" grad $TALL --schedule $sch --seq-ranks $n $ov \
             ${ov:+--out "$TMP/tall-ov.st"} 2>&1 |

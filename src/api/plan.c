@@ -307,8 +307,10 @@ static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_net *nw, sbp_n
                 by += (int64_t)(n / (N / S)) * t.bytes, ms += (int64_t)(n / (N / S)) * t.messages;
                 if (by > net->bytes) net->bytes = by, net->messages = ms;
             }
-            if (!st && net && nw) {
-                const double f = sbp_step_flops(cfg, o->B, o->T, &o->grad) *
+            if (!st && net && nw) { /* the step's FLOPs as the engine runs it, adapter included */
+                sbp_grad_opts fg = o->grad;
+                fg.lora = eo.lora;
+                const double f = sbp_step_flops(cfg, o->B, o->T, &fg) *
                                  sbp_seq_work_share(cfg, o->T, bounds[q], bounds[q + 1]);
                 st = seq_rank_net(nt, nw, &t, f, eo.lora ? &a.params : &m.params, sb == 8 ? 8 : 4,
                                   N, r, n / (N / S), q == S - 1, o->optimizer, err);

@@ -513,14 +513,18 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
             lr.kv_kept = late.on && l == L - 1 && !row->keep_all; /* one sequence */
             late.last = l == 0;
             layer_backward(e, &lr, c, !row->keep_all, bi == 0, bi == B - 1, apart ? &late : NULL);
+            /* out of memory: the head's round handed on all the same, so that the next rank is
+             * not left waiting for it */
+            if (apart && e->oom) late.last = 1, head_late_step(e, &late);
             if (row->keep_all) kv_acts_free(e, lr.kv), chunk_acts_free(e, lr.acts);
             if (e->link_failed) goto out;
         }
-        /* the layer's gradient is complete: one fold or send per bucket */
-        if (!bucket_end(e, l)) goto out;
+        /* the layer's gradient is complete: one fold or send per bucket; a rank out of memory
+         * ends its step with the layer (what its peers wait on in it was posted) */
+        if (!bucket_end(e, l) || e->oom) goto out;
     }
     if (apart) { /* what the head's late passes read, at a point that does not move with them */
-        head_late_end(e, &late);
+        head_late_end(e, &late, 1);
         bucket_free_apart(e);
         efree(e, r.xL), r.xL = NULL;
     }
@@ -529,7 +533,7 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
     bucket_begin(e, SBP_BUCKET_EMBED);
     ok = embed_step(e, &r, b, (size_t)R * e->C) && bucket_end(e, SBP_BUCKET_EMBED);
 out:
-    head_late_end(e, &late);
+    head_late_end(e, &late, 0);
     free_bufs(e, &r);
     return ok && !e->oom && !e->link_failed;
 }

@@ -473,12 +473,13 @@ typedef struct {
     int rank;            /* this rank's place in the group (0: its round runs in head_step) */
     int last;            /* head_late_step's last chance: it waits for the round */
     int done;            /* head_late_step ran */
+    int posted, taken;   /* the round's receive posted; taken (waited for) */
     struct head_work *w; /* the passes' buffers; NULL: nothing late on this rank */
     const real *hL;      /* (R, C) the final hidden state */
     real *dh;            /* (R, C) the hidden-state gradient (written in head_step) */
     real *dhn;           /* (R, C) the rows' dhn, formed in head_step */
     double *logp;        /* (R) a frozen head's log-probs (on the host), else NULL */
-    double loss_in;      /* the loss as the rank before hands it on */
+    double *loss_in;     /* (1) the loss as the rank before hands it on */
     double *loss;        /* the caller's loss */
     const sbp_batch *b;
     const head_opts *o;
@@ -496,8 +497,10 @@ int head_step(eng *e, double *loss, real *dh /* (B, T, C) */, const real *hL /* 
  * loss terms; 1 when they ran and the round was handed on (its bucket is complete here), else 0
  * (failures flag e). */
 int head_late_step(eng *e, head_late *late);
-/* What head_step kept for head_late_step freed (and the receive waited for), whatever failed. */
-void head_late_end(eng *e, head_late *late);
+/* What head_step kept for head_late_step freed, whatever failed; wait: the round's receive
+ * waited for first if head_late_step did not take it (not after a failure: the rank before may
+ * wait on this one, and the job ends). */
+void head_late_end(eng *e, head_late *late, int wait);
 /* Forward only: logp (B·T, backend memory) = the log-prob of every target, 0 elsewhere. */
 int head_logprobs(eng *e, double *logp, const real *hL /* (B, T, C) */, const sbp_batch *b,
                   const head_opts *o);

@@ -89,6 +89,11 @@ static void head_forward(const eng *e, head_work *w, double *logp, real *z, cons
     op->logprob_forward(e, logp, w->lse, z, e->tgt + (size_t)bi * e->T + s, M);
 }
 
+/* The end of the pass of rows that starts at row s. */
+static int pass_end_row(const eng *e, const head_opts *o, int s) {
+    return s + o->rows < e->r1 ? s + o->rows : e->r1;
+}
+
 /* DPO's first pass: forward only over every row, each target's log-prob down to the host, and
  * the pair factors from them. */
 static int first_pass(eng *e, double *loss, head_work *w, const real *hL, const sbp_batch *b,
@@ -104,7 +109,7 @@ static int first_pass(eng *e, double *loss, head_work *w, const real *hL, const 
     }
     for (int bi = 0; bi < b->B; bi++)
         for (int s = e->r0, end; s < e->r1; s = end) {
-            end = s + o->rows < e->r1 ? s + o->rows : e->r1;
+            end = pass_end_row(e, o, s);
             head_forward(e, w, logp + (size_t)bi * e->T + s, logits_at(e, w, o, bi, s),
                          hL + at(e, bi, s, e->C), bi, s, end, o->inv_tau);
         }
@@ -182,11 +187,6 @@ static void head_pass(eng *e, head_work *w, const head_opts *o, double *loss, re
                   kept ? kept + (size_t)(s - e->r0) * e->C : NULL);
 }
 
-/* The end of the pass of rows that starts at row s. */
-static int pass_end_row(const eng *e, const head_opts *o, int s) {
-    return s + o->rows < e->r1 ? s + o->rows : e->r1;
-}
-
 int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b,
               const head_opts *o, head_late *late) {
     head_work w;
@@ -210,9 +210,12 @@ int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b
      * log-probs kept here (on the host) instead of the logits formed again */
     double *logp = ahead && !e->ghead && !e->gfnorm ? malloc(sizeof(double) * R) : NULL;
     if (ahead && !e->ghead && !e->gfnorm && !logp) e->oom = 1;
+    /* the loss the round brings, on the heap: a receive posted into it may outlive a failed run */
+    if (later && !(late->loss_in = malloc(sizeof *late->loss_in))) e->oom = 1;
     relay_item it[4];
-    const int n = round_items(e, it, later ? &late->loss_in : loss);
-    if (later && !e->oom) relay_head_post_in(e, it, n); /* one sequence: its round, ahead */
+    const int n = round_items(e, it, later ? late->loss_in : loss);
+    if (later && !e->oom && relay_head_post_in(e, it, n)) /* one sequence: its round, ahead */
+        late->posted = e->posted[SBP_SEQ_HEAD];
     for (int bi = 0; bi < b->B && !e->oom && !e->link_failed; bi++) {
         for (int s = e->r0, end; ahead && s < e->r1; s = end) {
             end = pass_end_row(e, o, s);
@@ -247,31 +250,35 @@ int head_step(eng *e, double *loss, real *dh, const real *hL, const sbp_batch *b
 }
 
 int head_late_step(eng *e, head_late *late) {
-    if (!late->w || late->done || e->oom || e->link_failed) return 0; /* none, or done */
-    if (!late->last && !relay_head_ready(e)) return 0; /* the round is not here yet */
+    if (!late->w || late->done || e->link_failed) return 0; /* none, or done */
+    /* the round not here yet: later (out of memory, now: this rank's step ends soon) */
+    if (!late->last && !e->oom && !relay_head_ready(e)) return 0;
     if (!relay_head_in(e)) return 0;
+    late->taken = late->done = 1;
     /* every pass at once (spread over the layers' waits they measured slower: the rank before
      * then waits on this one's next chunks) */
-    *late->loss = late->loss_in;
+    *late->loss = *late->loss_in;
     for (int s = e->r0, end; s < e->r1 && !e->oom; s = end) {
         end = pass_end_row(e, late->o, s);
         head_pass(e, late->w, late->o, late->loss, late->dh, late->hL, 0, s, end, HEAD_DW,
                   late->dhn, late->logp);
     }
-    late->done = 1;
-    if (e->oom) return 0;
     relay_item it[4];
-    const int n = round_items(e, it, &late->loss_in);
-    late->loss_in = *late->loss;
-    return relay_head_out(e, it, n);
+    const int n = round_items(e, it, late->loss_in);
+    *late->loss_in = *late->loss;
+    /* handed on after a failure too: the next rank waits for it, and hears of the failure when
+     * this rank ends the job */
+    return relay_head_out(e, it, n) && !e->oom;
 }
 
-void head_late_end(eng *e, head_late *late) {
-    relay_head_in(e); /* the receive's buffers outlive it */
+void head_late_end(eng *e, head_late *late, int wait) {
+    if (wait && late->posted && !late->taken) late->taken = relay_head_in(e);
+    /* a receive still posted may write the loss yet: left to the job's end (seqpar.h) */
+    if (!late->posted || late->taken) free(late->loss_in);
     if (late->w) work_free(e, late->w);
     free(late->w);
     efree(e, late->dhn), free(late->logp);
-    late->w = NULL, late->dhn = NULL, late->logp = NULL;
+    late->w = NULL, late->dhn = NULL, late->logp = NULL, late->loss_in = NULL;
 }
 
 int head_logprobs(eng *e, double *logp, const real *hL, const sbp_batch *b, const head_opts *o) {
