@@ -462,7 +462,7 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
     run_bufs r = {.n_kept = row->keep_all ? L * B : 1};
     head_late late;
     head_late_begin(e, &late, b, h);
-    const int apart = late.on && late.rank > 0; /* the head's round in the top layer's backward */
+    const int apart = late.on && late.rank > 0; /* the head's round in the layers' backward */
     r.kv_kept = apart && !row->keep_all;
     int ok = 0;
     r.kv = calloc((size_t)r.n_kept, sizeof *r.kv);
@@ -490,7 +490,7 @@ int drive(eng *e, double *loss, const sbp_batch *b, const sched_row *row, int ch
     if (!relay_flush_ahead(e)) goto out; /* the last K and V posted read before freed */
     pass_end(e, &r, row, r.kv_kept);
 
-    /* the head: the loss and dH (with its round apart, the rest in the top layer's backward) */
+    /* the head: the loss and dH (with its round apart, the rest in a layer's backward) */
     r.g = ealloc(e, SBP_MEM_LAYER, BTC, "hidden-state gradient");
     if (e->oom) goto out;
     e->ops->zero(e, r.g, BTC); /* the head adds dH into it */
