@@ -481,6 +481,15 @@ typedef struct {
     int seq_overlap;
     /* NULL, or where each operation's calls and time are added (sbp_profile; CPU only) */
     sbp_profile *profile;
+    /* NULL: the result holds the whole gradient. Else the gradient is never held whole: each
+     * piece of it (a layer's tensors, the head's with the final norm's, the embedding's: the
+     * slab's elements [off, off + n), g of the model's precision, rounded to its storage) goes
+     * to grad_sink once, as soon as the backward completes it, and its memory is reused for the
+     * next; res->grads stays NULL. The same bits as a held gradient. 0 from the sink stops the
+     * step (SBP_EIO). One micro-batch, one process, the CPU (sbp_grads_out_put writes a
+     * gradient file so; in a plan only its being set is read) */
+    int (*grad_sink)(void *ctx, int64_t off, int64_t n, const void *g);
+    void *grad_sink_ctx;
 } sbp_grad_opts;
 
 typedef struct {
@@ -493,8 +502,9 @@ typedef struct {
 } sbp_grad_result;
 
 /* One forward + backward step. The gradient slab is allocated into res->grads (free it with
- * sbp_grad_result_free). The ledger records every buffer of the step: on the CPU, the gradient
- * slab included; on a device (opts->device), the device's buffers only. */
+ * sbp_grad_result_free), unless opts->grad_sink takes the gradient piece by piece. The ledger
+ * records every buffer of the step: on the CPU, the gradient slab included; on a device
+ * (opts->device), the device's buffers only. */
 sbp_status sbp_grad(sbp_grad_result *res, const sbp_model *m, const sbp_batch *b,
                     const sbp_grad_opts *opts, sbp_ledger *lg, sbp_err *err);
 void sbp_grad_result_free(sbp_grad_result *res, sbp_ledger *lg);
@@ -529,6 +539,21 @@ sbp_status sbp_logprobs(double *logp /* (B·T) */, const sbp_model *m, const sbp
  * the NULL-terminated key/value pairs of meta in __metadata__. Atomic. */
 sbp_status sbp_grads_save(const char *path, const sbp_params *ps, sbp_precision prec,
                           const void *grads, const char *const *meta, sbp_err *err);
+
+/* The same file written while the step runs, piece by piece as the backward completes them
+ * (sbp_grad_opts.grad_sink = sbp_grads_out_put, grad_sink_ctx = the writer), so that the
+ * gradient is never held whole. open creates the unnamed output and reserves its header's room
+ * from meta as known then (the metadata may grow by 1 KiB by commit: a loss, say); commit
+ * writes the header, space-padded to that room, and puts the complete file in place (an
+ * incomplete one is refused); abort removes it. Both free the writer. A failed put stops the
+ * step; sbp_grads_out_error then gives the write's own error (SBP_OK when none failed). */
+typedef struct sbp_grads_out sbp_grads_out;
+sbp_status sbp_grads_out_open(sbp_grads_out **w, const char *path, const sbp_params *ps,
+                              sbp_precision prec, const char *const *meta, sbp_err *err);
+int sbp_grads_out_put(void *w, int64_t off, int64_t n, const void *g);
+sbp_status sbp_grads_out_error(const sbp_grads_out *w, sbp_err *err);
+sbp_status sbp_grads_out_commit(sbp_grads_out *w, const char *const *meta, sbp_err *err);
+void sbp_grads_out_abort(sbp_grads_out *w);
 
 /* ---------------------------------------------------------------------------------------------
  * Planning: the peak memory of a step without the memory. The same schedule code runs with a

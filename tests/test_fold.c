@@ -5,8 +5,10 @@
  * one-batch steps folded by hand: untied and tied heads, LoRA, fp32/fp64, bf16 storage (each
  * fold result rounded), every schedule. Also: the memory it costs (one largest-bucket scratch,
  * plus the embedding's with a tied head) in the ledger and in the planner, and the committed
- * golden digest of an accumulated step (data/golden-accum/, SBP_GOLDEN_UPDATE=1 rewrites); and
- * the first error standing when the hook that takes the buckets refuses one. */
+ * golden digest of an accumulated step (data/golden-accum/, SBP_GOLDEN_UPDATE=1 rewrites); the
+ * first error standing when the hook that takes the buckets refuses one; and the gradient sink,
+ * a one-batch step's gradient handed out a bucket at a time through the fold (its bits, memory,
+ * plan and refusals). */
 #include "../src/dist/dist.h"
 #include "../src/api/resolve.h"
 #include "../src/engine/entry.h"
@@ -315,6 +317,184 @@ START_TEST(refused_bucket_stops_the_run) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------
+ * The gradient sink (sbp_grad_opts.grad_sink): a one-batch step whose gradient leaves piece by
+ * piece as the backward completes it, never held whole. */
+
+/* A sink that puts each piece where it belongs in a slab of its own, counting how often each
+ * element arrived, and the order of the pieces (their offsets). */
+typedef struct {
+    char *slab;
+    unsigned char *seen;
+    int64_t n, offs[64];
+    int esz, pieces, refuse_at; /* refuse_at: the piece refused (-1: none) */
+} collector;
+
+static int collect(void *ctx, int64_t off, int64_t n, const void *g) {
+    collector *c = ctx;
+    if (c->pieces == c->refuse_at) return c->pieces++, 0;
+    ck_assert(off >= 0 && n >= 0 && off + n <= c->n);
+    memcpy(c->slab + off * c->esz, g, (size_t)n * c->esz);
+    for (int64_t i = off; i < off + n; i++) c->seen[i]++;
+    if (c->pieces < 64) c->offs[c->pieces] = off;
+    c->pieces++;
+    return 1;
+}
+
+/* The sink's gradient is the held one, bit for bit, every element once, and so is the loss:
+ * untied and tied heads, LoRA, fp32/fp64, bf16 storage, every schedule (the fold's cases). */
+START_TEST(sink_bits) {
+    const fold_case *c = &cases[_i];
+    sbp_model m;
+    sbp_batch b[N_MICRO];
+    sbp_grad_opts o;
+    sbp_lora a = {0};
+    load(&m, b, &o, &a, c);
+    sbp_set_threads(c->threads);
+    o.objective.num_items = 0; /* one batch's own normaliser */
+    sbp_err err = {0};
+    sbp_grad_result held, sunk;
+    if (sbp_grad(&held, &m, &b[1], &o, NULL, &err)) ck_abort_msg("%s", err.msg);
+    const int64_t n = c->lora ? a.params.total : m.params.total;
+    const int esz = c->prec == SBP_FP64 ? 8 : 4;
+    collector col = {calloc((size_t)n, esz), calloc((size_t)n, 1), n, {0}, esz, 0, -1};
+    o.grad_sink = collect, o.grad_sink_ctx = &col;
+    if (sbp_grad(&sunk, &m, &b[1], &o, NULL, &err)) ck_abort_msg("%s", err.msg);
+    ck_assert_ptr_null(sunk.grads);
+    ck_assert_int_eq(sunk.n_targets, held.n_targets);
+    ck_assert_msg(memcmp(&sunk.loss, &held.loss, sizeof held.loss) == 0, "loss %.17g, held %.17g",
+                  sunk.loss, held.loss);
+    for (int64_t i = 0; i < n; i++) {
+        ck_assert_msg(col.seen[i] == 1, "case %d: element %lld arrived %d times", _i, (long long)i,
+                      col.seen[i]);
+        ck_assert_msg(memcmp(col.slab + i * esz, (char *)held.grads + i * esz, esz) == 0,
+                      "case %d (%s): element %lld is not the held gradient's", _i, c->model,
+                      (long long)i);
+    }
+    /* in the backward's order: the head (untied: first), the layers from the top, the embedding
+     * last (LoRA: the layers only) */
+    sbp_bucket bk[64];
+    const int nb = sbp_grad_buckets(bk, 64, c->lora ? &a.params : &m.params);
+    ck_assert_int_eq(col.pieces, nb);
+    for (int i = 0; i < nb; i++) ck_assert_int_eq(col.offs[i], bk[i].off);
+    free(col.slab), free(col.seen);
+    sbp_grad_result_free(&held, NULL);
+    for (int k = 0; k < N_MICRO; k++) sbp_batch_free(&b[k]);
+    if (c->lora) sbp_lora_free(&a, NULL);
+    sbp_model_free(&m, NULL);
+    sbp_set_threads(1);
+}
+END_TEST
+
+/* What the sink saves: no slab, the fold's scratch instead (the largest piece, and a tied
+ * embedding's), and the planner charges exactly that, category by category, every schedule. */
+START_TEST(sink_memory) {
+    const char *models[] = {"llama3-tiny", "qwen3-tiny"};
+    const sbp_schedule scheds[] = {SBP_STREAM, SBP_FULL, SBP_CKPT};
+    sbp_ledger real = {0}, plan;
+    sbp_model m;
+    sbp_batch b;
+    sbp_err err = {0};
+    if (sbp_model_load(&m, tu_model(models[_i % 2], 1), SBP_FP32, &real, &err))
+        ck_abort_msg("%s", err.msg);
+    if (sbp_batch_load(&b, "data/batches/sft-demo.safetensors", &m.cfg, &err))
+        ck_abort_msg("%s", err.msg);
+    collector col = {calloc((size_t)m.params.total, 4),
+                     calloc((size_t)m.params.total, 1),
+                     m.params.total,
+                     {0},
+                     4,
+                     0,
+                     -1};
+    sbp_grad_opts o = {.schedule = scheds[_i / 2], .block = 16, .chunk = 32, .logit_chunk = 16};
+    o.grad_sink = collect, o.grad_sink_ctx = &col;
+    sbp_grad_result r;
+    if (sbp_grad(&r, &m, &b, &o, &real, &err)) ck_abort_msg("%s", err.msg);
+    ck_assert_int_eq(real.peak[SBP_MEM_GRADS], fold_scratch_bytes(&m.params, m.cfg.tied, 4));
+    sbp_plan_opts po = {.grad = o, .B = b.B, .T = b.T, .storage_bytes = 4};
+    if (sbp_plan(&plan, &m.cfg, &po, &err)) ck_abort_msg("plan: %s", err.msg);
+    ck_assert_msg(plan.peak_total == real.peak_total, "%s: planned %lld, measured %lld",
+                  models[_i % 2], (long long)plan.peak_total, (long long)real.peak_total);
+    for (int c = 0; c < SBP_MEM_NCATS; c++)
+        ck_assert_msg(plan.peak[c] == real.peak[c] && plan.at_peak[c] == real.at_peak[c],
+                      "%s: %s planned %lld (%lld at the peak), measured %lld (%lld)",
+                      models[_i % 2], sbp_mem_cat_name(c), (long long)plan.peak[c],
+                      (long long)plan.at_peak[c], (long long)real.peak[c],
+                      (long long)real.at_peak[c]);
+    /* held, the same step peaks higher by the slab less the scratch */
+    sbp_ledger held;
+    po.grad.grad_sink = NULL;
+    if (sbp_plan(&held, &m.cfg, &po, &err)) ck_abort_msg("plan: %s", err.msg);
+    ck_assert_int_eq(held.peak[SBP_MEM_GRADS], 4 * m.params.total);
+    ck_assert_int_lt(plan.peak_total, held.peak_total);
+    free(col.slab), free(col.seen);
+    sbp_batch_free(&b);
+    sbp_model_free(&m, &real);
+}
+END_TEST
+
+/* A sink that refuses a piece (a full disk) stops the step there with SBP_EIO, is not called
+ * again, and what the step allocated is freed; the first, a middle and the last piece. */
+START_TEST(sink_refused) {
+    sbp_model m;
+    sbp_batch b;
+    sbp_err err = {0};
+    sbp_ledger lg = {0};
+    tu_load(&m, NULL, tu_model("qwen3-tiny", 1), NULL, SBP_FP32);
+    if (sbp_batch_load_as(&b, sft_batches[0], &m.cfg, SBP_OBJ_SFT, 1, &err))
+        ck_abort_msg("%s", err.msg);
+    sbp_bucket bk[64];
+    const int nb = sbp_grad_buckets(bk, 64, &m.params) - 1; /* the tied embedding's with the head */
+    collector col = {calloc((size_t)m.params.total, 4),
+                     calloc((size_t)m.params.total, 1),
+                     m.params.total,
+                     {0},
+                     4,
+                     0,
+                     _i == 0   ? 0
+                     : _i == 1 ? nb / 2
+                               : nb - 1};
+    sbp_grad_opts o = {.schedule = SBP_STREAM, .block = 4, .chunk = 7};
+    o.grad_sink = collect, o.grad_sink_ctx = &col;
+    sbp_grad_result r;
+    ck_assert_int_eq(sbp_grad(&r, &m, &b, &o, &lg, &err), SBP_EIO);
+    ck_assert_msg(strstr(err.msg, "sink refused"), "%s", err.msg);
+    ck_assert_int_eq(col.pieces, col.refuse_at + 1);
+    ck_assert_int_eq(lg.cur_total, 0);
+    free(col.slab), free(col.seen);
+    sbp_batch_free(&b);
+    sbp_model_free(&m, NULL);
+}
+END_TEST
+
+/* A sink takes one micro-batch in one process on the CPU, and a plan of it no optimizer: the
+ * rest is refused before anything runs, naming why. */
+START_TEST(sink_refuses_what_it_cannot_take) {
+    sbp_model m;
+    sbp_batch b[N_MICRO];
+    sbp_grad_opts o;
+    sbp_lora a = {0};
+    const fold_case c = {"llama3-tiny", SBP_FP32, SBP_STREAM, SBP_NUMERICS_FAST, 0, 0, 1};
+    load(&m, b, &o, &a, &c);
+    collector col = {NULL, NULL, 0, {0}, 4, 0, -1};
+    o.grad_sink = collect, o.grad_sink_ctx = &col;
+    sbp_err err = {0};
+    sbp_grad_result r;
+    ck_assert_int_eq(sbp_grad_batches(&r, &m, b, 2, &o, NULL, &err), SBP_EUSAGE);
+    ck_assert_msg(strstr(err.msg, "one micro-batch") && strstr(err.msg, "2 micro-batches"), "%s",
+                  err.msg);
+    ck_assert_int_eq(col.pieces, 0);
+    sbp_ledger plan;
+    sbp_plan_opts po = {.grad = o, .B = 1, .T = 64, .storage_bytes = 4, .optimizer = 1};
+    ck_assert_int_eq(sbp_plan(&plan, &m.cfg, &po, &err), SBP_EUSAGE);
+    ck_assert_msg(strstr(err.msg, "no optimizer"), "%s", err.msg);
+    po.optimizer = 0, po.micro_batches = 2;
+    ck_assert_int_eq(sbp_plan(&plan, &m.cfg, &po, &err), SBP_EUSAGE);
+    for (int k = 0; k < N_MICRO; k++) sbp_batch_free(&b[k]);
+    sbp_model_free(&m, NULL);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("fold");
     TCase *tc = tcase_create("fold");
@@ -324,6 +504,10 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, plan_counts_fold, 0, 4);
     tcase_add_loop_test(tc, golden_accumulated, 0, 2);
     tcase_add_loop_test(tc, refused_bucket_stops_the_run, 0, 6);
+    tcase_add_loop_test(tc, sink_bits, 0, N_CASES);
+    tcase_add_loop_test(tc, sink_memory, 0, 6);
+    tcase_add_loop_test(tc, sink_refused, 0, 3);
+    tcase_add_test(tc, sink_refuses_what_it_cannot_take);
     suite_add_tcase(s, tc);
     return s;
 }

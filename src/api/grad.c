@@ -89,6 +89,16 @@ static sbp_status share_of(int64_t *numel, sbp_comm *c, const sbp_params *ps, sb
     return n < 0 ? sbp_fail(err, SBP_ENOMEM, "out of memory") : SBP_OK;
 }
 
+/* The non-finite element x at slab index j, named by its tensor. */
+static sbp_status non_finite_at(const sbp_params *ps, int64_t j, double x, sbp_err *err) {
+    for (int i = 0; i < ps->n; i++)
+        if (j >= ps->p[i].offset && j < ps->p[i].offset + ps->p[i].numel)
+            return sbp_fail(err, SBP_ENUMERIC,
+                            "the gradient of \"%s\" is not finite at element %lld (%g)",
+                            ps->p[i].name, (long long)(j - ps->p[i].offset), x);
+    return sbp_fail(err, SBP_ENUMERIC, "the gradient is not finite at element %lld", (long long)j);
+}
+
 /* check_finite over a sharded step: each process scans its share; the first non-finite element
  * of the whole gradient (a MAX over the complements of the slab indices: exact integers) and its
  * value's bits (from its owner) reach every process, which names it as one process would. */
@@ -117,12 +127,54 @@ static sbp_status check_finite_shares(double loss, const void *share, sbp_comm *
     const int64_t j = (int64_t)~first;
     double x;
     memcpy(&x, &bits, sizeof x);
-    for (int i = 0; i < ps->n; i++)
-        if (j >= ps->p[i].offset && j < ps->p[i].offset + ps->p[i].numel)
-            return sbp_fail(err, SBP_ENUMERIC,
-                            "the gradient of \"%s\" is not finite at element %lld (%g)",
-                            ps->p[i].name, (long long)(j - ps->p[i].offset), x);
-    return sbp_fail(err, SBP_ENUMERIC, "the gradient is not finite at element %lld", (long long)j);
+    return non_finite_at(ps, j, x, err);
+}
+
+/* A sink's step (sbp_grad_opts.grad_sink): each completed piece is checked for NaN and Inf as a
+ * held gradient is after the step, then handed on. The smallest slab index of a non-finite
+ * element over every piece is kept, so that the step fails naming the tensor and element a held
+ * gradient's check names; from the first such piece on nothing more is handed on. */
+typedef struct {
+    int (*sink)(void *ctx, int64_t off, int64_t n, const void *g);
+    void *ctx;
+    sbp_precision prec;
+    int64_t bad; /* the smallest slab index of a non-finite element, or -1 */
+    double bad_value;
+} sink_ctx;
+
+static int sink_piece(void *ctx, int64_t off, int64_t n, const void *g) {
+    sink_ctx *s = ctx;
+    for (int64_t j = 0; !all_finite(g, n, s->prec) && j < n; j++) {
+        const double v = s->prec == SBP_FP64 ? ((const double *)g)[j] : ((const float *)g)[j];
+        if (isfinite(v)) continue;
+        if (s->bad < 0 || off + j < s->bad) s->bad = off + j, s->bad_value = v;
+        break;
+    }
+    return s->bad >= 0 || s->sink(s->ctx, off, n, g);
+}
+
+/* The step of sbp_grad_batches with a sink: one micro-batch, no slab. */
+static sbp_status sink_step(sbp_grad_result *res, const sbp_model *m, const sbp_batch *b,
+                            const sbp_grad_opts *opts, const sbp_objective *so,
+                            const sbp_params *gps, sbp_ledger *lg, sbp_err *err) {
+    sbp_engine_opts eo;
+    sbp_obj_eval ev;
+    sink_ctx sc = {opts->grad_sink, opts->grad_sink_ctx, m->prec, -1, 0};
+    sbp_status st = sbp_engine_resolve(&eo, opts, b->T, err);
+    if (!st) st = sbp_obj_begin(&ev, so, b, err);
+    if (st) return st;
+    eo.ev = &ev;
+    eo.fold = 1, eo.bucket_hook = sink_piece, eo.hook_ctx = &sc;
+    st = engine(&res->loss, NULL, m, b, &eo, opts->device, lg, err);
+    sbp_obj_end(&ev);
+    res->n_targets = b->n_targets;
+    res->block = eo.block, res->chunk = eo.chunk, res->logit_chunk = eo.logit_chunk;
+    if (st == SBP_EIO && sc.bad < 0)
+        return sbp_fail(err, SBP_EIO, "the gradient's sink refused a piece of it");
+    if (st) return st;
+    if (!isfinite(res->loss))
+        return sbp_fail(err, SBP_ENUMERIC, "the loss is not finite (%g)", res->loss);
+    return sc.bad >= 0 ? non_finite_at(gps, sc.bad, sc.bad_value, err) : SBP_OK;
 }
 
 /* One micro-batch of a distributed step (src/dist/exchange.c): its gradient goes bucket by bucket
@@ -193,6 +245,18 @@ sbp_status sbp_grad_batches(sbp_grad_result *res, const sbp_model *m, const sbp_
             sbp_fail_prefix(err, "micro-batch %d: ", i);
     if (st) return st;
     res->numel = gps->total;
+    if (opts->grad_sink) { /* the gradient leaves piece by piece: nothing to accumulate in */
+        if (n != 1 || dist || opts->device != SBP_DEVICE_CPU)
+            return sbp_fail(err, SBP_EUSAGE,
+                            "a gradient sink takes a step of one micro-batch in one process on "
+                            "the CPU (got %d micro-batches, %d processes, %s)",
+                            n, dist ? sbp_comm_size(opts->comm) : 1, sbp_device_name(opts->device));
+        const int64_t batch_bytes = sbp_batch_bytes(&batches[0]);
+        sbp_ledger_charge(host_lg, SBP_MEM_BATCH, batch_bytes);
+        st = sink_step(res, m, &batches[0], opts, &so, gps, lg, err);
+        sbp_ledger_charge(host_lg, SBP_MEM_BATCH, -batch_bytes);
+        return st;
+    }
     if (dist && opts->sharded && (st = share_of(&res->numel, opts->comm, gps, err))) return st;
     /* sequence parallel allocates the result after the step, beside the last rank's whole
      * gradient only then (seqpar.c) */

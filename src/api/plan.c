@@ -208,6 +208,14 @@ static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_net *nw, sbp_n
                         "a plan for %s covers a gradient step only: training (AdamW and its "
                         "moments) runs on the CPU, so leave out the optimizer or plan for the CPU",
                         sbp_device_name(o->grad.device));
+    /* a gradient sink (sbp_grad_opts.grad_sink): the step holds no slab, its pieces form in the
+     * fold's scratch and leave (sbp_grad_batches' terms) */
+    const int sink = o->grad.grad_sink != NULL;
+    if (sink && (o->micro_batches > 1 || o->ranks > 1 || o->seq_ranks > 1 || o->optimizer ||
+                 o->grad.device != SBP_DEVICE_CPU))
+        return sbp_fail(err, SBP_EUSAGE,
+                        "a gradient written as it forms is a step of one micro-batch in one "
+                        "process on the CPU, with no optimizer");
     sbp_grad_opts g = o->grad;
     g.lora = NULL;
     sbp_engine_opts eo;
@@ -219,7 +227,8 @@ static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_net *nw, sbp_n
     eo.device_ops =
         g.device == SBP_DEVICE_CPU ? NULL : sbp_cuda_ops(g.device, sb == 8 ? SBP_FP64 : SBP_FP32);
     /* the later micro-batches' runs, the step's largest; every run of a distributed step */
-    eo.fold = o->micro_batches > 1 || o->ranks > 1;
+    eo.fold = o->micro_batches > 1 || o->ranks > 1 || sink;
+    if (sink) eo.bucket_hook = no_fold;
     sbp_model m = {.cfg = *cfg, .prec = SBP_FP32};
     sbp_lora a = {.prec = SBP_FP32};
     if (o->lora.r > 0) { /* the adapter's tensors; alpha only scales values, never memory */
@@ -333,7 +342,8 @@ static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_net *nw, sbp_n
         prank = sbp_dist_plan_rank(tps, sb, o->ranks, sb + (o->optimizer ? 8 : 0), &own);
         held = (size_t)own;
     }
-    void *grads = prank >= 0 ? sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * held) : NULL;
+    void *grads =
+        prank >= 0 && !sink ? sbp_ledger_alloc(lg, SBP_MEM_GRADS, (size_t)sb * held) : NULL;
     void *adam[2] = {NULL, NULL}; /* exp_avg and exp_avg_sq, as sbp_adamw_init allocates them */
     for (int k = 0; k < 2 && o->optimizer; k++)
         adam[k] = sbp_ledger_alloc(lg, SBP_MEM_OPTIMIZER, 4 * held);
@@ -341,7 +351,8 @@ static sbp_status plan_step(sbp_ledger *lg, tally *net, const sbp_net *nw, sbp_n
     /* one token has nothing to predict; its memory is still a fair question for SFT */
     sbp_objective obj = o->grad.objective;
     if (obj.kind == SBP_OBJ_SFT && b.n_targets == 0 && obj.num_items == 0) obj.num_items = 1;
-    if (!m.w || (eo.lora && !a.w) || !grads || (o->optimizer && (!adam[0] || !adam[1]))) {
+    if (!m.w || (eo.lora && !a.w) || (!grads && !sink) ||
+        (o->optimizer && (!adam[0] || !adam[1]))) {
         st = sbp_fail(err, SBP_ENOMEM, "out of address space planning %lld parameters",
                       (long long)m.params.total);
     } else if (!(st = sbp_obj_begin(&ev, &obj, &b, err))) {

@@ -202,6 +202,13 @@ typedef struct {
     sbp_grad_opts g[N_CFG];
 } step_arg;
 
+/* --grads-out's sink: each piece of the gradient leaves and is dropped, as grad --out's leaves
+ * for its file (whose writes go to the page cache, not to the process). */
+static int drop_piece(void *ctx, int64_t off, int64_t n, const void *g) {
+    (void)ctx, (void)off, (void)n, (void)g;
+    return 1;
+}
+
 /* One row of T random tokens, every label a target. */
 static void random_batch(sbp_batch *b, int T, int vocab) {
     *b = (sbp_batch){.B = 1, .T = T, .kind = SBP_OBJ_SFT};
@@ -483,7 +490,8 @@ static void t_memory(run_ctx *b, t_rows *t) {
                            .logit_chunk = o->logit_chunk,
                            .chunked_logits = sc->chunked_logits,
                            .numerics = (sbp_numerics)num,
-                           .device = o->device};
+                           .device = o->device,
+                           .grad_sink = o->grads_out ? drop_piece : NULL};
         int T = t->T;
         if (o->largest) {
             sbp_plan_opts po = {.grad = g, .B = 1, .storage_bytes = 4};

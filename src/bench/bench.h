@@ -72,6 +72,8 @@ typedef struct {
     int train;         /* the training-step rows: train-stream and, up to T = 4096,
                         * train-stream-lora (r 32, alpha 128, all-linear) */
     int profile;       /* each row with its steps' operations timed (sbp_profile; CPU only) */
+    int grads_out;     /* the schedules' gradients leave piece by piece (grad --out's step, a
+                        * sink that drops them: sbp_grad_opts.grad_sink); CPU only */
 } sbp_bench_opts;
 
 /* One measured step: a schedule (or a training step) at T. */

@@ -48,6 +48,9 @@ static const char usage[] =
     "                     to T = 4096, train-stream-lora (the same for a LoRA adapter, r 32,\n"
     "                     alpha 128, all-linear, as the StreamBP paper's scripts; the base\n"
     "                     frozen)\n"
+    "  --grads-out        each schedule's gradient leaves piece by piece as the backward\n"
+    "                     completes it, as grad --out writes it to its file (here dropped):\n"
+    "                     the memory of that step (CPU only; the train rows hold theirs)\n"
     "  --profile          under each row, where its timed steps spent their time: each\n"
     "                     operation of the engine's table (the products by shape, with their\n"
     "                     GFLOP/s), its calls and milliseconds per step, and the time between\n"
@@ -111,6 +114,7 @@ static int parse_option(bench_args *a, int c, const char *arg) {
     }
     case 'X': o->train = 0; return 1;
     case 'P': o->profile = 1; return 1;
+    case 'G': o->grads_out = 1; return 1;
     case 'v': a->csv = 1; return 1;
     }
     return -1;
@@ -132,6 +136,7 @@ static int parse(bench_args *a, int argc, char **argv) {
                                          {"numerics", required_argument, 0, 'N'},
                                          {"no-train", no_argument, 0, 'X'},
                                          {"profile", no_argument, 0, 'P'},
+                                         {"grads-out", no_argument, 0, 'G'},
                                          OPTION_DEVICE,
                                          {"csv", no_argument, 0, 'v'},
                                          OPTION_JSON,
@@ -165,6 +170,10 @@ static int parse(bench_args *a, int argc, char **argv) {
         const int ok = common_opt_code(c) ? common_opt(&co, c, optarg) : parse_option(a, c, optarg);
         if (ok < 0) fputs(usage, stderr);
         if (ok <= 0) return EXIT_USAGE;
+    }
+    if (a->o.grads_out && a->o.device != SBP_DEVICE_CPU) {
+        fprintf(stderr, "streambp bench: --grads-out measures a CPU step (grad --out's)\n");
+        return EXIT_USAGE;
     }
     if (a->o.profile && a->csv) {
         fprintf(stderr, "streambp bench: --profile prints in the text and JSON forms, not CSV\n");
@@ -324,6 +333,9 @@ static void print_heading(const bench_args *a, const sbp_bench_model *bm,
            bm->cfgpath, cfg->model_type, cfg->hidden, cfg->layers, cfg->heads, cfg->kv_heads,
            cfg->ffn, cfg->vocab, (double)bm->n_params / 1e6, o->threads, o->block, o->chunk,
            o->logit_chunk);
+    if (o->grads_out)
+        printf("gradient: each piece leaves as the backward completes it (grad --out's step; "
+               "dropped here), never held whole\n");
     printf("BLAS: %s, kernels %s\n", openblas_get_config(), openblas_get_corename());
     const char *thp;
     const int huge = sbp_huge_pages(&thp);
@@ -360,6 +372,7 @@ static void print_end(const bench_args *a, const sbp_bench_model *bm, const sbp_
         sbp_huge_pages(&thp);
         cJSON_AddStringToObject(o, "huge_pages", thp);
         if (a->o.largest) cJSON_AddNumberToObject(o, "budget_bytes", (double)a->o.largest);
+        cJSON_AddBoolToObject(o, "gradient_held", !a->o.grads_out);
         cJSON_AddItemToObject(o, "rows", jrows);
         print_json(o);
         return;

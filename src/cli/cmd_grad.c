@@ -22,7 +22,11 @@ static const char usage[] =
     "\n"
     "  --model DIR          HF model directory (config.json + model.safetensors or shards)\n"
     "  --batch FILE         batch (safetensors); formats in README \"Objectives\"\n"
-    "  --out FILE           gradient file to write (nothing is written without it)\n"
+    "  --out FILE           gradient file to write (nothing is written without it); with one\n"
+    "                       --batch in one process on the CPU each layer's gradient goes to\n"
+    "                       the file as the backward completes it, so the whole gradient is\n"
+    "                       never held (the same bits)\n"
+    "  --hold-grads         hold the whole gradient and write it after the step instead\n"
     "  --schedule S         full | ckpt | stream (default stream)\n"
     "  --chunk N            stream: tokens per layer chunk (default 2 blocks; clamped to T)\n"
     "  --logit-chunk N      rows per logits pass (default one block; stream, or with\n"
@@ -77,6 +81,7 @@ typedef struct {
     int bf16; /* --precision bf16 */
     int threads, json;
     int force;         /* --force: no memory check */
+    int hold;          /* --hold-grads: the whole gradient held, written after the step */
     int64_t mem_limit; /* --mem-limit; 0: detect */
     obj_args obj;
     double comm_timeout; /* --comm-timeout: seconds a distributed run waits on a silent peer */
@@ -103,6 +108,7 @@ static int parse(grad_args *a, int argc, char **argv) {
                                          {"comm-timeout", required_argument, 0, 'W'},
                                          {"seq-ranks", required_argument, 0, 'S'},
                                          {"seq-overlap", no_argument, 0, 'V'},
+                                         {"hold-grads", no_argument, 0, 'H'},
                                          {"help", no_argument, 0, 'h'},
                                          OBJ_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
@@ -157,6 +163,7 @@ static int parse(grad_args *a, int argc, char **argv) {
             break;
         }
         case 'V': a->g.seq_overlap = 1; break;
+        case 'H': a->hold = 1; break;
         case 'h': printf("%s%s", usage, obj_usage); return -1;
         default:
             if (common_opt_code(c)) {
@@ -267,8 +274,9 @@ static void print_text(const grad_args *a, const sbp_model *m, const sbp_batch *
                "pages (docs/performance.md, \"Huge pages\")\n",
                thp);
     if (a->out)
-        printf("wrote     %s (%d tensors)\n", a->out,
-               a->g.lora ? a->g.lora->params.n : m->params.n);
+        printf("wrote     %s (%d tensors%s)\n", a->out,
+               a->g.lora ? a->g.lora->params.n : m->params.n,
+               a->g.grad_sink ? ", each layer's as the backward completed it" : "");
 }
 
 static void print_result_json(const grad_args *a, const sbp_model *m, const sbp_batch *b,
@@ -307,6 +315,7 @@ static void print_result_json(const grad_args *a, const sbp_model *m, const sbp_
     sbp_huge_pages(&thp);
     cJSON_AddStringToObject(o, "huge_pages", thp);
     if (a->out) cJSON_AddStringToObject(o, "out", a->out);
+    cJSON_AddBoolToObject(o, "gradient_held", !a->g.grad_sink);
     print_json(o);
 }
 
@@ -316,6 +325,7 @@ enum { META_MAX = 32 }; /* at most 22 entries today (a non-SFT objective with --
 typedef struct {
     const char *kv[2 * META_MAX + 1];
     char num[META_MAX][48];
+    char batches[1024]; /* the --batch files, comma-separated */
     int n;
 } meta_list;
 
@@ -335,38 +345,44 @@ static void meta_num(meta_list *l, const char *key, double value) {
 }
 
 /* The run's settings, so a gradient file says how it was made. */
+static void meta_of(meta_list *l, const grad_args *a, const sbp_batch *b,
+                    const sbp_grad_result *r) {
+    const sbp_objective *o = &a->g.objective;
+    *l = (meta_list){.n = 0}; /* its pointers point into *l itself */
+    char *batches = l->batches;
+    for (int i = 0; i < a->n_batches; i++)
+        snprintf(batches + strlen(batches), sizeof l->batches - strlen(batches), "%s%s",
+                 i ? "," : "", a->batch[i]);
+    meta_num(l, "loss", r->loss);
+    meta_num(l, "n_targets", (double)r->n_targets);
+    meta_str(l, "objective", obj_kind_name(o->kind));
+    meta_str(l, "loss_type", obj_loss_name(o));
+    meta_str(l, "schedule", sbp_schedule_name(a->g.schedule));
+    meta_str(l, "precision", prec_name(a));
+    meta_str(l, "numerics", sbp_numerics_name(a->g.numerics));
+    meta_str(l, "device", sbp_device_name(a->g.device));
+    meta_str(l, "unattended", sbp_unattended_name(a->g.unattended));
+    meta_num(l, "block", r->block);
+    meta_num(l, "chunk", a->g.schedule == SBP_STREAM ? r->chunk : totals(b, a->n_batches).T);
+    meta_num(l, "logit_chunk", r->logit_chunk);
+    meta_num(l, "threads", a->threads);
+    meta_str(l, "model", a->model);
+    meta_str(l, "batch", batches);
+    meta_str(l, "implementation", "streambp " SBP_VERSION);
+    if (o->kind != SBP_OBJ_SFT) { /* SFT has no hyper-parameters */
+        meta_num(l, "beta", o->beta);
+        meta_num(l, "label_smoothing", o->label_smoothing);
+        meta_num(l, "epsilon_low", o->epsilon_low);
+        meta_num(l, "epsilon_high", o->epsilon_high);
+        meta_num(l, "temperature", o->temperature);
+    }
+    if (a->lora) meta_str(l, "lora", a->lora);
+}
+
 static sbp_status save(const grad_args *a, const sbp_model *m, const sbp_batch *b,
                        const sbp_grad_result *r, sbp_ledger *lg, sbp_err *err) {
-    const sbp_objective *o = &a->g.objective;
-    char batches[1024] = "";
-    for (int i = 0; i < a->n_batches; i++)
-        snprintf(batches + strlen(batches), sizeof batches - strlen(batches), "%s%s", i ? "," : "",
-                 a->batch[i]);
-    meta_list l = {.n = 0};
-    meta_num(&l, "loss", r->loss);
-    meta_num(&l, "n_targets", (double)r->n_targets);
-    meta_str(&l, "objective", obj_kind_name(o->kind));
-    meta_str(&l, "loss_type", obj_loss_name(o));
-    meta_str(&l, "schedule", sbp_schedule_name(a->g.schedule));
-    meta_str(&l, "precision", prec_name(a));
-    meta_str(&l, "numerics", sbp_numerics_name(a->g.numerics));
-    meta_str(&l, "device", sbp_device_name(a->g.device));
-    meta_str(&l, "unattended", sbp_unattended_name(a->g.unattended));
-    meta_num(&l, "block", r->block);
-    meta_num(&l, "chunk", a->g.schedule == SBP_STREAM ? r->chunk : totals(b, a->n_batches).T);
-    meta_num(&l, "logit_chunk", r->logit_chunk);
-    meta_num(&l, "threads", a->threads);
-    meta_str(&l, "model", a->model);
-    meta_str(&l, "batch", batches);
-    meta_str(&l, "implementation", "streambp " SBP_VERSION);
-    if (o->kind != SBP_OBJ_SFT) { /* SFT has no hyper-parameters */
-        meta_num(&l, "beta", o->beta);
-        meta_num(&l, "label_smoothing", o->label_smoothing);
-        meta_num(&l, "epsilon_low", o->epsilon_low);
-        meta_num(&l, "epsilon_high", o->epsilon_high);
-        meta_num(&l, "temperature", o->temperature);
-    }
-    if (a->lora) meta_str(&l, "lora", a->lora);
+    meta_list l;
+    meta_of(&l, a, b, r);
     const sbp_params *ps = a->g.lora ? &a->g.lora->params : &m->params;
     /* under mpirun each process holds its share: rank 0 gathers them */
     if (sbp_comm_size(a->g.comm) > 1)
@@ -388,7 +404,7 @@ static sbp_status check_memory(const grad_args *a, const sbp_config *cfg, const 
     int64_t params = sbp_config_param_count(cfg), need = 0;
     /* the gradient: every weight's, or with an adapter only the adapter's (the base frozen; it
      * was planned as every weight's, refusing LoRA steps that fit) */
-    const int64_t gparams = ad ? ad->params.total : params;
+    const int64_t gparams = a->g.grad_sink ? 0 : ad ? ad->params.total : params;
     sbp_ledger lg = {0};
     /* weights and gradients alone: settles absurd sizes without reserving address space */
     if (params < 0 || params > INT64_MAX / 2 / eb || eb * (params + gparams) > have) {
@@ -418,6 +434,7 @@ static sbp_status check_memory(const grad_args *a, const sbp_config *cfg, const 
         for (int i = 0; i < a->n_batches && need <= have; i++) {
             sbp_plan_opts po = {.grad = a->g, .B = b[i].B, .T = b[i].T, .storage_bytes = eb};
             po.grad.schedule = SBP_STREAM; /* how the reference pass runs */
+            po.grad.grad_sink = NULL;      /* its plan's slab is taken off below */
             if ((st = sbp_plan(&lg, &rc, &po, err)) == SBP_ENOMEM)
                 need = INT64_MAX;
             else if (st)
@@ -457,6 +474,10 @@ int cmd_grad(int argc, char **argv) {
     if ((rc = dist_check_args(comm, "grad", argc, argv, &err))) return rc;
     const int rank = sbp_comm_rank(comm);
     a.g.comm = comm, a.g.sharded = 1; /* ZeRO-2: no process holds the whole gradient */
+    /* one step of one micro-batch here: the gradient goes to the file as it forms */
+    if (a.out && !a.hold && a.n_batches == 1 && sbp_comm_size(comm) <= 1 &&
+        a.g.device == SBP_DEVICE_CPU)
+        a.g.grad_sink = sbp_grads_out_put;
     if (a.out && sbp_check_writable(a.out, &err)) return dist_exit(comm, "grad", &err);
     /* the model's config and headers and the batches first: they say how large the step is */
     sbp_status st = sbp_model_check(&cfg, a.model, &err);
@@ -477,11 +498,29 @@ int cmd_grad(int argc, char **argv) {
     if (!st) st = sbp_model_load(&m, a.model, a.prec, host_lg, &err);
     if (!st && a.bf16) sbp_model_round_bf16(&m);
     if (!st) st = obj_reference(&a.obj, b, a.n_batches, &m.cfg, a.prec, &a.g, &lg, &err);
+    /* the gradient file opened before the step, each piece written as the backward completes
+     * it (the header, with the loss, last) */
+    sbp_grads_out *gout = NULL;
+    meta_list ml;
+    if (!st && a.g.grad_sink) {
+        meta_of(&ml, &a, b, &r);
+        st = sbp_grads_out_open(&gout, a.out, a.g.lora ? &a.g.lora->params : &m.params, a.prec,
+                                ml.kv, &err);
+        a.g.grad_sink_ctx = gout;
+    }
     double t0 = sbp_now_seconds();
     if (!st) st = sbp_grad_batches(&r, &m, b, a.n_batches, &a.g, &lg, &err);
     double secs = sbp_now_seconds() - t0;
+    if (gout && st) { /* a failed write says why in its own words */
+        sbp_grads_out_error(gout, &err);
+        sbp_grads_out_abort(gout);
+    } else if (gout) {
+        meta_of(&ml, &a, b, &r);
+        st = sbp_grads_out_commit(gout, ml.kv, &err);
+    }
     /* under mpirun every process takes part: each holds its share of the gradient */
-    if (!st && a.out && (rank == 0 || sbp_comm_size(comm) > 1)) st = save(&a, &m, b, &r, &lg, &err);
+    if (!st && a.out && !a.g.grad_sink && (rank == 0 || sbp_comm_size(comm) > 1))
+        st = save(&a, &m, b, &r, &lg, &err);
     if (!st && rank == 0) {
         if (a.json)
             print_result_json(&a, &m, b, &r, &lg, secs);

@@ -46,6 +46,9 @@ static const char usage[] =
     "  --storage S        bf16 | fp32: bytes per stored element (default fp32)\n"
     "  --optimizer        also count AdamW's two fp32 moments per trained parameter\n"
     "  --grad-accum N     N micro-batches a step: the fold's bucket scratch (N > 1) and N batches\n"
+    "  --grads-out        the gradient written to its file as the backward completes each layer's\n"
+    "                     (grad --out does so with one --batch in one process): not held whole,\n"
+    "                     the largest layer's (and a tied embedding's) scratch instead\n"
     "  --ranks N          one of N processes (mpirun) running the step, the one holding the most:\n"
     "                     its share of the gradient (and of the moments), the ring of two buckets\n"
     "                     and the column of its blocks of one (docs/distributed.md)\n"
@@ -102,6 +105,7 @@ typedef struct {
     int micro_batches, ranks; /* --grad-accum, --ranks (docs/distributed.md) */
     int seq_ranks;            /* --seq-ranks (docs/distributed.md §8) */
     int seq_overlap;          /* --seq-overlap */
+    int grads_out;            /* --grads-out: the gradient to its file piece by piece */
     sbp_objective obj;
     sbp_lora_config lora; /* r 0: full gradients */
 } plan_setup;
@@ -113,7 +117,9 @@ static sbp_plan_opts plan_opts(const plan_setup *s, const sched_row *r) {
                                 .logit_chunk = s->logit_chunk,
                                 .chunked_logits = r->chunked_logits,
                                 .seq_overlap = s->seq_overlap,
-                                .objective = s->obj},
+                                .objective = s->obj,
+                                /* planned as its being set: the writer of grad --out */
+                                .grad_sink = s->grads_out ? sbp_grads_out_put : NULL},
                        .B = s->B,
                        .storage_bytes = s->storage,
                        .optimizer = s->optimizer,
@@ -467,6 +473,7 @@ static int parse_args(plan_args *a, int argc, char **argv) {
                                          {"ranks", required_argument, 0, 'R'},
                                          {"seq-ranks", required_argument, 0, 'Q'},
                                          {"seq-overlap", no_argument, 0, 'V'},
+                                         {"grads-out", no_argument, 0, 'g'},
                                          {"bandwidth", required_argument, 0, OPT_BANDWIDTH},
                                          {"latency", required_argument, 0, OPT_LATENCY},
                                          {"flops", required_argument, 0, OPT_FLOPS},
@@ -533,6 +540,7 @@ static int parse_args(plan_args *a, int argc, char **argv) {
             if (!parse_pos_int("plan", "ranks", optarg, &s->ranks)) return EXIT_USAGE;
             break;
         case 'V': s->seq_overlap = 1; break;
+        case 'g': s->grads_out = 1; break;
         case 'Q':
             if (!parse_pos_int("plan", "seq-ranks", optarg, &s->seq_ranks)) return EXIT_USAGE;
             break;
@@ -616,6 +624,7 @@ static void print_heading(const plan_args *a, const char *path, int64_t nparam, 
                                          : "a batch",
            rows, rows > 1 ? "s" : "", s->storage == 2 ? "bf16" : "fp32",
            s->optimizer ? "included" : "excluded");
+    if (s->grads_out) printf(", the gradient written out as it forms");
     if (s->lora.r)
         printf(", LoRA r %d on %s (%.2fM adapter parameters, the base frozen)", s->lora.r,
                a->targets ? a->targets : "all-linear", nadapter / 1e6);
@@ -667,6 +676,7 @@ static void print_plan_json(const plan_args *a, const char *path, int64_t nparam
     cJSON_AddNumberToObject(o, "rows", rows);
     cJSON_AddNumberToObject(o, "storage_bytes", s->storage);
     cJSON_AddBoolToObject(o, "optimizer", s->optimizer);
+    cJSON_AddBoolToObject(o, "gradient_held", !s->grads_out);
     if (s->lora.r) {
         cJSON_AddNumberToObject(o, "lora_r", s->lora.r);
         cJSON_AddNumberToObject(o, "adapter_parameters", (double)nadapter);

@@ -189,6 +189,25 @@ sbp_status sbp_outfile_write(sbp_outfile *o, const void *data, size_t n, sbp_err
     return SBP_OK;
 }
 
+sbp_status sbp_outfile_pwrite(sbp_outfile *o, uint64_t off, const void *data, size_t n,
+                              sbp_err *err) {
+    const char *p = data;
+    int e = 0;
+    if (off > (uint64_t)INT64_MAX - n) e = EFBIG;
+    while (n && !e) {
+        const ssize_t w = pwrite(fileno(o->f), p, n, (off_t)off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            e = w < 0 ? errno : ENOSPC; /* pwrite writing nothing: the device is full */
+            break;
+        }
+        p += w, n -= (size_t)w, off += (uint64_t)w;
+    }
+    if (!e) return SBP_OK;
+    sbp_outfile_abort(o);
+    return sbp_fail(err, SBP_EIO, "%s: write failed: %s", o->path, strerror(e));
+}
+
 /* Gives the unnamed file a random temporary name in the output's directory. */
 static int link_unnamed(sbp_outfile *o) {
     char proc[64];

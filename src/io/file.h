@@ -35,6 +35,11 @@ typedef struct {
 
 sbp_status sbp_outfile_open(sbp_outfile *o, const char *path, sbp_err *err);
 sbp_status sbp_outfile_write(sbp_outfile *o, const void *data, size_t n, sbp_err *err);
+/* n bytes at byte offset off of the file, however far it now extends (the gaps read as zeros
+ * until written); a file written this way takes no sbp_outfile_write. On failure o is aborted,
+ * as by sbp_outfile_write. */
+sbp_status sbp_outfile_pwrite(sbp_outfile *o, uint64_t off, const void *data, size_t n,
+                              sbp_err *err);
 sbp_status sbp_outfile_commit(sbp_outfile *o, sbp_err *err);
 void sbp_outfile_abort(sbp_outfile *o);
 

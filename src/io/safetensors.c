@@ -477,8 +477,7 @@ static cJSON *json_uint(uint64_t v) {
     return cJSON_CreateRaw(buf);
 }
 
-sbp_status sbp_st_write_header(sbp_outfile *o, const sbp_st_entry *e, int n,
-                               const char *const *meta, const char *path, sbp_err *err) {
+char *sbp_st_header(size_t *padded, const sbp_st_entry *e, int n, const char *const *meta) {
     cJSON *root = cJSON_CreateObject();
     if (meta && meta[0]) {
         cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
@@ -503,8 +502,16 @@ sbp_status sbp_st_write_header(sbp_outfile *o, const sbp_st_entry *e, int n,
     }
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
+    if (text) *padded = (strlen(text) + 8 + 7) / 8 * 8 - 8; /* data starts 8-aligned */
+    return text;
+}
+
+sbp_status sbp_st_write_header(sbp_outfile *o, const sbp_st_entry *e, int n,
+                               const char *const *meta, const char *path, sbp_err *err) {
+    size_t padded = 0;
+    char *text = sbp_st_header(&padded, e, n, meta);
     if (!text) return sbp_fail(err, SBP_ENOMEM, "%s: cannot format the header", path);
-    size_t len = strlen(text), padded = (len + 8 + 7) / 8 * 8 - 8; /* data starts 8-aligned */
+    size_t len = strlen(text);
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
     sbp_status st = sbp_outfile_write(o, len8, 8, err);

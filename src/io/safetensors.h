@@ -89,6 +89,10 @@ sbp_status sbp_st_write(const char *path, const sbp_st_entry *e, int n, const ch
  * caller then writes each entry's bytes in order and commits (or aborts) o. */
 sbp_status sbp_st_write_header(sbp_outfile *o, const sbp_st_entry *e, int n,
                                const char *const *meta, const char *path, sbp_err *err);
+/* That header's JSON text (malloc'd; NULL when out of memory) and in *padded its length padded
+ * with spaces so that the data, after the 8 bytes of the length and the text, starts 8-aligned;
+ * the entries' data offsets run in their order from 0, each entry's bytes after the last's. */
+char *sbp_st_header(size_t *padded, const sbp_st_entry *e, int n, const char *const *meta);
 
 /* float16 / bfloat16 conversions (exact for all finite values; round-to-nearest-even on the way
  * down). */
