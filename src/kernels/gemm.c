@@ -42,17 +42,20 @@
  * accumulators, two B vectors and a broadcast), MC 96. KC 512 everywhere: it is the engine's
  * default token block, so the fast dW sums its blocks inside pgemm_fold (linear.c) instead of
  * one product per 192-row panel per block and an extra pass; and one k block covers the bench
- * model's K = 512. AVX2 (x86-64-v3 build, OpenBLAS Haswell kernels, Zen 4, bench/pgemm_rates.c
- * at T = 2048, 2026-12-04): a step's products 0.78–0.80 of OpenBLAS's tile grid on 2 threads with
- * KC 256, 0.95–0.99 with KC 512 (dW 0.59–0.69 → 0.78–1.01), and 1.00 → 1.03–1.04 on 1 thread
- * (CPU time); KC 256 had been chosen on 1 thread alone, where KC 384 and 512, MC 48, 144 and 192
- * were within ±3% of it. Plain C keeps its earlier, unmeasured MC. */
+ * model's K = 512. A deeper product that does not fold takes longer k blocks within the same
+ * workspace (blocking_of). AVX2 (x86-64-v3 build, OpenBLAS Haswell kernels, Zen 4,
+ * bench/pgemm_rates.c at T = 2048, 2026-12-04): a step's products 0.78–0.80 of OpenBLAS's tile grid
+ * on 2 threads with KC 256, 0.95–0.99 with KC 512 (dW 0.59–0.69 → 0.78–1.01), and 1.00 → 1.03–1.04
+ * on 1 thread (CPU time); KC 256 had been chosen on 1 thread alone, where KC 384 and 512, MC 48,
+ * 144 and 192 were within ±3% of it. Plain C keeps its earlier, unmeasured MC. */
 enum {
     NR = 2 * VEC_BYTES / (int)sizeof(real), /* two vectors of outputs per row of the tile */
     MR = VEC_BYTES == 64 ? 12 : 6,          /* rows: MR·2 accumulators + B + broadcast fit */
     KC = 512,
     MC = VEC_BYTES == 64 ? 48 : 96,
     NC = 2048,
+    KF = 2048,      /* the longest k block of a product that does not fold: blocking_of */
+    NCMIN = 256,    /* its narrowest column block */
     NCHUNK = 256,   /* columns per task: the unit of work handed to a thread */
     PACK_AHEAD = 16 /* k steps prefetched ahead by pack_a's k-step walk (16: 2x in isolation) */
 };
@@ -272,12 +275,45 @@ static void pack_a(real *dst, const real *A, size_t rsa, size_t csa, int ic, int
 _Static_assert(MC / 2 % MR == 0, "gemm's half row blocks are whole register tiles");
 
 /* The packed B block (kc, nc + NR) and one packed A block (kc, MC + MR) per thread. */
-static size_t b_block(int N, int K) {
-    return (size_t)(K < KC ? K : KC) * ((N < NC ? N : NC) + NR);
+static size_t b_block(int nc, int kc) {
+    return (size_t)kc * ((size_t)nc + NR);
 }
 
-static size_t a_block(int K) {
-    return (size_t)(K < KC ? K : KC) * (MC + MR);
+static size_t a_block(int kc) {
+    return (size_t)kc * (MC + MR);
+}
+
+/* The workspace of a product of depth K and N columns: its blocks at k blocks of KC and column
+ * blocks of NC (or less). */
+static size_t workspace_of(int N, int K, int nth) {
+    const int kc = K < KC ? K : KC;
+    return b_block(N < NC ? N : NC, kc) + (size_t)nth * a_block(kc);
+}
+
+/* The blocking of a product: k blocks of kc (the last may be shorter), column blocks of nc. Folded,
+ * kc = KC: the blocks are the sum's (pgemm_fold). Else K in the fewest k blocks of at most KF of
+ * even length, with column blocks narrow enough that the packed blocks fit the workspace of the
+ * KC blocking (workspace_of), when at least NCMIN columns do; else that blocking. Each k block
+ * loads and stores the whole C block (the rows × nc) once, and where C is large and K moderate
+ * that traffic is what the product waits on: the LM head's forward (T × V logits) at K = 1152,
+ * Gemma-3-1B's hidden size, ran at 291–302 GFLOP/s in k blocks of 512, 512 and 128 against 344–353
+ * in one block of 1152 (NC 2048 or 512), and at 324 against 358 in a step's profile (2 threads,
+ * the Emerald Rapids VM, 2026-12-06). A chain does not see its blocks: the bits are the same. */
+typedef struct {
+    int kc, nc;
+} blocking;
+
+static blocking blocking_of(int N, int K, int fold) {
+    const int nth = omp_get_max_threads();
+    const blocking old = {KC, NC};
+    if (fold || K <= KC) return old;
+    const int nb = (K + KF - 1) / KF, kc = (K + nb - 1) / nb;
+    const size_t room = workspace_of(N, K, nth), a = (size_t)nth * a_block(kc);
+    if (room <= a) return old;
+    const size_t cols = (room - a) / (size_t)kc; /* nc + NR */
+    const int nc = cols > (size_t)NR ? (int)((cols - NR) / NR * NR) : 0;
+    if (nc < NCMIN && nc < N) return old;
+    return (blocking){kc, nc < NC ? nc : NC};
 }
 
 int pgemm_kblock(void) {
@@ -286,7 +322,7 @@ int pgemm_kblock(void) {
 
 size_t pgemm_workspace(int N, int K) {
     if (N <= 0 || K <= 0) return 0;
-    return b_block(N, K) + (size_t)omp_get_max_threads() * a_block(K);
+    return workspace_of(N, K, omp_get_max_threads());
 }
 
 /* C += A·B, or (set) C = A·B: the first k block's chains start from +0 instead of C; fold:
@@ -299,12 +335,15 @@ static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_
             for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, sizeof(real) * (size_t)N);
         return;
     }
+    const blocking bl = blocking_of(N, K, fold);
+    const int kb = bl.kc, NB = bl.nc;
     real *bpack = ws; /* b_block, then a_block per thread */
-    const size_t bsize = b_block(N, K), asize = a_block(K);
-    for (int jc = 0; jc < N; jc += NC) {
-        const int nc = N - jc < NC ? N - jc : NC;
-        for (int pc = 0; pc < K; pc += KC) { /* ascending k: each chain continues from C */
-            const int kc = K - pc < KC ? K - pc : KC, zero = fold || (set && pc == 0);
+    const size_t bsize = b_block(N < NB ? N : NB, K < kb ? K : kb),
+                 asize = a_block(K < kb ? K : kb);
+    for (int jc = 0; jc < N; jc += NB) {
+        const int nc = N - jc < NB ? N - jc : NB;
+        for (int pc = 0; pc < K; pc += kb) { /* ascending k: each chain continues from C */
+            const int kc = K - pc < kb ? K - pc : kb, zero = fold || (set && pc == 0);
             const int add = fold && !(set && pc == 0);
             pack_b(bpack, B, rsb, csb, pc, kc, jc, nc);
             /* Tasks: row blocks across all nc columns where there are enough for every thread
