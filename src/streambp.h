@@ -540,16 +540,18 @@ sbp_status sbp_logprobs(double *logp /* (B·T) */, const sbp_model *m, const sbp
 sbp_status sbp_grads_save(const char *path, const sbp_params *ps, sbp_precision prec,
                           const void *grads, const char *const *meta, sbp_err *err);
 
-/* The same file written while the step runs, piece by piece as the backward completes them
- * (sbp_grad_opts.grad_sink = sbp_grads_out_put, grad_sink_ctx = the writer), so that the
- * gradient is never held whole. open creates the unnamed output and reserves its header's room
- * from meta as known then (the metadata may grow by 1 KiB by commit: a loss, say); commit
- * writes the header, space-padded to that room, and puts the complete file in place (an
- * incomplete one is refused); abort removes it. Both free the writer. A failed put stops the
- * step; sbp_grads_out_error then gives the write's own error (SBP_OK when none failed). */
+/* The same file, the same bytes, written while the step runs, piece by piece as the backward
+ * completes them (sbp_grad_opts.grad_sink = sbp_grads_out_put, grad_sink_ctx = the writer), so
+ * that the gradient is never held whole. open creates the unnamed output; begin fixes the header
+ * from meta, and with it where the data start, before the first piece (a sink can call it at its
+ * first piece: the step's loss is known by then); commit writes that header, checks that meta
+ * still gives it and that every element was written, and puts the file in place; abort removes
+ * it. Both free the writer. A failed put stops the step; sbp_grads_out_error then gives the
+ * failure's own error (SBP_OK when none failed). */
 typedef struct sbp_grads_out sbp_grads_out;
 sbp_status sbp_grads_out_open(sbp_grads_out **w, const char *path, const sbp_params *ps,
-                              sbp_precision prec, const char *const *meta, sbp_err *err);
+                              sbp_precision prec, sbp_err *err);
+sbp_status sbp_grads_out_begin(sbp_grads_out *w, const char *const *meta, sbp_err *err);
 int sbp_grads_out_put(void *w, int64_t off, int64_t n, const void *g);
 sbp_status sbp_grads_out_error(const sbp_grads_out *w, sbp_err *err);
 sbp_status sbp_grads_out_commit(sbp_grads_out *w, const char *const *meta, sbp_err *err);

@@ -467,6 +467,32 @@ START_TEST(sink_refused) {
 }
 END_TEST
 
+/* `grad --out` writes the gradient as it forms; `--hold-grads` holds it and writes it after the
+ * step: the two files are the same bytes, header and metadata included (tied and untied heads,
+ * each schedule). */
+START_TEST(grad_out_same_bytes) {
+    const char *models[] = {"llama3-tiny", "qwen3-tiny"};
+    const char *scheds[] = {"full", "ckpt", "stream"};
+    const char *dir = tu_path("out-bytes-%s", models[_i % 2]);
+    if (tu_sh("'%s' init --config data/models/%s.json --seed 1 --out '%s'", tu_bin(),
+              models[_i % 2], dir))
+        ck_abort_msg("init: %s", tu_last_output());
+    const char *f[2];
+    for (int h = 0; h < 2; h++) {
+        f[h] = tu_keep(tu_path("out-bytes-%s-%d.safetensors", models[_i % 2], h));
+        if (tu_sh(
+                "'%s' grad --model '%s' --batch %s --schedule %s --block 4 --chunk 8 --out '%s'%s",
+                tu_bin(), dir, sft_batches[1], scheds[_i / 2], f[h], h ? " --hold-grads" : ""))
+            ck_abort_msg("grad: %s", tu_last_output());
+    }
+    size_t n0, n1;
+    char *a = tu_slurp(f[0], &n0), *b = tu_slurp(f[1], &n1);
+    ck_assert_msg(n0 == n1 && memcmp(a, b, n0) == 0, "%s, %s: the files differ", models[_i % 2],
+                  scheds[_i / 2]);
+    free(a), free(b);
+}
+END_TEST
+
 /* A sink takes one micro-batch in one process on the CPU, and a plan of it no optimizer: the
  * rest is refused before anything runs, naming why. */
 START_TEST(sink_refuses_what_it_cannot_take) {
@@ -508,6 +534,7 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, sink_memory, 0, 6);
     tcase_add_loop_test(tc, sink_refused, 0, 3);
     tcase_add_test(tc, sink_refuses_what_it_cannot_take);
+    tcase_add_loop_test(tc, grad_out_same_bytes, 0, 6);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -208,8 +208,8 @@ static void grads_out_fixture(sbp_params *ps, void **g, sbp_precision prec) {
 }
 
 /* Pieces in any order (the backward's: the head, the layers from the top, the embedding; here
- * each tensor from the last) give the file sbp_grads_save writes: the same tensors, bit for
- * bit, and the same metadata, grown since the open (the loss is known at the end). */
+ * each tensor from the last, in two pieces, the second first) give the very bytes of the file
+ * sbp_grads_save writes from the whole gradient, header included. */
 START_TEST(grads_out_pieces) {
     const sbp_precision prec = _i ? SBP_FP64 : SBP_FP32;
     const size_t esz = _i ? 8 : 4;
@@ -218,84 +218,84 @@ START_TEST(grads_out_pieces) {
     grads_out_fixture(&ps, &g, prec);
     const char *dir = tu_new_dir("grads-out"), *path = tu_path("grads-out/g.safetensors"),
                *ref = tu_path("grads-out/ref.safetensors");
-    const char *before[] = {"loss", "0", "schedule", "stream", NULL};
-    const char *after[] = {"loss", "2.0794415416798357", "schedule", "stream", NULL};
+    const char *meta[] = {"loss", "2.0794415416798357", "schedule", "stream", NULL};
     sbp_err err = {0};
     sbp_grads_out *w;
-    require(sbp_grads_out_open(&w, path, &ps, prec, before, &err) == SBP_OK, "%s", err.msg);
+    require(sbp_grads_out_open(&w, path, &ps, prec, &err) == SBP_OK, "%s", err.msg);
     ck_assert(!tu_exists(path)); /* nothing under the name before the commit */
+    require(sbp_grads_out_begin(w, meta, &err) == SBP_OK, "%s", err.msg);
     for (int i = ps.n - 1; i >= 0; i--) {
         const sbp_param *p = &ps.p[i];
-        const int64_t half = p->numel / 2; /* a tensor in two pieces, the second first */
+        const int64_t half = p->numel / 2;
         ck_assert(sbp_grads_out_put(w, p->offset + half, p->numel - half,
                                     (char *)g + esz * (size_t)(p->offset + half)));
         ck_assert(sbp_grads_out_put(w, p->offset, half, (char *)g + esz * (size_t)p->offset));
     }
     ck_assert_int_eq(sbp_grads_out_error(w, &err), SBP_OK);
-    require(sbp_grads_out_commit(w, after, &err) == SBP_OK, "%s", err.msg);
-    require(sbp_grads_save(ref, &ps, prec, g, after, &err) == SBP_OK, "%s", err.msg);
+    require(sbp_grads_out_commit(w, meta, &err) == SBP_OK, "%s", err.msg);
+    require(sbp_grads_save(ref, &ps, prec, g, meta, &err) == SBP_OK, "%s", err.msg);
     tu_assert_no_tmp(dir);
-    sbp_st_file a, b;
-    require(sbp_st_open(&a, path, &err) == SBP_OK, "%s", err.msg);
-    require(sbp_st_open(&b, ref, &err) == SBP_OK, "%s", err.msg);
-    ck_assert_int_eq(a.n, ps.n);
-    ck_assert_str_eq(sbp_st_meta(&a, "loss"), "2.0794415416798357");
-    ck_assert_str_eq(sbp_st_meta(&a, "schedule"), "stream");
-    ck_assert_uint_eq(a.data_start % 8, 0);
-    for (int i = 0; i < ps.n; i++) {
-        const sbp_st_tensor *ta = sbp_st_find(&a, ps.p[i].name),
-                            *tb = sbp_st_find(&b, ps.p[i].name);
-        require(ta && tb, "%s missing", ps.p[i].name);
-        const size_t n = (size_t)(ta->end - ta->begin);
-        ck_assert_uint_eq(n, (size_t)(tb->end - tb->begin));
-        char *x = malloc(n), *y = malloc(n);
-        ck_assert_int_eq(sbp_st_read_raw(&a, ta, x, &err), SBP_OK);
-        ck_assert_int_eq(sbp_st_read_raw(&b, tb, y, &err), SBP_OK);
-        require(memcmp(x, y, n) == 0, "%s: the tensor differs from the held gradient's file",
-                ps.p[i].name);
-        free(x), free(y);
-    }
-    sbp_st_close(&a), sbp_st_close(&b);
+    size_t na, nb;
+    char *fa = tu_slurp(path, &na), *fb = tu_slurp(ref, &nb);
+    ck_assert_uint_eq(na, nb);
+    ck_assert_msg(memcmp(fa, fb, na) == 0, "the file differs from sbp_grads_save's");
+    free(fa), free(fb);
     free(g);
     sbp_params_free(&ps);
 }
 END_TEST
 
-/* What the writer refuses, leaving nothing behind: a piece outside the slab, a file with a piece
- * missing, metadata that outgrew the room kept for it, and a write the file system refuses
+/* What the writer refuses, leaving nothing behind: a piece before the header is fixed, the
+ * header fixed twice, a piece outside the slab, a file with a piece missing, metadata that no
+ * longer gives the header the data were placed after, and a write the file system refuses
  * (here its size limit, RLIMIT_FSIZE, in a child process: EFBIG as a full disk gives ENOSPC). */
 START_TEST(grads_out_refusals) {
     sbp_params ps;
     void *g;
     grads_out_fixture(&ps, &g, SBP_FP32);
     const char *dir = tu_new_dir("grads-out-bad"), *path = tu_path("grads-out-bad/g.safetensors");
+    const char *meta[] = {"loss", "1.5", NULL}, *other[] = {"loss", "1.25", NULL};
     sbp_err err = {0};
     sbp_grads_out *w;
-    /* outside the slab: refused at once, and the first error stands */
-    require(sbp_grads_out_open(&w, path, &ps, SBP_FP32, NULL, &err) == SBP_OK, "%s", err.msg);
+    /* before the header: refused, and the first error stands */
+    require(sbp_grads_out_open(&w, path, &ps, SBP_FP32, &err) == SBP_OK, "%s", err.msg);
+    ck_assert(!sbp_grads_out_put(w, 0, 1, g));
+    ck_assert_int_eq(sbp_grads_out_begin(w, meta, &err), SBP_EUSAGE);
+    assert_err(sbp_grads_out_commit(w, meta, &err), &err, SBP_EUSAGE, "before the header",
+               "a piece before the header");
+    ck_assert(!tu_exists(path));
+    /* the header twice */
+    require(sbp_grads_out_open(&w, path, &ps, SBP_FP32, &err) == SBP_OK, "%s", err.msg);
+    ck_assert_int_eq(sbp_grads_out_begin(w, meta, &err), SBP_OK);
+    assert_err(sbp_grads_out_begin(w, meta, &err), &err, SBP_EUSAGE, "fixed already",
+               "the header twice");
+    sbp_grads_out_abort(w);
+    /* outside the slab */
+    require(sbp_grads_out_open(&w, path, &ps, SBP_FP32, &err) == SBP_OK, "%s", err.msg);
+    ck_assert_int_eq(sbp_grads_out_begin(w, meta, &err), SBP_OK);
     ck_assert(!sbp_grads_out_put(w, ps.total - 1, 2, g));
     ck_assert(!sbp_grads_out_put(w, 0, ps.total, g));
     ck_assert_int_eq(sbp_grads_out_error(w, &err), SBP_EUSAGE);
     ck_assert_msg(strstr(err.msg, "outside"), "%s", err.msg);
-    assert_err(sbp_grads_out_commit(w, NULL, &err), &err, SBP_EUSAGE, "outside", "a bad piece");
+    assert_err(sbp_grads_out_commit(w, meta, &err), &err, SBP_EUSAGE, "outside", "a bad piece");
     ck_assert(!tu_exists(path));
     /* a piece missing */
-    require(sbp_grads_out_open(&w, path, &ps, SBP_FP32, NULL, &err) == SBP_OK, "%s", err.msg);
+    require(sbp_grads_out_open(&w, path, &ps, SBP_FP32, &err) == SBP_OK, "%s", err.msg);
+    ck_assert_int_eq(sbp_grads_out_begin(w, meta, &err), SBP_OK);
     ck_assert(sbp_grads_out_put(w, 1, ps.total - 1, (float *)g + 1));
-    assert_err(sbp_grads_out_commit(w, NULL, &err), &err, SBP_EUSAGE, "of the gradient's",
+    assert_err(sbp_grads_out_commit(w, meta, &err), &err, SBP_EUSAGE, "of the gradient's",
                "a missing piece");
     ck_assert(!tu_exists(path));
-    /* metadata grown past its room */
-    static char big[1400];
-    memset(big, 'x', sizeof big - 1);
-    const char *grown[] = {"model", big, NULL};
-    require(sbp_grads_out_open(&w, path, &ps, SBP_FP32, NULL, &err) == SBP_OK, "%s", err.msg);
+    /* the metadata changed: the header would no longer end where the data start */
+    require(sbp_grads_out_open(&w, path, &ps, SBP_FP32, &err) == SBP_OK, "%s", err.msg);
+    ck_assert_int_eq(sbp_grads_out_begin(w, meta, &err), SBP_OK);
     ck_assert(sbp_grads_out_put(w, 0, ps.total, g));
-    assert_err(sbp_grads_out_commit(w, grown, &err), &err, SBP_EUSAGE, "metadata grew",
-               "outgrown metadata");
+    assert_err(sbp_grads_out_commit(w, other, &err), &err, SBP_EUSAGE, "metadata changed",
+               "changed metadata");
     ck_assert(!tu_exists(path));
     /* abort: nothing stays either */
-    require(sbp_grads_out_open(&w, path, &ps, SBP_FP32, NULL, &err) == SBP_OK, "%s", err.msg);
+    require(sbp_grads_out_open(&w, path, &ps, SBP_FP32, &err) == SBP_OK, "%s", err.msg);
+    ck_assert_int_eq(sbp_grads_out_begin(w, meta, &err), SBP_OK);
     ck_assert(sbp_grads_out_put(w, 0, 10, g));
     sbp_grads_out_abort(w);
     sbp_grads_out_abort(NULL);
@@ -307,11 +307,12 @@ START_TEST(grads_out_refusals) {
         signal(SIGXFSZ, SIG_IGN);
         struct rlimit rl = {4096, 4096};
         setrlimit(RLIMIT_FSIZE, &rl);
-        int ok = sbp_grads_out_open(&w, path, &ps, SBP_FP32, NULL, &err) == SBP_OK;
+        int ok = sbp_grads_out_open(&w, path, &ps, SBP_FP32, &err) == SBP_OK;
+        ok = ok && sbp_grads_out_begin(w, meta, &err) == SBP_OK;
         ok = ok && !sbp_grads_out_put(w, 0, ps.total, g);
         ok = ok && sbp_grads_out_error(w, &err) == SBP_EIO && strstr(err.msg, "write failed");
         ok = ok && !sbp_grads_out_put(w, 0, 1, g); /* not called again after a failure */
-        ok = ok && sbp_grads_out_commit(w, NULL, &err) == SBP_EIO;
+        ok = ok && sbp_grads_out_commit(w, meta, &err) == SBP_EIO;
         _exit(ok ? 0 : 1);
     }
     int status = 0;

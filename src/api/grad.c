@@ -165,10 +165,12 @@ static sbp_status sink_step(sbp_grad_result *res, const sbp_model *m, const sbp_
     if (st) return st;
     eo.ev = &ev;
     eo.fold = 1, eo.bucket_hook = sink_piece, eo.hook_ctx = &sc;
-    st = engine(&res->loss, NULL, m, b, &eo, opts->device, lg, err);
-    sbp_obj_end(&ev);
+    /* all but the loss before the first piece, and the loss too (the head's, the first piece's
+     * step): a sink can write what the result says of the step with its first piece */
     res->n_targets = b->n_targets;
     res->block = eo.block, res->chunk = eo.chunk, res->logit_chunk = eo.logit_chunk;
+    st = engine(&res->loss, NULL, m, b, &eo, opts->device, lg, err);
+    sbp_obj_end(&ev);
     if (st == SBP_EIO && sc.bad < 0)
         return sbp_fail(err, SBP_EIO, "the gradient's sink refused a piece of it");
     if (st) return st;

@@ -390,6 +390,26 @@ static sbp_status save(const grad_args *a, const sbp_model *m, const sbp_batch *
     return sbp_grads_save(a->out, ps, a->prec, r->grads, l.kv, err);
 }
 
+/* The gradient file written as the step runs (sbp_grads_out): its header, with the step's loss
+ * and settings, fixed at the first piece, when the result holds them, so that the file's bytes
+ * are those of a held gradient's. */
+typedef struct {
+    sbp_grads_out *w;
+    const grad_args *a;
+    const sbp_batch *b;
+    const sbp_grad_result *r;
+    meta_list ml;
+} grads_out;
+
+static int put_piece(void *ctx, int64_t off, int64_t n, const void *g) {
+    grads_out *go = ctx;
+    if (go->w && sbp_grads_out_error(go->w, NULL) == SBP_OK && go->ml.n == 0) {
+        meta_of(&go->ml, go->a, go->b, go->r);
+        if (sbp_grads_out_begin(go->w, go->ml.kv, NULL)) return 0;
+    }
+    return sbp_grads_out_put(go->w, off, n, g);
+}
+
 /* The step's planned peak (sbp_plan) against the memory available, before the weights are
  * loaded: a step that cannot fit is refused with both numbers instead of being killed halfway
  * (or, with overcommit, taking the machine down). Micro-batches run one after the other, so the
@@ -500,23 +520,21 @@ int cmd_grad(int argc, char **argv) {
     if (!st) st = obj_reference(&a.obj, b, a.n_batches, &m.cfg, a.prec, &a.g, &lg, &err);
     /* the gradient file opened before the step, each piece written as the backward completes
      * it (the header, with the loss, last) */
-    sbp_grads_out *gout = NULL;
-    meta_list ml;
+    grads_out go = {.a = &a, .b = b, .r = &r};
     if (!st && a.g.grad_sink) {
-        meta_of(&ml, &a, b, &r);
-        st = sbp_grads_out_open(&gout, a.out, a.g.lora ? &a.g.lora->params : &m.params, a.prec,
-                                ml.kv, &err);
-        a.g.grad_sink_ctx = gout;
+        st = sbp_grads_out_open(&go.w, a.out, a.g.lora ? &a.g.lora->params : &m.params, a.prec,
+                                &err);
+        a.g.grad_sink = put_piece, a.g.grad_sink_ctx = &go;
     }
     double t0 = sbp_now_seconds();
     if (!st) st = sbp_grad_batches(&r, &m, b, a.n_batches, &a.g, &lg, &err);
     double secs = sbp_now_seconds() - t0;
-    if (gout && st) { /* a failed write says why in its own words */
-        sbp_grads_out_error(gout, &err);
-        sbp_grads_out_abort(gout);
-    } else if (gout) {
-        meta_of(&ml, &a, b, &r);
-        st = sbp_grads_out_commit(gout, ml.kv, &err);
+    if (go.w && st) { /* a failed write says why in its own words */
+        sbp_grads_out_error(go.w, &err);
+        sbp_grads_out_abort(go.w);
+    } else if (go.w) {
+        meta_of(&go.ml, &a, b, &r);
+        st = sbp_grads_out_commit(go.w, go.ml.kv, &err);
     }
     /* under mpirun every process takes part: each holds its share of the gradient */
     if (!st && a.out && !a.g.grad_sink && (rank == 0 || sbp_comm_size(comm) > 1))

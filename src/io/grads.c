@@ -35,23 +35,24 @@ sbp_status sbp_grads_save(const char *path, const sbp_params *ps, sbp_precision 
 /* ---------------------------------------------------------------------------------------------
  * Piece by piece. The file's data region is the slab itself (the table's tensors in order, each
  * at its slab offset: checked at open), so a piece [off, off + n) of the slab is one write at
- * data + off·esz, in whatever order the backward completes the pieces. The header goes in last,
- * into the room reserved at open: 8 + `room` bytes, space-padded as safetensors allows. */
-
-enum { META_SLACK = 1024 }; /* what the metadata may grow by between open and commit */
+ * data + off·esz, in whatever order the backward completes the pieces. The header, and so where
+ * the data starts, is fixed before the first piece (sbp_grads_out_begin) and written at the
+ * commit: the file's bytes are sbp_grads_save's. */
 
 struct sbp_grads_out {
     sbp_outfile o;
     sbp_st_entry *e;
     int n;
-    size_t esz, room;      /* bytes per element; the header's reserved length */
+    size_t esz;
+    char *header;          /* the header's text, once begun (NULL before) */
+    size_t padded;         /* its padded length: the data start at 8 + padded */
     int64_t total, filled; /* elements of the slab; elements written so far */
-    sbp_status failed;     /* the first write's failure (SBP_OK: none), its message in err */
+    sbp_status failed;     /* the first failure (SBP_OK: none), its message in err */
     sbp_err err;
 };
 
 sbp_status sbp_grads_out_open(sbp_grads_out **out, const char *path, const sbp_params *ps,
-                              sbp_precision prec, const char *const *meta, sbp_err *err) {
+                              sbp_precision prec, sbp_err *err) {
     *out = NULL;
     int64_t at = 0;
     for (int i = 0; i < ps->n; at += ps->p[i].numel, i++)
@@ -65,11 +66,7 @@ sbp_status sbp_grads_out_open(sbp_grads_out **out, const char *path, const sbp_p
     }
     w->n = ps->n, w->total = at;
     w->esz = prec == SBP_FP64 ? sizeof(double) : sizeof(float);
-    char *text = sbp_st_header(&w->room, w->e, w->n, meta);
-    free(text);
-    sbp_status st = text ? SBP_OK : sbp_fail(err, SBP_ENOMEM, "%s: cannot format the header", path);
-    w->room += META_SLACK;
-    if (!st) st = sbp_outfile_open(&w->o, path, err);
+    sbp_status st = sbp_outfile_open(&w->o, path, err);
     if (st) {
         free(w->e), free(w);
         return st;
@@ -78,15 +75,27 @@ sbp_status sbp_grads_out_open(sbp_grads_out **out, const char *path, const sbp_p
     return SBP_OK;
 }
 
+sbp_status sbp_grads_out_begin(sbp_grads_out *w, const char *const *meta, sbp_err *err) {
+    if (!w->failed && w->header)
+        w->failed = sbp_fail(&w->err, SBP_EUSAGE, "%s: the header was fixed already", w->o.path);
+    else if (!w->failed && !(w->header = sbp_st_header(&w->padded, w->e, w->n, meta)))
+        w->failed = sbp_fail(&w->err, SBP_ENOMEM, "%s: cannot format the header", w->o.path);
+    if (w->failed && err) *err = w->err;
+    return w->failed;
+}
+
 int sbp_grads_out_put(void *ctx, int64_t off, int64_t n, const void *g) {
     sbp_grads_out *w = ctx;
     if (w->failed) return 0;
-    if (off < 0 || n < 0 || off > w->total - n)
+    if (!w->header)
+        w->failed = sbp_fail(&w->err, SBP_EUSAGE,
+                             "%s: a gradient piece before the header was fixed", w->o.path);
+    else if (off < 0 || n < 0 || off > w->total - n)
         w->failed = sbp_fail(&w->err, SBP_EUSAGE,
                              "%s: a gradient piece [%lld, %lld) outside its %lld elements",
                              w->o.path, (long long)off, (long long)(off + n), (long long)w->total);
     else
-        w->failed = sbp_outfile_pwrite(&w->o, 8 + w->room + (uint64_t)off * w->esz, g,
+        w->failed = sbp_outfile_pwrite(&w->o, 8 + w->padded + (uint64_t)off * w->esz, g,
                                        (size_t)n * w->esz, &w->err);
     if (!w->failed) w->filled += n;
     return !w->failed;
@@ -98,6 +107,7 @@ sbp_status sbp_grads_out_error(const sbp_grads_out *w, sbp_err *err) {
 }
 
 static void out_free(sbp_grads_out *w) {
+    free(w->header);
     free(w->e);
     free(w);
 }
@@ -107,23 +117,26 @@ sbp_status sbp_grads_out_commit(sbp_grads_out *w, const char *const *meta, sbp_e
     size_t padded = 0;
     char *text = NULL;
     if (st)
-        *err = w->err; /* the file was removed when the write failed */
+        *err = w->err; /* a failed write removed the file */
+    else if (!w->header && w->total > 0)
+        st = sbp_fail(err, SBP_EUSAGE, "%s: no gradient piece was written", w->o.path);
+    else if (!w->header && !(w->header = sbp_st_header(&w->padded, w->e, w->n, meta)))
+        st = sbp_fail(err, SBP_ENOMEM, "%s: cannot format the header", w->o.path);
     else if (w->filled != w->total)
         st = sbp_fail(err, SBP_EUSAGE, "%s: %lld of the gradient's %lld elements were written",
                       w->o.path, (long long)w->filled, (long long)w->total);
     else if (!(text = sbp_st_header(&padded, w->e, w->n, meta)))
         st = sbp_fail(err, SBP_ENOMEM, "%s: cannot format the header", w->o.path);
-    else if (padded > w->room)
-        st = sbp_fail(err, SBP_EUSAGE,
-                      "%s: the metadata grew by more than the %d bytes kept for it at open",
-                      w->o.path, META_SLACK);
-    if (!st) { /* the header text padded with spaces to the room kept, its length before it */
-        unsigned char *h = malloc(8 + w->room);
-        const size_t len = strlen(text);
+    else if (strcmp(text, w->header) != 0) /* the data start where the first header put them */
+        st = sbp_fail(err, SBP_EUSAGE, "%s: the metadata changed after the header was fixed",
+                      w->o.path);
+    if (!st) { /* the length, the text and its padding, as sbp_st_write_header writes them */
+        const size_t len = strlen(w->header);
+        unsigned char *h = malloc(8 + w->padded);
         if (!h) st = sbp_fail(err, SBP_ENOMEM, "out of memory");
-        for (int i = 0; h && i < 8; i++) h[i] = (unsigned char)((uint64_t)w->room >> (8 * i));
-        if (h) memcpy(h + 8, text, len), memset(h + 8 + len, ' ', w->room - len);
-        if (h) st = sbp_outfile_pwrite(&w->o, 0, h, 8 + w->room, err);
+        for (int i = 0; h && i < 8; i++) h[i] = (unsigned char)((uint64_t)w->padded >> (8 * i));
+        if (h) memcpy(h + 8, w->header, len), memset(h + 8 + len, ' ', w->padded - len);
+        if (h) st = sbp_outfile_pwrite(&w->o, 0, h, 8 + w->padded, err);
         free(h);
     }
     free(text);
