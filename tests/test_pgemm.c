@@ -11,7 +11,8 @@
  * real = float and its three names renamed, so that its float32 micro-kernel, packs and edge
  * paths are checked with every operand layout the linear layers use — not only the public
  * C = A·Bᵀ entry. The shapes are chosen against every tile size in gemm.c: M and N not multiples
- * of any MR or NR (6, 12; 8, 16, 32), K across one and two k blocks (KC ≤ 512) and the
+ * of any MR or NR (6, 12; 8, 16, 32), K across one and two k blocks (KC ≤ 512; a product that
+ * does not fold: one block of 1100 across narrowed column blocks, two of 1150) and the
  * transposing packs' 8- or 16-step blocks, M across row blocks (MC ≤ 96) and, with enough of
  * them for whole-row tasks (M > 4·MC per thread), across the half blocks at the end, N across a
  * column block (NC = 2048); operands with row strides wider than their rows; special values (±0,
@@ -49,10 +50,10 @@ void pgemm_set(double *C, size_t ldc, double *ws, const double *A, size_t rsa, s
                const double *B, size_t rsb, size_t csb, int M, int N, int K);
 
 /* M, N, K: ragged against every tile and block size named above */
-static const int shapes[][3] = {{1, 1, 1},     {5, 7, 3},     {6, 16, 8},    {7, 17, 9},
-                                {11, 15, 33},  {13, 31, 255}, {25, 47, 257}, {97, 33, 100},
-                                {61, 45, 513}, {19, 9, 1100}, {3, 2100, 20}, {0, 5, 5},
-                                {5, 0, 5},     {4, 6, 0},     {301, 40, 70}, {800, 20, 30}};
+static const int shapes[][3] = {
+    {1, 1, 1},     {5, 7, 3},     {6, 16, 8},    {7, 17, 9},    {11, 15, 33},    {13, 31, 255},
+    {25, 47, 257}, {97, 33, 100}, {61, 45, 513}, {19, 9, 1100}, {3, 2100, 20},   {0, 5, 5},
+    {5, 0, 5},     {4, 6, 0},     {301, 40, 70}, {800, 20, 30}, {40, 700, 1100}, {9, 2100, 2300}};
 enum { NSHAPES = sizeof shapes / sizeof shapes[0] };
 
 static uint64_t lcg(uint64_t *s) {
