@@ -181,6 +181,17 @@ START_TEST(fold_memory) {
 }
 END_TEST
 
+/* The plan peaks where the measured step peaks, in total and in every category, to the byte. */
+static void assert_planned(const sbp_ledger *plan, const sbp_ledger *real, const char *what) {
+    ck_assert_msg(plan->peak_total == real->peak_total, "%s: planned %lld, measured %lld", what,
+                  (long long)plan->peak_total, (long long)real->peak_total);
+    for (int c = 0; c < SBP_MEM_NCATS; c++)
+        ck_assert_msg(plan->peak[c] == real->peak[c] && plan->at_peak[c] == real->at_peak[c],
+                      "%s: %s planned %lld (%lld at the peak), measured %lld (%lld)", what,
+                      sbp_mem_cat_name(c), (long long)plan->peak[c], (long long)plan->at_peak[c],
+                      (long long)real->peak[c], (long long)real->at_peak[c]);
+}
+
 /* The planner charges the fold: a step of four micro-batches of one shape, planned with
  * micro_batches = 4, peaks where the measured step peaks, in every category, to the byte. */
 START_TEST(plan_counts_fold) {
@@ -202,14 +213,7 @@ START_TEST(plan_counts_fold) {
     sbp_plan_opts po = {
         .grad = o, .B = b.B, .T = b.T, .storage_bytes = 4, .micro_batches = N_MICRO};
     if (sbp_plan(&plan, &m.cfg, &po, &err)) ck_abort_msg("plan: %s", err.msg);
-    ck_assert_msg(plan.peak_total == real.peak_total, "%s: planned %lld, measured %lld",
-                  models[_i % 2], (long long)plan.peak_total, (long long)real.peak_total);
-    for (int c = 0; c < SBP_MEM_NCATS; c++)
-        ck_assert_msg(plan.peak[c] == real.peak[c] && plan.at_peak[c] == real.at_peak[c],
-                      "%s: %s planned %lld (%lld at the peak), measured %lld (%lld)",
-                      models[_i % 2], sbp_mem_cat_name(c), (long long)plan.peak[c],
-                      (long long)plan.at_peak[c], (long long)real.peak[c],
-                      (long long)real.at_peak[c]);
+    assert_planned(&plan, &real, models[_i % 2]);
     sbp_grad_result_free(&r, &real);
     sbp_batch_free(&b);
     sbp_model_free(&m, &real);
@@ -330,6 +334,15 @@ typedef struct {
     int esz, pieces, refuse_at; /* refuse_at: the piece refused (-1: none) */
 } collector;
 
+/* A collector of n elements of esz bytes that refuses piece refuse_at (-1: none). */
+static collector new_collector(int64_t n, int esz, int refuse_at) {
+    return (collector){.slab = n ? calloc((size_t)n, (size_t)esz) : NULL,
+                       .seen = n ? calloc((size_t)n, 1) : NULL,
+                       .n = n,
+                       .esz = esz,
+                       .refuse_at = refuse_at};
+}
+
 static int collect(void *ctx, int64_t off, int64_t n, const void *g) {
     collector *c = ctx;
     if (c->pieces == c->refuse_at) return c->pieces++, 0;
@@ -357,7 +370,7 @@ START_TEST(sink_bits) {
     if (sbp_grad(&held, &m, &b[1], &o, NULL, &err)) ck_abort_msg("%s", err.msg);
     const int64_t n = c->lora ? a.params.total : m.params.total;
     const int esz = c->prec == SBP_FP64 ? 8 : 4;
-    collector col = {calloc((size_t)n, esz), calloc((size_t)n, 1), n, {0}, esz, 0, -1};
+    collector col = new_collector(n, esz, -1);
     o.grad_sink = collect, o.grad_sink_ctx = &col;
     if (sbp_grad(&sunk, &m, &b[1], &o, NULL, &err)) ck_abort_msg("%s", err.msg);
     ck_assert_ptr_null(sunk.grads);
@@ -399,13 +412,7 @@ START_TEST(sink_memory) {
         ck_abort_msg("%s", err.msg);
     if (sbp_batch_load(&b, "data/batches/sft-demo.safetensors", &m.cfg, &err))
         ck_abort_msg("%s", err.msg);
-    collector col = {calloc((size_t)m.params.total, 4),
-                     calloc((size_t)m.params.total, 1),
-                     m.params.total,
-                     {0},
-                     4,
-                     0,
-                     -1};
+    collector col = new_collector(m.params.total, 4, -1);
     sbp_grad_opts o = {.schedule = scheds[_i / 2], .block = 16, .chunk = 32, .logit_chunk = 16};
     o.grad_sink = collect, o.grad_sink_ctx = &col;
     sbp_grad_result r;
@@ -413,14 +420,7 @@ START_TEST(sink_memory) {
     ck_assert_int_eq(real.peak[SBP_MEM_GRADS], fold_scratch_bytes(&m.params, m.cfg.tied, 4));
     sbp_plan_opts po = {.grad = o, .B = b.B, .T = b.T, .storage_bytes = 4};
     if (sbp_plan(&plan, &m.cfg, &po, &err)) ck_abort_msg("plan: %s", err.msg);
-    ck_assert_msg(plan.peak_total == real.peak_total, "%s: planned %lld, measured %lld",
-                  models[_i % 2], (long long)plan.peak_total, (long long)real.peak_total);
-    for (int c = 0; c < SBP_MEM_NCATS; c++)
-        ck_assert_msg(plan.peak[c] == real.peak[c] && plan.at_peak[c] == real.at_peak[c],
-                      "%s: %s planned %lld (%lld at the peak), measured %lld (%lld)",
-                      models[_i % 2], sbp_mem_cat_name(c), (long long)plan.peak[c],
-                      (long long)plan.at_peak[c], (long long)real.peak[c],
-                      (long long)real.at_peak[c]);
+    assert_planned(&plan, &real, models[_i % 2]);
     /* held, the same step peaks higher by the slab less the scratch */
     sbp_ledger held;
     po.grad.grad_sink = NULL;
@@ -445,15 +445,7 @@ START_TEST(sink_refused) {
         ck_abort_msg("%s", err.msg);
     sbp_bucket bk[64];
     const int nb = sbp_grad_buckets(bk, 64, &m.params) - 1; /* the tied embedding's with the head */
-    collector col = {calloc((size_t)m.params.total, 4),
-                     calloc((size_t)m.params.total, 1),
-                     m.params.total,
-                     {0},
-                     4,
-                     0,
-                     _i == 0   ? 0
-                     : _i == 1 ? nb / 2
-                               : nb - 1};
+    collector col = new_collector(m.params.total, 4, _i == 0 ? 0 : _i == 1 ? nb / 2 : nb - 1);
     sbp_grad_opts o = {.schedule = SBP_STREAM, .block = 4, .chunk = 7};
     o.grad_sink = collect, o.grad_sink_ctx = &col;
     sbp_grad_result r;
@@ -502,7 +494,7 @@ START_TEST(sink_refuses_what_it_cannot_take) {
     sbp_lora a = {0};
     const fold_case c = {"llama3-tiny", SBP_FP32, SBP_STREAM, SBP_NUMERICS_FAST, 0, 0, 1};
     load(&m, b, &o, &a, &c);
-    collector col = {NULL, NULL, 0, {0}, 4, 0, -1};
+    collector col = new_collector(0, 4, -1);
     o.grad_sink = collect, o.grad_sink_ctx = &col;
     sbp_err err = {0};
     sbp_grad_result r;

@@ -144,7 +144,8 @@ typedef struct {
 
 static int sink_piece(void *ctx, int64_t off, int64_t n, const void *g) {
     sink_ctx *s = ctx;
-    for (int64_t j = 0; !all_finite(g, n, s->prec) && j < n; j++) {
+    const int finite = all_finite(g, n, s->prec); /* one pass; the element sought only if not */
+    for (int64_t j = 0; !finite && j < n; j++) {
         const double v = s->prec == SBP_FP64 ? ((const double *)g)[j] : ((const float *)g)[j];
         if (isfinite(v)) continue;
         if (s->bad < 0 || off + j < s->bad) s->bad = off + j, s->bad_value = v;

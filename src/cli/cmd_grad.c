@@ -497,7 +497,7 @@ int cmd_grad(int argc, char **argv) {
     /* one step of one micro-batch here: the gradient goes to the file as it forms */
     if (a.out && !a.hold && a.n_batches == 1 && sbp_comm_size(comm) <= 1 &&
         a.g.device == SBP_DEVICE_CPU)
-        a.g.grad_sink = sbp_grads_out_put;
+        a.g.grad_sink = put_piece; /* its context, the file, is opened after the plan */
     if (a.out && sbp_check_writable(a.out, &err)) return dist_exit(comm, "grad", &err);
     /* the model's config and headers and the batches first: they say how large the step is */
     sbp_status st = sbp_model_check(&cfg, a.model, &err);
@@ -524,7 +524,7 @@ int cmd_grad(int argc, char **argv) {
     if (!st && a.g.grad_sink) {
         st = sbp_grads_out_open(&go.w, a.out, a.g.lora ? &a.g.lora->params : &m.params, a.prec,
                                 &err);
-        a.g.grad_sink = put_piece, a.g.grad_sink_ctx = &go;
+        a.g.grad_sink_ctx = &go;
     }
     double t0 = sbp_now_seconds();
     if (!st) st = sbp_grad_batches(&r, &m, b, a.n_batches, &a.g, &lg, &err);
