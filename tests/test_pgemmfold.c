@@ -5,7 +5,7 @@
  * block's chain acc ← fma(a(i,p), b(p,j), acc) from +0, p ascending, then c ← c + acc, blocks in
  * ascending order (kernels.h). Checked in float32 (gemm.c compiled here a second time with its
  * names renamed, as tests/test_pgemm.c does; the float32 build is what the fast mode runs) on
- * shapes across one, two and three k blocks, ragged against every tile, with row strides and the
+ * shapes across one to six k blocks, ragged against every tile, with row strides and the
  * dx operand layout of linear_backward_blocked; the result must not depend on the thread count
  * or on how the rows are split between calls (the schedules' bitwise promise). Last, the error:
  * a sum over 65536 terms (the LM head's dx over a vocabulary) must be at least 4 times closer to
@@ -41,9 +41,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const int shapes[][3] = {{1, 1, 1},        {7, 17, 9},       {13, 31, KC - 1},
-                                {25, 47, KC},     {61, 45, KC + 1}, {19, 9, 2 * KC + 37},
-                                {3, 300, 3 * KC}, {50, 33, 700}};
+/* The last two are as wide as a real model's products (gemm.c's column blocks and its
+ * workspace's sizing then matter) and three and six k blocks deep */
+static const int shapes[][3] = {{1, 1, 1},          {7, 17, 9},          {13, 31, KC - 1},
+                                {25, 47, KC},       {61, 45, KC + 1},    {19, 9, 2 * KC + 37},
+                                {3, 300, 3 * KC},   {50, 33, 700},       {40, 1300, 2 * KC + 5},
+                                {9, 2100, 5 * KC + 3}};
 enum { NSHAPES = sizeof shapes / sizeof shapes[0] };
 
 static uint64_t lcg(uint64_t *s) {
