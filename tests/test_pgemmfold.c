@@ -43,9 +43,15 @@
 
 /* The last two are as wide as a real model's products (gemm.c's column blocks and its
  * workspace's sizing then matter) and three and six k blocks deep */
-static const int shapes[][3] = {{1, 1, 1},          {7, 17, 9},          {13, 31, KC - 1},
-                                {25, 47, KC},       {61, 45, KC + 1},    {19, 9, 2 * KC + 37},
-                                {3, 300, 3 * KC},   {50, 33, 700},       {40, 1300, 2 * KC + 5},
+static const int shapes[][3] = {{1, 1, 1},
+                                {7, 17, 9},
+                                {13, 31, KC - 1},
+                                {25, 47, KC},
+                                {61, 45, KC + 1},
+                                {19, 9, 2 * KC + 37},
+                                {3, 300, 3 * KC},
+                                {50, 33, 700},
+                                {40, 1300, 2 * KC + 5},
                                 {9, 2100, 5 * KC + 3}};
 enum { NSHAPES = sizeof shapes / sizeof shapes[0] };
 

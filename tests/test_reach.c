@@ -8,7 +8,8 @@
  *                     of c <= last − win): every query of a sliding-window layer sees the key
  *                     just before its window;
  *   fast-tile-tail    the key-tile transpose leaves out the last dimension of the head past the
- *                     last whole 16 (head_dim 24: dimension 23 of Kᵀ and Vᵀ stale).
+ *                     last whole 16 (head_dim 24: dimension 23 of Kᵀ and Vᵀ stale), whether
+ *                     AVX-512's element tail, AVX2's 8 × 8 blocks or plain C would write it.
  * Both pass the default matrix (the bundled Qwen3-tiny has no window and head_dim 32), so they
  * passed `streambp verify` before this step; each fails its reach case here, in "fp32 vs truth"
  * (a budget of 4 x the oracle's own float32 error: the one wrong key, or one dimension of the

@@ -55,6 +55,9 @@ size_t tiled_attention_workspace(int blk, int NH, int NKV, int HD) {
 /* xt = x_Jᵀ for a key tile of nk keys: xt[d·W + c] = x_J[c·KV + d], c < nk */
 static void transpose_tile(real *xt, const real *x_J, int nk, int KV, int HD, int W) {
     int d0 = 0;
+#ifdef SBP_PLANT_FAST_TILE_TAIL /* planted (tests/test_reach.c): the last dimension past the */
+    HD -= HD % 16 != 0; /* last whole 16 left out, whichever loop writes it (AVX2's 8s as well) */
+#endif
 #if defined(__AVX512F__) && !defined(SBP_REAL_F64)
     /* 16 × 16 blocks transposed in registers: the element loop wrote rows W reals apart one
      * real at a time (a quarter of the forward's time outside its products, perf) */
@@ -75,13 +78,8 @@ static void transpose_tile(real *xt, const real *x_J, int nk, int KV, int HD, in
     for (int c = nk8; c < nk; c++)
         for (int d = 0; d < d0; d++) xt[(size_t)d * W + c] = x_J[(size_t)c * KV + d];
 #endif
-#ifdef SBP_PLANT_FAST_TILE_TAIL /* planted (tests/test_reach.c): the last dimension of a tail */
-    for (int c = 0; c < nk; c++)
-        for (int d = d0; d + 1 < HD; d++) xt[(size_t)d * W + c] = x_J[(size_t)c * KV + d];
-#else
     for (int c = 0; c < nk; c++)
         for (int d = d0; d < HD; d++) xt[(size_t)d * W + c] = x_J[(size_t)c * KV + d];
-#endif
 }
 
 /* xc = x_J, n rows of HD reals from rows ld apart into contiguous ones */
