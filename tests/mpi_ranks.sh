@@ -360,7 +360,9 @@ rc=$?
     ok "seq-llama-stream --seq-ranks 2 over TCP on loopback: the same bytes as one process" ||
     bad "seq-llama-stream --seq-ranks 2 over TCP: exit $rc ($(grep -m1 streambp "$TMP/log"))"
 # a rank's ledger peak falls with S on a model whose layer inputs dominate (32 layers of 64,
-# T = 4096): S = 2 below 0.7 x one process's, S = 4 below S = 2; and plan --seq-ranks S plans the
+# T = 4096): S = 2 below 0.75 x one process's (the weights and a layer's working set, 28% of one
+# process's peak, do not split, so 0.64 is the floor; 0.70 read 0.69997 and flipped with a few KiB
+# of product workspace), S = 4 below S = 2; and plan --seq-ranks S plans the
 # rank holding the most to the byte (stream, S = 2, 3, 4; full, S = 2)
 if seq_full; then
     python3 -c '
@@ -391,7 +393,7 @@ u = mb.lcg(7); mb.write(sys.argv[1], [mb.custom(u, 4096, "i" * 100 + "v" * 3996)
         ok "--seq-ranks 2 --seq-overlap, rows cut by work (tall model): one process's bytes" ||
         bad "--seq-ranks 2 --seq-overlap, rows cut by work (tall model): not one process's bytes"
     if [ -n "${SEQPEAK[1]}" ] && [ -n "${SEQPEAK[2]}" ] && [ -n "${SEQPEAK[4]}" ] &&
-        [ $((SEQPEAK[2] * 10)) -lt $((SEQPEAK[1] * 7)) ] && [ "${SEQPEAK[4]}" -lt "${SEQPEAK[2]}" ]; then
+        [ $((SEQPEAK[2] * 4)) -lt $((SEQPEAK[1] * 3)) ] && [ "${SEQPEAK[4]}" -lt "${SEQPEAK[2]}" ]; then
         ok "--seq-ranks: a rank's peak falls with S (${SEQPEAK[1]}, ${SEQPEAK[2]}, ${SEQPEAK[4]} bytes)"
     else
         bad "--seq-ranks: peaks ${SEQPEAK[1]:-?}, ${SEQPEAK[2]:-?}, ${SEQPEAK[4]:-?} bytes (S = 1, 2, 4)"

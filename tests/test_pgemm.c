@@ -13,11 +13,11 @@
  * C = A·Bᵀ entry. The shapes are chosen against every tile size in gemm.c: M and N not multiples
  * of any MR or NR (6, 12; 8, 16, 32), K across one and two k blocks (KC ≤ 512; a product that
  * does not fold: one block of 1100 across narrowed column blocks, two of 1150) and the
- * transposing packs' 8- or 16-step blocks, M across row blocks (MC ≤ 96) and, with enough of
+ * transposing packs' 8- or 16-step blocks, M across row blocks (MC = 48) and, with enough of
  * them for whole-row tasks (M > 4·MC per thread), across the half blocks at the end, N across a
  * column block (NC = 2048); operands with row strides wider than their rows; special values (±0,
- * subnormals, ±Inf, NaN, overflow). Last, the attention tiles' product (fast/tile_mm.c) on every
- * remainder of its row blocks. */
+ * subnormals, ±Inf, NaN, overflow). Then the workspace, the same size in every build; last, the
+ * attention tiles' product (fast/tile_mm.c) on every remainder of its row blocks. */
 #undef SBP_REAL_F64
 #define pgemm                 test_pgemm_f32
 #define pgemm_set             test_pgemm_set_f32
@@ -184,6 +184,28 @@ START_TEST(f32_row_split) {
 }
 END_TEST
 
+/* The workspace a plan counts is the same reals in every build, AVX-512, AVX2 or plain C, float32
+ * or float64: the packed B block of KC × (NC + 32) and one A block of KC × 60 a thread, each k and
+ * column block cut to the product's K and N. The ledger's peaks the docs quote hang on it, and an
+ * AVX2 machine read other peaks than an AVX-512 one when it followed the build's tile. */
+START_TEST(workspace_any_isa) {
+    static const int nk[][2] = {{1, 1}, {64, 64}, {1000, 300}, {5000, 512}, {151936, 1024}};
+    const int saved = omp_get_max_threads();
+    for (int nth = 1; nth <= 3; nth++) {
+        omp_set_num_threads(nth);
+        for (size_t i = 0; i < sizeof nk / sizeof nk[0]; i++) {
+            const size_t n = (size_t)(nk[i][0] < 2048 ? nk[i][0] : 2048);
+            const size_t k = (size_t)(nk[i][1] < 512 ? nk[i][1] : 512);
+            const size_t want = k * (n + 32) + (size_t)nth * k * 60;
+            ck_assert_uint_eq(test_pgemm_workspace_f32(nk[i][0], nk[i][1]), want);
+            ck_assert_uint_eq(pgemm_workspace(nk[i][0], nk[i][1]), want);
+        }
+    }
+    omp_set_num_threads(saved);
+    ck_assert_uint_eq(pgemm_workspace(0, 5), 0);
+}
+END_TEST
+
 /* The attention tiles' product (src/kernels/fast/tile_mm.c, float64 objects): every row count
  * 1..13 (full blocks of MR = 6 rows, then each remainder block of 1 to 5 rows), column counts
  * across its vector blocks and scalar tail, A plain or read transposed, beta 0 or 1: each element
@@ -232,6 +254,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, f32_chains);
     tcase_add_test(tc, f64_chains);
     tcase_add_test(tc, f32_row_split);
+    tcase_add_test(tc, workspace_any_isa);
     tcase_add_test(tc, tile_mm_rows);
     suite_add_tcase(s, tc);
     return s;

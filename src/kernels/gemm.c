@@ -39,20 +39,23 @@
  * product wider than 2048 in the bench model): its packed B block is 4 MB instead of 8.5, which
  * is the fast mode's whole product workspace, and its forward read 84–90 GFLOP/s against 80–84
  * (2048 × 32000 × 512, alternated). AVX2 + FMA (16 ymm registers): a 6 × 16 float tile (12
- * accumulators, two B vectors and a broadcast), MC 96. KC 512 everywhere: it is the engine's
- * default token block, so the fast dW sums its blocks inside pgemm_fold (linear.c) instead of
- * one product per 192-row panel per block and an extra pass; and one k block covers the bench
- * model's K = 512. A deeper product that does not fold takes longer k blocks within the same
- * workspace (blocking_of). AVX2 (x86-64-v3 build, OpenBLAS Haswell kernels, Zen 4,
+ * accumulators, two B vectors and a broadcast), MC 96 until 2026-12-07 (below). KC 512 everywhere:
+ * it is the engine's default token block, so the fast dW sums its blocks inside pgemm_fold
+ * (linear.c) instead of one product per 192-row panel per block and an extra pass; and one k block
+ * covers the bench model's K = 512. A deeper product that does not fold takes longer k blocks
+ * within the same workspace (blocking_of). AVX2 (x86-64-v3 build, OpenBLAS Haswell kernels, Zen 4,
  * bench/pgemm_rates.c at T = 2048, 2026-12-04): a step's products 0.78–0.80 of OpenBLAS's tile grid
  * on 2 threads with KC 256, 0.95–0.99 with KC 512 (dW 0.59–0.69 → 0.78–1.01), and 1.00 → 1.03–1.04
  * on 1 thread (CPU time); KC 256 had been chosen on 1 thread alone, where KC 384 and 512, MC 48,
- * 144 and 192 were within ±3% of it. Plain C keeps its earlier, unmeasured MC. */
+ * 144 and 192 were within ±3% of it. MC 48 on every instruction set, so that the workspace (and
+ * with it every plan and ledger peak) is the same on every machine (WS_NR, WS_MCR below): on AVX2
+ * (Zen 3, 2 threads, bench/pgemm_rates.c at T = 2048, 2026-12-07) MC 48 read 1.040–1.068 of
+ * OpenBLAS's tile grid over a step's products against 1.058–1.077 with MC 96, alternated. */
 enum {
     NR = 2 * VEC_BYTES / (int)sizeof(real), /* two vectors of outputs per row of the tile */
     MR = VEC_BYTES == 64 ? 12 : 6,          /* rows: MR·2 accumulators + B + broadcast fit */
     KC = 512,
-    MC = VEC_BYTES == 64 ? 48 : 96,
+    MC = 48,
     NC = 2048,
     KF = 2048,      /* the longest k block of a product that does not fold: blocking_of */
     NCMIN = 256,    /* its narrowest column block */
@@ -283,11 +286,18 @@ static size_t a_block(int kc) {
     return (size_t)kc * (MC + MR);
 }
 
+/* The workspace is sized for the widest tile of any build (AVX-512's NR 32 and MC + MR 60), not
+ * this build's: the planner counts it, the docs quote the ledger's peaks, and a plan must be the
+ * same bytes on an AVX2 machine as on an AVX-512 one. */
+enum { WS_NR = 32, WS_MCR = 60 };
+_Static_assert((int)NR <= (int)WS_NR && (int)MC + (int)MR <= (int)WS_MCR,
+               "every build's blocks fit the planned workspace");
+
 /* The workspace of a product of depth K and N columns: its blocks at k blocks of KC and column
- * blocks of NC (or less). */
+ * blocks of NC (or less), in any build. */
 static size_t workspace_of(int N, int K, int nth) {
-    const int kc = K < KC ? K : KC;
-    return b_block(N < NC ? N : NC, kc) + (size_t)nth * a_block(kc);
+    const size_t kc = (size_t)(K < KC ? K : KC);
+    return kc * ((size_t)(N < NC ? N : NC) + WS_NR) + (size_t)nth * kc * WS_MCR;
 }
 
 /* The blocking of a product: k blocks of kc (the last may be shorter), column blocks of nc. Folded,
