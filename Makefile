@@ -591,7 +591,7 @@ format-cuda:
 COV_MIN       := 97
 COV_MIN_SUITE := 99
 COV_BUILD     := build-cov
-COV_RUN        = LLVM_PROFILE_FILE=$(COV_BUILD)/prof/%p.profraw OMP_WAIT_POLICY=passive
+COV_RUN        = LLVM_PROFILE_FILE=$(COV_BUILD)/prof/%p.profraw GOMP_SPINCOUNT=1000 KMP_BLOCKTIME=1
 .PHONY: coverage
 coverage: SHELL := /bin/bash
 coverage: .SHELLFLAGS := -o pipefail -c
@@ -608,7 +608,7 @@ coverage: deps
 	@if [ "$(MPI)" = 1 ] && command -v mpirun >/dev/null; then \
 	  echo "== mpirun -np 2 $(COV_BUILD)/streambp verify --ranks 2"; \
 	  $(COV_RUN) OMP_NUM_THREADS=1 timeout 300 mpirun --oversubscribe --allow-run-as-root \
-	    --mca btl self,vader -x LLVM_PROFILE_FILE -x OMP_WAIT_POLICY -x OMP_NUM_THREADS -np 2 \
+	    --mca btl self,vader -x LLVM_PROFILE_FILE -x GOMP_SPINCOUNT -x KMP_BLOCKTIME -x OMP_NUM_THREADS -np 2 \
 	    $(COV_BUILD)/streambp verify --ranks 2 > $(COV_BUILD)/ranks.txt 2>&1 || \
 	  { tail -20 $(COV_BUILD)/ranks.txt; echo "coverage: streambp verify --ranks 2 failed"; exit 1; }; \
 	  tail -2 $(COV_BUILD)/ranks.txt; fi

@@ -50,11 +50,9 @@ import time
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 DEFAULT_TIMEOUT = 300
 # The blocks run as a user's shell would: not inside the make that may have started this script.
-# As in tests/run.sh, OpenMP threads wait passively unless told otherwise: spinning threads steal
-# the cores from the other processes of a loaded machine (a tiny train block took minutes), and
-# the wait policy changes no result.
+# The OpenMP wait is streambp's own default (a short spin, then sleep: src/cli/main.c), as a
+# user's shell gets it, unless the caller's environment chose; it changes no result.
 ENV = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-ENV.setdefault("OMP_WAIT_POLICY", "passive")
 MARKER = re.compile(r"^\s*<!--\s*doctest:\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)(.*)$")
 # a number: thousands separated by commas or not, a decimal part; not inside a longer number or

@@ -27,23 +27,27 @@ static int fix_openblas_core(void) {
     return core && setenv("OPENBLAS_CORETYPE", core, 1) == 0;
 }
 
-/* OpenMP threads (ours and OpenBLAS's, one runtime) that wait at a barrier spin first: GCC's
- * libgomp about 300,000 rounds before it sleeps. Beside other busy processes a spinning thread
- * holds a core the thread it waits for needs: the tiny demo's step took 1-3 s instead of 0.1 s
- * (docs/performance.md#threads-and-a-busy-machine). Passive waiting cost a calm machine nothing
- * measurable there, so it is the default unless the user chose a policy
- * (OMP_WAIT_POLICY, or libgomp's GOMP_SPINCOUNT). libgomp reads the variable when it loads,
- * before main, so the caller runs the process again. 1 when it set the variable. */
-static int quiet_openmp_wait(void) {
-    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return 0;
-    return setenv("OMP_WAIT_POLICY", "passive", 1) == 0;
+/* OpenMP threads (ours and OpenBLAS's) that wait at a barrier spin first: GCC's libgomp about
+ * 300,000 rounds before it sleeps, LLVM's libomp (a clang build) 200 ms. Beside other busy
+ * processes a spinning thread holds a core the thread it waits for needs: the tiny demo's step
+ * took 1-3 s instead of 0.1 s. Sleeping at once (OMP_WAIT_POLICY=passive, the default from
+ * 2026-12-06 to 12-07) costs a futex sleep and a wake-up at every barrier, which some VMs make
+ * dear: on a 2-vCPU AMD Zen 3 KVM guest `verify fd` took 14.9 s (7.8 s of it in the kernel)
+ * against 2.0 s spinning 1,000 rounds first. So a short spin, then sleep: GOMP_SPINCOUNT=1000
+ * (libgomp's own figure for an oversubscribed machine) and KMP_BLOCKTIME=1 (ms, libomp), unless
+ * the user chose (OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME);
+ * docs/performance.md#threads-and-a-busy-machine. The runtimes read the variables when they load,
+ * before main, so the caller runs the process again. 1 when it set them. */
+static int brief_openmp_wait(void) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("KMP_BLOCKTIME")) return 0;
+    return setenv("GOMP_SPINCOUNT", "1000", 1) == 0 && setenv("KMP_BLOCKTIME", "1", 1) == 0;
 }
 
 /* Sets the environment the libraries read when they load, and runs this binary again when that
  * changed anything. A failed exec runs on as we are, with the libraries' own choices. */
 static void library_environment(char **argv) {
     int core = fix_openblas_core();
-    int wait = quiet_openmp_wait();
+    int wait = brief_openmp_wait();
     if (!core && !wait) return;
     execv("/proc/self/exe", argv); /* returns only on failure */
     if (core) unsetenv("OPENBLAS_CORETYPE");
@@ -70,7 +74,8 @@ static const char usage[] =
     "Exit status: 0 success, 1 a check failed (mismatch, NaN/Inf), 2 usage or input error,\n"
     "3 a peer process failed or went silent (under mpirun).\n"
     "Threads: --threads N, else OMP_NUM_THREADS, else every core this process may use; OpenMP\n"
-    "threads wait passively unless OMP_WAIT_POLICY says otherwise (docs/performance.md).\n";
+    "threads spin briefly, then sleep, unless OMP_WAIT_POLICY or GOMP_SPINCOUNT says otherwise\n"
+    "(docs/performance.md).\n";
 
 int main(int argc, char **argv) {
     library_environment(argv);
