@@ -428,7 +428,9 @@ want=$("$BIN" grad --model "$L" --batch "$TMP/badtok.safetensors" $P 2>&1 | grep
 "${MPIRUN[@]}" -np 2 "$BIN" grad --model "$L" --batch "$TMP/badtok.safetensors" $P --seq-ranks 2 \
     --threads 1 --out "$TMP/fail-tok" >"$TMP/log" 2>&1
 rc=$?
-[ $rc = 2 ] && [ -n "$want" ] && [ "$(grep -F -- "$want" "$TMP/log" | grep -c "rank [01]: ")" = 2 ] &&
+# (every rank finds the error and ends the job with MPI_Abort, src/cli/dist_cli.c; the first
+# abort may end the other rank before it prints, so one message or two: it raced on Zen 3)
+[ $rc = 2 ] && [ -n "$want" ] && [ "$(grep -F -- "$want" "$TMP/log" | grep -c "rank [01]: ")" -ge 1 ] &&
     [ ! -e "$TMP/fail-tok" ] && ok "a token outside the vocabulary in rank 1's rows: exit 2 on every rank, one process's message, nothing written" ||
     bad "a token outside the vocabulary in rank 1's rows: exit $rc ($(grep -m1 streambp "$TMP/log"))"
 # HF's rows that see no key attend to every key, the later ranks' too: refused, not run wrong
@@ -436,7 +438,7 @@ rc=$?
 "${MPIRUN[@]}" -np 2 "$BIN" grad --model "$L" --batch $S450 --unattended hf-eager $P --seq-ranks 2 \
     --threads 1 --out "$TMP/fail-un" >"$TMP/log" 2>&1
 rc=$?
-[ $rc = 2 ] && [ "$(grep -c "rank [01]: --unattended hf-eager with --seq-ranks: micro-batch 0 has queries that see no key" "$TMP/log")" = 2 ] &&
+[ $rc = 2 ] && [ "$(grep -c "rank [01]: --unattended hf-eager with --seq-ranks: micro-batch 0 has queries that see no key" "$TMP/log")" -ge 1 ] &&
     [ ! -e "$TMP/fail-un" ] && ok "--unattended hf-eager with rows that see no key: exit 2 on every rank, named, nothing written" ||
     bad "--unattended hf-eager with rows that see no key: exit $rc ($(grep -m1 streambp "$TMP/log"))"
 "${MPIRUN[@]}" -np 4 "$BIN" grad --model "$L" --batch data/batches/seq-dpo-300.safetensors \

@@ -4,13 +4,13 @@
 # if any fails. Every suite works in a temporary directory of its own (tests/testutil.c), so they
 # can run side by side; the longest start first.
 cd "$(dirname "$0")/.." || exit 2
-# OpenMP threads that spin long while waiting steal the cores from another process (a test and
-# the streambp it runs); sleeping at once made every barrier a futex wake-up, which on a Zen 3 VM
-# took make test from ~10 to 19 minutes. streambp's own default, for the test processes too: a
-# short spin, then sleep (src/cli/main.c), unless the caller chose.
-if [ -z "${OMP_WAIT_POLICY}${GOMP_SPINCOUNT}${KMP_BLOCKTIME}" ]; then
-    export GOMP_SPINCOUNT=1000 KMP_BLOCKTIME=1
-fi
+# OpenMP threads that spin while waiting steal the cores from another process (a test and the
+# streambp it runs, and the suite beside it): here, with suites side by side, threads sleep at
+# once. streambp's own default spins 1,000 rounds first (src/cli/main.c), which a lone process
+# on a quiet VM gains 7x from, but with two suites at a time it lost: test_ref, test_schedules,
+# test_gemma3 and test_refgemma two at a time took 96-97 s passive against 121-131 s (2-vCPU
+# Zen 3 VM, 2026-12-07, alternated).
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 # Under make test SAN=1: leaks are errors too (LeakSanitizer, at the exit of every process a
 # test runs, Check's forked test processes included).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
