@@ -262,8 +262,8 @@ portable-builds:
 	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-x86-64 ARCH=x86-64 build-x86-64/streambp
 
 # The AVX2 + FMA path (gemm.c's AVX2 micro-kernel and packs, tile_mm.c's AVX2 branch) on an
-# x86 with AVX2 and AVX-512 (without AVX-512, make test's native build is that path): the tree built for x86-64-v3 into build-avx2 (checked
-# to hold no AVX-512 instruction), then the suites that pin its bits: the golden digests (the
+# x86 with AVX2 and AVX-512 (without AVX-512, make test's native build is that path): the tree
+# built for x86-64-v3 into build-avx2 (checked to hold no AVX-512 instruction), then the suites that pin its bits: the golden digests (the
 # same as every other build's), the schedules, the kernels and the product against the scalar
 # chains (test_pgemm, and the fast mode's folded product, test_pgemmfold), the portable
 # attention's per-tile output (test_attnout), and the fast mode's gradients against a float64

@@ -74,8 +74,8 @@ static const char usage[] =
     "Exit status: 0 success, 1 a check failed (mismatch, NaN/Inf), 2 usage or input error,\n"
     "3 a peer process failed or went silent (under mpirun).\n"
     "Threads: --threads N, else OMP_NUM_THREADS, else every core this process may use; OpenMP\n"
-    "threads spin briefly, then sleep, unless OMP_WAIT_POLICY or GOMP_SPINCOUNT says otherwise\n"
-    "(docs/performance.md).\n";
+    "threads spin briefly, then sleep, unless OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME\n"
+    "says otherwise (docs/performance.md).\n";
 
 int main(int argc, char **argv) {
     library_environment(argv);
