@@ -2,30 +2,46 @@
 # Runs each test binary given on the command line from the repository root, SBP_TEST_JOBS of them
 # at once (default: the number of cores), and prints each one's output in the order given; fails
 # if any fails. Every suite works in a temporary directory of its own (tests/testutil.c), so they
-# can run side by side; the longest start first.
+# can run side by side.
 cd "$(dirname "$0")/.." || exit 2
-# OpenMP threads that spin while waiting steal the cores from another process (a test and the
-# streambp it runs, and the suite beside it): here, with suites side by side, threads sleep at
-# once. streambp's own default spins 1,000 rounds first (src/cli/main.c), which a lone process
-# on a quiet VM gains 7x from, but with two suites at a time it lost: test_ref, test_schedules,
-# test_gemma3 and test_refgemma two at a time took 96-97 s passive against 121-131 s (2-vCPU
-# Zen 3 VM, 2026-12-07, alternated).
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
+jobs="${SBP_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}"
+# Two kinds of suite. Those of `solo` run the verifier's matrix, whose thread group runs 2 threads
+# whatever the default: beside another suite each of its barriers waits for a core the other
+# holds, so they run first, one at a time, with every core. The rest run SBP_TEST_JOBS at a time
+# with one OpenMP thread each unless a test asks for more (--threads, sbp_set_threads): the
+# suites take the cores already, and a second thread would only wait for a core the suite beside
+# it holds. Threads that wait do as streambp's default: 1,000 rounds of spin, then sleep
+# (src/cli/main.c). Measured on the 2-vCPU Zen 3 VM (2026-12-07): test_verify and test_plant
+# side by side at one thread took 240 s, one after the other with 2 threads 86 + 58 s;
+# test_verifygolden, test_reach and test_selftest 79, 45 and 39 s side by side, 23, 15 and 10 s
+# alone; test_cuda_emu, test_plan, test_unattended and test_sumblocks 107, 94, 68 and 41 s side
+# by side, 100, 78, 69 and 32 s alone (so side by side they finish sooner).
+solo="test_verify test_plant test_verifygolden test_reach test_selftest"
+if [ -z "${OMP_WAIT_POLICY-}${GOMP_SPINCOUNT-}${KMP_BLOCKTIME-}" ]; then
+    export GOMP_SPINCOUNT=1000 KMP_BLOCKTIME=1
+fi
 # Under make test SAN=1: leaks are errors too (LeakSanitizer, at the exit of every process a
 # test runs, Check's forked test processes included).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
-jobs="${SBP_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}"
 logs=$(mktemp -d) || exit 2
 trap 'rm -rf "$logs"' EXIT
-slow="test_verify test_ref test_unattended test_plant test_cuda_emu test_schedules test_objectives"
-{
-    for t in "$@"; do case " $slow " in *" ${t##*/} "*) echo "$t" ;; esac; done
-    for t in "$@"; do case " $slow " in *" ${t##*/} "*) ;; *) echo "$t" ;; esac; done
-} | xargs -P "$jobs" -I{} sh -c '
-    t=$1; log=$2/$(echo "$t" | tr / _); s=$(date +%s)
+# One suite: its output to $logs/<name>, its status and seconds to <name>.rc.
+run_one='t=$1; log=$2/$(echo "$t" | tr / _); s=$(date +%s)
     if "$t" >"$log" 2>&1; then r=0; else r=1; fi
     echo "$r $(($(date +%s) - s))" >"$log.rc"
-    echo "   done: $t ($(($(date +%s) - s)) s)"' _ {} "$logs"
+    echo "   done: $t ($(($(date +%s) - s)) s)"'
+for t in "$@"; do
+    case " $solo " in *" ${t##*/} "*) sh -c "$run_one" _ "$t" "$logs" ;; esac
+done
+# the rest, the longest first
+slow="test_ref test_unattended test_cuda_emu test_plan test_schedules test_objectives"
+{
+    for t in "$@"; do case " $slow " in *" ${t##*/} "*) echo "$t" ;; esac; done
+    for t in "$@"; do case " $slow $solo " in *" ${t##*/} "*) ;; *) echo "$t" ;; esac; done
+} | {
+    if [ "$jobs" -gt 1 ]; then export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"; fi
+    xargs -P "$jobs" -I{} sh -c "$run_one" _ {} "$logs"
+}
 status=0
 for t in "$@"; do
     log=$logs/$(echo "$t" | tr / _) secs=

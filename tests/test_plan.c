@@ -39,6 +39,9 @@ START_TEST(plan_equals_measured) {
     const sbp_device dev = _i >= 18 ? SBP_DEVICE_CUDA_EMU : SBP_DEVICE_CPU;
     sbp_numerics num = dev != SBP_DEVICE_CPU ? SBP_NUMERICS_PORTABLE : (sbp_numerics)(_i / 9 % 2);
     if (!sbp_device_built(dev) || skipped_under_asan(_i, 18, 22, 26)) return; /* (f, s) 00 11 22 */
+    /* one thread and two, whatever OMP_NUM_THREADS says (tests/run.sh sets 1): the products' and
+     * the attention's workspaces are per thread */
+    sbp_set_threads(1 + _i % 2);
     for (int chunked = 0; chunked <= (s == SBP_STREAM ? 0 : 1); chunked++) {
         sbp_ledger real = {0}, plan;
         /* on a device the ledger records the device's memory only (as streambp bench's) */
@@ -97,6 +100,7 @@ START_TEST(plan_equals_measured_objectives_lora) {
     /* under the sanitizers one device case, llama3 DPO with an adapter: on one idle core each of
      * these took 85-140 s there (2026-12-06), the three of them 5 of test_plan's 7.8 minutes */
     if (!sbp_device_built(dev) || skipped_under_asan(_i, 23, -1, -1)) return;
+    sbp_set_threads(2); /* per-thread workspaces, whatever OMP_NUM_THREADS says */
     const char *adir = tu_path("plan-adapter-%d", _i);
     if (lora)
         ck_assert_msg(tu_sh("%s lora init --model %s --out %s --r %d --alpha 8 --targets %s",

@@ -113,6 +113,7 @@ END_TEST
 /* sbp_plan's ledger against the measured one. _i: 0 portable (the blocks' scratch), 1 fast
  * (none). */
 START_TEST(plan_equals_measured) {
+    sbp_set_threads(2); /* per-thread workspaces, whatever OMP_NUM_THREADS says */
     sbp_model m;
     sbp_batch b;
     sbp_ledger meas = {0}, plan;

@@ -107,6 +107,7 @@ static void batch_of(sbp_batch *b, int T, int left, int V) {
 /* The planner's peak equals a measured stream step's on the all-local model (the windowed K/V
  * buffers are charged through the same code). */
 START_TEST(plan_equals_measured) {
+    sbp_set_threads(2); /* per-thread workspaces, whatever OMP_NUM_THREADS says */
     sbp_ledger real = {0}, plan;
     sbp_model m;
     sbp_batch b;
