@@ -5,9 +5,9 @@
 # can run side by side.
 cd "$(dirname "$0")/.." || exit 2
 jobs="${SBP_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}"
-# Two kinds of suite. Those of `solo` run the verifier's matrix, whose thread group runs 2 threads
-# whatever the default: beside another suite each of its barriers waits for a core the other
-# holds, so they run first, one at a time, with every core. The rest run SBP_TEST_JOBS at a time
+# Two kinds of suite. Those of `solo` run the verifier, which runs 2 threads in places whatever the
+# default (its thread group): beside another suite each of those barriers waits for a core the
+# other holds, so they run first, one at a time, with every core. The rest run SBP_TEST_JOBS at a time
 # with one OpenMP thread each unless a test asks for more (--threads, sbp_set_threads): the
 # suites take the cores already, and a second thread would only wait for a core the suite beside
 # it holds. Threads that wait do as streambp's default: 1,000 rounds of spin, then sleep
