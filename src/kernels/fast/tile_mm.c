@@ -145,12 +145,11 @@ _Static_assert(MR <= 6, "ROWS's remainder cases");
 /* Why B's column strips are copied (AVX2): a strip of NV·VL columns is k rows of 64 bytes, and
  * in the tiles B's rows are W or HD reals apart (512 bytes at 128), so the strip's 128 lines fall
  * into 8 of L1's 64 sets, twice as many as their 8 ways hold: every block of MR rows read it
- * again from L2. Copied into k contiguous rows it stays in L1 for all m / MR blocks. Qwen3-0.6B's
- * shapes (T = 2048, 16/8 heads of 128), 2 threads, Zen 3: attention forward 122-125 → 137 GFLOP/s,
- * backward 122-124 → 142-149; the bench model's (heads of 64), 1 thread: +3%, +5%. A copy
- * changes no value, so no bit. Not measured on AVX-512, whose strip of 64 columns at k = 128
- * would fill L1 by itself: not done there (the float64 build copies, unmeasured: its strip
- * rows are 64 bytes too). */
+ * again from L2. Copied into k contiguous rows it stays in L1 for all m / MR blocks. Qwen3-0.6B,
+ * T = 2048, 2 threads, Zen 3: the attention's time in a step 1-9% less, the step's 1-5%
+ * (docs/performance.md, "The AVX2 path"). A copy changes no value, so no bit. Not measured on
+ * AVX-512, whose strip of 64 columns at k = 128 would fill L1 by itself: not done there (the
+ * float64 build copies, unmeasured: its strip rows are 64 bytes too). */
 enum { PACK_K = 256 }; /* the largest k copied: W ≤ 128, HD ≤ 256 in the shipped configs */
 
 static void pack_strip(real *pb, const real *B, size_t ldb, int k) {
