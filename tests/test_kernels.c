@@ -1180,9 +1180,11 @@ END_TEST
  * read transposed in place, C and B rows with gaps. The shapes are those of the tiles (128 ×
  * 128 × 64, 128 × 64 × 128) and ragged ones that reach every edge path. */
 START_TEST(tile_mm_chains) {
+    /* m > 6 with k ≤ 256 takes the AVX2 path that copies B's strips; {7, 17, 257} the one that
+     * reads B in place past it */
     static const int shapes[][3] = {{1, 1, 1},      {7, 5, 3},    {13, 37, 64}, {128, 128, 64},
-                                    {128, 64, 128}, {9, 70, 129}, {6, 33, 1}};
-    for (int si = 0; si < 7; si++)
+                                    {128, 64, 128}, {9, 70, 129}, {6, 33, 1},   {7, 17, 257}};
+    for (int si = 0; si < (int)(sizeof shapes / sizeof shapes[0]); si++)
         for (int form = 0; form < 8; form++) { /* A transposed, beta, alpha = 1 or 1/8 */
             const int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
             const int tr = form & 1, beta = form >> 1 & 1;
