@@ -36,7 +36,8 @@
  * and are never −0, are left as they are, dQ's tile part +0 added), so the loops start at the
  * first tile of the window (tile_first) and stop at the last query that can see a tile: which
  * tiles a loop visits depends on the chunk, the bits do not. Without a window (Wn = 0) every
- * bound is the causal one, the chains of the kernel before windows.
+ * bound is the causal one, the chains of the kernel before windows. For the same reason a tile
+ * whose keys are all padding (kmask 0: left padding's first tiles) is skipped everywhere.
  *
  * Layout for the CPU: a tile's keys (and values) are packed transposed, (HD, W), so that the
  * scores of one query against the W keys form W independent chains over d that vectorize. */
@@ -138,7 +139,9 @@ void attention_forward(real *o, real *lse, real *ws, const real *q, const real *
         for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
         memset(acc, 0, sizeof(real) * (size_t)nq * HD);
         for (int j0 = tile_first(i0, win); j0 < i1; j0 += W) {
-            pack_t(kt, k, j0, i1 - j0 < W ? i1 - j0 : W, g, KV, HD);
+            const int nk = i1 - j0 < W ? i1 - j0 : W;
+            if (!attn_tile_has_key(kmask, j0, nk)) continue; /* padding: it adds nothing */
+            pack_t(kt, k, j0, nk, g, KV, HD);
             for (int r = j0 > i0 ? j0 - i0 : 0; r < nq; r++) {
                 const int i = i0 + r, n = i + 1 - j0 < W ? i + 1 - j0 : W, lo = win_lo(i, j0, win);
                 if (lo >= W) break; /* the tile is behind this query's window, and the next's */
@@ -209,7 +212,8 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, cons
 #pragma omp parallel for schedule(dynamic, 1)
     for (int task = 0; task < nktiles * NKV; task++) {
         const int g = task % NKV, j0 = (kfirst + task / NKV) * W, nk = j0 + W < e ? W : e - j0;
-        if (!attn_kv_owned(dm, j0)) continue; /* another rank's keys */
+        /* another rank's keys, or padding only (its dK, dV stay as they are) */
+        if (!attn_kv_owned(dm, j0) || !attn_tile_has_key(kmask, j0, nk)) continue;
         /* queries from last on see no key of the tile: i − win + 1 > j0 + nk − 1 */
         const int last = win && j0 + nk + win - 1 < e ? j0 + nk + win - 1 : e;
         const tile_ws t = carve(ws, HD);
@@ -259,6 +263,7 @@ void attention_backward(real *dq, real *dk, real *dv, real *dsum, real *ws, cons
                    sizeof(real) * HD);
         for (int j0 = tile_first(i0, win); j0 < i1; j0 += W) {
             const int nk = i1 - j0 < W ? i1 - j0 : W;
+            if (!attn_tile_has_key(kmask, j0, nk)) continue; /* padding: dQ += +0 */
             pack_t(kt, k, j0, nk, g, KV, HD);
             pack_t(vt, v, j0, nk, g, KV, HD);
             for (int r = j0 > i0 ? j0 - i0 : 0; r < nq; r++) {

@@ -196,6 +196,16 @@ static inline int attn_kv_owned(const sbp_attn_dims *d, int j0) {
     return !d->kv_hi || (j0 >= d->kv_lo && j0 < d->kv_hi);
 }
 
+/* Whether kmask lets any of the keys [j0, j0 + nk) be seen. A key tile without such a key adds
+ * nothing to any query: its P is 0 and its dS ±0, and every sum it would join (l, O, dQ, dK,
+ * dV, from +0 and never −0) keeps its bits, so the CPU kernels skip it. Left padding makes such
+ * tiles: every tile before a row's first real token, for each of the row's query tiles. */
+static inline int attn_tile_has_key(const uint8_t *kmask, int j0, int nk) {
+    for (int c = 0; c < nk; c++)
+        if (kmask[j0 + c]) return 1;
+    return 0;
+}
+
 /* The row of dk and dv that holds key j in the call d. */
 static inline size_t attn_kv_row(const sbp_attn_dims *d, int j) {
     return (size_t)(d->kv_hi ? j - d->kv_lo : j);

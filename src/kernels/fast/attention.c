@@ -22,7 +22,8 @@
  * per (query tile, head), in ascending query-tile order, straight into the caller's
  * whole-sequence accumulators, so processing queries chunk by chunk adds the same terms in the
  * same order as one pass over all queries. Each output has one owner, so the thread count does
- * not change any bit.
+ * not change any bit. A key tile of padding only (kmask 0) is skipped: its P is 0, its dS ±0,
+ * and its products would add ±0 to sums that start at +0 and are never −0.
  *
  * The products with Kᵀ and Vᵀ read rows of a key tile's transpose, formed by the thread that
  * uses it: once per key tile in the backward (for every query tile and head it meets), once per
@@ -148,6 +149,7 @@ void tiled_attention_forward(real *o, real *lse, real *scratch, const real *q, c
         memset(acc, 0, sizeof(real) * (size_t)rep * W * HD);
         for (int j0 = tile_first(tile * W, win, W); j0 < i1; j0 += W) {
             const int nk = j0 + W < i1 ? W : i1 - j0;
+            if (!attn_tile_has_key(kmask, j0, nk)) continue; /* padding: it adds nothing */
             const size_t kv_J = (size_t)j0 * KV + (size_t)g * HD;
             transpose_tile(kt, k + kv_J, nk, KV, HD, W);
             copy_tile(vc, v + kv_J, nk, KV, HD);
@@ -234,6 +236,7 @@ static void tile_grads(const bwd_args *a, real *P, real *dS, real *dP, const rea
  * dK, dV, dQ (from +0, never −0) would not change. */
 static void key_tile(const bwd_args *a, int g, int j0, int with_kv, int with_dq) {
     const int W = a->W, e = a->e, s = a->s, rep = a->NH / a->NKV, nk = j0 + W < e ? W : e - j0;
+    if (!attn_tile_has_key(a->kmask, j0, nk)) return; /* padding only: its products add ±0 */
     real *P = a->scratch + a->per_thread * (size_t)omp_get_thread_num();
     real *dS = P + (size_t)W * W, *dP = dS + (size_t)W * W, *kt = dP + (size_t)W * W;
     const int HD = a->HD;
@@ -343,6 +346,7 @@ static void backward_pass(real *dq, real *dk, real *dv, real *dsum, real *scratc
         copy_tile(doc, dout + q_I, nq, Q, HD);
         for (int j0 = tile_first(i0, win, W); j0 < i1; j0 += W) {
             const int nk = j0 + W < i1 ? W : i1 - j0;
+            if (!attn_tile_has_key(kmask, j0, nk)) continue; /* padding: dQ += ±0 */
             const size_t kv_J = (size_t)j0 * KV + (size_t)g * HD;
             /* per query tile: pass 2 is the rare form */
             transpose_tile(kt, k + kv_J, nk, KV, HD, W);
