@@ -404,8 +404,8 @@ static double worst_rel_l2(const char *a, const char *b, double *la, double *lb)
 /* grad --lora in float64 against torch_grads.py --lora: every family, SFT, DPO and GRPO, every
  * schedule (a ragged chunk too), at <= 1e-10 per adapter tensor; the schedules bitwise. */
 START_TEST(torch_every_objective_and_schedule) {
-    if (tu_sh("/usr/bin/python3 -c 'import torch, numpy'") != 0) {
-        printf("SKIPPED: PyTorch not importable by /usr/bin/python3 (python3-torch); the LoRA "
+    if (!tu_python_has("/usr/bin/python3", "torch numpy")) {
+        printf("SKIPPED: PyTorch not found by /usr/bin/python3 (python3-torch); the LoRA "
                "cross-check against verify/torch_grads.py was not run\n");
         fflush(stdout);
         return;
@@ -473,8 +473,8 @@ END_TEST
  * torch, transformers, peft and safetensors. */
 START_TEST(peft_cross_check) {
     const char *py = getenv("SBP_PEFT_PYTHON") ? getenv("SBP_PEFT_PYTHON") : "/usr/bin/python3";
-    if (tu_sh("'%s' -c 'import torch, transformers, peft, safetensors'", py) != 0) {
-        printf("SKIPPED: %s cannot import torch, transformers, peft and safetensors; the peft "
+    if (!tu_python_has(py, "torch transformers peft safetensors")) {
+        printf("SKIPPED: %s does not have torch, transformers, peft and safetensors; the peft "
                "cross-check (verify/peft_check.py) was not run (set SBP_PEFT_PYTHON)\n",
                py);
         fflush(stdout);

@@ -7,7 +7,7 @@
  *     batches: every schedule in float64 (≤ 1e-10 rel. L2 per parameter, loss ≤ 1e-12), full,
  *     ckpt and stream bitwise equal with block-multiple chunks, float32 within 1e-4; and
  *     sbp_grad_batches (gradient accumulation) against ref;
- *  3. ref against verify/torch_grads.py (PyTorch autograd, float64), when torch is importable;
+ *  3. ref against verify/torch_grads.py (PyTorch autograd, float64), when torch is installed;
  *  4. GRPO with equal rewards in a group: zero advantages there, finite gradients.
  * The reference values of dpo-noref and of grpo-adv with β > 0 come from a second model (the same
  * config, seed 2): ref_logprobs for ref, sbp_logprobs for src, --ref-model for torch. */
@@ -926,8 +926,8 @@ static double against_torch(const char *path, const sbp_model *m, const double *
 /* Every case of every group on both families: one torch process (--jobs) writes all the gradient
  * files, then each is compared with ref. */
 START_TEST(torch_cross_check) {
-    if (tu_sh("/usr/bin/python3 -c 'import torch'") != 0) {
-        printf("SKIPPED: PyTorch not importable (python3-torch); DPO/GRPO cross-check not run\n");
+    if (!tu_python_has("/usr/bin/python3", "torch")) {
+        printf("SKIPPED: PyTorch not installed (python3-torch); DPO/GRPO cross-check not run\n");
         fflush(stdout);
         return;
     }

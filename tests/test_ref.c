@@ -4,7 +4,7 @@
  *     targets predicted from padded positions, and at a temperature ≠ 1 with random weights;
  *  2. src/ against ref: each family × both bundled batches × every schedule (block-multiple and
  *     ragged chunks), in float64 (≤ 1e-10 rel. L2 per parameter) and float32 (≤ 1e-4);
- *  3. ref against verify/torch_grads.py (PyTorch autograd), when torch is importable;
+ *  3. ref against verify/torch_grads.py (PyTorch autograd), when torch is installed;
  *  4. rows that see no key (zero, hf-eager, hf-sdpa) and LoRA adapters: the oracle by finite
  *     differences (hf-eager, whose gradient is autograd's and not the derivative of its forward,
  *     on the tensors no score depends on, and at a point where it is hf-sdpa's), and src against
@@ -451,15 +451,16 @@ static void save_batch(const char *path, const sbp_batch *b) {
     free(mask);
 }
 
-/* ref against torch_grads.py on one model and batch; returns the worst rel. L2. */
-static double against_torch(const char *family, const char *batch_name, const char *batch_path,
-                            const sbp_model *m, const sbp_batch *b, double *loss_err) {
+/* torch_grads.py's gradient file of one model and batch (torch_cross_check writes them). */
+static const char *torch_file(const char *family, const char *batch_name) {
+    return tu_path("torch-%s-%s.safetensors", family, batch_name);
+}
+
+/* ref against torch_grads.py's file of one model and batch; returns the worst rel. L2. */
+static double against_torch(const char *family, const char *batch_name, const sbp_model *m,
+                            const sbp_batch *b, double *loss_err) {
     char out[700];
-    snprintf(out, sizeof out, "%s/torch-%s-%s.safetensors", tu_tmpdir(), family, batch_name);
-    int rc = tu_sh("/usr/bin/python3 verify/torch_grads.py --model '%s' --batch '%s' --out '%s'",
-                   tu_model(family, 7), batch_path, out);
-    ck_assert_msg(rc == 0, "torch_grads.py failed (%d) on %s %s: %s", rc, family, batch_name,
-                  tu_last_output());
+    snprintf(out, sizeof out, "%s", torch_file(family, batch_name));
     double ref_loss, *g = ref_grads(&ref_loss, m, b);
     sbp_st_file sf;
     sbp_err err = {0};
@@ -495,30 +496,49 @@ static double against_torch(const char *family, const char *batch_name, const ch
 }
 
 START_TEST(torch_cross_check) {
-    if (tu_sh("/usr/bin/python3 -c 'import torch'") != 0) {
-        printf("SKIPPED: PyTorch not importable (python3-torch); cross-check not run\n");
+    if (!tu_python_has("/usr/bin/python3", "torch")) {
+        printf("SKIPPED: PyTorch not installed (python3-torch); cross-check not run\n");
         fflush(stdout);
         return;
     }
+    /* the padding batch, on the first family: torch's no-visible-key rows */
+    char pad_path[700];
+    snprintf(pad_path, sizeof pad_path, "%s/pad-batch.safetensors", tu_tmpdir());
+    sbp_batch pad;
+    sbp_model m0;
+    sbp_batch b;
+    tu_load(&m0, &b, tu_model(families[0], 7), TINY, SBP_FP64);
+    make_pad_batch(&pad, m0.cfg.vocab);
+    save_batch(pad_path, &pad);
+    sbp_batch_free(&b);
+    sbp_model_free(&m0, NULL);
+    /* every torch run in one process (--jobs): torch is imported once */
+    const char *jobs = tu_path("torch-ref-jobs.txt");
+    FILE *jf = fopen(jobs, "w");
+    ck_assert_ptr_nonnull(jf);
+    for (int f = 0; f < 3; f++)
+        fprintf(jf, "--model '%s' --batch '%s' --out '%s'\n", tu_model(families[f], 7), TINY,
+                torch_file(families[f], "sft-tiny"));
+    fprintf(jf, "--model '%s' --batch '%s' --out '%s'\n", tu_model(families[0], 7), pad_path,
+            torch_file(families[0], "padding"));
+    ck_assert_int_eq(fclose(jf), 0);
+    int rc = tu_sh("/usr/bin/python3 verify/torch_grads.py --jobs '%s'", jobs);
+    ck_assert_msg(rc == 0, "torch_grads.py --jobs failed (%d): %s", rc, tu_last_output());
+
     double worst = 0, worst_loss = 0, le;
     for (int f = 0; f < 3; f++) {
         sbp_model m;
-        sbp_batch b;
         tu_load(&m, &b, tu_model(families[f], 7), TINY, SBP_FP64);
-        worst = fmax(worst, against_torch(families[f], "sft-tiny", TINY, &m, &b, &le));
+        worst = fmax(worst, against_torch(families[f], "sft-tiny", &m, &b, &le));
         worst_loss = fmax(worst_loss, le);
         sbp_batch_free(&b);
-        if (f == 0) { /* the padding batch, on one family: torch's no-visible-key rows */
-            char path[700];
-            snprintf(path, sizeof path, "%s/pad-batch.safetensors", tu_tmpdir());
-            make_pad_batch(&b, m.cfg.vocab);
-            save_batch(path, &b);
-            worst = fmax(worst, against_torch(families[f], "padding", path, &m, &b, &le));
+        if (f == 0) {
+            worst = fmax(worst, against_torch(families[f], "padding", &m, &pad, &le));
             worst_loss = fmax(worst_loss, le);
-            sbp_batch_free(&b);
         }
         sbp_model_free(&m, NULL);
     }
+    sbp_batch_free(&pad);
     printf("ref vs torch (float64): worst per-parameter rel. L2 %.2e; worst loss rel. error "
            "%.2e\n",
            worst, worst_loss);

@@ -6,7 +6,7 @@
  * data/hf-gemma3 against Hugging Face 4.51.3's own patched float64 gradients stored there.
  *
  * Needs a Python with torch: $SBP_TORCH_PYTHON, else /usr/bin/python3; skipped (and says so)
- * when it cannot import torch, so CI does not depend on it. Measured with torch 2.6.0: 3.2e-15 to
+ * when it has no torch, so CI does not depend on it. Measured with torch 2.6.0: 3.2e-15 to
  * 4.7e-15 relative L2 per tensor (worst) against the engine, 7.6e-16 against HF. */
 #include "testutil.h"
 #include "../src/io/safetensors.h"
@@ -24,8 +24,8 @@ static const char *python(void) {
 }
 
 static int have_torch(void) {
-    if (tu_sh("'%s' -c 'import torch'", python()) == 0) return 1;
-    printf("SKIPPED: %s cannot import torch (set SBP_TORCH_PYTHON); torch_grads.py's Gemma-3 "
+    if (tu_python_has(python(), "torch")) return 1;
+    printf("SKIPPED: %s has no torch (set SBP_TORCH_PYTHON); torch_grads.py's Gemma-3 "
            "not cross-checked\n",
            python());
     fflush(stdout);
@@ -89,60 +89,71 @@ static const char *padding_batch(void) {
     return path;
 }
 
-/* _i: the case (batch, objective, --unattended). */
-START_TEST(torch_grads_gemma3_against_engine) {
-    if (!have_torch()) return;
-    static const struct {
-        const char *batch, *args;
-    } cases[] = {{"data/batches/sft-demo.safetensors", ""},
-                 {"data/batches/dpo-tiny.safetensors", "--objective dpo"},
-                 {"data/batches/grpo-tiny.safetensors", "--objective grpo"},
-                 {NULL, "--unattended zero"},
-                 {NULL, "--unattended hf-eager"},
-                 {NULL, "--unattended hf-sdpa"},
-                 {NULL, "--lora"}}; /* then an adapter on every linear layer, lora_B nonzero */
-    const char *model = tu_model("gemma3-tiny", 7);
-    const char *batch = cases[_i].batch ? cases[_i].batch : padding_batch();
-    const char *torch_out = tu_path("torch-%d.safetensors", _i);
-    const char *ours = tu_path("engine-%d.safetensors", _i);
-    char args[1200];
-    snprintf(args, sizeof args, "%s", cases[_i].args);
-    if (!strcmp(cases[_i].args, "--lora")) {
-        const char *ad = tu_path("adapter");
-        int rc = tu_cli("", 60,
-                        "lora init --model '%s' --out '%s' --r 4 --targets all-linear "
-                        "--b-std 0.1",
-                        model, ad);
-        ck_assert_msg(rc == 0, "%s: %s", tu_last_cmd(), tu_last_output());
-        snprintf(args, sizeof args, "--lora '%s'", ad);
-    }
-    int rc = tu_sh("'%s' verify/torch_grads.py --model '%s' --batch '%s' %s --out '%s'", python(),
-                   model, batch, args, torch_out);
-    ck_assert_msg(rc == 0, "torch_grads.py failed (%d): %s", rc, tu_last_output());
-    rc = tu_cli("", 300, "grad --model '%s' --batch '%s' %s --precision fp64 --out '%s'", model,
-                batch, args, ours);
-    ck_assert_msg(rc == 0, "%s: %s", tu_last_cmd(), tu_last_output());
-    double lt, le;
-    const double worst = compare_files(torch_out, ours, &lt, &le);
-    ck_assert_msg(fabs(lt - le) <= TOL * fabs(le), "loss: torch_grads.py %.17g, engine %.17g", lt,
-                  le);
-    printf("torch_grads.py vs grad fp64, gemma3-tiny %s: worst rel. L2 %.2e\n", cases[_i].args,
-           worst);
-    fflush(stdout);
-}
-END_TEST
+/* The engine's cases: batch (NULL: padding_batch()) and arguments of both programs. */
+static const struct {
+    const char *batch, *args;
+} cases[] = {{"data/batches/sft-demo.safetensors", ""},
+             {"data/batches/dpo-tiny.safetensors", "--objective dpo"},
+             {"data/batches/grpo-tiny.safetensors", "--objective grpo"},
+             {NULL, "--unattended zero"},
+             {NULL, "--unattended hf-eager"},
+             {NULL, "--unattended hf-sdpa"},
+             {NULL, "--lora"}}; /* then an adapter on every linear layer, lora_B nonzero */
+enum { NCASES = sizeof cases / sizeof cases[0] };
 
-/* data/hf-gemma3: HF 4.51.3's own float64 gradients (islands patched to float64) of a micro
- * Gemma-3 with linear RoPE x8 on its global layer and a window of 4. */
-START_TEST(torch_grads_gemma3_against_hf) {
+/* torch_grads.py on each case over gemma3-tiny against `streambp grad --precision fp64`, and on
+ * data/hf-gemma3 against HF 4.51.3's own float64 gradients (islands patched to float64) of a
+ * micro Gemma-3 with linear RoPE x8 on its global layer and a window of 4. Every torch run in
+ * one process (--jobs): torch is imported once, not eight times. */
+START_TEST(torch_grads_gemma3) {
     if (!have_torch()) return;
-    const char *out = tu_path("torch-hf.safetensors");
-    int rc = tu_sh("'%s' verify/torch_grads.py --model data/hf-gemma3 --batch "
-                   "data/hf-gemma3/batch.safetensors --out '%s'",
-                   python(), out);
-    ck_assert_msg(rc == 0, "torch_grads.py failed (%d): %s", rc, tu_last_output());
+    const char *model = tu_model("gemma3-tiny", 7);
+    char batch[NCASES][700], args[NCASES][1200], torch_out[700];
+    const char *jobs = tu_path("torch-jobs.txt");
+    FILE *f = fopen(jobs, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < NCASES; i++) {
+        snprintf(batch[i], sizeof batch[i], "%s",
+                 cases[i].batch ? cases[i].batch : padding_batch());
+        snprintf(args[i], sizeof args[i], "%s", cases[i].args);
+        if (!strcmp(cases[i].args, "--lora")) {
+            const char *ad = tu_path("adapter");
+            int rc = tu_cli("", 60,
+                            "lora init --model '%s' --out '%s' --r 4 --targets all-linear "
+                            "--b-std 0.1",
+                            model, ad);
+            ck_assert_msg(rc == 0, "%s: %s", tu_last_cmd(), tu_last_output());
+            snprintf(args[i], sizeof args[i], "--lora '%s'", ad);
+        }
+        fprintf(f, "--model '%s' --batch '%s' %s --out '%s'\n", model, batch[i], args[i],
+                tu_path("torch-%d.safetensors", i));
+    }
+    snprintf(torch_out, sizeof torch_out, "%s", tu_path("torch-hf.safetensors"));
+    fprintf(f, "--model data/hf-gemma3 --batch data/hf-gemma3/batch.safetensors --out '%s'\n",
+            torch_out);
+    ck_assert_int_eq(fclose(f), 0);
+    int rc = tu_sh("'%s' verify/torch_grads.py --jobs '%s'", python(), jobs);
+    ck_assert_msg(rc == 0, "torch_grads.py --jobs failed (%d): %s", rc, tu_last_output());
+
+    for (int i = 0; i < NCASES; i++) {
+        char theirs[700], ours[700];
+        snprintf(theirs, sizeof theirs, "%s", tu_path("torch-%d.safetensors", i));
+        snprintf(ours, sizeof ours, "%s", tu_path("engine-%d.safetensors", i));
+        rc = tu_cli("", 300, "grad --model '%s' --batch '%s' %s --precision fp64 --out '%s'", model,
+                    batch[i], args[i], ours);
+        ck_assert_msg(rc == 0, "%s: %s", tu_last_cmd(), tu_last_output());
+        double lt, le;
+        const double worst = compare_files(theirs, ours, &lt, &le);
+        ck_assert_msg(fabs(lt - le) <= TOL * fabs(le),
+                      "gemma3-tiny %s: loss: torch_grads.py %.17g, engine %.17g", cases[i].args, lt,
+                      le);
+        printf("torch_grads.py vs grad fp64, gemma3-tiny %s: worst rel. L2 %.2e\n", cases[i].args,
+               worst);
+    }
+
     double lt, lh;
-    const double worst = compare_files(out, "data/hf-gemma3/grads-patched.safetensors", &lt, &lh);
+    const double worst =
+        compare_files(torch_out, "data/hf-gemma3/grads-patched.safetensors", &lt, &lh);
     ck_assert_msg(fabs(lt - lh) <= TOL * fabs(lh), "loss: torch_grads.py %.17g, HF %.17g", lt, lh);
     printf("torch_grads.py vs HF patched float64 (data/hf-gemma3): worst rel. L2 %.2e\n", worst);
     fflush(stdout);
@@ -153,8 +164,7 @@ static Suite *suite(void) {
     Suite *s = suite_create("torchgemma");
     TCase *tc = tcase_create("torchgemma");
     tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, torch_grads_gemma3_against_engine, 0, 7);
-    tcase_add_test(tc, torch_grads_gemma3_against_hf);
+    tcase_add_test(tc, torch_grads_gemma3);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -173,6 +173,12 @@ const char *tu_last_output(void) {
     return last_out;
 }
 
+int tu_python_has(const char *python, const char *modules) {
+    return tu_sh("'%s' -c 'import importlib.util as u, sys; "
+                 "sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' %s",
+                 python, modules) == 0;
+}
+
 static char last_cmd[4096];
 
 int tu_cli(const char *prefix, int timeout_s, const char *fmt, ...) {

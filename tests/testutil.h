@@ -58,6 +58,10 @@ void tu_grad_opts(sbp_grad_result *r, const sbp_model *m, const sbp_batch *b, sb
  * a sanitizer report (ASan, LSan, UBSan). */
 int tu_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *tu_last_output(void);
+/* Whether `python` finds every module of `modules` (names separated by spaces) on its path,
+ * without importing them (importlib's find_spec: milliseconds, where importing torch takes
+ * seconds). A module found but broken then fails the test that imports it, not skips it. */
+int tu_python_has(const char *python, const char *modules);
 /* Runs `PREFIX timeout SECS streambp ARGS` (ARGS printf-style) through tu_sh: stdout and stderr
  * together in tu_last_output(), 124 when it hung. tu_last_cmd() is the command line, for messages.
  */
