@@ -205,26 +205,30 @@ RUN_DIST  = $(if $(SUITES),$(filter dist,$(SUITES)),1)
 # test`: a clean clone's took 11 min 22 s with one compile at a time on 2 vCPUs, 2026-12-06).
 JOBS = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(shell nproc))
 
-# After the suites: tests/mpi_ranks.sh, whose ranks mostly wait (on mpirun's start-ups and each
-# other: 36 s of CPU in its 130 s), then the doc-tests; beside them, one job after another, the
-# golden digests on the CUDA kernels in the SIMT emulator (one core, 49-61 s on the Zen 3 VM), the
-# portable builds and their golden digests (side by side, 35-36 and 47-53 s). Their output
-# follows, and any of them failing fails the target.
+# tests/mpi_ranks.sh, whose ranks mostly wait (on mpirun's start-ups and each other: about 50 s of
+# CPU in its 215 s on the Zen 3 VM, 2026-12-07), runs beside the suites that share the cores
+# (tests/run.sh's SBP_BESIDE) on the plain build, and after the suites under the sanitizers, where
+# its timed fault checks get the cores to themselves. After the suites, the doc-tests; beside
+# them, one job after another, the golden digests on the CUDA kernels in the SIMT emulator (one
+# core, 49-61 s on the Zen 3 VM), the portable builds and their golden digests (side by side,
+# 35-36 and 47-53 s). Their output follows, and any of them failing fails the target.
+MPI_RANKS = echo "== tests/mpi_ranks.sh (mpirun)"; STREAMBP=$(BIN) FAULTS=$(FAULTS_BIN) \
+  SBP_SAN=$(SAN) tests/mpi_ranks.sh
+MPI_BESIDE = $(and $(RUN_DIST),$(filter 1,$(MPI)),$(filter 0,$(SAN)),1)
 test: deps $(if $(SUITES),,linkcheck)
 	@$(MAKE) --no-print-directory $(JOBS) $(BIN) $(RUN_TESTS) $(if $(filter %/test_plant %/test_selftest %/test_reach,$(RUN_TESTS)),plants) \
 	  $(if $(SUITES),,$(BUILD)/bench/pgemm_rates) $(if $(and $(RUN_DIST),$(filter 1,$(MPI))),$(FAULTS_BIN))
-	@STREAMBP=$(BIN) BUILD=$(BUILD) tests/run.sh $(RUN_TESTS)
+	@STREAMBP=$(BIN) BUILD=$(BUILD) $(if $(MPI_BESIDE),SBP_BESIDE='$(MPI_RANKS)') tests/run.sh $(RUN_TESTS)
 	@rc=0 bg= log=; \
 	if [ "$(SAN)$(SUITES)" = 0 ]; then log=$$(mktemp) || exit 1; \
 	  ( r=0; echo "== golden digests on the CUDA kernels in the SIMT emulator, shuffled thread order"; \
 	    SBP_GOLDEN_DEVICE=cuda-emu SBP_EMU_ORDER=shuffle:7 STREAMBP=$(BIN) SBP_PYTHON_TESTS=0 \
 	      tests/run.sh $(BUILD)/tests/test_golden || r=1; \
 	    $(MAKE) --no-print-directory portable-golden || r=1; exit $$r ) >"$$log" 2>&1 & bg=$$!; fi; \
-	if [ -n "$(RUN_DIST)" ]; then if [ "$(MPI)" = 1 ]; then echo "== tests/mpi_ranks.sh (mpirun)"; \
-	  STREAMBP=$(BIN) FAULTS=$(FAULTS_BIN) SBP_SAN=$(SAN) tests/mpi_ranks.sh || rc=1; \
-	  else echo "== tests/mpi_ranks.sh: skipped (no MPI)"; fi; fi; \
+	if [ -n "$(RUN_DIST)" ] && [ -z "$(MPI_BESIDE)" ]; then if [ "$(MPI)" = 1 ]; then \
+	  $(MPI_RANKS) || rc=1; else echo "== tests/mpi_ranks.sh: skipped (no MPI)"; fi; fi; \
 	if [ -n "$$bg" ]; then $(MAKE) --no-print-directory doctest || rc=1; \
-	  echo "== run beside tests/mpi_ranks.sh and the doc-tests:"; \
+	  echo "== run beside $(if $(MPI_BESIDE),,tests/mpi_ranks.sh and )the doc-tests:"; \
 	  wait $$bg || rc=1; cat "$$log"; rm -f "$$log"; fi; \
 	exit $$rc
 
