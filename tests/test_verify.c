@@ -222,7 +222,7 @@ START_TEST(audit_ours_theirs_and_a_bug) {
 END_TEST
 
 /* The PyTorch cross-check's gradient files pass the audit (float64 and float32, and bf16 against
- * our emulated-bf16 budget). Skipped, saying so, when torch cannot be imported. */
+ * our emulated-bf16 budget). Skipped, saying so, when torch is not installed. */
 START_TEST(audit_torch_files) {
     if (!tu_python_has("/usr/bin/python3", "torch")) {
         printf("SKIPPED: PyTorch not installed (python3-torch); audit of torch_grads.py files "
