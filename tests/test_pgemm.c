@@ -103,8 +103,7 @@ static layout make_layout(int M, int N, int K, int tr, int pad) {
                 T *A = malloc(sizeof(T) * l.na), *B = malloc(sizeof(T) * l.nb);                    \
                 T *C = malloc(sizeof(T) * l.nc), *R = malloc(sizeof(T) * l.nc);                    \
                 T *S = malloc(sizeof(T) * l.nc), *RS = malloc(sizeof(T) * l.nc);                   \
-                T *ws = malloc(sizeof(T) * (WS(N, K) + 1));                                        \
-                ck_assert(A &&B &&C &&R &&S &&RS &&ws);                                            \
+                ck_assert(A &&B &&C &&R &&S &&RS);                                                 \
                 for (size_t i = 0; i < l.na; i++) A[i] = (T)value(&seed, special);                 \
                 for (size_t i = 0; i < l.nb; i++) B[i] = (T)value(&seed, special);                 \
                 for (size_t i = 0; i < l.nc; i++) C[i] = R[i] = S[i] = RS[i] = (T)value(&seed, 0); \
@@ -119,9 +118,11 @@ static layout make_layout(int M, int N, int K, int tr, int pad) {
                         S[i * l.ldc + j] = NAN; /* pgemm_set ignores it; the gaps stay */          \
                     }                                                                              \
                 for (int t = 1; t <= 2; t++) {                                                     \
+                    /* the workspace is sized for the threads the call will use */                 \
                     omp_set_num_threads(t);                                                        \
                     T *c = malloc(sizeof(T) * l.nc), *s = malloc(sizeof(T) * l.nc);                \
-                    ck_assert(c &&s);                                                              \
+                    T *ws = malloc(sizeof(T) * (WS(N, K) + 1));                                    \
+                    ck_assert(c &&s &&ws);                                                         \
                     memcpy(c, C, sizeof(T) * l.nc), memcpy(s, S, sizeof(T) * l.nc);                \
                     GEMM(c, l.ldc, ws, A, l.rsa, l.csa, B, l.rsb, l.csb, M, N, K);                 \
                     GEMM_SET(s, l.ldc, ws, A, l.rsa, l.csa, B, l.rsb, l.csb, M, N, K);             \
@@ -137,9 +138,9 @@ static layout make_layout(int M, int N, int K, int tr, int pad) {
                                   "%s pgemm_set %dx%dx%d form %d, %d threads: element %zu is %a, " \
                                   "the chain gives %a",                                            \
                                   what_prec, M, N, K, form, t, j, (double)s[j], (double)RS[j]);    \
-                    free(c), free(s);                                                              \
+                    free(c), free(s), free(ws);                                                    \
                 }                                                                                  \
-                free(A), free(B), free(C), free(R), free(S), free(RS), free(ws);                   \
+                free(A), free(B), free(C), free(R), free(S), free(RS);                             \
             }                                                                                      \
         omp_set_num_threads(1);                                                                    \
     } while (0)
