@@ -458,13 +458,14 @@ int sbp_plan_largest_T(const sbp_config *cfg, const sbp_plan_opts *o, int64_t bu
     }
     /* The peak grows about linearly in T (the checkpoints, a T-long working set, the logits):
      * a guess from its slope between two lengths, then a bracket around the guess that widens
-     * until it holds the boundary, then bisection inside it, which alone decides; a plain
-     * doubling search from T = 1 plans about twice as often. */
+     * until it holds the boundary, then a search inside it that keeps "lo fits, hi does not",
+     * which alone decides; a plain doubling search from T = 1 plans about twice as often. */
     const int probe = shortest + 1024;
+    int64_t m_lo = m0, m_hi = INT64_MAX;
     if (!fits(cfg, o, probe, budget, &m1)) {
-        hi = probe;
+        hi = probe, m_hi = m1;
     } else {
-        lo = probe;
+        lo = probe, m_lo = m1;
         const double slope = m1 > m0 ? (double)(m1 - m0) / (probe - shortest) : 0;
         double guess = slope > 0 ? probe + (double)(budget - m1) / slope : T_MAX;
         int g = guess < T_MAX ? (int)guess : T_MAX, step = g / 256 > 16 ? g / 256 : 16;
@@ -472,34 +473,45 @@ int sbp_plan_largest_T(const sbp_config *cfg, const sbp_plan_opts *o, int64_t bu
         hi = 0;
         if (g <= lo) g = lo + 1;
         if (fits(cfg, o, g, budget, &m)) { /* then look above */
-            lo = g;
+            lo = g, m_lo = m;
             for (int t = g + step; !hi; t = lo + step) {
                 if (t > T_MAX) {
                     hi = T_MAX + 1;
                 } else if (fits(cfg, o, t, budget, &m)) {
-                    lo = t, step *= 2;
+                    lo = t, m_lo = m, step *= 2;
                 } else {
-                    hi = t;
+                    hi = t, m_hi = m;
                 }
             }
         } else { /* below */
-            hi = g;
+            hi = g, m_hi = m;
             for (int t = g - step; t > lo; t = hi - step) {
                 if (fits(cfg, o, t, budget, &m)) {
-                    lo = t;
+                    lo = t, m_lo = m;
                     break;
                 }
-                hi = t, step *= 2;
+                hi = t, m_hi = m, step *= 2;
             }
         }
     }
+    /* Inside the bracket, the next length is read off the line through its ends' peaks (the
+     * peak being near-linear, it lands within a few tokens of the boundary), kept one token
+     * inside either end; a probe that does not halve the bracket is followed by a halving one,
+     * so that a peak far from linear costs at most twice the walks of bisection. */
+    int halve = 0;
     while (hi - lo > 1) { /* lo fits, hi does not */
         int mid = lo + (hi - lo) / 2;
+        if (!halve && m_hi != INT64_MAX && m_hi > m_lo && budget >= m_lo) {
+            const double x = lo + (double)(budget - m_lo) / (double)(m_hi - m_lo) * (hi - lo);
+            mid = x < lo + 1 ? lo + 1 : x > hi - 1 ? hi - 1 : (int)x;
+        }
+        const int width = hi - lo;
         int64_t m;
         if (fits(cfg, o, mid, budget, &m))
-            lo = mid;
+            lo = mid, m_lo = m;
         else
-            hi = mid;
+            hi = mid, m_hi = m;
+        halve = !halve && 2 * (hi - lo) > width;
     }
     plan_at(at, cfg, o, lo, &err);
     return lo;
