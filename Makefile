@@ -260,8 +260,8 @@ PORTABLE_BUILDS := build-clang build-x86-64
 
 portable-builds:
 	@command -v clang >/dev/null || { $(SUDO) apt-get install -y -q --no-install-recommends clang libomp-dev; }
-	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-clang CC=clang build-clang/streambp
-	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-x86-64 ARCH=x86-64 build-x86-64/streambp
+	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-clang CC=clang EMU=0 build-clang/streambp
+	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-x86-64 ARCH=x86-64 EMU=0 build-x86-64/streambp
 
 # Both builds' golden digests, side by side (one core each).
 portable-golden: portable-builds
@@ -522,9 +522,17 @@ TESTS        += $(EMU_TEST)
 # The CUDA op tables (cuda/*.cu) in the library: built against the emulator always (g++ is
 # enough), for the GPU when nvcc is there; each in float and double (-DSBP_REAL_F64), each build
 # in a namespace of its own (cuda/cuda.cuh). cuda/registry.cc hands them to src/api.
+# EMU=0 leaves the emulator's tables out (the portable builds, which only run the CPU's golden
+# digests: 22 C++ compiles a build less); CUDA=0 the GPU's. The registry is compiled again when
+# either changes (registry.flags holds them), so that a build directory used both ways never
+# links one against the other's objects.
+EMU          ?= 1
 BACKEND_SRC  := $(wildcard cuda/*.cu)
-BACKEND_OBJ  := $(BACKEND_SRC:%.cu=$(BUILD)/emu32/%.o) $(BACKEND_SRC:%.cu=$(BUILD)/emu64/%.o) \
-                $(BUILD)/emu/cuda/emu/cuda_emu.o $(BUILD)/cuda/registry.o \
+REGISTRY_OBJ := $(BUILD)/cuda/registry.o
+BACKEND_OBJ  := $(REGISTRY_OBJ) \
+                $(if $(filter 1,$(EMU)),$(BACKEND_SRC:%.cu=$(BUILD)/emu32/%.o) \
+                                        $(BACKEND_SRC:%.cu=$(BUILD)/emu64/%.o) \
+                                        $(BUILD)/emu/cuda/emu/cuda_emu.o) \
                 $(if $(filter 1,$(CUDA)),$(BACKEND_SRC:%.cu=build/nvcc32/%.o) \
                                          $(BACKEND_SRC:%.cu=build/nvcc64/%.o))
 CUDA_HOME    := $(patsubst %/bin/nvcc,%,$(NVCC))
@@ -547,9 +555,14 @@ build/nvcc64/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -DSBP_REAL_F64 -MMD -MP -c $< -o $@
 
-$(BUILD)/cuda/registry.o: cuda/registry.cc | cxx-deps
+$(REGISTRY_OBJ): cuda/registry.cc $(BUILD)/cuda/registry.flags | cxx-deps
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -DSBP_HAVE_NVCC=$(CUDA) -MMD -MP -c $< -o $@
+	$(CXX) $(EMU_CXXFLAGS) -DSBP_HAVE_EMU=$(EMU) -DSBP_HAVE_NVCC=$(CUDA) -MMD -MP -c $< -o $@
+
+.PHONY: registry-flags
+$(BUILD)/cuda/registry.flags: registry-flags
+	@mkdir -p $(dir $@)
+	@echo 'EMU=$(EMU) CUDA=$(CUDA)' | cmp -s - $@ || echo 'EMU=$(EMU) CUDA=$(CUDA)' >$@
 
 .PHONY: cuda cxx-deps format-cuda
 all test: cuda
