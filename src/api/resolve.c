@@ -35,11 +35,10 @@ sbp_status sbp_engine_resolve(sbp_engine_opts *eo, const sbp_grad_opts *opts, in
     if (opts->device != SBP_DEVICE_CPU && opts->profile) /* its calls return before the work */
         return sbp_fail(err, SBP_EUSAGE, "the operations' profile times the CPU backend only");
     if (!sbp_device_built(opts->device))
-        return sbp_fail(err, SBP_EUSAGE, "this build has no %s backend (%s)",
-                        sbp_device_name(opts->device),
-                        opts->device == SBP_DEVICE_CUDA_EMU
-                            ? "it was built with EMU=0"
-                            : "nvcc was not found when it was built");
+        return sbp_fail(
+            err, SBP_EUSAGE, "this build has no %s backend (%s)", sbp_device_name(opts->device),
+            opts->device == SBP_DEVICE_CUDA_EMU ? "it was built with EMU=0"
+                                                : "nvcc was not found when it was built");
     if (T < 1) return sbp_fail(err, SBP_EINPUT, "the batch has T = 0 tokens");
     eo->schedule = opts->schedule;
     eo->numerics = opts->numerics;
