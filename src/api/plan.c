@@ -501,7 +501,7 @@ int sbp_plan_largest_T(const sbp_config *cfg, const sbp_plan_opts *o, int64_t bu
     int halve = 0;
     while (hi - lo > 1) { /* lo fits, hi does not */
         int mid = lo + (hi - lo) / 2;
-        if (!halve && m_hi != INT64_MAX && m_hi > m_lo && budget >= m_lo) {
+        if (!halve && m_hi != INT64_MAX && m_hi > m_lo) { /* m_lo <= budget: lo fits */
             const double x = lo + (double)(budget - m_lo) / (double)(m_hi - m_lo) * (hi - lo);
             mid = x < lo + 1 ? lo + 1 : x > hi - 1 ? hi - 1 : (int)x;
         }
