@@ -181,6 +181,13 @@ def ours_step(a, threads, T, config, s, warmup):
     return dict(zip(out[0].split(","), out[1].split(",")))
 
 
+def pct_peak(row):
+    """The step's share of the vector FMA peak (streambp bench's pct_fma_peak), NaN where the
+    build has none or the binary predates the column."""
+    v = row.get("pct_fma_peak", "")
+    return float(v) if v else math.nan
+
+
 def ours(a, threads, T, config):
     """One round of streambp at one T: {schedule: row}. Each schedule in a process of its own, a
     warm-up step then one timed step, as the other side gets: in one process a step after
@@ -190,11 +197,12 @@ def ours(a, threads, T, config):
     for s in ("full", "stream"):
         r = ours_step(a, threads, T, config, s, 1)
         rows[s] = {"median_s": float(r["median_s"]), "rss_bytes": int(r["rss_bytes"]),
-                   "pct_sgemm": float(r["pct_sgemm"])}
+                   "pct_sgemm": float(r["pct_sgemm"]), "pct_peak": pct_peak(r)}
         if config != BENCH_JSON:
             c = ours_step(a, threads, T, config, s, 0)
             rows[s]["cold_s"] = float(c["median_s"])
             rows[s]["cold_pct_sgemm"] = float(c["pct_sgemm"])
+            rows[s]["cold_pct_peak"] = pct_peak(c)
     return rows
 
 
@@ -255,14 +263,17 @@ def table(a, config, threads, modes, caps):
                 them[m].append(theirs(a, threads, T, m, config))
             if k % 2 == 1:
                 mine.append(ours(a, threads, T, config))
-        kinds = (("median_s", "pct_sgemm", ""), ("cold_s", "cold_pct_sgemm", " cold")) if cold \
-            else (("median_s", "pct_sgemm", ""),)
-        for key, pct, tag in kinds:
+        kinds = (("median_s", "pct_sgemm", "pct_peak", ""),
+                 ("cold_s", "cold_pct_sgemm", "cold_pct_peak", " cold")) if cold \
+            else (("median_s", "pct_sgemm", "pct_peak", ""),)
+        for key, pct, peak, tag in kinds:
             for s in ("full", "stream"):
-                print("%7d %-22s %10.3f %10.1f  %.0f%% of sgemm" % (
+                of_peak = median([r[s][peak] for r in mine])
+                print("%7d %-22s %10.3f %10.1f  %.0f%% of sgemm%s" % (
                     T, "streambp " + s + tag, median([r[s][key] for r in mine]),
                     max(r[s]["rss_bytes"] for r in mine) / 2**20,
-                    median([r[s][pct] for r in mine])))
+                    median([r[s][pct] for r in mine]),
+                    "" if math.isnan(of_peak) else ", %.0f%% of the FMA peak" % of_peak))
             for m in modes:
                 s = "stream" if m.endswith("ckpt") else "full"
                 pairs = [(t, o) for t, o in zip(them[m], mine) if t]

@@ -63,6 +63,23 @@ static int has_note(const got_t *g, sbp_bench_note kind, const char *text) {
     return 0;
 }
 
+/* The FMA probe counts what it ran: the product kernel's accumulators (12 × 2 vectors of 16
+ * floats with AVX-512, 6 × 2 of 8 with AVX2 + FMA), 2 operations a lane per step, linear in the
+ * steps; nothing without a vector fma. */
+START_TEST(the_fma_probe_counts_its_operations) {
+#if defined(__AVX512F__)
+    const int64_t per_step = 12 * 2 * 16 * 2;
+#elif defined(__AVX2__) && defined(__FMA__)
+    const int64_t per_step = 6 * 2 * 8 * 2;
+#else
+    const int64_t per_step = 0;
+#endif
+    ck_assert_int_eq(sbp_bench_fma_chains(0), 0);
+    ck_assert_int_eq(sbp_bench_fma_chains(1), per_step);
+    ck_assert_int_eq(sbp_bench_fma_chains(1000), 1000 * per_step);
+}
+END_TEST
+
 START_TEST(a_tiny_run_fills_its_rows) {
     sbp_err err = {0};
     sbp_bench_model bm;
@@ -74,6 +91,9 @@ START_TEST(a_tiny_run_fills_its_rows) {
     sbp_bench_rates rates;
     sbp_bench_gemm_rates(&rates, &bm.cfg, 1, 1);
     ck_assert_msg(rates.sgemm > 0 && rates.portable > 0, "%g %g", rates.sgemm, rates.portable);
+    /* a build with vector fma has a peak; one without says so (NaN), and no row claims one */
+    const int vector_fma = sbp_bench_fma_chains(1) > 0;
+    ck_assert_msg(vector_fma ? rates.fma_peak > 0 : isnan(rates.fma_peak), "%g", rates.fma_peak);
     const int seqs[] = {24};
     const sbp_bench_schedule sc[] = {full, stream};
     sbp_bench_opts o = tiny_opts(&bm, seqs, sc, 2);
@@ -94,6 +114,11 @@ START_TEST(a_tiny_run_fills_its_rows) {
                       "%s: %g s, %g GFLOP", r->name, r->seconds, r->gflop);
         ck_assert_msg(fabs(r->gflops - r->gflop / r->seconds) <= 1e-9 * r->gflops, "%s", r->name);
         ck_assert_msg(isfinite(r->of_sgemm) && r->of_sgemm > 0, "%s: %g", r->name, r->of_sgemm);
+        if (vector_fma)
+            ck_assert_msg(fabs(r->of_peak - r->gflops / rates.fma_peak) <= 1e-12 * r->of_peak,
+                          "%s: %g", r->name, r->of_peak);
+        else
+            ck_assert_msg(isnan(r->of_peak), "%s: %g", r->name, r->of_peak);
         ck_assert_msg(r->lg.peak_total > 0 && r->planned_peak > 0 && r->rss > 0, "%s", r->name);
         /* random weights, random tokens: about log V */
         ck_assert_msg(fabs(r->loss - log(bm.cfg.vocab)) < 1.0, "%s: loss %g", r->name, r->loss);
@@ -184,6 +209,7 @@ START_TEST(largest_takes_its_T_from_the_search) {
     ck_assert_int_eq(g.rows[0].planned_peak, 32 << 20);
     ck_assert_msg(fabs(g.rows[0].of_sgemm - g.rows[0].gflops / 50) < 1e-12, "%g",
                   g.rows[0].of_sgemm);
+    ck_assert_msg(isnan(g.rows[0].of_peak), "%g", g.rows[0].of_peak); /* no peak measured */
     sbp_bench_model_close(&bm);
 }
 END_TEST
@@ -218,6 +244,7 @@ static Suite *suite(void) {
     Suite *s = suite_create("benchlib");
     TCase *tc = tcase_create("benchlib");
     tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, the_fma_probe_counts_its_operations);
     tcase_add_test(tc, a_tiny_run_fills_its_rows);
     tcase_add_test(tc, a_bad_option_is_an_error);
     tcase_add_test(tc, largest_takes_its_T_from_the_search);

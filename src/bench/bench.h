@@ -44,13 +44,19 @@ void sbp_bench_model_close(sbp_bench_model *bm);
 
 /* The machine's product rates at the step's three characteristic shapes (2048 rows: C → F,
  * F → C, C → V): per product the median of 7 calls after a warm-up call, in a process of its
- * own. NaN when that process failed. */
+ * own; then its vector FMA peak on the same threads (sbp_bench_fma_chains: what no product on
+ * this CPU can beat, where the BLAS may lack kernels for it). NaN when that process failed. */
 typedef struct {
     double sgemm;       /* GFLOP/s: the mean of OpenBLAS sgemm's three medians */
     double portable;    /* the same for the portable product (when asked) */
     double parts[2][3]; /* [sgemm, portable][product] medians */
+    double fma_peak;    /* GFLOP/s of the vector FMA peak on the same threads (NaN: none) */
 } sbp_bench_rates;
 void sbp_bench_gemm_rates(sbp_bench_rates *r, const sbp_config *cfg, int threads, int portable);
+/* Runs `steps` float32 fmas deep of as many independent vector fma chains as the product kernel
+ * has accumulators, on the calling thread (fma_peak.c), and returns the floating-point
+ * operations done (2 per lane per fma); 0 when the build has no vector fma. */
+int64_t sbp_bench_fma_chains(int64_t steps);
 
 typedef struct {
     const sbp_bench_model *model;
@@ -87,6 +93,7 @@ typedef struct {
     double gflops;         /* gflop / seconds */
     double of_sgemm;       /* the median over the rounds of the step's rate over the sgemm rate
                             * timed in the same round; else over the run's sgemm rate */
+    double of_peak;        /* gflops over the run's vector FMA peak (NaN: none) */
     double tokens_per_s;
     sbp_ledger lg;        /* the ledger of the measured step (device memory on a device) */
     int64_t planned_peak; /* the planner's peak for the same step */

@@ -278,10 +278,12 @@ static void emit(void *ctx, const sbp_bench_row *r) {
     const double peak = (double)r->lg.peak_total;
     const char *num = sbp_numerics_name(r->numerics);
     if (o->csv) {
-        char pct[16] = "";
+        char pct[16] = "", ppk[16] = "";
         if (!o->on_device) snprintf(pct, sizeof pct, "%.2f", 100 * r->of_sgemm);
-        printf("%d,%s,%s,%d,%.6f,%.3f,%.3f,%s,%.1f,%lld,%lld,%lld,%.17g\n", r->T, r->name, num,
-               r->runs, r->seconds, r->gflop, r->gflops, pct, r->tokens_per_s,
+        if (!o->on_device && isfinite(r->of_peak))
+            snprintf(ppk, sizeof ppk, "%.2f", 100 * r->of_peak);
+        printf("%d,%s,%s,%d,%.6f,%.3f,%.3f,%s,%s,%.1f,%lld,%lld,%lld,%.17g\n", r->T, r->name, num,
+               r->runs, r->seconds, r->gflop, r->gflops, pct, ppk, r->tokens_per_s,
                (long long)r->lg.peak_total, (long long)r->planned_peak, r->rss, r->loss);
     } else if (o->json) {
         cJSON *j = cJSON_CreateObject();
@@ -293,6 +295,8 @@ static void emit(void *ctx, const sbp_bench_row *r) {
         cJSON_AddNumberToObject(j, "gflop", r->gflop);
         cJSON_AddNumberToObject(j, "gflops", r->gflops);
         if (!o->on_device) cJSON_AddNumberToObject(j, "fraction_of_sgemm", r->of_sgemm);
+        if (!o->on_device && isfinite(r->of_peak))
+            cJSON_AddNumberToObject(j, "fraction_of_fma_peak", r->of_peak);
         cJSON_AddNumberToObject(j, "tokens_per_second", r->tokens_per_s);
         cJSON_AddItemToObject(j, "memory", ledger_json(&r->lg));
         cJSON_AddNumberToObject(j, "planned_peak_bytes", (double)r->planned_peak);
@@ -300,12 +304,14 @@ static void emit(void *ctx, const sbp_bench_row *r) {
         if (r->profile) cJSON_AddItemToObject(j, "profile", profile_json(r->profile));
         cJSON_AddItemToArray(o->rows, j);
     } else {
-        char label[48], pct[16] = "      -";
+        char label[48], pct[16] = "      -", ppk[16] = "     -";
         snprintf(label, sizeof label, "%s%s", r->name,
                  r->numerics == SBP_NUMERICS_PORTABLE ? " (portable)" : "");
         if (!o->on_device) snprintf(pct, sizeof pct, "%6.1f%%", 100 * r->of_sgemm);
-        printf("%7d %-22s %4d %9.3f %9.1f %8.1f %s %9.0f %10.1f %10.1f %9.1f %8.2f\n", r->T, label,
-               r->runs, r->seconds, r->gflop, r->gflops, pct, r->tokens_per_s,
+        if (!o->on_device && isfinite(r->of_peak))
+            snprintf(ppk, sizeof ppk, "%5.1f%%", 100 * r->of_peak);
+        printf("%7d %-22s %4d %9.3f %9.1f %8.1f %s %s %9.0f %10.1f %10.1f %9.1f %8.2f\n", r->T,
+               label, r->runs, r->seconds, r->gflop, r->gflops, pct, ppk, r->tokens_per_s,
                mib(r->lg.peak_total), mib(r->planned_peak), mib(r->rss), r->rss / peak);
         if (r->profile) print_profile(r->profile, r->seconds);
     }
@@ -351,6 +357,13 @@ static void print_heading(const bench_args *a, const sbp_bench_model *bm,
            "%.1f)\n",
            r->portable, 100 * r->portable / r->sgemm, r->parts[1][0], r->parts[1][1],
            r->parts[1][2]);
+    if (isfinite(r->fma_peak))
+        printf("vector FMA peak: %.1f GFLOP/s on %d threads (sgemm at %.0f%% of it, the portable "
+               "product at %.0f%%)\n",
+               r->fma_peak, o->threads, 100 * r->sgemm / r->fma_peak,
+               100 * r->portable / r->fma_peak);
+    else
+        printf("vector FMA peak: none (this build's products run a scalar tile)\n");
     if (o->device != SBP_DEVICE_CPU)
         printf("the steps run on the %s device: the rates above are this host's CPU's, so the "
                "%%sgemm column is left out\n",
@@ -366,6 +379,7 @@ static void print_end(const bench_args *a, const sbp_bench_model *bm, const sbp_
         cJSON_AddNumberToObject(o, "threads", a->o.threads);
         cJSON_AddNumberToObject(o, "sgemm_gflops", r->sgemm);
         cJSON_AddNumberToObject(o, "portable_gemm_gflops", r->portable);
+        if (isfinite(r->fma_peak)) cJSON_AddNumberToObject(o, "fma_peak_gflops", r->fma_peak);
         cJSON_AddStringToObject(o, "blas", openblas_get_config());
         cJSON_AddStringToObject(o, "blas_kernels", openblas_get_corename());
         const char *thp;
@@ -387,7 +401,8 @@ static void print_end(const bench_args *a, const sbp_bench_model *bm, const sbp_
                "the rounds of the step's GFLOP/s over the sgemm rate timed in the same round "
                "(the median of three readings right after it; one schedule timed alone: over the "
                "mean of the rates timed just before and just after its process; the training "
-               "rows: over the run's sgemm rate))\n");
+               "rows: over the run's sgemm rate); %%peak: the step's GFLOP/s over the vector FMA "
+               "peak)\n");
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -412,16 +427,15 @@ int cmd_bench(int argc, char **argv) {
     sbp_bench_gemm_rates(&rates, &bm.cfg, a.o.threads, 1);
     if (!a.json && !a.csv) print_heading(&a, &bm, &rates);
     if (a.csv)
-        printf("T,schedule,numerics,runs,median_s,gflop,gflops,pct_sgemm,tokens_per_s,ledger_peak_"
-               "bytes,"
-               "planned_peak_bytes,rss_bytes,loss\n");
+        printf("T,schedule,numerics,runs,median_s,gflop,gflops,pct_sgemm,pct_fma_peak,"
+               "tokens_per_s,ledger_peak_bytes,planned_peak_bytes,rss_bytes,loss\n");
     cJSON *jrows = cJSON_CreateArray();
     row_out out = {
         .csv = a.csv, .json = a.json, .on_device = a.o.device != SBP_DEVICE_CPU, .rows = jrows};
     if (!a.json && !a.csv)
-        printf("%7s %-22s %4s %9s %9s %8s %7s %9s %10s %10s %9s %8s\n", "T", "schedule", "runs",
-               "median s", "GFLOP", "GFLOP/s", "%sgemm", "tokens/s", "peak MiB", "plan MiB",
-               "RSS MiB", "RSS/peak");
+        printf("%7s %-22s %4s %9s %9s %8s %7s %6s %9s %10s %10s %9s %8s\n", "T", "schedule", "runs",
+               "median s", "GFLOP", "GFLOP/s", "%sgemm", "%peak", "tokens/s", "peak MiB",
+               "plan MiB", "RSS MiB", "RSS/peak");
     const sbp_bench_sink sink = {.ctx = &out, .row = emit, .note = note};
     int failures = 0;
     sbp_status st = sbp_bench_run(&a.o, &rates, &sink, &failures, &err);

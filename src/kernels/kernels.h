@@ -48,7 +48,10 @@
 #endif
 
 /* Reals of workspace pgemm needs for products of at most N columns and depth K (for the
- * current OpenMP thread count); a bound over several products serves all of them. */
+ * current OpenMP thread count); a bound over several products serves all of them. One A block
+ * per thread: a workspace serves calls at the thread count it was sized at or fewer, and a call
+ * after omp_set_num_threads raised the count overruns it (nothing here can check: size it
+ * after setting the threads, as the engine does after sbp_set_threads). */
 size_t pgemm_workspace(int N, int K);
 /* C (M, N; row stride ldc) += A·B, a(i,p) = A[i·rsa + p·csa], b(p,j) = B[p·rsb + j·csb]; each
  * element one chain c ← fma(a(i,p), b(p,j), c), p ascending, from its stored value. */
