@@ -114,7 +114,7 @@ START_TEST(a_tiny_run_fills_its_rows) {
                       "%s: %g s, %g GFLOP", r->name, r->seconds, r->gflop);
         ck_assert_msg(fabs(r->gflops - r->gflop / r->seconds) <= 1e-9 * r->gflops, "%s", r->name);
         ck_assert_msg(isfinite(r->of_sgemm) && r->of_sgemm > 0, "%s: %g", r->name, r->of_sgemm);
-        if (vector_fma)
+        if (vector_fma) /* no warm-up: each step timed alone, against the run's peak */
             ck_assert_msg(fabs(r->of_peak - r->gflops / rates.fma_peak) <= 1e-12 * r->of_peak,
                           "%s: %g", r->name, r->of_peak);
         else
@@ -130,6 +130,20 @@ START_TEST(a_tiny_run_fills_its_rows) {
     ck_assert(has_note(&g, SBP_BENCH_PROGRESS, "T = 24, stream, fast numerics: memory"));
     ck_assert(has_note(&g, SBP_BENCH_PROGRESS,
                        "T = 24: 1 training step (stream + clipping + AdamW, LoRA r 32)..."));
+    /* after a warm-up round the schedules are timed in rounds, each round's steps against the
+     * sgemm rate and FMA peak timed right after it */
+    o.warmup = 1, o.train = 0;
+    got_t w = {0};
+    const sbp_bench_sink wsink = {.ctx = &w, .row = got_row, .note = got_note};
+    ck_assert_msg(sbp_bench_run(&o, &rates, &wsink, &failures, &err) == SBP_OK, "%s", err.msg);
+    ck_assert_int_eq(w.n_rows, 2);
+    ck_assert(has_note(&w, SBP_BENCH_PROGRESS, "T = 24: 1 warm-up and 1 timed round of 2"));
+    for (int i = 0; i < 2; i++) {
+        const sbp_bench_row *r = &w.rows[i];
+        ck_assert_msg(isfinite(r->of_sgemm) && r->of_sgemm > 0, "%s: %g", r->name, r->of_sgemm);
+        ck_assert_msg(vector_fma ? isfinite(r->of_peak) && r->of_peak > 0 : isnan(r->of_peak),
+                      "%s: %g", r->name, r->of_peak);
+    }
     /* the temporary model goes with the model */
     char tmp[sizeof bm.tmp];
     snprintf(tmp, sizeof tmp, "%s", bm.tmp);

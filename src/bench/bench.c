@@ -26,6 +26,7 @@ typedef struct {
     char err[800];
     double times[N_CFG][16]; /* step times per configuration and round */
     double sgemm[16];        /* the sgemm rate timed in each round (0: not) */
+    double peak[16];         /* the vector FMA peak timed in each round (0 or NaN: not) */
     double fma_peak;         /* the vector FMA peak (sgemm_child), GFLOP/s */
     int n_times;             /* rounds timed */
     double loss;
@@ -286,7 +287,10 @@ static int step_rounds(child_result *r, const step_arg *a, sbp_model *m, sbp_lor
             r->loss = a->train ? sr.loss : res.loss;
             if (!a->train) sbp_grad_result_free(&res, &r->lg);
         }
-        if (ok && i >= a->warmup && with_sgemm) r->sgemm[i - a->warmup] = sgemm_round(sg);
+        if (ok && i >= a->warmup && with_sgemm) {
+            r->sgemm[i - a->warmup] = sgemm_round(sg);
+            r->peak[i - a->warmup] = measure_fma_peak();
+        }
         if (ok && i >= a->warmup) r->n_times++;
     }
     return ok;
@@ -421,13 +425,14 @@ static void say(const run_ctx *b, sbp_bench_note kind, const char *fmt, ...) {
     b->sink->note(b->sink->ctx, kind, text);
 }
 
-/* One row: a step of T tokens that took t seconds (median of nt runs); of_sgemm: the median over
- * the rounds of the step's rate over the sgemm rate timed in the same round (NaN: against the
- * run's sgemm rate instead). */
+/* One row: a step of T tokens that took t seconds (median of nt runs); of_sgemm and of_peak: the
+ * median over the rounds of the step's rate over the sgemm rate and the FMA peak timed in the
+ * same round (NaN: against the run's rates instead). */
 static void put_row(const run_ctx *b, const char *name, int T, const sbp_grad_opts *g, double t,
-                    int nt, double of_sgemm, const child_result *r, const sbp_ledger *plan,
-                    const sbp_profile *prof) {
+                    int nt, double of_sgemm, double of_peak, const child_result *r,
+                    const sbp_ledger *plan, const sbp_profile *prof) {
     const double flop = sbp_step_flops(&b->o->model->cfg, 1, T, g), gfs = flop / t / 1e9;
+    if (isnan(of_peak)) of_peak = b->rates->fma_peak > 0 ? gfs / b->rates->fma_peak : NAN;
     const sbp_bench_row row = {.T = T,
                                .name = name,
                                .numerics = g->numerics,
@@ -436,7 +441,7 @@ static void put_row(const run_ctx *b, const char *name, int T, const sbp_grad_op
                                .gflop = flop / 1e9,
                                .gflops = gfs,
                                .of_sgemm = isnan(of_sgemm) ? gfs / b->rates->sgemm : of_sgemm,
-                               .of_peak = b->rates->fma_peak > 0 ? gfs / b->rates->fma_peak : NAN,
+                               .of_peak = of_peak,
                                .tokens_per_s = T / t,
                                .lg = r->lg,
                                .planned_peak = plan->peak_total,
@@ -590,15 +595,20 @@ static void t_rows_put(const run_ctx *b, t_rows *t, double solo_sgemm) {
         double *tv = t->timed ? t->tr.times[t->kidx[q]] : t->mem[q].times[0];
         int nt = t->timed ? t->tr.n_times : 1;
         sbp_grad_opts g = t->timing.g[t->kidx[q]];
-        double of_sgemm = NAN, ratio[16];
+        double of_sgemm = NAN, of_peak = NAN, ratio[16];
+        const double flop = sbp_step_flops(&b->o->model->cfg, 1, t->Ts[q], &g);
         if (t->timed && (t->tr.sgemm[0] > 0 || isfinite(solo_sgemm))) {
-            const double flop = sbp_step_flops(&b->o->model->cfg, 1, t->Ts[q], &g);
             for (int i = 0; i < nt; i++)
                 ratio[i] = flop / tv[i] / 1e9 / (t->solo ? solo_sgemm : t->tr.sgemm[i]);
             of_sgemm = median(ratio, nt);
         }
+        if (t->timed && !t->solo && t->tr.peak[0] > 0) { /* NaN (no vector fma) is not > 0 */
+            for (int i = 0; i < nt; i++) ratio[i] = flop / tv[i] / 1e9 / t->tr.peak[i];
+            of_peak = median(ratio, nt);
+        }
         put_row(b, b->o->schedules[q % NS].name, t->Ts[q], &g, median(tv, nt), nt, of_sgemm,
-                &t->mem[q], &t->plan[q], t->timed ? &t->tr.prof[t->kidx[q]] : &t->mem[q].prof[0]);
+                of_peak, &t->mem[q], &t->plan[q],
+                t->timed ? &t->tr.prof[t->kidx[q]] : &t->mem[q].prof[0]);
     }
 }
 
@@ -639,7 +649,7 @@ static void t_train_rows(run_ctx *b, const t_rows *t) {
         sbp_lora flops_view = {.cfg = lc}; /* the FLOP count reads the adapter's config */
         if (lo) g.lora = &flops_view;
         put_row(b, lo ? "train-stream-lora" : "train-stream", t->T, &g,
-                median(r.times[0], r.n_times), r.n_times, NAN, &r, &tplan, &r.prof[0]);
+                median(r.times[0], r.n_times), r.n_times, NAN, NAN, &r, &tplan, &r.prof[0]);
     }
 }
 

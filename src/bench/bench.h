@@ -93,7 +93,7 @@ typedef struct {
     double gflops;         /* gflop / seconds */
     double of_sgemm;       /* the median over the rounds of the step's rate over the sgemm rate
                             * timed in the same round; else over the run's sgemm rate */
-    double of_peak;        /* gflops over the run's vector FMA peak (NaN: none) */
+    double of_peak;        /* the same over the vector FMA peak (NaN: the build has none) */
     double tokens_per_s;
     sbp_ledger lg;        /* the ledger of the measured step (device memory on a device) */
     int64_t planned_peak; /* the planner's peak for the same step */

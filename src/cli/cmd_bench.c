@@ -401,8 +401,8 @@ static void print_end(const bench_args *a, const sbp_bench_model *bm, const sbp_
                "the rounds of the step's GFLOP/s over the sgemm rate timed in the same round "
                "(the median of three readings right after it; one schedule timed alone: over the "
                "mean of the rates timed just before and just after its process; the training "
-               "rows: over the run's sgemm rate); %%peak: the step's GFLOP/s over the vector FMA "
-               "peak)\n");
+               "rows: over the run's sgemm rate); %%peak: the same over the vector FMA peak, timed "
+               "beside the sgemm rate)\n");
 }
 
 int cmd_bench(int argc, char **argv) {
