@@ -362,8 +362,10 @@ static void print_heading(const bench_args *a, const sbp_bench_model *bm,
                "product at %.0f%%)\n",
                r->fma_peak, o->threads, 100 * r->sgemm / r->fma_peak,
                100 * r->portable / r->fma_peak);
-    else
+    else if (sbp_bench_fma_chains(1) == 0)
         printf("vector FMA peak: none (this build's products run a scalar tile)\n");
+    else
+        printf("vector FMA peak: not measured (the measuring process failed)\n");
     if (o->device != SBP_DEVICE_CPU)
         printf("the steps run on the %s device: the rates above are this host's CPU's, so the "
                "%%sgemm column is left out\n",
