@@ -393,19 +393,21 @@ bench-dist bench-seq: all
 # table adds the ratios ours / torch.
 ACC_SEQ ?= 512,2048,8192
 ACC_PY  ?= $(BUILD)/torch-venv/bin/python
-# ACC_TORCH_ARGS=--rope64: torch float32 with float64 rotary tables (docs/accuracy.md)
+# ACC_TORCH_ARGS=--rope64: torch float32 with float64 rotary tables (docs/accuracy.md);
+# ACC_ARGS=--wide: the measuring models at a real model's widths (hidden 1024, F 3072, head_dim 128)
 ACC_TORCH_ARGS ?=
+ACC_ARGS ?=
 .PHONY: accuracy
 accuracy: SHELL := /bin/bash
 accuracy: .SHELLFLAGS := -o pipefail -c
 accuracy: $(BUILD)/accuracy
 	@mkdir -p $(BENCH_DIR)
 	@if [ -x "$(ACC_PY)" ] && "$(ACC_PY)" -c 'import torch, transformers' 2>/dev/null; then \
-	  $(BUILD)/accuracy --write-models $(BENCH_DIR)/accuracy-models && \
+	  $(BUILD)/accuracy --write-models $(BENCH_DIR)/accuracy-models $(ACC_ARGS) && \
 	  "$(ACC_PY)" python/tests/accuracy_torch.py $(BENCH_DIR)/accuracy-models --seq $(ACC_SEQ) \
 	    $(ACC_TORCH_ARGS) --out $(BENCH_DIR)/accuracy-torch.txt && torch="--torch $(BENCH_DIR)/accuracy-torch.txt"; \
 	else echo "accuracy: no torch at $(ACC_PY): the torch column is left out"; fi; \
-	$(BUILD)/accuracy --seq $(ACC_SEQ) $$torch | tee $(BENCH_DIR)/accuracy.txt
+	$(BUILD)/accuracy --seq $(ACC_SEQ) $(ACC_ARGS) $$torch | tee $(BENCH_DIR)/accuracy.txt
 
 $(BUILD)/accuracy: bench/accuracy.c bench/accuracy.h $(LIB)
 	$(CC) $(CFLAGS) -o $@ bench/accuracy.c $(LIB) $(LDFLAGS) $(LDLIBS)

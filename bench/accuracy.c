@@ -1,8 +1,12 @@
 /* accuracy.c — `make accuracy`: the per-tensor error of float32 fast and portable against a
  * float64 truth, for each family's measuring model at several sequence lengths (accuracy.h).
  *
- *   build/accuracy [--seq T,T,...] [--family f,f,...] [--threads N] [--all] [--torch FILE]
- *   build/accuracy --write-models DIR     DIR/<family>: the measuring models, for torch
+ *   build/accuracy [--seq T,T,...] [--family f,f,...] [--threads N] [--all] [--wide]
+ *                  [--torch FILE]
+ *   build/accuracy --write-models DIR [--wide]   DIR/<family>: the measuring models, for torch
+ *
+ * --wide measures the models at a real model's widths (accuracy.h: hidden 1024, F 3072,
+ * head_dim 128), where the products' sums over K are as long as a user's.
  *
  * Prints, per family and T, the worst ten tensors (by the larger of the two errors) with both
  * errors; --all prints every tensor. --torch FILE adds the column of torch float32's errors
@@ -80,14 +84,14 @@ static void print_rows(acc_row *rows, int n, int all, const char *family, int T,
 }
 
 /* DIR/<family> for every family: the measuring models (python/tests/accuracy_torch.py) */
-static int write_models(const char *dir) {
+static int write_models(const char *dir, int wide) {
     char path[4096];
     if (mkdir(dir, 0755) && errno != EEXIST)
         return fprintf(stderr, "accuracy: cannot create %s\n", dir), 2;
     for (int f = 0; f < ACC_NFAMILIES; f++) {
         sbp_err err = {0};
         snprintf(path, sizeof path, "%s/%s", dir, acc_families[f]);
-        if (acc_make_model(acc_families[f], path, &err))
+        if (acc_make_model(acc_families[f], wide, path, &err))
             return fprintf(stderr, "accuracy: %s\n", err.msg), 2;
     }
     return 0;
@@ -108,8 +112,8 @@ static int parse_ints(int *out, int cap, const char *s) {
 }
 
 int main(int argc, char **argv) {
-    int Ts[16] = {512, 2048, 8192}, nT = 3, threads = 2, all = 0, ntr = 0;
-    const char *fams = "qwen3,qwen2,llama3,gemma3";
+    int Ts[16] = {512, 2048, 8192}, nT = 3, threads = 2, all = 0, ntr = 0, wide = 0;
+    const char *fams = "qwen3,qwen2,llama3,gemma3", *models = NULL;
     torch_row *tr = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seq") && i + 1 < argc) {
@@ -120,17 +124,21 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             threads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--write-models") && i + 1 < argc) {
-            return write_models(argv[i + 1]);
+            models = argv[++i];
+        } else if (!strcmp(argv[i], "--wide")) {
+            wide = 1;
         } else if (!strcmp(argv[i], "--all")) {
             all = 1;
         } else if (!strcmp(argv[i], "--torch") && i + 1 < argc) {
             if (load_torch(&tr, &ntr, argv[++i])) return 2;
         } else {
             fprintf(stderr, "usage: accuracy [--seq T,T,...] [--family f,...] [--threads N] "
-                            "[--all] [--torch FILE]\n");
+                            "[--all] [--wide] [--torch FILE]\n"
+                            "       accuracy --write-models DIR [--wide]\n");
             return 2;
         }
     }
+    if (models) return write_models(models, wide);
     sbp_set_threads(threads);
     char list[256];
     snprintf(list, sizeof list, "%s", fams);
@@ -138,7 +146,7 @@ int main(int argc, char **argv) {
         char dir[] = "/tmp/streambp-accuracy-XXXXXX";
         sbp_err err = {0};
         if (!mkdtemp(dir)) return fprintf(stderr, "accuracy: mkdtemp failed\n"), 2;
-        sbp_status st = acc_make_model(f, dir, &err);
+        sbp_status st = acc_make_model(f, wide, dir, &err);
         for (int k = 0; !st && k < nT; k++) {
             acc_row *rows = NULL;
             int n = 0;

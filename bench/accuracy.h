@@ -37,39 +37,61 @@ enum { ACC_NFAMILIES = 4 };
 /* The measuring model of a family as a config.json; NULL for an unknown family. The same sizes
  * for every family: hidden 128 (4 query heads of 32, 2 kv heads), F = 256, 2 layers, V = 512,
  * positions up to 65536. Qwen2 has the q/k/v biases; Llama-3 its rope scaling; Gemma-3 a local
- * layer (window 256) and a global one. */
-static inline const char *acc_config_json(const char *family) {
-#define ACC_SIZES                                                                                  \
+ * layer (window 256) and a global one. wide: a real model's widths (Qwen3-0.6B's hidden 1024,
+ * F = 3072 and head_dim 128; 8 query heads, 4 kv heads), where the products' sums over K are as
+ * long as a user's (the small model's are at most 256 terms); the weights' spread scaled by
+ * sqrt(128 / 1024) so that activations keep the small model's size. */
+static inline const char *acc_config_json(const char *family, int wide) {
+#define ACC_SMALL                                                                                  \
     "\"vocab_size\": 512, \"hidden_size\": 128, \"intermediate_size\": 256, "                      \
     "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "           \
     "\"head_dim\": 32, \"max_position_embeddings\": 65536, \"initializer_range\": 0.1, "           \
     "\"torch_dtype\": \"float32\", "
+#define ACC_WIDE                                                                                   \
+    "\"vocab_size\": 512, \"hidden_size\": 1024, \"intermediate_size\": 3072, "                    \
+    "\"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"num_key_value_heads\": 4, "           \
+    "\"head_dim\": 128, \"max_position_embeddings\": 65536, \"initializer_range\": 0.035, "        \
+    "\"torch_dtype\": \"float32\", "
+#define ACC_QWEN3                                                                                  \
+    "\"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, "               \
+    "\"attention_bias\": false, \"tie_word_embeddings\": true}"
+#define ACC_QWEN2                                                                                  \
+    "\"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, "               \
+    "\"use_sliding_window\": false, \"tie_word_embeddings\": false}"
+#define ACC_LLAMA3                                                                                 \
+    "\"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, "                \
+    "\"rope_scaling\": {\"factor\": 8.0, \"high_freq_factor\": 4.0, "                              \
+    "\"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192, "                       \
+    "\"rope_type\": \"llama3\"}, \"attention_bias\": false, \"mlp_bias\": false, "                 \
+    "\"tie_word_embeddings\": false}"
+#define ACC_GEMMA3(QPAS)                                                                           \
+    "\"hidden_activation\": \"gelu_pytorch_tanh\", \"rms_norm_eps\": 1e-06, "                      \
+    "\"rope_theta\": 1000000.0, \"rope_local_base_freq\": 10000.0, "                               \
+    "\"rope_scaling\": null, \"query_pre_attn_scalar\": " QPAS ", \"sliding_window\": 256, "       \
+    "\"sliding_window_pattern\": 2, \"attn_logit_softcapping\": null, "                            \
+    "\"final_logit_softcapping\": null, \"attention_bias\": false, "                               \
+    "\"pad_token_id\": 0, \"tie_word_embeddings\": true}"
+#define ACC_HEAD(ARCH, TYPE) "{\"architectures\": [\"" ARCH "\"], \"model_type\": \"" TYPE "\", "
     if (!strcmp(family, "qwen3"))
-        return "{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\", " ACC_SIZES
-               "\"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, "
-               "\"attention_bias\": false, \"tie_word_embeddings\": true}";
+        return wide ? ACC_HEAD("Qwen3ForCausalLM", "qwen3") ACC_WIDE ACC_QWEN3
+                    : ACC_HEAD("Qwen3ForCausalLM", "qwen3") ACC_SMALL ACC_QWEN3;
     if (!strcmp(family, "qwen2"))
-        return "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", " ACC_SIZES
-               "\"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, "
-               "\"use_sliding_window\": false, \"tie_word_embeddings\": false}";
+        return wide ? ACC_HEAD("Qwen2ForCausalLM", "qwen2") ACC_WIDE ACC_QWEN2
+                    : ACC_HEAD("Qwen2ForCausalLM", "qwen2") ACC_SMALL ACC_QWEN2;
     if (!strcmp(family, "llama3"))
-        return "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", " ACC_SIZES
-               "\"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, "
-               "\"rope_scaling\": {\"factor\": 8.0, \"high_freq_factor\": 4.0, "
-               "\"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192, "
-               "\"rope_type\": \"llama3\"}, \"attention_bias\": false, \"mlp_bias\": false, "
-               "\"tie_word_embeddings\": false}";
-    if (!strcmp(family, "gemma3"))
-        return "{\"architectures\": [\"Gemma3ForCausalLM\"], \"model_type\": "
-               "\"gemma3_text\", " ACC_SIZES
-               "\"hidden_activation\": \"gelu_pytorch_tanh\", \"rms_norm_eps\": 1e-06, "
-               "\"rope_theta\": 1000000.0, \"rope_local_base_freq\": 10000.0, "
-               "\"rope_scaling\": null, \"query_pre_attn_scalar\": 32, \"sliding_window\": 256, "
-               "\"sliding_window_pattern\": 2, \"attn_logit_softcapping\": null, "
-               "\"final_logit_softcapping\": null, \"attention_bias\": false, "
-               "\"pad_token_id\": 0, \"tie_word_embeddings\": true}";
+        return wide ? ACC_HEAD("LlamaForCausalLM", "llama") ACC_WIDE ACC_LLAMA3
+                    : ACC_HEAD("LlamaForCausalLM", "llama") ACC_SMALL ACC_LLAMA3;
+    if (!strcmp(family, "gemma3")) /* query_pre_attn_scalar: the head dim */
+        return wide ? ACC_HEAD("Gemma3ForCausalLM", "gemma3_text") ACC_WIDE ACC_GEMMA3("128")
+                    : ACC_HEAD("Gemma3ForCausalLM", "gemma3_text") ACC_SMALL ACC_GEMMA3("32");
     return NULL;
-#undef ACC_SIZES
+#undef ACC_HEAD
+#undef ACC_GEMMA3
+#undef ACC_LLAMA3
+#undef ACC_QWEN2
+#undef ACC_QWEN3
+#undef ACC_WIDE
+#undef ACC_SMALL
 }
 
 /* The tensor's kind as the bound tables name it: its name with the layer number replaced by '*'
@@ -94,9 +116,11 @@ static inline int32_t acc_token(uint64_t seed, int t, int V) {
     return (int32_t)(z % (uint64_t)V);
 }
 
-/* Writes the family's measuring model (seed 1) under dir (created by the caller's mkdtemp). */
-static inline sbp_status acc_make_model(const char *family, const char *dir, sbp_err *err) {
-    const char *json = acc_config_json(family);
+/* Writes the family's measuring model (seed 1; wide: acc_config_json's) under dir (created by
+ * the caller's mkdtemp). */
+static inline sbp_status acc_make_model(const char *family, int wide, const char *dir,
+                                        sbp_err *err) {
+    const char *json = acc_config_json(family, wide);
     if (!json) {
         snprintf(err->msg, sizeof err->msg, "accuracy: unknown family '%s'", family);
         return SBP_EUSAGE;

@@ -12,7 +12,7 @@
  * weights gain less than that margin at this T, so the gains are checked against the single
  * chains the portable numerics summed over tokens before its token blocks (measured at this T
  * and block on 2026-12-04, commit 4bc8880; `chains` below): the fast errors summed over the
- * projection weights must be at most 0.88 of the chains' (0.79-0.85 measured), and the portable
+ * projection weights must be at most FAST_GAIN of the chains' (0.71-0.79 measured), and the portable
  * errors summed over every tensor summed over tokens (projection weights, biases, norm weights)
  * at most PORTABLE_GAIN of the chains' (0.75-0.84 measured with the attention output per key
  * tile; docs/numerics.md §4).
@@ -46,6 +46,7 @@ static const struct {
 };
 enum { N_CHAINS = sizeof chains / sizeof chains[0] };
 #define PORTABLE_GAIN 0.95
+#define FAST_GAIN     0.81
 
 /* Whether a tensor kind is a sum over tokens: a projection's weight or bias, a norm weight, an
  * untied head (a tied one shares its tensor with the embedding's scatter-add). */
@@ -63,7 +64,7 @@ static void check_family(const char *family) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/acc-%s", tu_tmpdir(), family);
     sbp_err err = {0};
-    ck_assert_msg(!acc_make_model(family, dir, &err), "%s", err.msg);
+    ck_assert_msg(!acc_make_model(family, 0, dir, &err), "%s", err.msg);
     acc_row *rows = NULL;
     int n = 0;
     ck_assert_msg(!acc_measure(&rows, &n, dir, ACC_T, ACC_BLOCK, &err), "%s", err.msg);
@@ -99,9 +100,11 @@ static void check_family(const char *family) {
     if (print)
         printf("    /* %s: fast projections %.3f of the chains', portable token sums %.3f */\n",
                family, proj_fast / chains[c].proj, tok_portable / chains[c].tokens);
-    /* The fast mode's per-block weight gradients against the single chains, on any machine:
-     * 0.79-0.85 measured, 0.89-0.95 with dW as one chain */
-    ck_assert_msg(proj_fast <= 0.88 * chains[c].proj,
+    /* The fast mode's per-block weight gradients against the single chains, on any machine
+     * with a tuned product (its panels' bits do not depend on the instruction set): 0.71-0.79
+     * measured, 0.83-0.85 with dW as one chain (before the products summed in panels of 128:
+     * 0.79-0.85, and 0.89-0.95, against a limit of 0.88) */
+    ck_assert_msg(proj_fast <= FAST_GAIN * chains[c].proj,
                   "%s: projection weights' errors fast %.3e against the single chains' %.3e: the "
                   "per-block sums do not pay",
                   family, proj_fast, chains[c].proj);

@@ -8,7 +8,9 @@
  * sizes (chosen per instruction set), the SIMD lanes (over j, i.e. over outputs) or the threads
  * (each owns whole tiles of C). So the result is the same on every machine, for every thread
  * count and for every split of the rows between calls — the properties StreamBP's bitwise
- * promise needs — and a CUDA kernel with the same chains reproduces it (cuda/).
+ * promise needs — and a CUDA kernel with the same chains reproduces it (cuda/). The fast mode's
+ * products (pgemm_fold, pgemm_fold_set) cut each chain into panels of k fixed by k alone, each
+ * from +0 and added in ascending order: the same properties, other bits (docs/numerics.md §10).
  *
  * The micro-kernel is plain C over a fixed MR×NR tile: GCC turns its fma calls into vector FMA
  * instructions where the target has them, and into calls to the (exact) software fma where it
@@ -42,8 +44,8 @@
  * accumulators, two B vectors and a broadcast), MC 96 until 2026-12-07 (below). KC 512 everywhere:
  * it is the engine's default token block, so the fast dW sums its blocks inside pgemm_fold
  * (linear.c) instead of one product per 192-row panel per block and an extra pass; and one k block
- * covers the bench model's K = 512. A deeper product that does not fold takes longer k blocks
- * within the same workspace (blocking_of). AVX2 (x86-64-v3 build, OpenBLAS Haswell kernels, Zen 4,
+ * covers the bench model's K = 512. A deeper product takes longer k blocks within the same
+ * workspace (blocking_of). AVX2 (x86-64-v3 build, OpenBLAS Haswell kernels, Zen 4,
  * bench/pgemm_rates.c at T = 2048, 2026-12-04): a step's products 0.78–0.80 of OpenBLAS's tile grid
  * on 2 threads with KC 256, 0.95–0.99 with KC 512 (dW 0.59–0.69 → 0.78–1.01), and 1.00 → 1.03–1.04
  * on 1 thread (CPU time); KC 256 had been chosen on 1 thread alone, where KC 384 and 512, MC 48,
@@ -57,7 +59,7 @@ enum {
     KC = 512,
     MC = 48,
     NC = 2048,
-    KF = 2048,      /* the longest k block of a product that does not fold: blocking_of */
+    KF = 2048,      /* the longest k block: blocking_of */
     NCMIN = 256,    /* its narrowest column block */
     NCHUNK = 256,   /* columns per task: the unit of work handed to a thread */
     PACK_AHEAD = 16 /* k steps prefetched ahead by pack_a's k-step walk (16: 2x in isolation) */
@@ -166,14 +168,43 @@ static void micro_kernel(real *restrict c, size_t ldc, const real *restrict a,
 }
 #endif
 
+/* The panels of a folded tile, k block kc: each panel's chains from +0, added to c in ascending
+ * order (the first panel's as add says, every later one's always). */
+static void panel_kernel(real *c, size_t ldc, const real *a, const real *b, int kc, int fk,
+                         int add) {
+    for (int q = 0; q < kc; q += fk)
+        micro_kernel(c, ldc, a + (size_t)q * MR, b + (size_t)q * NR, kc - q < fk ? kc - q : fk, 1,
+                     add || q > 0);
+}
+
+/* One full tile over a k block of kc: the micro-kernel once (fk = 0: the chains continue, or start
+ * from +0 where zero), or once per k panel of fk. Between panels the tile's running sums go
+ * through a contiguous copy: C's rows, a row stride apart (4 KiB at K = 1024), share L1 sets, and
+ * reloading them every panel made the folded products 3-11% slower (Qwen3-0.6B shapes, 1 thread).
+ */
+static void tile_kernel(real *c, size_t ldc, const real *a, const real *b, int kc, int fk, int zero,
+                        int add) {
+    if (!fk || kc <= fk) {
+        micro_kernel(c, ldc, a, b, kc, zero || fk, fk && add);
+        return;
+    }
+    real tile[MR * NR] __attribute__((aligned(64)));
+    for (int i = 0; i < MR && add; i++) memcpy(tile + i * NR, c + i * ldc, sizeof(real) * NR);
+    panel_kernel(tile, NR, a, b, kc, fk, add);
+    for (int i = 0; i < MR; i++) memcpy(c + i * ldc, tile + i * NR, sizeof(real) * NR);
+}
+
 /* A partial tile (mr < MR or nr < NR) goes through a full-size copy: the extra rows and
  * columns compute on zero padding and are dropped. */
-static void edge_kernel(real *c, size_t ldc, const real *a, const real *b, int kc, int mr, int nr,
-                        int zero, int add) {
+static void edge_kernel(real *c, size_t ldc, const real *a, const real *b, int kc, int fk, int mr,
+                        int nr, int zero, int add) {
     real tile[MR * NR] = {0};
     for (int i = 0; i < mr && (!zero || add); i++)
         memcpy(tile + i * NR, c + i * ldc, sizeof(real) * (size_t)nr);
-    micro_kernel(tile, NR, a, b, kc, zero, add);
+    if (fk)
+        panel_kernel(tile, NR, a, b, kc, fk, add);
+    else
+        micro_kernel(tile, NR, a, b, kc, zero, add);
     for (int i = 0; i < mr; i++) memcpy(c + i * ldc, tile + i * NR, sizeof(real) * (size_t)nr);
 }
 
@@ -300,24 +331,27 @@ static size_t workspace_of(int N, int K, int nth) {
     return kc * ((size_t)(N < NC ? N : NC) + WS_NR) + (size_t)nth * kc * WS_MCR;
 }
 
-/* The blocking of a product: k blocks of kc (the last may be shorter), column blocks of nc. Folded,
- * kc = KC: the blocks are the sum's (pgemm_fold). Else K in the fewest k blocks of at most KF of
- * even length, with column blocks narrow enough that the packed blocks fit the workspace of the
- * KC blocking (workspace_of), when at least NCMIN columns do; else that blocking. Each k block
- * loads and stores the whole C block (the rows × nc) once, and where C is large and K moderate
- * that traffic is what the product waits on: the LM head's forward (T × V logits) at K = 1152,
- * Gemma-3-1B's hidden size, ran at 291–302 GFLOP/s in k blocks of 512, 512 and 128 against 344–353
- * in one block of 1152 (NC 2048 or 512), and at 324 against 358 in a step's profile (2 threads,
- * the Emerald Rapids VM, 2026-12-06). A chain does not see its blocks: the bits are the same. */
+/* The blocking of a product: k blocks of kc (the last may be shorter), column blocks of nc. K in
+ * the fewest k blocks of at most KF of even length (folded, in panels of fk: whole panels, so that
+ * the panels start at multiples of fk whatever the blocking), with column blocks narrow enough that
+ * the packed blocks fit the workspace of the KC blocking (workspace_of), when at least NCMIN
+ * columns do; else that blocking. Each k block loads and stores the whole C block (the rows × nc)
+ * once, and where C is large and K moderate that traffic is what the product waits on: the LM
+ * head's forward (T × V logits) at K = 1152, Gemma-3-1B's hidden size, ran at 291–302 GFLOP/s in k
+ * blocks of 512, 512 and 128 against 344–353 in one block of 1152 (NC 2048 or 512), and at 324
+ * against 358 in a step's profile (2 threads, the Emerald Rapids VM, 2026-12-06). A chain does not
+ * see its blocks: the bits are the same. */
 typedef struct {
     int kc, nc;
 } blocking;
 
-static blocking blocking_of(int N, int K, int fold) {
+static blocking blocking_of(int N, int K, int fk) {
     const int nth = omp_get_max_threads();
     const blocking old = {KC, NC};
-    if (fold || K <= KC) return old;
-    const int nb = (K + KF - 1) / KF, kc = (K + nb - 1) / nb;
+    if (K <= KC) return old;
+    const int nb = (K + KF - 1) / KF, step = fk ? fk : 1;
+    int kc = ((K + nb - 1) / nb + step - 1) / step * step; /* whole panels (fk divides KF) */
+    if (kc > K) kc = K;
     const size_t room = workspace_of(N, K, nth), a = (size_t)nth * a_block(kc);
     if (room <= a) return old;
     const size_t cols = (room - a) / (size_t)kc; /* nc + NR */
@@ -330,22 +364,25 @@ int pgemm_kblock(void) {
     return KC;
 }
 
+_Static_assert(KC % PGEMM_PANEL == 0 && KF % KC == 0, "the fold's panels tile every k block");
+
 size_t pgemm_workspace(int N, int K) {
     if (N <= 0 || K <= 0) return 0;
     return workspace_of(N, K, omp_get_max_threads());
 }
 
-/* C += A·B, or (set) C = A·B: the first k block's chains start from +0 instead of C; fold:
- * every k block's chains start from +0 and are added to C, block after block. */
+/* C += A·B, or (set) C = A·B: the first k block's chains start from +0 instead of C; folded
+ * (fk > 0, a divisor of KC): every k panel [q, q + fk)'s chains start from +0 and are added to C,
+ * panel after panel (set: the first panel's sum is C's first value). */
 static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa,
-                 const real *B, size_t rsb, size_t csb, int M, int N, int K, int set, int fold) {
+                 const real *B, size_t rsb, size_t csb, int M, int N, int K, int set, int fk) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) { /* no terms: every chain is its start */
         if (set)
             for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, sizeof(real) * (size_t)N);
         return;
     }
-    const blocking bl = blocking_of(N, K, fold);
+    const blocking bl = blocking_of(N, K, fk);
     const int kb = bl.kc, NB = bl.nc;
     real *bpack = ws; /* b_block, then a_block per thread */
     const size_t bsize = b_block(N < NB ? N : NB, K < kb ? K : kb),
@@ -353,8 +390,8 @@ static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_
     for (int jc = 0; jc < N; jc += NB) {
         const int nc = N - jc < NB ? N - jc : NB;
         for (int pc = 0; pc < K; pc += kb) { /* ascending k: each chain continues from C */
-            const int kc = K - pc < kb ? K - pc : kb, zero = fold || (set && pc == 0);
-            const int add = fold && !(set && pc == 0);
+            const int kc = K - pc < kb ? K - pc : kb, zero = fk || (set && pc == 0);
+            const int add = fk && !(set && pc == 0);
             pack_b(bpack, B, rsb, csb, pc, kc, jc, nc);
             /* Tasks: row blocks across all nc columns where there are enough for every thread
              * (each A block is then packed once; split by columns too, two threads packed every
@@ -389,10 +426,10 @@ static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_
                             real *c = C + (size_t)(ic + ir) * ldc + (size_t)(jc + jr);
                             if (ir + MR < mc) prefetch_tile(c + MR * ldc, ldc);
                             if (mr == MR && nr == NR)
-                                micro_kernel(c, ldc, apack + (size_t)ir * kc, b, kc, zero, add);
+                                tile_kernel(c, ldc, apack + (size_t)ir * kc, b, kc, fk, zero, add);
                             else
-                                edge_kernel(c, ldc, apack + (size_t)ir * kc, b, kc, mr, nr, zero,
-                                            add);
+                                edge_kernel(c, ldc, apack + (size_t)ir * kc, b, kc, fk, mr, nr,
+                                            zero, add);
                         }
                     }
                 }
@@ -407,8 +444,13 @@ void pgemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa,
 }
 
 void pgemm_fold(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa, const real *B,
-                size_t rsb, size_t csb, int M, int N, int K) {
-    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 0, 1);
+                size_t rsb, size_t csb, int M, int N, int K, int panel) {
+    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 0, panel);
+}
+
+void pgemm_fold_set(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa,
+                    const real *B, size_t rsb, size_t csb, int M, int N, int K, int panel) {
+    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 1, panel);
 }
 
 void pgemm_set(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa, const real *B,

@@ -61,17 +61,24 @@ void pgemm(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const re
  * gives the same bits, without a pass over C). */
 void pgemm_set(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
                size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K);
-/* The fast mode's C += A·B (linear_backward_blocked's dx): every element's sum over k cut at
- * gemm.c's k blocks (KC: 512), each block's chain from +0 and added
- * to C in ascending block order, as a BLAS call with beta = 1 sums. A sum over k terms then
- * grows its error with KC + k/KC instead of k: the LM head's dx sums over the vocabulary
- * (~150k terms). The blocks are fixed by k alone: the bits still do not depend on the rows,
- * the row split or the threads, only on KC (the machine), as the fast mode allows. */
+/* The fast mode's products (docs/numerics.md §10): C += A·B with every element's sum over k cut
+ * into panels [q, q + panel), q = 0, panel, 2·panel, ...: each panel's chain from +0, added to C
+ * in ascending panel order, as a BLAS call with beta = 1 sums its k blocks. A sum over k terms
+ * then grows its error with panel + k/panel instead of k (the LM head's dx sums over the
+ * vocabulary, ~150k terms; a layer's forward over C or F, 1024–8192). The panels are fixed by k
+ * alone: the bits do not depend on the rows, the row split, the threads or the machine's k
+ * blocks. panel: a divisor of pgemm_kblock(); PGEMM_PANEL for a product, the token block for
+ * linear_backward_blocked's dW. */
+enum { PGEMM_PANEL = 128 }; /* torch's MKL cuts its k at 128 too (docs/accuracy.md) */
 void pgemm_fold(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
-                size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K);
-/* KC, pgemm_fold's k block on this machine: where a caller's token blocks are KC long and the
- * k range starts on one, pgemm_fold's per-block chains and folds are the caller's per-block sums
- * (linear_backward_blocked's dW). */
+                size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K,
+                int panel);
+/* C = the same panel sums: the first panel's sum is C's first value (C's prior contents ignored) */
+void pgemm_fold_set(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
+                    size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N,
+                    int K, int panel);
+/* KC, the k block of pgemm's packs (512 on every instruction set): a fold's panel divides it,
+ * so linear_backward_blocked's dW folds token blocks of KC inside one pgemm_fold. */
 int pgemm_kblock(void);
 
 /* ---- linear layers: y = x·Wᵀ + b, rows [s, e) -------------------------------------------------
@@ -96,12 +103,19 @@ void linear_backward(real *dx,       /* (e-s, K) or NULL */
                      const real *w,  /* (N, K) */
                      int s, int e, int N, int K);
 
-/* fast, where PGEMM_TUNED (linear.c): dx += dy·W by pgemm_fold; dw and db summed per global token
- * block [kB, (k+1)B) ∩ [s, e): each block's part from +0 (dw: LINEAR_PANEL output rows at a
- * time into part, then added, or where B = pgemm_kblock() pgemm_fold straight into dw, the same
- * chains and folds; db: in double, one rounding per fold), folded in ascending block order. Calls
- * over consecutive row ranges that end on block boundaries give the bits of one call over their
- * union. */
+/* fast, where PGEMM_TUNED (linear.c): y = (Σ_k x·w in panels of PGEMM_PANEL, pgemm_fold_set) + b */
+void linear_forward_folded(real *y,       /* (e-s, N) */
+                           real *ws,      /* (pgemm_workspace(N, K)) */
+                           const real *x, /* (e-s, K) */
+                           const real *w, /* (N, K) */
+                           const real *b, /* (N) or NULL */
+                           int s, int e, int N, int K);
+/* fast, where PGEMM_TUNED (linear.c): dx += dy·W by pgemm_fold in panels of PGEMM_PANEL; dw and db
+ * summed per global token block [kB, (k+1)B) ∩ [s, e): each block's part from +0 (dw: LINEAR_PANEL
+ * output rows at a time into part, then added, or where B = pgemm_kblock() pgemm_fold straight into
+ * dw, the same chains and folds; db: in double, one rounding per fold), folded in ascending block
+ * order. Calls over consecutive row ranges that end on block boundaries give the bits of one call
+ * over their union. */
 enum { LINEAR_PANEL = 192 };
 /* db (N) += Σ_rows dy (e-s, N), per global token block of blk rows as above (also OpenBLAS's) */
 void linear_bias_blocked(real *db, const real *dy, int s, int e, int N, int blk);

@@ -21,6 +21,15 @@ void linear_forward(real *y, real *ws, const real *x, const real *w, const real 
         for (int n = 0; n < N; n++) y[(size_t)r * N + n] = y[(size_t)r * N + n] + b[n];
 }
 
+void linear_forward_folded(real *y, real *ws, const real *x, const real *w, const real *b, int s,
+                           int e, int N, int K) {
+    const int M = e - s;
+    pgemm_fold_set(y, (size_t)N, ws, x, (size_t)K, 1, w, 1, (size_t)K, M, N, K, PGEMM_PANEL);
+    if (!b) return;
+    for (int r = 0; r < M; r++)
+        for (int n = 0; n < N; n++) y[(size_t)r * N + n] = y[(size_t)r * N + n] + b[n];
+}
+
 void linear_backward(real *dx, real *dw, real *db, real *ws, const real *dy, const real *x,
                      const real *w, int s, int e, int N, int K) {
     const int M = e - s;
@@ -69,20 +78,20 @@ void linear_bias_blocked(real *db, const real *dy, int s, int e, int N, int blk)
 void linear_backward_blocked(real *dx, real *dw, real *db, real *ws, real *part, const real *dy,
                              const real *x, const real *w, int s, int e, int N, int K, int blk) {
     const int M = e - s;
-    /* dx += dy·W, the sum over N per k block of the product (pgemm_fold): the LM head's over
+    /* dx += dy·W, the sum over N in panels of PGEMM_PANEL (pgemm_fold): the LM head's over
      * the vocabulary was one chain of V terms (docs/accuracy.md) */
-    if (dx) pgemm_fold(dx, (size_t)K, ws, dy, (size_t)N, 1, w, (size_t)K, 1, M, K, N);
+    if (dx) pgemm_fold(dx, (size_t)K, ws, dy, (size_t)N, 1, w, (size_t)K, 1, M, K, N, PGEMM_PANEL);
     if (dw && blk == pgemm_kblock()) {
-        /* pgemm_fold's k blocks are the token blocks once its k range starts on one: each
+        /* pgemm_fold's panels of blk are the token blocks once its k range starts on one: each
          * block's dW chains from +0, added to dw in ascending order, as the panel loop below
          * computes them, without part, its extra pass or a product per panel. A ragged first
          * block (s inside a block) is a call of its own. */
         const int b1 = block_end_(s, e, blk), first = s % blk ? b1 : s;
         if (first > s)
-            pgemm_fold(dw, (size_t)K, ws, dy, 1, (size_t)N, x, (size_t)K, 1, N, K, first - s);
+            pgemm_fold(dw, (size_t)K, ws, dy, 1, (size_t)N, x, (size_t)K, 1, N, K, first - s, blk);
         if (first < e)
             pgemm_fold(dw, (size_t)K, ws, dy + (size_t)(first - s) * N, 1, (size_t)N,
-                       x + (size_t)(first - s) * K, (size_t)K, 1, N, K, e - first);
+                       x + (size_t)(first - s) * K, (size_t)K, 1, N, K, e - first, blk);
     } else
         for (int b0 = s, b1; dw && b0 < e; b0 = b1) {
             b1 = block_end_(b0, e, blk);
