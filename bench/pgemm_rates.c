@@ -4,7 +4,7 @@
  * Linked with the float32 objects of one build (`make bench-pgemm`, which takes that build's
  * -march: ARCH=x86-64-v3 gives the AVX2 kernel on any x86 with AVX2), it times, for every
  * projection shape of the bench model (C 512, Q 512, KV 256, F 1408, V 32000) at T tokens:
- *   pgemm  — linear_forward_folded, linear_backward_blocked's dX and linear_backward_blocked's dW
+ *   pgemm  — linear_forward, linear_backward_blocked's dX and linear_backward_blocked's dW
  *            (src/kernels/linear.c): pgemm over all T rows, dW a part per token block folded
  *            in, what the fast mode runs where PGEMM_TUNED is 1;
  *   tiles  — blas_linear_forward / _backward (src/kernels/fast/linear.c): OpenBLAS on the fixed
@@ -70,7 +70,7 @@ static float *operand(size_t n, unsigned seed) {
 static double run(int way, int prod, float *ws, float *part, float *y, float *dx, float *dw,
                   const float *x, const float *dy, const float *w, int T, int N, int K) {
     const double t0 = now();
-    if (way == 0 && prod == 0) linear_forward_folded(y, ws, x, w, NULL, 0, T, N, K);
+    if (way == 0 && prod == 0) linear_forward(y, ws, x, w, NULL, 0, T, N, K);
     if (way == 0 && prod == 1)
         linear_backward_blocked(dx, NULL, NULL, ws, part, dy, x, w, 0, T, N, K, BLK);
     if (way == 0 && prod == 2)

@@ -12,10 +12,10 @@
  * weights gain less than that margin at this T, so the gains are checked against the single
  * chains the portable numerics summed over tokens before its token blocks (measured at this T
  * and block on 2026-12-04, commit 4bc8880; `chains` below): the fast errors summed over the
- * projection weights must be at most FAST_GAIN of the chains' (0.71-0.79 measured), and the portable
- * errors summed over every tensor summed over tokens (projection weights, biases, norm weights)
- * at most PORTABLE_GAIN of the chains' (0.75-0.84 measured with the attention output per key
- * tile; docs/numerics.md §4).
+ * projection weights must be at most FAST_GAIN of the chains' (0.71-0.79 measured), and the
+ * portable errors summed over every tensor summed over tokens (projection weights, biases, norm
+ * weights) at most PORTABLE_GAIN of the chains' (0.68-0.80 measured since the products sum over
+ * features in panels of 128, 0.83-0.94 with the token blocks undone; docs/numerics.md §4).
  *
  * SBP_ACC_PRINT=1 prints the measured table in the form of `bounds` (errors × 1.25). */
 #include "../bench/accuracy.h"
@@ -45,7 +45,7 @@ static const struct {
     {"gemma3", 1.537e-5, 2.837e-5},
 };
 enum { N_CHAINS = sizeof chains / sizeof chains[0] };
-#define PORTABLE_GAIN 0.95
+#define PORTABLE_GAIN 0.81 /* 0.95 until the products' panels (2026-12-07) */
 #define FAST_GAIN     0.81
 
 /* Whether a tensor kind is a sum over tokens: a projection's weight or bias, a norm weight, an
@@ -108,7 +108,8 @@ static void check_family(const char *family) {
                   "%s: projection weights' errors fast %.3e against the single chains' %.3e: the "
                   "per-block sums do not pay",
                   family, proj_fast, chains[c].proj);
-    /* The portable token blocks against the single chains (the same bits on every machine) */
+    /* The portable token blocks against the single chains (the same bits on every machine, so
+     * the limit may sit close: 0.68-0.80 with the blocks, 0.83-0.94 without) */
     ck_assert_msg(tok_portable <= PORTABLE_GAIN * chains[c].tokens,
                   "%s: token sums' errors portable %.3e against the single chains' %.3e: the "
                   "token blocks do not pay",

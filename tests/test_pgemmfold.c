@@ -1,4 +1,4 @@
-/* test_pgemmfold.c — the fast mode's folded products (pgemm_fold, pgemm_fold_set,
+/* test_pgemmfold.c — the products in panels (pgemm_fold, pgemm_fold_set, pgemm_panels,
  * src/kernels/gemm.c) bit for bit against their scalar definition, and the reason they exist.
  *
  * pgemm_fold(C += A·B, panel) cuts every element's sum over k into panels [q, q + panel): each
@@ -9,8 +9,9 @@
  * (dW's token blocks), on shapes from one panel to past KF (two long k blocks), ragged against
  * every panel and tile, with row strides and the dx operand layout of linear_backward_blocked;
  * the result must not depend on the thread count or on how the rows are split between calls
- * (the schedules' bitwise promise). linear_forward_folded (linear.c, compiled here too) is the
- * fast forward: the panel sums plus the bias. Then the error: a sum over 65536 terms (the LM
+ * (the schedules' bitwise promise); pgemm_panels (the portable dx) too, its first panel
+ * continuing C's chain. linear_forward (linear.c, compiled here too) is both numerics'
+ * forward: the panel sums plus the bias. Then the error: a sum over 65536 terms (the LM
  * head's dx over a vocabulary) must be at least 4 times closer to the float64 sum folded than as
  * one chain (pgemm), and the forward at K = 1024 at least twice. Last, linear_backward_blocked's
  * dW against its definition: per token block a chain from +0, folded in ascending order, on
@@ -20,12 +21,12 @@
 #define pgemm_set             fold_pgemm_set_f32
 #define pgemm_fold            fold_pgemm_fold_f32
 #define pgemm_fold_set        fold_pgemm_fold_set_f32
+#define pgemm_panels          fold_pgemm_panels_f32
 #define pgemm_workspace       fold_pgemm_workspace_f32
 #define pgemm_kblock          fold_pgemm_kblock_f32
 #define sbp_portable_gemm_f32 fold_portable_gemm_f32
 #include "../src/kernels/gemm.c"
 #define linear_forward           fold_linear_forward_f32
-#define linear_forward_folded    fold_linear_forward_folded_f32
 #define linear_backward          fold_linear_backward_f32
 #define linear_backward_blocked  fold_linear_backward_blocked_f32
 #define linear_bias_blocked      fold_linear_bias_blocked_f32
@@ -35,6 +36,7 @@
 #undef pgemm_set
 #undef pgemm_fold
 #undef pgemm_fold_set
+#undef pgemm_panels
 #undef pgemm_workspace
 #undef pgemm_kblock
 #undef sbp_portable_gemm_f32
@@ -73,13 +75,14 @@ static float value(uint64_t *s) {
 }
 
 /* the definition: c + panel sums, each an fma chain from +0 over [q, q + panel), ascending q;
- * set: the first panel's sum is the first value (c is ignored) */
+ * set: the first panel's sum is the first value (c is ignored); cont: the first panel's chain
+ * continues from c (the portable rule) */
 static float fold_ref(float c, const float *a, size_t acs, const float *b, size_t brs, int K,
-                      int panel, int set) {
+                      int panel, int set, int cont) {
     for (int q = 0; q < K; q += panel) {
-        float acc = 0;
+        float acc = cont && q == 0 ? c : 0;
         for (int p = q; p < K && p < q + panel; p++) acc = fmaf(a[p * acs], b[p * brs], acc);
-        c = set && q == 0 ? acc : c + acc;
+        c = (set || cont) && q == 0 ? acc : c + acc;
     }
     return set && K == 0 ? 0 : c;
 }
@@ -88,12 +91,14 @@ static float fold_ref(float c, const float *a, size_t acs, const float *b, size_
  * (a(i, p) = dy[i·K + p], b(p, j) = w[p·N + j]), C with row stride ldc > N; in panels of
  * PGEMM_PANEL (a product's) and of KC (dW's token blocks), added to C and set (the forward) */
 START_TEST(fold_chains) {
-    static const int ways[][2] = {{PGEMM_PANEL, 0}, {PGEMM_PANEL, 1}, {KC, 0}};
+    /* {panel, set, cont}: the fast dx, both numerics' forward, the fast dW, the portable dx */
+    static const int ways[][3] = {
+        {PGEMM_PANEL, 0, 0}, {PGEMM_PANEL, 1, 0}, {KC, 0, 0}, {PGEMM_PANEL, 0, 1}};
     uint64_t seed = 7;
     for (int sh = 0; sh < NSHAPES; sh++)
-        for (int wy = 0; wy < 3; wy++) {
+        for (int wy = 0; wy < 4; wy++) {
             const int M = shapes[sh][0], N = shapes[sh][1], K = shapes[sh][2];
-            const int panel = ways[wy][0], set = ways[wy][1];
+            const int panel = ways[wy][0], set = ways[wy][1], cont = ways[wy][2];
             const size_t ldc = (size_t)N + 3;
             float *a = malloc(sizeof(float) * (size_t)M * K),
                   *b = malloc(sizeof(float) * (size_t)K * N);
@@ -104,8 +109,9 @@ START_TEST(fold_chains) {
             for (size_t x = 0; x < (size_t)K * N; x++) b[x] = value(&seed);
             for (size_t x = 0; x < (size_t)M * ldc; x++) c0[x] = value(&seed);
             void (*fold)(float *, size_t, float *, const float *, size_t, size_t, const float *,
-                         size_t, size_t, int, int, int, int) =
-                set ? fold_pgemm_fold_set_f32 : fold_pgemm_fold_f32;
+                         size_t, size_t, int, int, int, int) = set    ? fold_pgemm_fold_set_f32
+                                                               : cont ? fold_pgemm_panels_f32
+                                                                      : fold_pgemm_fold_f32;
             for (int th = 1; th <= 3; th += 2) {
                 omp_set_num_threads(th); /* the workspace is sized for the thread count */
                 float *ws = malloc(sizeof(float) * fold_pgemm_workspace_f32(N, K));
@@ -114,13 +120,16 @@ START_TEST(fold_chains) {
                 for (int i = 0; i < M; i++)
                     for (int j = 0; j < N; j++) {
                         const float want = fold_ref(c0[(size_t)i * ldc + j], a + (size_t)i * K, 1,
-                                                    b + j, (size_t)N, K, panel, set);
+                                                    b + j, (size_t)N, K, panel, set, cont);
                         const float got = c[(size_t)i * ldc + j];
                         ck_assert_msg(!memcmp(&want, &got, sizeof got),
                                       "%dx%dx%d, panel %d%s, %d threads: c[%d][%d] = %a, the "
                                       "folded chains %a",
-                                      M, N, K, panel, set ? " (set)" : "", th, i, j, (double)got,
-                                      (double)want);
+                                      M, N, K, panel,
+                                      set    ? " (set)"
+                                      : cont ? " (continuing)"
+                                             : "",
+                                      th, i, j, (double)got, (double)want);
                     }
                 /* the rows in two calls: the same bits */
                 memcpy(c2, c0, sizeof(float) * (size_t)M * ldc);
@@ -138,7 +147,7 @@ START_TEST(fold_chains) {
 }
 END_TEST
 
-/* linear_forward_folded (the fast forward): y = the panel sums over K, then + b */
+/* linear_forward (both numerics' forward): y = the panel sums over K, then + b */
 START_TEST(forward_folded) {
     enum { M = 37, N = 70, K = 2 * KC + 300 };
     uint64_t seed = 17;
@@ -150,11 +159,11 @@ START_TEST(forward_folded) {
     float *ws = malloc(sizeof(float) * fold_pgemm_workspace_f32(N, K));
     for (int withb = 0; withb < 2; withb++) {
         for (int i = 0; i < M * N; i++) y[i] = NAN; /* set: the prior contents never read */
-        fold_linear_forward_folded_f32(y, ws, x, w, withb ? bias : NULL, 0, M, N, K);
+        fold_linear_forward_f32(y, ws, x, w, withb ? bias : NULL, 0, M, N, K);
         for (int r = 0; r < M; r++)
             for (int n = 0; n < N; n++) {
                 float want =
-                    fold_ref(0, x + (size_t)r * K, 1, w + (size_t)n * K, 1, K, PGEMM_PANEL, 1);
+                    fold_ref(0, x + (size_t)r * K, 1, w + (size_t)n * K, 1, K, PGEMM_PANEL, 1, 0);
                 if (withb) want = want + bias[n];
                 const float got = y[r * N + n];
                 ck_assert_msg(!memcmp(&want, &got, sizeof got),
@@ -191,9 +200,9 @@ START_TEST(fold_error) {
 }
 END_TEST
 
-/* The fast forward at a real model's depth (K = 1024, Qwen3-0.6B's hidden size): its error
- * against the float64 product must be at most half the single chain's (the portable forward,
- * linear_forward). Measured 0.36; in panels of 512 it is 0.69, as one chain 1. */
+/* The forward at a real model's depth (K = 1024, Qwen3-0.6B's hidden size): its error against
+ * the float64 product must be at most half the single chain's (pgemm_set). Measured 0.36; in
+ * panels of 512 it is 0.69, as one chain 1. */
 START_TEST(forward_error) {
     enum { M = 16, N = 256, K = 1024 };
     uint64_t seed = 19;
@@ -202,8 +211,8 @@ START_TEST(forward_error) {
     for (int i = 0; i < M * K; i++) x[i] = value(&seed);
     for (int i = 0; i < N * K; i++) w[i] = value(&seed);
     float *ws = malloc(sizeof(float) * fold_pgemm_workspace_f32(N, K));
-    fold_linear_forward_f32(yc, ws, x, w, NULL, 0, M, N, K);
-    fold_linear_forward_folded_f32(yf, ws, x, w, NULL, 0, M, N, K);
+    fold_pgemm_set_f32(yc, N, ws, x, K, 1, w, 1, K, M, N, K);
+    fold_linear_forward_f32(yf, ws, x, w, NULL, 0, M, N, K);
     double e_chain = 0, e_fold = 0;
     for (int r = 0; r < M; r++)
         for (int n = 0; n < N; n++) {

@@ -168,13 +168,14 @@ static void micro_kernel(real *restrict c, size_t ldc, const real *restrict a,
 }
 #endif
 
-/* The panels of a folded tile, k block kc: each panel's chains from +0, added to c in ascending
- * order (the first panel's as add says, every later one's always). */
+/* The panels of a tile over a k block of kc: the first panel's chains as zero and add say (from
+ * +0 or continuing c; added to c or not), every later one's from +0 and added to c, in ascending
+ * order. */
 static void panel_kernel(real *c, size_t ldc, const real *a, const real *b, int kc, int fk,
-                         int add) {
+                         int zero, int add) {
     for (int q = 0; q < kc; q += fk)
-        micro_kernel(c, ldc, a + (size_t)q * MR, b + (size_t)q * NR, kc - q < fk ? kc - q : fk, 1,
-                     add || q > 0);
+        micro_kernel(c, ldc, a + (size_t)q * MR, b + (size_t)q * NR, kc - q < fk ? kc - q : fk,
+                     zero || q > 0, add || q > 0);
 }
 
 /* One full tile over a k block of kc: the micro-kernel once (fk = 0: the chains continue, or start
@@ -185,12 +186,13 @@ static void panel_kernel(real *c, size_t ldc, const real *a, const real *b, int 
 static void tile_kernel(real *c, size_t ldc, const real *a, const real *b, int kc, int fk, int zero,
                         int add) {
     if (!fk || kc <= fk) {
-        micro_kernel(c, ldc, a, b, kc, zero || fk, fk && add);
+        micro_kernel(c, ldc, a, b, kc, zero, add);
         return;
     }
     real tile[MR * NR] __attribute__((aligned(64)));
-    for (int i = 0; i < MR && add; i++) memcpy(tile + i * NR, c + i * ldc, sizeof(real) * NR);
-    panel_kernel(tile, NR, a, b, kc, fk, add);
+    for (int i = 0; i < MR && (!zero || add); i++)
+        memcpy(tile + i * NR, c + i * ldc, sizeof(real) * NR);
+    panel_kernel(tile, NR, a, b, kc, fk, zero, add);
     for (int i = 0; i < MR; i++) memcpy(c + i * ldc, tile + i * NR, sizeof(real) * NR);
 }
 
@@ -202,7 +204,7 @@ static void edge_kernel(real *c, size_t ldc, const real *a, const real *b, int k
     for (int i = 0; i < mr && (!zero || add); i++)
         memcpy(tile + i * NR, c + i * ldc, sizeof(real) * (size_t)nr);
     if (fk)
-        panel_kernel(tile, NR, a, b, kc, fk, add);
+        panel_kernel(tile, NR, a, b, kc, fk, zero, add);
     else
         micro_kernel(tile, NR, a, b, kc, zero, add);
     for (int i = 0; i < mr; i++) memcpy(c + i * ldc, tile + i * NR, sizeof(real) * (size_t)nr);
@@ -371,11 +373,13 @@ size_t pgemm_workspace(int N, int K) {
     return workspace_of(N, K, omp_get_max_threads());
 }
 
-/* C += A·B, or (set) C = A·B: the first k block's chains start from +0 instead of C; folded
+/* C += A·B, or (set) C = A·B: the first k block's chains start from +0 instead of C. In panels
  * (fk > 0, a divisor of KC): every k panel [q, q + fk)'s chains start from +0 and are added to C,
- * panel after panel (set: the first panel's sum is C's first value). */
+ * panel after panel, except the first: set, its sum is C's first value; cont, it continues C's
+ * chain (the portable numerics' rule for a sum cut into blocks, docs/numerics.md §4). */
 static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa,
-                 const real *B, size_t rsb, size_t csb, int M, int N, int K, int set, int fk) {
+                 const real *B, size_t rsb, size_t csb, int M, int N, int K, int set, int fk,
+                 int cont) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) { /* no terms: every chain is its start */
         if (set)
@@ -390,8 +394,11 @@ static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_
     for (int jc = 0; jc < N; jc += NB) {
         const int nc = N - jc < NB ? N - jc : NB;
         for (int pc = 0; pc < K; pc += kb) { /* ascending k: each chain continues from C */
-            const int kc = K - pc < kb ? K - pc : kb, zero = fk || (set && pc == 0);
-            const int add = fk && !(set && pc == 0);
+            /* the block's first panel (or its one chain): its start; every later panel of the
+             * block starts from +0 and is added (panel_kernel) */
+            const int kc = K - pc < kb ? K - pc : kb, first = pc == 0;
+            const int zero = !fk ? set && first : !first || !cont || set;
+            const int add = fk && (!first || (!set && !cont));
             pack_b(bpack, B, rsb, csb, pc, kc, jc, nc);
             /* Tasks: row blocks across all nc columns where there are enough for every thread
              * (each A block is then packed once; split by columns too, two threads packed every
@@ -440,22 +447,27 @@ static void gemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_
 
 void pgemm(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa, const real *B,
            size_t rsb, size_t csb, int M, int N, int K) {
-    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 0, 0);
+    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 0, 0, 0);
 }
 
 void pgemm_fold(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa, const real *B,
                 size_t rsb, size_t csb, int M, int N, int K, int panel) {
-    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 0, panel);
+    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 0, panel, 0);
+}
+
+void pgemm_panels(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa,
+                  const real *B, size_t rsb, size_t csb, int M, int N, int K, int panel) {
+    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 0, panel, 1);
 }
 
 void pgemm_fold_set(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa,
                     const real *B, size_t rsb, size_t csb, int M, int N, int K, int panel) {
-    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 1, panel);
+    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 1, panel, 0);
 }
 
 void pgemm_set(real *C, size_t ldc, real *ws, const real *A, size_t rsa, size_t csa, const real *B,
                size_t rsb, size_t csb, int M, int N, int K) {
-    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 1, 0);
+    gemm(C, ldc, ws, A, rsa, csa, B, rsb, csb, M, N, K, 1, 0, 0);
 }
 
 /* SBP_ENTRY (real.h) names the two definitions, one per build of this file:

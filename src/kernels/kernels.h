@@ -73,7 +73,14 @@ enum { PGEMM_PANEL = 128 }; /* torch's MKL cuts its k at 128 too (docs/accuracy.
 void pgemm_fold(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
                 size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K,
                 int panel);
-/* C = the same panel sums: the first panel's sum is C's first value (C's prior contents ignored) */
+/* The portable numerics' products (docs/numerics.md §4): C += A·B in the same panels, except that
+ * the first panel continues C's chain (the rule of every portable sum cut into blocks: a sum of at
+ * most one panel keeps the single chain's bits). */
+void pgemm_panels(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
+                  size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N,
+                  int K, int panel);
+/* C = the same panel sums: the first panel's sum is C's first value (C's prior contents ignored);
+ * both numerics' forward */
 void pgemm_fold_set(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
                     size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N,
                     int K, int panel);
@@ -84,16 +91,17 @@ int pgemm_kblock(void);
 /* ---- linear layers: y = x·Wᵀ + b, rows [s, e) -------------------------------------------------
  */
 
-/* portable (linear.c): y = (Σ_k x·w, a chain from 0) + b */
+/* both numerics (linear.c): y = (Σ_k x·w in panels of PGEMM_PANEL, pgemm_fold_set) + b */
 void linear_forward(real *y,       /* (e-s, N) */
                     real *ws,      /* (pgemm_workspace(N, K)) */
                     const real *x, /* (e-s, K) */
                     const real *w, /* (N, K) */
                     const real *b, /* (N) or NULL */
                     int s, int e, int N, int K);
-/* dx += dy·W (chains over N), dw += dyᵀ·x and db += Σ_rows dy (chains over the rows, in
- * ascending order, continuing from what dw and db hold: calls over consecutive row ranges give
- * the same bits as one call over their union). dx, dw, db may each be NULL. */
+/* portable: dx += dy·W (over N in panels of PGEMM_PANEL, the first continuing dx's chain:
+ * pgemm_panels), dw += dyᵀ·x and db += Σ_rows dy (chains over the rows, in ascending order,
+ * continuing from what dw and db hold: calls over consecutive row ranges give the same bits as
+ * one call over their union). dx, dw, db may each be NULL. */
 void linear_backward(real *dx,       /* (e-s, K) or NULL */
                      real *dw,       /* (N, K) */
                      real *db,       /* (N) or NULL */
@@ -103,13 +111,6 @@ void linear_backward(real *dx,       /* (e-s, K) or NULL */
                      const real *w,  /* (N, K) */
                      int s, int e, int N, int K);
 
-/* fast, where PGEMM_TUNED (linear.c): y = (Σ_k x·w in panels of PGEMM_PANEL, pgemm_fold_set) + b */
-void linear_forward_folded(real *y,       /* (e-s, N) */
-                           real *ws,      /* (pgemm_workspace(N, K)) */
-                           const real *x, /* (e-s, K) */
-                           const real *w, /* (N, K) */
-                           const real *b, /* (N) or NULL */
-                           int s, int e, int N, int K);
 /* fast, where PGEMM_TUNED (linear.c): dx += dy·W by pgemm_fold in panels of PGEMM_PANEL; dw and db
  * summed per global token block [kB, (k+1)B) ∩ [s, e): each block's part from +0 (dw: LINEAR_PANEL
  * output rows at a time into part, then added, or where B = pgemm_kblock() pgemm_fold straight into

@@ -173,8 +173,8 @@ static void cpu_rope_table(const eng *e, real *cos, real *sin) {
  * OpenBLAS's tiles (docs/numerics.md §10). */
 static void fast_linear_forward(const eng *e, real *y, const real *x, const real *w, const real *b,
                                 int s, int end, int N, int K) {
-    if (PGEMM_TUNED) /* in panels of PGEMM_PANEL over K: docs/numerics.md §10 */
-        linear_forward_folded(y, e->ws, x, w, b, s, end, N, K);
+    if (PGEMM_TUNED) /* the portable forward: docs/numerics.md §10 */
+        linear_forward(y, e->ws, x, w, b, s, end, N, K);
     else
         blas_linear_forward(y, x, w, b, s, end, N, K, e->blk);
     store(e, y, (size_t)(end - s) * N);
