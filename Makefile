@@ -89,8 +89,9 @@ BIN        := $(BUILD)/streambp
 
 .PHONY: all deps demo train-demo test format clean check-deps bench bench-torch bench-blas plots bench-compare \
         portable-builds portable-golden golden plants fuzz linkcheck doctest test-avx2 bench-pgemm
+# build/accuracy too: run by hand (docs/accuracy.md), it must not lag the library it measures
 all: deps
-	@$(MAKE) --no-print-directory $(BIN) $(LIB)
+	@$(MAKE) --no-print-directory $(BIN) $(LIB) $(BUILD)/accuracy
 
 # ---- dependencies -------------------------------------------------------------------------------
 
