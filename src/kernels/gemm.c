@@ -8,9 +8,9 @@
  * sizes (chosen per instruction set), the SIMD lanes (over j, i.e. over outputs) or the threads
  * (each owns whole tiles of C). So the result is the same on every machine, for every thread
  * count and for every split of the rows between calls — the properties StreamBP's bitwise
- * promise needs — and a CUDA kernel with the same chains reproduces it (cuda/). The fast mode's
- * products (pgemm_fold, pgemm_fold_set) cut each chain into panels of k fixed by k alone, each
- * from +0 and added in ascending order: the same properties, other bits (docs/numerics.md §10).
+ * promise needs — and a CUDA kernel with the same chains reproduces it (cuda/). The linear
+ * layers' products (pgemm_fold_set, pgemm_panels, pgemm_fold) cut each chain into panels of k
+ * fixed by k alone, each added in ascending order: the same properties (docs/numerics.md §4, §10).
  *
  * The micro-kernel is plain C over a fixed MR×NR tile: GCC turns its fma calls into vector FMA
  * instructions where the target has them, and into calls to the (exact) software fma where it

@@ -61,7 +61,7 @@ void pgemm(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const re
  * gives the same bits, without a pass over C). */
 void pgemm_set(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
                size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K);
-/* The fast mode's products (docs/numerics.md §10): C += A·B with every element's sum over k cut
+/* The fast mode's dx and dW (docs/numerics.md §10): C += A·B with every element's sum over k cut
  * into panels [q, q + panel), q = 0, panel, 2·panel, ...: each panel's chain from +0, added to C
  * in ascending panel order, as a BLAS call with beta = 1 sums its k blocks. A sum over k terms
  * then grows its error with panel + k/panel instead of k (the LM head's dx sums over the
