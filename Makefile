@@ -410,6 +410,19 @@ accuracy: $(BUILD)/accuracy
 	else echo "accuracy: no torch at $(ACC_PY): the torch column is left out"; fi; \
 	$(BUILD)/accuracy --seq $(ACC_SEQ) $(ACC_ARGS) $$torch | tee $(BENCH_DIR)/accuracy.txt
 
+# The same over ACC_SEEDS draws of the weights and tokens (python/tests/accuracy_seeds.py; needs the
+# HF venv): each tensor's error as the RMS over the draws, ours / torch's per tensor. One draw's
+# largest ratio is the largest of many noisy ones (docs/accuracy.md, "Over several draws");
+# e.g. make accuracy-seeds ACC_SEQ=512,4096 ACC_TORCH_ARGS=--rope64 (8 draws: 4 minutes)
+ACC_SEEDS ?= 8
+.PHONY: accuracy-seeds
+accuracy-seeds: $(BUILD)/accuracy
+	@mkdir -p $(BENCH_DIR)
+	@"$(ACC_PY)" -c 'import torch, transformers' 2>/dev/null || \
+	  { echo "accuracy-seeds: needs torch and transformers at $(ACC_PY) (make bench-torch installs them)"; exit 2; }
+	"$(ACC_PY)" python/tests/accuracy_seeds.py --accuracy $(BUILD)/accuracy --seeds $(ACC_SEEDS) \
+	  --seq $(ACC_SEQ) $(ACC_ARGS) $(ACC_TORCH_ARGS) --out $(BENCH_DIR)/accuracy-seeds.txt
+
 $(BUILD)/accuracy: bench/accuracy.c bench/accuracy.h $(LIB)
 	$(CC) $(CFLAGS) -o $@ bench/accuracy.c $(LIB) $(LDFLAGS) $(LDLIBS)
 

@@ -2,11 +2,14 @@
  * float64 truth, for each family's measuring model at several sequence lengths (accuracy.h).
  *
  *   build/accuracy [--seq T,T,...] [--family f,f,...] [--threads N] [--all] [--wide]
- *                  [--torch FILE]
- *   build/accuracy --write-models DIR [--wide]   DIR/<family>: the measuring models, for torch
+ *                  [--seed S] [--torch FILE]
+ *   build/accuracy --write-models DIR [--wide] [--seed S]   DIR/<family>: the measuring models,
+ *                                                             for torch
  *
  * --wide measures the models at a real model's widths (accuracy.h: hidden 1024, F 3072,
- * head_dim 128), where the products' sums over K are as long as a user's.
+ * head_dim 128), where the products' sums over K are as long as a user's. --seed S (default 1,
+ * the table's) draws the weights and the tokens with seed S: python/tests/accuracy_seeds.py runs
+ * several, to tell a tensor's systematic excess from one draw's spread.
  *
  * Prints, per family and T, the worst ten tensors (by the larger of the two errors) with both
  * errors; --all prints every tensor. --torch FILE adds the column of torch float32's errors
@@ -84,14 +87,14 @@ static void print_rows(acc_row *rows, int n, int all, const char *family, int T,
 }
 
 /* DIR/<family> for every family: the measuring models (python/tests/accuracy_torch.py) */
-static int write_models(const char *dir, int wide) {
+static int write_models(const char *dir, int wide, uint64_t seed) {
     char path[4096];
     if (mkdir(dir, 0755) && errno != EEXIST)
         return fprintf(stderr, "accuracy: cannot create %s\n", dir), 2;
     for (int f = 0; f < ACC_NFAMILIES; f++) {
         sbp_err err = {0};
         snprintf(path, sizeof path, "%s/%s", dir, acc_families[f]);
-        if (acc_make_model(acc_families[f], wide, path, &err))
+        if (acc_make_model(acc_families[f], wide, seed, path, &err))
             return fprintf(stderr, "accuracy: %s\n", err.msg), 2;
     }
     return 0;
@@ -114,6 +117,7 @@ static int parse_ints(int *out, int cap, const char *s) {
 int main(int argc, char **argv) {
     int Ts[16] = {512, 2048, 8192}, nT = 3, threads = 2, all = 0, ntr = 0, wide = 0;
     const char *fams = "qwen3,qwen2,llama3,gemma3", *models = NULL;
+    uint64_t seed = 1;
     torch_row *tr = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seq") && i + 1 < argc) {
@@ -125,6 +129,13 @@ int main(int argc, char **argv) {
             threads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--write-models") && i + 1 < argc) {
             models = argv[++i];
+        } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
+            char *end;
+            errno = 0;
+            const unsigned long long v = strtoull(argv[++i], &end, 10);
+            if (errno || *end || end == argv[i] || argv[i][0] == '-' || v > UINT32_MAX)
+                return fprintf(stderr, "accuracy: bad --seed '%s' (0 .. 2^32-1)\n", argv[i]), 2;
+            seed = (uint64_t)v;
         } else if (!strcmp(argv[i], "--wide")) {
             wide = 1;
         } else if (!strcmp(argv[i], "--all")) {
@@ -133,12 +144,12 @@ int main(int argc, char **argv) {
             if (load_torch(&tr, &ntr, argv[++i])) return 2;
         } else {
             fprintf(stderr, "usage: accuracy [--seq T,T,...] [--family f,...] [--threads N] "
-                            "[--all] [--wide] [--torch FILE]\n"
-                            "       accuracy --write-models DIR [--wide]\n");
+                            "[--all] [--wide] [--seed S] [--torch FILE]\n"
+                            "       accuracy --write-models DIR [--wide] [--seed S]\n");
             return 2;
         }
     }
-    if (models) return write_models(models, wide);
+    if (models) return write_models(models, wide, seed);
     sbp_set_threads(threads);
     char list[256];
     snprintf(list, sizeof list, "%s", fams);
@@ -146,13 +157,13 @@ int main(int argc, char **argv) {
         char dir[] = "/tmp/streambp-accuracy-XXXXXX";
         sbp_err err = {0};
         if (!mkdtemp(dir)) return fprintf(stderr, "accuracy: mkdtemp failed\n"), 2;
-        sbp_status st = acc_make_model(f, wide, dir, &err);
+        sbp_status st = acc_make_model(f, wide, seed, dir, &err);
         for (int k = 0; !st && k < nT; k++) {
             acc_row *rows = NULL;
             int n = 0;
             struct timespec t0, t1;
             clock_gettime(CLOCK_MONOTONIC, &t0);
-            st = acc_measure(&rows, &n, dir, Ts[k], 0, &err);
+            st = acc_measure(&rows, &n, dir, Ts[k], 0, seed, &err);
             clock_gettime(CLOCK_MONOTONIC, &t1);
             if (!st) {
                 print_rows(rows, n, all, f, Ts[k], tr, ntr);
@@ -161,9 +172,8 @@ int main(int argc, char **argv) {
             }
             free(rows);
         }
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        if (system(cmd) != 0) fprintf(stderr, "accuracy: could not remove %s\n", dir);
+        if (sbp_remove_tree(dir)) /* ours (mkdtemp), walked without following a link */
+            fprintf(stderr, "accuracy: could not remove %s\n", dir);
         if (st) return fprintf(stderr, "accuracy: %s: %s\n", f, err.msg), 2;
     }
     free(tr);

@@ -116,10 +116,12 @@ static inline int32_t acc_token(uint64_t seed, int t, int V) {
     return (int32_t)(z % (uint64_t)V);
 }
 
-/* Writes the family's measuring model (seed 1; wide: acc_config_json's) under dir (created by
- * the caller's mkdtemp). */
-static inline sbp_status acc_make_model(const char *family, int wide, const char *dir,
-                                        sbp_err *err) {
+/* Writes the family's measuring model (the weights of `streambp init --seed seed`; wide:
+ * acc_config_json's) under dir (created by the caller's mkdtemp). The table and the CI bound use
+ * seed 1; other seeds draw other weights and tokens for the same model, to tell a tensor's
+ * systematic excess from the spread of one draw (docs/accuracy.md). */
+static inline sbp_status acc_make_model(const char *family, int wide, uint64_t seed,
+                                        const char *dir, sbp_err *err) {
     const char *json = acc_config_json(family, wide);
     if (!json) {
         snprintf(err->msg, sizeof err->msg, "accuracy: unknown family '%s'", family);
@@ -127,17 +129,17 @@ static inline sbp_status acc_make_model(const char *family, int wide, const char
     }
     sbp_config cfg;
     sbp_status st = sbp_config_parse(&cfg, json, family, err);
-    return st ? st : sbp_model_init(&cfg, 1, dir, err);
+    return st ? st : sbp_model_init(&cfg, seed, dir, err);
 }
 
-static inline sbp_status acc_batch(sbp_batch *b, int T, int V) {
+static inline sbp_status acc_batch(sbp_batch *b, int T, int V, uint64_t seed) {
     memset(b, 0, sizeof *b);
     b->B = 1, b->T = T, b->kind = SBP_OBJ_SFT;
     b->ids = malloc(sizeof(int32_t) * (size_t)T);
     b->labels = malloc(sizeof(int32_t) * (size_t)T);
     b->mask = malloc((size_t)T);
     if (!b->ids || !b->labels || !b->mask) return sbp_batch_free(b), SBP_ENOMEM;
-    for (int t = 0; t < T; t++) b->ids[t] = b->labels[t] = acc_token(1, t, V), b->mask[t] = 1;
+    for (int t = 0; t < T; t++) b->ids[t] = b->labels[t] = acc_token(seed, t, V), b->mask[t] = 1;
     sbp_batch_count_targets(b);
     return SBP_OK;
 }
@@ -148,17 +150,17 @@ static inline sbp_status acc_run(sbp_grad_result *r, const sbp_model *m, const s
     return sbp_grad(r, m, b, &o, NULL, err);
 }
 
-/* rows[i] for every tensor of the model in dir at T tokens: the errors of float32 fast and
- * portable against the float64 truth, with the token block `block` (0: the default).
- * *rows is malloc'ed (n = the model's tensors). */
+/* rows[i] for every tensor of the model in dir at T tokens (acc_token(seed, ...)): the errors
+ * of float32 fast and portable against the float64 truth, with the token block `block` (0: the
+ * default). *rows is malloc'ed (n = the model's tensors). */
 static inline sbp_status acc_measure(acc_row **rows, int *n, const char *dir, int T, int block,
-                                     sbp_err *err) {
+                                     uint64_t seed, sbp_err *err) {
     sbp_model m64 = {0}, m32 = {0};
     sbp_batch b = {0};
     sbp_grad_result g64 = {0}, g32[ACC_NRUNS] = {{0}};
     sbp_status st = sbp_model_load(&m64, dir, SBP_FP64, NULL, err);
     if (!st) st = sbp_model_load(&m32, dir, SBP_FP32, NULL, err);
-    if (!st) st = acc_batch(&b, T, m64.cfg.vocab);
+    if (!st) st = acc_batch(&b, T, m64.cfg.vocab, seed);
     if (!st) st = acc_run(&g64, &m64, &b, SBP_NUMERICS_PORTABLE, block, err);
     if (!st) st = acc_run(&g32[ACC_FAST], &m32, &b, SBP_NUMERICS_FAST, block, err);
     if (!st) st = acc_run(&g32[ACC_PORTABLE], &m32, &b, SBP_NUMERICS_PORTABLE, block, err);

@@ -64,10 +64,10 @@ static void check_family(const char *family) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/acc-%s", tu_tmpdir(), family);
     sbp_err err = {0};
-    ck_assert_msg(!acc_make_model(family, 0, dir, &err), "%s", err.msg);
+    ck_assert_msg(!acc_make_model(family, 0, 1, dir, &err), "%s", err.msg);
     acc_row *rows = NULL;
     int n = 0;
-    ck_assert_msg(!acc_measure(&rows, &n, dir, ACC_T, ACC_BLOCK, &err), "%s", err.msg);
+    ck_assert_msg(!acc_measure(&rows, &n, dir, ACC_T, ACC_BLOCK, 1, &err), "%s", err.msg);
     const int print = getenv("SBP_ACC_PRINT") != NULL;
     int bad = 0;
     double proj_fast = 0, tok_portable = 0; /* summed: projection weights, token sums */

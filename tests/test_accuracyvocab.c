@@ -33,7 +33,7 @@ START_TEST(head_dx_folded) {
     ck_assert_msg(!sbp_model_init(&cfg, 1, dir, &err), "%s", err.msg);
     acc_row *rows = NULL;
     int n = 0;
-    ck_assert_msg(!acc_measure(&rows, &n, dir, VOCAB_T, VOCAB_TOKEN_BLOCK, &err), "%s", err.msg);
+    ck_assert_msg(!acc_measure(&rows, &n, dir, VOCAB_T, VOCAB_TOKEN_BLOCK, 1, &err), "%s", err.msg);
     double fast = 0, portable = 0;
     for (int i = 0; i < n; i++) {
         fast += rows[i].err[ACC_FAST], portable += rows[i].err[ACC_PORTABLE];

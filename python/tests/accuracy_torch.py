@@ -1,10 +1,11 @@
 """torch float32's per-tensor gradient error against a float64 truth, on the measuring models of
 `make accuracy` (bench/accuracy.h; docs/accuracy.md): the column our errors are compared with.
 
-    python accuracy_torch.py MODELS_DIR --seq 512,2048 [--family qwen2,...] --out FILE
+    python accuracy_torch.py MODELS_DIR --seq 512,2048 [--family qwen2,...] [--seed S] --out FILE
 
-MODELS_DIR/<family> is written by `build/accuracy --write-models MODELS_DIR`. The batch is the
-C tool's: one sequence of T tokens, token t = splitmix64(2^32 + t) mod V, labels = ids, SFT.
+MODELS_DIR/<family> is written by `build/accuracy --write-models MODELS_DIR [--seed S]`. The
+batch is the C tool's: one sequence of T tokens, token t = splitmix64(S * 2^32 + t) mod V (S = 1
+unless --seed says; give the seed the models were written with), labels = ids, SFT.
 For each family and T:
 
   * torch float32: HF's model in float32 with its default attention (sdpa) and its own loss,
@@ -146,9 +147,13 @@ def main():
     ap.add_argument("--family", default="qwen3,qwen2,llama3,gemma3")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=1,
+                    help="the tokens' seed, as build/accuracy --seed (default 1)")
     ap.add_argument("--rope64", action="store_true",
                     help="torch float32 with float64 rotary tables (docs/accuracy.md)")
     a = ap.parse_args()
+    if not 0 <= a.seed < 1 << 32:
+        ap.error("--seed: 0 .. 2^32-1, as build/accuracy's")
     torch.set_num_threads(a.threads)
     # written to an unpredictable temporary beside --out (O_EXCL, never through a planted
     # link) and renamed into place complete
@@ -171,7 +176,7 @@ def run(a, out):
             patch_rope64(m32, fam)
         V = m32.config.vocab_size
         for T in (int(x) for x in a.seq.split(",")):
-            ids = torch.tensor([[token(1, t, V) for t in range(T)]], dtype=torch.long)
+            ids = torch.tensor([[token(a.seed, t, V) for t in range(T)]], dtype=torch.long)
             g64 = grads(m64, ids, True)
             g32 = grads(m32, ids, False)
             for n, t in g64.items():
