@@ -5,8 +5,8 @@
  * -march: ARCH=x86-64-v3 gives the AVX2 kernel on any x86 with AVX2), it times, for every
  * projection shape of the bench model (C 512, Q 512, KV 256, F 1408, V 32000) at T tokens:
  *   pgemm  — linear_forward, linear_backward_blocked's dX and linear_backward_blocked's dW
- *            (src/kernels/linear.c): pgemm over all T rows, dW a part per token block folded
- *            in, what the fast mode runs where PGEMM_TUNED is 1;
+ *            (src/kernels/linear.c): pgemm over all T rows, dW a part per token panel of 128
+ *            folded in, what the fast mode runs where PGEMM_TUNED is 1;
  *   tiles  — blas_linear_forward / _backward (src/kernels/fast/linear.c): OpenBLAS on the fixed
  *            token-block grid (blocks of 512, the engine's default), what the fast mode runs
  *            where PGEMM_TUNED is 0;

@@ -67,8 +67,8 @@ void pgemm_set(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, cons
  * then grows its error with panel + k/panel instead of k (the LM head's dx sums over the
  * vocabulary, ~150k terms; a layer's forward over C or F, 1024–8192). The panels are fixed by k
  * alone: the bits do not depend on the rows, the row split, the threads or the machine's k
- * blocks. panel: a divisor of pgemm_kblock(); PGEMM_PANEL for a product, the token block for
- * linear_backward_blocked's dW. */
+ * blocks. panel: a divisor of pgemm_kblock(); PGEMM_PANEL for a product and for
+ * linear_backward_blocked's dW over tokens. */
 enum { PGEMM_PANEL = 128 }; /* torch's MKL cuts its k at 128 too (docs/accuracy.md) */
 void pgemm_fold(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
                 size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N, int K,
@@ -84,8 +84,7 @@ void pgemm_panels(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, c
 void pgemm_fold_set(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
                     size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N,
                     int K, int panel);
-/* KC, the k block of pgemm's packs (512 on every instruction set): a fold's panel divides it,
- * so linear_backward_blocked's dW folds token blocks of KC inside one pgemm_fold. */
+/* KC, the k block of pgemm's packs (512 on every instruction set): a fold's panel divides it. */
 int pgemm_kblock(void);
 
 /* ---- linear layers: y = x·Wᵀ + b, rows [s, e) -------------------------------------------------
@@ -111,21 +110,22 @@ void linear_backward(real *dx,       /* (e-s, K) or NULL */
                      const real *w,  /* (N, K) */
                      int s, int e, int N, int K);
 
-/* fast, where PGEMM_TUNED (linear.c): dx += dy·W by pgemm_fold in panels of PGEMM_PANEL; dw and db
- * summed per global token block [kB, (k+1)B) ∩ [s, e): each block's part from +0 (dw: LINEAR_PANEL
- * output rows at a time into part, then added, or where B = pgemm_kblock() pgemm_fold straight into
- * dw, the same chains and folds; db: in double, one rounding per fold), folded in ascending block
- * order. Calls over consecutive row ranges that end on block boundaries give the bits of one call
- * over their union. */
+/* fast, where PGEMM_TUNED (linear.c): dx += dy·W by pgemm_fold in panels of PGEMM_PANEL; dw summed
+ * per global token panel [kP, (k+1)P) ∩ [s, e), P = PGEMM_PANEL, by pgemm_fold straight into dw
+ * where PGEMM_PANEL divides the token block B, else per global token block [kB, (k+1)B) ∩ [s, e)
+ * (LINEAR_PANEL output rows at a time into part, then added); db per global token block, in
+ * double, one rounding per fold. Each panel's or block's part from +0, folded in ascending order.
+ * Calls over consecutive row ranges that end on block boundaries give the bits of one call over
+ * their union. */
 enum { LINEAR_PANEL = 192 };
 /* db (N) += Σ_rows dy (e-s, N), per global token block of blk rows as above (also OpenBLAS's) */
 void linear_bias_blocked(real *db, const real *dy, int s, int e, int N, int blk);
-/* reals of part, for every K <= width; 0 where blk = pgemm_kblock(), the path without part */
+/* reals of part, for every K <= width; 0 where PGEMM_PANEL divides blk, the path without part */
 size_t linear_blocked_workspace(int width, int blk);
 void linear_backward_blocked(real *dx,       /* (e-s, K) or NULL */
                              real *dw,       /* (N, K) */
                              real *db,       /* (N) or NULL */
-                             real *ws,       /* (pgemm_workspace(K, max(N, blk))) */
+                             real *ws,       /* (pgemm_workspace(K, max(N, e-s))) */
                              real *part,     /* (linear_blocked_workspace(K, blk)) */
                              const real *dy, /* (e-s, N) */
                              const real *x,  /* (e-s, K) */
