@@ -25,7 +25,6 @@
 #define pgemm_fold_set        test_pgemm_fold_set_f32
 #define pgemm_panels          test_pgemm_panels_f32
 #define pgemm_workspace       test_pgemm_workspace_f32
-#define pgemm_kblock          test_pgemm_kblock_f32
 #define sbp_portable_gemm_f32 test_portable_gemm_f32
 #include "../src/kernels/gemm.c"
 #undef pgemm
@@ -34,7 +33,6 @@
 #undef pgemm_fold_set
 #undef pgemm_panels
 #undef pgemm_workspace
-#undef pgemm_kblock
 #undef sbp_portable_gemm_f32
 
 #include "testutil.h"

@@ -24,7 +24,6 @@
 #define pgemm_fold_set        fold_pgemm_fold_set_f32
 #define pgemm_panels          fold_pgemm_panels_f32
 #define pgemm_workspace       fold_pgemm_workspace_f32
-#define pgemm_kblock          fold_pgemm_kblock_f32
 #define sbp_portable_gemm_f32 fold_portable_gemm_f32
 #include "../src/kernels/gemm.c"
 #define linear_forward           fold_linear_forward_f32
@@ -39,7 +38,6 @@
 #undef pgemm_fold_set
 #undef pgemm_panels
 #undef pgemm_workspace
-#undef pgemm_kblock
 #undef sbp_portable_gemm_f32
 
 #include "testutil.h"

@@ -362,10 +362,6 @@ static blocking blocking_of(int N, int K, int fk) {
     return (blocking){kc, nc < NC ? nc : NC};
 }
 
-int pgemm_kblock(void) {
-    return KC;
-}
-
 _Static_assert(KC % PGEMM_PANEL == 0 && KF % KC == 0, "the fold's panels tile every k block");
 
 size_t pgemm_workspace(int N, int K) {

@@ -67,7 +67,7 @@ void pgemm_set(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, cons
  * then grows its error with panel + k/panel instead of k (the LM head's dx sums over the
  * vocabulary, ~150k terms; a layer's forward over C or F, 1024–8192). The panels are fixed by k
  * alone: the bits do not depend on the rows, the row split, the threads or the machine's k
- * blocks. panel: a divisor of pgemm_kblock(); PGEMM_PANEL for a product and for
+ * blocks. panel: a divisor of gemm.c's k block KC (512); PGEMM_PANEL for a product and for
  * linear_backward_blocked's dW over tokens. */
 enum { PGEMM_PANEL = 128 }; /* torch's MKL cuts its k at 128 too (docs/accuracy.md) */
 void pgemm_fold(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
@@ -84,8 +84,6 @@ void pgemm_panels(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, c
 void pgemm_fold_set(real *C, size_t ldc, real *ws /* (pgemm_workspace(N, K)) */, const real *A,
                     size_t rsa, size_t csa, const real *B, size_t rsb, size_t csb, int M, int N,
                     int K, int panel);
-/* KC, the k block of pgemm's packs (512 on every instruction set): a fold's panel divides it. */
-int pgemm_kblock(void);
 
 /* ---- linear layers: y = x·Wᵀ + b, rows [s, e) -------------------------------------------------
  */
